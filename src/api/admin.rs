@@ -1,0 +1,417 @@
+//! The admin API: policy and override CRUD, behind the admin token.
+
+use super::dto::{OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyList, PolicyOut};
+use super::extract::{AdminAuth, ApiJson};
+use super::problem::{ApiError, Problem};
+use super::AppState;
+use crate::domain::{Override, Policy, PolicyId, Subject};
+use actix_web::http::header;
+use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
+use chrono::SubsecRound;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+/// Filters of the policy list.
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct PolicyFilter {
+    /// Only policies of this action.
+    pub action: Option<String>,
+}
+
+fn etag(version: i64) -> (header::HeaderName, String) {
+    (header::ETAG, format!("\"{version}\""))
+}
+
+/// The version named by `If-Match`, if the header is present: `Some(None)` for `*`.
+fn if_match(req: &HttpRequest) -> Result<Option<Option<i64>>, ApiError> {
+    let Some(value) = req.headers().get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    if text == "*" {
+        return Ok(Some(None));
+    }
+    let unquoted = text.trim_start_matches("W/").trim_matches('"');
+    unquoted
+        .parse()
+        .map(|v| Some(Some(v)))
+        .map_err(|_| ApiError::PreconditionFailed(format!("If-Match '{text}' names no version")))
+}
+
+fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
+    match if_match(req)? {
+        Some(Some(expected)) if expected != current.version => {
+            Err(ApiError::PreconditionFailed(format!(
+                "policy '{}' is at version {}, not {expected}",
+                current.id, current.version
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {
+    PolicyId::parse("id", raw).map_err(|_| ApiError::NotFound(format!("no policy '{raw}'")))
+}
+
+async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
+    let id = policy_id(raw)?;
+    state
+        .policies
+        .get_policy(&id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no policy '{raw}'")))
+}
+
+/// Lists policies, optionally of one action.
+#[utoipa::path(
+    tag = "admin",
+    params(PolicyFilter),
+    responses(
+        (status = 200, description = "The policies", body = PolicyList),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[get("/admin/policies")]
+pub async fn list_policies(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    filter: web::Query<PolicyFilter>,
+) -> Result<web::Json<PolicyList>, ApiError> {
+    let policies = state.policies.list_policies().await?;
+    let items = policies
+        .iter()
+        .filter(|p| {
+            filter
+                .action
+                .as_deref()
+                .is_none_or(|a| p.spec.action.as_str() == a)
+        })
+        .map(PolicyOut::from)
+        .collect();
+    Ok(web::Json(PolicyList {
+        items,
+        next_cursor: None,
+    }))
+}
+
+/// Creates a policy.
+#[utoipa::path(
+    tag = "admin",
+    request_body = PolicyInput,
+    responses(
+        (status = 201, description = "Created", body = PolicyOut,
+            headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[post("/admin/policies")]
+pub async fn create_policy(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    body: ApiJson<PolicyInput>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, spec) = body.0.parse()?;
+    let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
+    let now = state.clock.now().trunc_subsecs(3);
+    let policy = Policy {
+        id,
+        spec,
+        created_at: now,
+        updated_at: now,
+        version: 1,
+    };
+    state
+        .policies
+        .insert_policy(&policy)
+        .await
+        .map_err(|e| match e {
+            crate::policy::PolicyStoreError::Conflict => {
+                ApiError::Conflict(format!("a policy with id '{}' exists already", policy.id))
+            }
+            other => other.into(),
+        })?;
+    state.reload_policies().await;
+    tracing::info!(policy_id = %policy.id, action = %policy.spec.action, "policy created");
+    Ok(HttpResponse::Created()
+        .insert_header((header::LOCATION, format!("/admin/policies/{}", policy.id)))
+        .insert_header(etag(policy.version))
+        .json(PolicyOut::from(&policy)))
+}
+
+/// Reads one policy; its `ETag` is the version.
+#[utoipa::path(
+    tag = "admin",
+    params(("id" = String, Path, description = "Policy id")),
+    responses(
+        (status = 200, description = "The policy", body = PolicyOut, headers(("ETag" = String, description = "The version"))),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[get("/admin/policies/{id}")]
+pub async fn get_policy(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let policy = existing(&state, &id).await?;
+    Ok(HttpResponse::Ok()
+        .insert_header(etag(policy.version))
+        .json(PolicyOut::from(&policy)))
+}
+
+/// Replaces a policy. `If-Match` (the `ETag`) makes it fail with 412 if someone changed it.
+///
+/// Changing only the limit, mode, description or switches keeps current usage; a new
+/// window or measure starts counting afresh.
+#[utoipa::path(
+    tag = "admin",
+    params(
+        ("id" = String, Path, description = "Policy id"),
+        ("If-Match" = Option<String>, Header, description = "The ETag read before"),
+    ),
+    request_body = PolicyInput,
+    responses(
+        (status = 200, description = "Replaced", body = PolicyOut, headers(("ETag" = String, description = "The new version"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[put("/admin/policies/{id}")]
+pub async fn replace_policy(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: ApiJson<PolicyInput>,
+) -> Result<HttpResponse, ApiError> {
+    let current = existing(&state, &id).await?;
+    let (body_id, spec) = body.0.parse()?;
+    if body_id.is_some_and(|b| b != current.id) {
+        return Err(ApiError::invalid("id", "must match the id in the path"));
+    }
+    check_version(&req, &current)?;
+    let policy = Policy {
+        spec,
+        updated_at: state.clock.now().trunc_subsecs(3),
+        version: current.version + 1,
+        ..current.clone()
+    };
+    if !state
+        .policies
+        .update_policy(&policy, current.version)
+        .await?
+    {
+        return Err(ApiError::PreconditionFailed(format!(
+            "policy '{}' changed concurrently; read it again",
+            policy.id
+        )));
+    }
+    state.reload_policies().await;
+    tracing::info!(policy_id = %policy.id, version = policy.version,
+        usage_kept = current.spec.keeps_usage_of(&policy.spec), "policy replaced");
+    Ok(HttpResponse::Ok()
+        .insert_header(etag(policy.version))
+        .json(PolicyOut::from(&policy)))
+}
+
+/// Deletes a policy and its overrides.
+#[utoipa::path(
+    tag = "admin",
+    params(
+        ("id" = String, Path, description = "Policy id"),
+        ("If-Match" = Option<String>, Header, description = "The ETag read before"),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[delete("/admin/policies/{id}")]
+pub async fn delete_policy(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let current = existing(&state, &id).await?;
+    check_version(&req, &current)?;
+    if !state
+        .policies
+        .delete_policy(&current.id, current.version)
+        .await?
+    {
+        return Err(ApiError::PreconditionFailed(format!(
+            "policy '{}' changed concurrently; read it again",
+            current.id
+        )));
+    }
+    state.reload_policies().await;
+    tracing::info!(policy_id = %current.id, "policy deleted");
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Lists the overrides of a policy.
+#[utoipa::path(
+    tag = "admin",
+    params(("id" = String, Path, description = "Policy id")),
+    responses(
+        (status = 200, description = "The overrides", body = OverrideList),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[get("/admin/policies/{id}/overrides")]
+pub async fn list_overrides(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<web::Json<OverrideList>, ApiError> {
+    let policy = existing(&state, &id).await?;
+    let items = state.policies.list_overrides(Some(&policy.id)).await?;
+    Ok(web::Json(OverrideList {
+        items: items.iter().map(OverrideOut::from).collect(),
+        next_cursor: None,
+    }))
+}
+
+async fn override_target(
+    state: &AppState,
+    id: &str,
+    subject: &str,
+) -> Result<(Policy, Subject), ApiError> {
+    let policy = existing(state, id).await?;
+    let subject = Subject::parse("subject", subject)?;
+    Ok((policy, subject))
+}
+
+/// Reads one override.
+#[utoipa::path(
+    tag = "admin",
+    params(("id" = String, Path, description = "Policy id"), ("subject" = String, Path, description = "Subject (URL-encoded)")),
+    responses(
+        (status = 200, description = "The override", body = OverrideOut),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy or override", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid subject", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[get("/admin/policies/{id}/overrides/{subject}")]
+pub async fn get_override(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<web::Json<OverrideOut>, ApiError> {
+    let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
+    let item = state
+        .policies
+        .get_override(&policy.id, &subject)
+        .await?
+        .ok_or_else(|| {
+            ApiError::NotFound(format!("no override of '{}' for this subject", policy.id))
+        })?;
+    Ok(web::Json(OverrideOut::from(&item)))
+}
+
+/// Creates or replaces the override of a policy for one subject.
+#[utoipa::path(
+    tag = "admin",
+    params(("id" = String, Path, description = "Policy id"), ("subject" = String, Path, description = "Subject (URL-encoded)")),
+    request_body = OverrideInput,
+    responses(
+        (status = 200, description = "Replaced", body = OverrideOut),
+        (status = 201, description = "Created", body = OverrideOut),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[put("/admin/policies/{id}/overrides/{subject}")]
+pub async fn put_override(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: ApiJson<OverrideInput>,
+) -> Result<HttpResponse, ApiError> {
+    let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
+    let spec = body.0.parse(&policy.spec.window)?;
+    let now = state.clock.now().trunc_subsecs(3);
+    let previous = state.policies.get_override(&policy.id, &subject).await?;
+    let item = Override {
+        policy_id: policy.id.clone(),
+        subject,
+        spec,
+        created_at: previous.as_ref().map_or(now, |p| p.created_at),
+        updated_at: now,
+    };
+    state.policies.upsert_override(&item).await?;
+    state.reload_policies().await;
+    tracing::info!(policy_id = %item.policy_id, limit = item.spec.limit.get(), "override saved");
+    let mut response = match previous {
+        Some(_) => HttpResponse::Ok(),
+        None => HttpResponse::Created(),
+    };
+    Ok(response.json(OverrideOut::from(&item)))
+}
+
+/// Deletes the override of a policy for one subject.
+#[utoipa::path(
+    tag = "admin",
+    params(("id" = String, Path, description = "Policy id"), ("subject" = String, Path, description = "Subject (URL-encoded)")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy or override", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid subject", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("admin_token" = []))
+)]
+#[delete("/admin/policies/{id}/overrides/{subject}")]
+pub async fn delete_override(
+    _auth: AdminAuth,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
+    if !state.policies.delete_override(&policy.id, &subject).await? {
+        return Err(ApiError::NotFound(format!(
+            "no override of '{}' for this subject",
+            policy.id
+        )));
+    }
+    state.reload_policies().await;
+    Ok(HttpResponse::NoContent().finish())
+}

@@ -1,0 +1,354 @@
+//! Wire shapes of the admin API (the only place, with `quota.rs`, that derives `ToSchema`).
+
+use crate::domain::{
+    Action, CalendarPeriod, FieldErrors, Measure, Mode, Override, OverrideSpec, Policy, PolicyId,
+    PolicySpec, Quantity, Window,
+};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A policy's time window.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WindowDto {
+    /// Usage resets at each period boundary in `timezone`.
+    Calendar {
+        /// minute, hour, day, week (ISO, Monday) or month.
+        #[schema(example = "day")]
+        period: PeriodDto,
+        /// IANA time zone name; default `UTC`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(example = "America/New_York")]
+        timezone: Option<String>,
+    },
+    /// Total in any trailing `seconds` never exceeds the limit; counted in buckets.
+    Rolling {
+        /// Window length W in seconds.
+        #[schema(example = 86400, minimum = 1)]
+        seconds: i64,
+        /// Bucket length B in seconds; divides W; at most 1,440 buckets.
+        #[schema(example = 3600, minimum = 1)]
+        bucket_seconds: i64,
+    },
+    /// `limit` units per `seconds`, refilled smoothly (GCRA); bursts up to `limit`.
+    TokenBucket {
+        /// Refill period in seconds.
+        #[schema(example = 3600, minimum = 1)]
+        seconds: i64,
+    },
+}
+
+/// A calendar period.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PeriodDto {
+    /// Each minute.
+    Minute,
+    /// Each hour.
+    Hour,
+    /// Each local day.
+    Day,
+    /// Each ISO week (Monday).
+    Week,
+    /// Each calendar month.
+    Month,
+}
+
+/// What a consume charges.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasureDto {
+    /// 1 per consume.
+    Count,
+    /// The request's `amount`.
+    Amount,
+}
+
+/// Whether a policy denies.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeDto {
+    /// Denies over the limit.
+    Enforce,
+    /// Counts and reports, never denies.
+    Shadow,
+}
+
+/// A policy as submitted by `POST` (with `id`) or `PUT` (id from the path).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyInput {
+    /// 1-64 chars of `[a-z0-9._-]`; required on `POST`, must match the path on `PUT`.
+    #[schema(example = "transfer-usd-daily")]
+    pub id: Option<String>,
+    /// The action limited; 1-64 chars of `[a-z0-9._-]`.
+    #[schema(example = "transfer")]
+    pub action: String,
+    /// `count` charges 1 per consume, `amount` charges the request's amount.
+    pub measure: MeasureDto,
+    /// Display label of the units, e.g. `USD cents`.
+    #[schema(example = "USD cents")]
+    pub unit: Option<String>,
+    /// Integer in [0, 2^53-1].
+    #[schema(example = 200000, minimum = 0, maximum = 9007199254740991_i64)]
+    pub limit: i64,
+    /// The time window.
+    pub window: WindowDto,
+    /// Default `enforce`.
+    pub mode: Option<ModeDto>,
+    /// Default true.
+    pub enabled: Option<bool>,
+    /// Default false: record denied attempts in the ledger too.
+    pub ledger_denials: Option<bool>,
+    /// Free text, at most 1,024 characters.
+    pub description: Option<String>,
+}
+
+/// A stored policy.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyOut {
+    /// Unique id.
+    pub id: String,
+    /// The action limited.
+    pub action: String,
+    /// `count` or `amount`.
+    pub measure: MeasureDto,
+    /// Display label of the units.
+    pub unit: Option<String>,
+    /// The limit per window.
+    pub limit: u64,
+    /// The time window.
+    pub window: WindowDto,
+    /// `enforce` or `shadow`.
+    pub mode: ModeDto,
+    /// Whether consumes check it.
+    pub enabled: bool,
+    /// Whether denied attempts are recorded in the ledger.
+    pub ledger_denials: bool,
+    /// Free text.
+    pub description: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// +1 on every change; also the `ETag`.
+    pub version: i64,
+}
+
+/// A page of policies.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyList {
+    /// The policies, ordered by id.
+    pub items: Vec<PolicyOut>,
+    /// Always null: every matching policy is in `items`.
+    pub next_cursor: Option<String>,
+}
+
+/// An override as submitted.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideInput {
+    /// The limit for this subject, replacing the policy's; [0, 2^53-1].
+    #[schema(example = 500000, minimum = 0, maximum = 9007199254740991_i64)]
+    pub limit: i64,
+    /// When the override stops applying (RFC 3339); absent for never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Why it exists, at most 1,024 characters.
+    pub note: Option<String>,
+}
+
+/// A stored override.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OverrideOut {
+    /// The policy it belongs to.
+    pub policy_id: String,
+    /// The subject it applies to.
+    pub subject: String,
+    /// The limit for this subject.
+    pub limit: u64,
+    /// When it stops applying; null for never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Why it exists.
+    pub note: Option<String>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A page of overrides.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OverrideList {
+    /// The overrides, ordered by subject.
+    pub items: Vec<OverrideOut>,
+    /// Always null: every override is in `items`.
+    pub next_cursor: Option<String>,
+}
+
+const MAX_TEXT: usize = 1_024;
+
+fn text(
+    errors: &mut FieldErrors,
+    field: &str,
+    value: Option<String>,
+    max: usize,
+) -> Option<String> {
+    if value.as_ref().is_some_and(|v| v.chars().count() > max) {
+        errors.push(crate::domain::FieldError::new(
+            field,
+            format!("must be at most {max} characters"),
+        ));
+    }
+    value
+}
+
+impl WindowDto {
+    fn parse(&self) -> Result<Window, crate::domain::FieldError> {
+        let window = match self {
+            Self::Calendar { period, timezone } => {
+                let period = match period {
+                    PeriodDto::Minute => CalendarPeriod::Minute,
+                    PeriodDto::Hour => CalendarPeriod::Hour,
+                    PeriodDto::Day => CalendarPeriod::Day,
+                    PeriodDto::Week => CalendarPeriod::Week,
+                    PeriodDto::Month => CalendarPeriod::Month,
+                };
+                Window::calendar(period, timezone.as_deref().unwrap_or("UTC"))
+            }
+            Self::Rolling {
+                seconds,
+                bucket_seconds,
+            } => Window::rolling(i128::from(*seconds), i128::from(*bucket_seconds)),
+            Self::TokenBucket { seconds } => Window::token_bucket(i128::from(*seconds)),
+        };
+        window.map_err(|e| e.within("window"))
+    }
+
+    fn from_domain(window: &Window) -> Self {
+        match *window {
+            Window::Calendar { period, timezone } => Self::Calendar {
+                period: match period {
+                    CalendarPeriod::Minute => PeriodDto::Minute,
+                    CalendarPeriod::Hour => PeriodDto::Hour,
+                    CalendarPeriod::Day => PeriodDto::Day,
+                    CalendarPeriod::Week => PeriodDto::Week,
+                    CalendarPeriod::Month => PeriodDto::Month,
+                },
+                timezone: Some(timezone.name().to_owned()),
+            },
+            Window::Rolling {
+                seconds,
+                bucket_seconds,
+            } => Self::Rolling {
+                seconds: seconds as i64,
+                bucket_seconds: bucket_seconds as i64,
+            },
+            Window::TokenBucket { seconds } => Self::TokenBucket {
+                seconds: seconds as i64,
+            },
+        }
+    }
+}
+
+impl PolicyInput {
+    /// Validates every field, returning the id (if given) and the spec, or all field errors.
+    pub fn parse(self) -> Result<(Option<PolicyId>, PolicySpec), FieldErrors> {
+        let mut errors = FieldErrors::default();
+        let id = self
+            .id
+            .as_deref()
+            .and_then(|id| errors.take(PolicyId::parse("id", id)));
+        let action = errors.take(Action::parse("action", &self.action));
+        let limit = errors.take(Quantity::parse("limit", i128::from(self.limit)));
+        let window = errors.take(self.window.parse());
+        if let (Some(window), Some(limit)) = (&window, limit) {
+            errors.take(window.check_limit("limit", limit.get()));
+        }
+        let unit = text(&mut errors, "unit", self.unit, 64);
+        let description = text(&mut errors, "description", self.description, MAX_TEXT);
+        match (action, limit, window) {
+            (Some(action), Some(limit), Some(window)) if errors.0.is_empty() => Ok((
+                id,
+                PolicySpec {
+                    action,
+                    measure: match self.measure {
+                        MeasureDto::Count => Measure::Count,
+                        MeasureDto::Amount => Measure::Amount,
+                    },
+                    unit,
+                    limit,
+                    window,
+                    mode: match self.mode {
+                        Some(ModeDto::Shadow) => Mode::Shadow,
+                        _ => Mode::Enforce,
+                    },
+                    enabled: self.enabled.unwrap_or(true),
+                    ledger_denials: self.ledger_denials.unwrap_or(false),
+                    description: description.unwrap_or_default(),
+                },
+            )),
+            _ => Err(errors),
+        }
+    }
+}
+
+impl From<&Policy> for PolicyOut {
+    fn from(p: &Policy) -> Self {
+        Self {
+            id: p.id.to_string(),
+            action: p.spec.action.to_string(),
+            measure: match p.spec.measure {
+                Measure::Count => MeasureDto::Count,
+                Measure::Amount => MeasureDto::Amount,
+            },
+            unit: p.spec.unit.clone(),
+            limit: p.spec.limit.get(),
+            window: WindowDto::from_domain(&p.spec.window),
+            mode: match p.spec.mode {
+                Mode::Enforce => ModeDto::Enforce,
+                Mode::Shadow => ModeDto::Shadow,
+            },
+            enabled: p.spec.enabled,
+            ledger_denials: p.spec.ledger_denials,
+            description: p.spec.description.clone(),
+            created_at: p.created_at,
+            updated_at: p.updated_at,
+            version: p.version,
+        }
+    }
+}
+
+impl OverrideInput {
+    /// Validates the override against its policy's window.
+    pub fn parse(self, window: &Window) -> Result<OverrideSpec, FieldErrors> {
+        let mut errors = FieldErrors::default();
+        let limit = errors.take(Quantity::parse("limit", i128::from(self.limit)));
+        if let Some(limit) = limit {
+            errors.take(window.check_limit("limit", limit.get()));
+        }
+        let note = text(&mut errors, "note", self.note, MAX_TEXT);
+        match limit {
+            Some(limit) if errors.0.is_empty() => Ok(OverrideSpec {
+                limit,
+                expires_at: self.expires_at,
+                note,
+            }),
+            _ => Err(errors),
+        }
+    }
+}
+
+impl From<&Override> for OverrideOut {
+    fn from(o: &Override) -> Self {
+        Self {
+            policy_id: o.policy_id.to_string(),
+            subject: o.subject.to_string(),
+            limit: o.spec.limit.get(),
+            expires_at: o.spec.expires_at,
+            note: o.spec.note.clone(),
+            created_at: o.created_at,
+            updated_at: o.updated_at,
+        }
+    }
+}

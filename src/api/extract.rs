@@ -1,0 +1,240 @@
+//! Request extractors whose every failure is a problem+json answer: JSON bodies and auth.
+
+use super::problem::{problem_response, ApiError};
+use crate::config::Secret;
+use actix_web::dev::{Payload, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::ErrorHandlerResponse;
+use actix_web::{web, FromRequest, HttpRequest};
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::pin::Pin;
+
+/// The largest request body accepted, in bytes (64 KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// A JSON body: 415 unless the content type is JSON, 413 past [`MAX_BODY_BYTES`],
+/// 400 when malformed, 422 (naming the field) when a field has the wrong type or is missing.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+fn is_json(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            let essence = v
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            essence == "application/json"
+                || (essence.starts_with("application/") && essence.ends_with("+json"))
+        })
+        .unwrap_or(false)
+}
+
+/// The field an error is about: serde reports a missing field at its parent's path.
+fn field_of(path: &str, message: &str) -> String {
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(name, _)| name);
+    match (path, missing) {
+        (".", Some(name)) => name.to_owned(),
+        (".", None) => "(body)".to_owned(),
+        (parent, Some(name)) => format!("{parent}.{name}"),
+        (parent, None) => parent.to_owned(),
+    }
+}
+
+fn is_well_formed(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
+/// Parses `bytes` as `T`, telling malformed JSON (400) from invalid fields (422).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        match inner.classify() {
+            // A type error may come before a syntax error later in the text: only a
+            // well-formed document gets a 422 (checked on this error path alone).
+            serde_json::error::Category::Data if is_well_formed(bytes) => {
+                ApiError::invalid(field_of(&path, &inner.to_string()), inner.to_string())
+            }
+            _ => ApiError::Malformed(format!("the body is not valid JSON: {inner}")),
+        }
+    })?;
+    deserializer
+        .end()
+        .map_err(|e| ApiError::Malformed(format!("the body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        if !is_json(req) {
+            return Box::pin(async { Err(ApiError::UnsupportedMediaType) });
+        }
+        let body = web::Bytes::from_request(req, payload);
+        Box::pin(async move {
+            let bytes = body.await.map_err(|error| {
+                match error.as_response_error().status_code().as_u16() {
+                    413 => ApiError::PayloadTooLarge(MAX_BODY_BYTES),
+                    _ => ApiError::Malformed(format!("could not read the body: {error}")),
+                }
+            })?;
+            parse_json(&bytes).map(ApiJson)
+        })
+    }
+}
+
+/// The bearer tokens the service accepts.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    /// The admin token (`/admin/*`).
+    pub admin: Secret,
+    /// Client tokens (`/quota/*`); empty leaves those endpoints open.
+    pub clients: Vec<Secret>,
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, byte) in a.iter().enumerate() {
+        diff |= usize::from(byte ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+fn bearer(req: &HttpRequest) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn tokens(req: &HttpRequest) -> Result<&Tokens, ApiError> {
+    req.app_data::<web::Data<Tokens>>()
+        .map(|data| data.get_ref())
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("tokens are not configured")))
+}
+
+/// Proof that the request carries the admin token.
+#[derive(Debug)]
+pub struct AdminAuth;
+
+impl FromRequest for AdminAuth {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let result = tokens(req).and_then(|tokens| match bearer(req) {
+            Some(given) if constant_time_eq(given.as_bytes(), tokens.admin.expose().as_bytes()) => {
+                Ok(AdminAuth)
+            }
+            _ => Err(ApiError::Unauthorized),
+        });
+        std::future::ready(result)
+    }
+}
+
+/// Proof that the request may use `/quota/*` (always, when no client tokens are set).
+#[derive(Debug)]
+pub struct ClientAuth;
+
+impl FromRequest for ClientAuth {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let result = tokens(req).and_then(|tokens| {
+            if tokens.clients.is_empty() {
+                return Ok(ClientAuth);
+            }
+            let given = bearer(req).ok_or(ApiError::Unauthorized)?;
+            let known = tokens.clients.iter().fold(false, |found, t| {
+                found | constant_time_eq(given.as_bytes(), t.expose().as_bytes())
+            });
+            known.then_some(ClientAuth).ok_or(ApiError::Unauthorized)
+        });
+        std::future::ready(result)
+    }
+}
+
+/// Rewrites any error answer that is not problem+json yet (unknown route 404, 405, …).
+pub fn problem_for_bare_errors<B>(
+    res: ServiceResponse<B>,
+) -> actix_web::Result<ErrorHandlerResponse<B>> {
+    // Our own answers (problem+json, and the JSON body of a 429) carry a content type;
+    // actix's bare ones (no route, wrong method) have none or plain text.
+    let bare = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"));
+    if !bare {
+        return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
+    }
+    let status = res.status();
+    let (kind, detail) = match status.as_u16() {
+        404 => (
+            "not-found",
+            format!("no route matches {}", res.request().path()),
+        ),
+        405 => (
+            "method-not-allowed",
+            format!(
+                "{} is not allowed on {}",
+                res.request().method(),
+                res.request().path()
+            ),
+        ),
+        _ => ("http-error", status.to_string()),
+    };
+    let title = status.canonical_reason().unwrap_or("Error");
+    let (req, _) = res.into_parts();
+    let response = problem_response(status, kind, title, detail).map_into_right_body();
+    Ok(ErrorHandlerResponse::Response(ServiceResponse::new(
+        req, response,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_strings() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(!constant_time_eq(b"x", b""));
+    }
+
+    #[test]
+    fn malformed_json_is_400_and_wrong_types_are_422_with_the_field() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Body {
+            limit: i64,
+        }
+        assert!(matches!(
+            parse_json::<Body>(b"{"),
+            Err(ApiError::Malformed(_))
+        ));
+        match parse_json::<Body>(br#"{"limit":"x"}"#) {
+            Err(ApiError::Invalid(errors)) => assert_eq!(errors.0[0].field, "limit"),
+            other => panic!("expected 422, got {other:?}"),
+        }
+        assert!(matches!(
+            parse_json::<Body>(br#"{"limit":1} x"#),
+            Err(ApiError::Malformed(_))
+        ));
+    }
+}

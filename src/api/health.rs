@@ -1,0 +1,63 @@
+//! Liveness and readiness.
+
+use super::AppState;
+use actix_web::{get, web, HttpResponse};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The state of the process or of its stores.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or `unavailable` when a store is down.
+    pub status: String,
+    /// Per store: `ok`, `down` or `embedded` (readiness only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stores: Option<StoreHealth>,
+}
+
+/// Reachability of each store.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoreHealth {
+    /// The policy database.
+    pub policy_store: String,
+    /// The counter store (Redis, or `embedded` for in-process counters).
+    pub counter_store: String,
+}
+
+/// The process is up.
+#[utoipa::path(tag = "health", responses((status = 200, description = "Alive", body = Health)))]
+#[get("/healthz")]
+pub async fn healthz() -> web::Json<Health> {
+    web::Json(Health {
+        status: "ok".to_owned(),
+        stores: None,
+    })
+}
+
+/// Every store answers.
+#[utoipa::path(tag = "health", responses(
+    (status = 200, description = "Ready", body = Health),
+    (status = 503, description = "A store is down", body = Health),
+))]
+#[get("/readyz")]
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let word = |ok: bool| if ok { "ok" } else { "down" }.to_owned();
+    let policy_ok = state.policies.ping().await.is_ok();
+    let counter_ok = state.engine.counters().ping().await.is_ok();
+    let counter_store = match state.embedded_counters {
+        true => "embedded".to_owned(),
+        false => word(counter_ok),
+    };
+    let ready = policy_ok && counter_ok;
+    let body = Health {
+        status: if ready { "ok" } else { "unavailable" }.to_owned(),
+        stores: Some(StoreHealth {
+            policy_store: word(policy_ok),
+            counter_store,
+        }),
+    };
+    match ready {
+        true => HttpResponse::Ok().json(body),
+        false => HttpResponse::ServiceUnavailable().json(body),
+    }
+}

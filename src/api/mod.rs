@@ -1,0 +1,63 @@
+//! The HTTP API: handlers, wire shapes, problem+json errors and the OpenAPI document.
+//!
+//! This is the only module that knows HTTP. Routes are registered through
+//! `utoipa-actix-web`, so the served routes and the documented ones cannot diverge.
+
+pub mod admin;
+pub mod dto;
+pub mod extract;
+pub mod health;
+pub mod openapi;
+pub mod problem;
+pub mod quota;
+
+use crate::engine::clock::Clock;
+use crate::engine::Engine;
+use crate::policy::{PolicyCache, PolicyStore};
+use std::sync::Arc;
+
+/// What every handler shares.
+pub struct AppState {
+    /// The quota engine.
+    pub engine: Engine,
+    /// Policy persistence (admin reads and writes go here).
+    pub policies: Arc<dyn PolicyStore>,
+    /// The in-process policy cache the engine reads.
+    pub cache: Arc<PolicyCache>,
+    /// The time source (a fake one in tests).
+    pub clock: Arc<dyn Clock>,
+    /// True when counters are in-process (no Redis configured).
+    pub embedded_counters: bool,
+}
+
+impl AppState {
+    /// Rebuilds the policy cache after a change; a failure is logged, not returned,
+    /// because the change itself is already stored and the next reload will pick it up.
+    pub async fn reload_policies(&self) {
+        if let Err(error) = self.cache.reload(self.policies.as_ref()).await {
+            tracing::error!(
+                error = format!("{error:#}"),
+                "reloading the policy cache failed"
+            );
+        }
+    }
+}
+
+/// Registers every documented route.
+pub fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfig) {
+    config
+        .service(quota::consume)
+        .service(quota::check)
+        .service(quota::usage)
+        .service(admin::list_policies)
+        .service(admin::create_policy)
+        .service(admin::get_policy)
+        .service(admin::replace_policy)
+        .service(admin::delete_policy)
+        .service(admin::list_overrides)
+        .service(admin::get_override)
+        .service(admin::put_override)
+        .service(admin::delete_override)
+        .service(health::healthz)
+        .service(health::readyz);
+}

@@ -1,0 +1,212 @@
+//! Errors as `application/problem+json` (RFC 9457): one enum, one status mapping.
+
+use crate::domain::{FieldError, FieldErrors};
+use crate::engine::{store::StoreError, EngineError};
+use crate::policy::PolicyStoreError;
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An error answer, per RFC 9457.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// A stable URI naming the kind of problem, e.g. `urn:quota-ledger:problem:validation`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong this time.
+    pub detail: String,
+    /// The invalid fields (422 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<ProblemField>>,
+}
+
+/// One invalid field of a 422 answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProblemField {
+    /// The field's path, e.g. `window.timezone`.
+    pub field: String,
+    /// Why it is invalid.
+    pub message: String,
+}
+
+/// Everything an API call can answer besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the body is not well-formed JSON (or a query is unusable).
+    #[error("{0}")]
+    Malformed(String),
+    /// 401: missing or wrong bearer token.
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// 404: no such resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: conflicts with the current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// 412: `If-Match` names a version that is no longer current.
+    #[error("{0}")]
+    PreconditionFailed(String),
+    /// 413: body over the limit.
+    #[error("the request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// 415: body is not JSON.
+    #[error("the request body must be JSON (Content-Type: application/json)")]
+    UnsupportedMediaType,
+    /// 422: well-formed but invalid fields.
+    #[error("{0}")]
+    Invalid(FieldErrors),
+    /// 503: a store is down; retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500: a bug; the cause is logged, not shown.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    /// A 422 for one field.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid(FieldError::new(field, message).into())
+    }
+
+    fn kind_and_title(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Malformed(_) => ("malformed-request", "Malformed request"),
+            Self::Unauthorized => ("unauthorized", "Unauthorized"),
+            Self::NotFound(_) => ("not-found", "Not found"),
+            Self::Conflict(_) => ("conflict", "Conflict"),
+            Self::PreconditionFailed(_) => ("precondition-failed", "Precondition failed"),
+            Self::PayloadTooLarge(_) => ("payload-too-large", "Payload too large"),
+            Self::UnsupportedMediaType => ("unsupported-media-type", "Unsupported media type"),
+            Self::Invalid(_) => ("validation", "Invalid request"),
+            Self::Unavailable(_) => ("store-unavailable", "Service unavailable"),
+            Self::Internal(_) => ("internal", "Internal error"),
+        }
+    }
+}
+
+/// Builds a problem+json response for `status` with a `kind` slug.
+pub fn problem_response(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: String,
+) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type(PROBLEM_JSON)
+        .json(Problem {
+            kind: format!("urn:quota-ledger:problem:{kind}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail,
+            errors: None,
+        })
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let Self::Internal(cause) = self {
+            tracing::error!(
+                error = format!("{cause:#}"),
+                "request failed with an internal error"
+            );
+        }
+        let status = self.status_code();
+        let (kind, title) = self.kind_and_title();
+        let errors = match self {
+            Self::Invalid(fields) => Some(
+                fields
+                    .0
+                    .iter()
+                    .map(|e| ProblemField {
+                        field: e.field.clone(),
+                        message: e.message.clone(),
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let mut builder = HttpResponse::build(status);
+        builder.content_type(PROBLEM_JSON);
+        match self {
+            Self::Unauthorized => {
+                builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+            }
+            Self::Unavailable(_) => {
+                builder.insert_header((header::RETRY_AFTER, "1"));
+            }
+            _ => {}
+        }
+        builder.json(Problem {
+            kind: format!("urn:quota-ledger:problem:{kind}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            errors,
+        })
+    }
+}
+
+impl From<FieldErrors> for ApiError {
+    fn from(errors: FieldErrors) -> Self {
+        Self::Invalid(errors)
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(error: FieldError) -> Self {
+        Self::Invalid(error.into())
+    }
+}
+
+impl From<PolicyStoreError> for ApiError {
+    fn from(error: PolicyStoreError) -> Self {
+        match error {
+            PolicyStoreError::Conflict => Self::Conflict("it exists already".to_owned()),
+            PolicyStoreError::Unavailable(cause) => {
+                tracing::warn!(error = %cause, "policy store unavailable");
+                Self::Unavailable("the policy store is unavailable; retry shortly".to_owned())
+            }
+            other => Self::Internal(other.into()),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::UnknownAction(action) => {
+                Self::NotFound(format!("no policy limits the action '{action}'"))
+            }
+            EngineError::Store(StoreError::Unavailable(why)) => {
+                tracing::warn!(error = %why, "counter store unavailable; failing closed");
+                Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
+            }
+            EngineError::Store(other) => Self::Internal(other.into()),
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The quota API: consume, check and usage.
+
+use super::dto::{MeasureDto, ModeDto};
+use super::extract::{ApiJson, ClientAuth};
+use super::problem::{ApiError, Problem};
+use super::AppState;
+use crate::domain::{Action, FieldErrors, Measure, Mode, Quantity, Subject};
+use crate::engine::{ConsumeRequest, Decision, PolicyDecision};
+use actix_web::http::{header, StatusCode};
+use actix_web::{get, post, web, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// A request to charge (or check) an amount.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumeInput {
+    /// The action, e.g. `transfer`.
+    #[schema(example = "transfer")]
+    pub action: String,
+    /// Who acts: 1-256 bytes of printable UTF-8.
+    #[schema(example = "user-42")]
+    pub subject: String,
+    /// Minor units to charge to `amount` policies; default 1, at least 1.
+    #[schema(example = 50000, minimum = 1, maximum = 9007199254740991_i64)]
+    pub amount: Option<i64>,
+    /// Makes retries safe: 1-128 characters, scoped to action + subject.
+    pub idempotency_key: Option<String>,
+}
+
+/// One policy's part of an answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyUsage {
+    /// The policy.
+    pub policy_id: String,
+    /// `count` or `amount`.
+    pub measure: MeasureDto,
+    /// `enforce` or `shadow`.
+    pub mode: ModeDto,
+    /// The limit that applied (an override's, if any).
+    pub limit: u64,
+    /// Usage after this decision.
+    pub used: u64,
+    /// `limit - used`, never below zero.
+    pub remaining: u64,
+    /// When usage would be back to zero with no further consumption (UTC).
+    pub resets_at: DateTime<Utc>,
+    /// Whether this policy alone allows the request (shadow policies report, never deny).
+    pub allowed: bool,
+}
+
+/// The answer to a consume or check (the same shape for 200 and 429).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConsumeAnswer {
+    /// Whether the request is allowed (and, for consume, charged).
+    pub allowed: bool,
+    /// The action.
+    pub action: String,
+    /// The subject.
+    pub subject: String,
+    /// The amount asked for.
+    pub amount: u64,
+    /// Identifies this consume (for refunds and the ledger); null for checks.
+    pub consumption_id: Option<String>,
+    /// True when this answer replays an earlier one with the same idempotency key.
+    pub replayed: bool,
+    /// Seconds until the same request would pass; null if allowed or if it never can.
+    pub retry_after_seconds: Option<u64>,
+    /// True when the counter store was down and the service was configured to fail open.
+    pub degraded: bool,
+    /// One entry per enabled policy of the action.
+    pub policies: Vec<PolicyUsage>,
+}
+
+/// Current usage of one subject for one action.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageAnswer {
+    /// The action.
+    pub action: String,
+    /// The subject.
+    pub subject: String,
+    /// One entry per enabled policy.
+    pub policies: Vec<PolicyUsage>,
+}
+
+/// Which usage to read.
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct UsageQuery {
+    /// The action.
+    pub action: Option<String>,
+    /// The subject.
+    pub subject: Option<String>,
+}
+
+fn usage_of(p: &PolicyDecision) -> PolicyUsage {
+    PolicyUsage {
+        policy_id: p.policy_id.to_string(),
+        measure: match p.measure {
+            Measure::Count => MeasureDto::Count,
+            Measure::Amount => MeasureDto::Amount,
+        },
+        mode: match p.mode {
+            Mode::Enforce => ModeDto::Enforce,
+            Mode::Shadow => ModeDto::Shadow,
+        },
+        limit: p.limit,
+        used: p.used,
+        remaining: p.remaining,
+        resets_at: p.resets_at,
+        allowed: p.allowed,
+    }
+}
+
+fn parse(input: ConsumeInput) -> Result<ConsumeRequest, ApiError> {
+    let mut errors = FieldErrors::default();
+    let action = errors.take(Action::parse("action", &input.action));
+    let subject = errors.take(Subject::parse("subject", &input.subject));
+    let amount = errors.take(Quantity::parse_amount(
+        "amount",
+        i128::from(input.amount.unwrap_or(1)),
+    ));
+    if input.idempotency_key.is_some() {
+        errors.push(crate::domain::FieldError::new(
+            "idempotency_key",
+            "idempotency keys are not supported by this version yet; retry without one only if a double charge is acceptable",
+        ));
+    }
+    match (action, subject, amount) {
+        (Some(action), Some(subject), Some(amount)) if errors.0.is_empty() => Ok(ConsumeRequest {
+            action,
+            subject,
+            amount,
+        }),
+        _ => Err(errors.into()),
+    }
+}
+
+/// The policy whose limit binds hardest: a denying enforcing one, else the least remaining.
+fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> {
+    decision.policies.iter().min_by_key(|p| {
+        let denying = p.mode == Mode::Enforce && !p.allowed;
+        (!denying, p.mode == Mode::Shadow, p.remaining)
+    })
+}
+
+/// Writes the answer with its status and the `RateLimit-Policy` / `RateLimit` fields
+/// (IETF httpapi draft: `"<policy>";q=<limit>;w=<seconds>` and `"<policy>";r=<remaining>;t=<seconds>`).
+fn respond(
+    request: &ConsumeRequest,
+    decision: Decision,
+    consumption_id: Option<String>,
+) -> HttpResponse {
+    let status = match decision.allowed {
+        true => StatusCode::OK,
+        false => StatusCode::TOO_MANY_REQUESTS,
+    };
+    let mut response = HttpResponse::build(status);
+    if let Some(p) = most_constraining(&decision) {
+        let reset = (p.resets_at - decision.at).num_seconds().max(0);
+        response.insert_header((
+            "RateLimit-Policy",
+            format!("\"{}\";q={};w={}", p.policy_id, p.limit, p.window_seconds),
+        ));
+        response.insert_header((
+            "RateLimit",
+            format!("\"{}\";r={};t={reset}", p.policy_id, p.remaining),
+        ));
+    }
+    if let Some(seconds) = decision.retry_after_seconds {
+        response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+    }
+    response.json(ConsumeAnswer {
+        allowed: decision.allowed,
+        action: request.action.to_string(),
+        subject: request.subject.to_string(),
+        amount: request.amount.get(),
+        consumption_id,
+        replayed: false,
+        retry_after_seconds: decision.retry_after_seconds,
+        degraded: decision.degraded,
+        policies: decision.policies.iter().map(usage_of).collect(),
+    })
+}
+
+/// Charges `amount` (count policies: 1) to every enabled policy of the action, atomically:
+/// all pass and all are charged, or none is. Denied: 429 with the same body and `Retry-After`.
+#[utoipa::path(
+    tag = "quota",
+    request_body = ConsumeInput,
+    responses(
+        (status = 200, description = "Allowed and charged", body = ConsumeAnswer,
+            headers(("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
+        (status = 429, description = "Denied; nothing charged", body = ConsumeAnswer,
+            headers(("Retry-After" = String, description = "Seconds until the same request would pass"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down (fail closed)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[post("/quota/consume")]
+pub async fn consume(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    body: ApiJson<ConsumeInput>,
+) -> Result<HttpResponse, ApiError> {
+    let request = parse(body.0)?;
+    let decision = state.engine.decide(&request, true).await?;
+    let id = uuid::Uuid::now_v7().to_string();
+    Ok(respond(&request, decision, Some(id)))
+}
+
+/// Answers exactly as consume would, but charges nothing.
+#[utoipa::path(
+    tag = "quota",
+    request_body = ConsumeInput,
+    responses(
+        (status = 200, description = "Would be allowed", body = ConsumeAnswer),
+        (status = 429, description = "Would be denied", body = ConsumeAnswer,
+            headers(("Retry-After" = String, description = "Seconds until it would pass"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down (fail closed)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[post("/quota/check")]
+pub async fn check(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    body: ApiJson<ConsumeInput>,
+) -> Result<HttpResponse, ApiError> {
+    let request = parse(body.0)?;
+    let decision = state.engine.decide(&request, false).await?;
+    Ok(respond(&request, decision, None))
+}
+
+/// Current usage per enabled policy of the action, for one subject.
+#[utoipa::path(
+    tag = "quota",
+    params(UsageQuery),
+    responses(
+        (status = 200, description = "Usage", body = UsageAnswer),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Missing or invalid action or subject", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[get("/quota/usage")]
+pub async fn usage(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    query: web::Query<UsageQuery>,
+) -> Result<web::Json<UsageAnswer>, ApiError> {
+    let mut errors = FieldErrors::default();
+    let action = errors.take(Action::parse(
+        "action",
+        query.action.as_deref().unwrap_or(""),
+    ));
+    let subject = errors.take(Subject::parse(
+        "subject",
+        query.subject.as_deref().unwrap_or(""),
+    ));
+    let (Some(action), Some(subject)) = (action, subject) else {
+        return Err(errors.into());
+    };
+    let decision = state.engine.usage(&action, &subject).await?;
+    Ok(web::Json(UsageAnswer {
+        action: action.to_string(),
+        subject: subject.to_string(),
+        policies: decision.policies.iter().map(usage_of).collect(),
+    }))
+}

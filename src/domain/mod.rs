@@ -1,0 +1,16 @@
+//! Pure domain types with their invariants: identifiers, quantities, windows, policies.
+//!
+//! Everything here is parsed once at the edge (the API or a store row) and is valid by
+//! construction afterwards. Nothing in this module knows HTTP, SQL or Redis.
+
+mod error;
+mod ids;
+mod policy;
+mod quantity;
+mod window;
+
+pub use error::{FieldError, FieldErrors};
+pub use ids::{Action, PolicyId, Subject};
+pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
+pub use quantity::{Quantity, MAX_SAFE};
+pub use window::{CalendarPeriod, Window, MAX_BUCKETS, MAX_WINDOW_SECONDS};

@@ -1,0 +1,150 @@
+//! Policies (a limit on an action) and per-subject overrides.
+
+use super::{Action, FieldError, PolicyId, Quantity, Subject, Window};
+use chrono::{DateTime, Utc};
+
+/// What one consume charges against a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Measure {
+    /// 1 per consume.
+    Count,
+    /// The request's `amount`, in minor units.
+    Amount,
+}
+
+impl Measure {
+    /// Parses the wire name.
+    pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
+        match value {
+            "count" => Ok(Self::Count),
+            "amount" => Ok(Self::Amount),
+            _ => Err(FieldError::new(field, "must be 'count' or 'amount'")),
+        }
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Count => "count",
+            Self::Amount => "amount",
+        }
+    }
+
+    /// The units a consume of `amount` charges under this measure.
+    pub fn cost(self, amount: Quantity) -> Quantity {
+        match self {
+            Self::Count => Quantity::saturating(1),
+            Self::Amount => amount,
+        }
+    }
+}
+
+/// Whether a policy may deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Denies when over the limit.
+    #[default]
+    Enforce,
+    /// Counts and reports, never denies: for trying a limit out.
+    Shadow,
+}
+
+impl Mode {
+    /// Parses the wire name.
+    pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
+        match value {
+            "enforce" => Ok(Self::Enforce),
+            "shadow" => Ok(Self::Shadow),
+            _ => Err(FieldError::new(field, "must be 'enforce' or 'shadow'")),
+        }
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Shadow => "shadow",
+        }
+    }
+}
+
+/// The writable part of a policy, as an operator submits it; valid by construction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// The action it limits.
+    pub action: Action,
+    /// What a consume charges.
+    pub measure: Measure,
+    /// A display label for the units, e.g. `USD cents`.
+    pub unit: Option<String>,
+    /// The most that may be used in one window.
+    pub limit: Quantity,
+    /// How usage is grouped in time.
+    pub window: Window,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Disabled policies are ignored by consumes.
+    pub enabled: bool,
+    /// Whether denied attempts are recorded in the ledger too.
+    pub ledger_denials: bool,
+    /// Free text for operators.
+    pub description: String,
+}
+
+impl PolicySpec {
+    /// Whether switching from `self` to `next` keeps the counted usage.
+    ///
+    /// Usage is kept when only the limit, mode, description or switches change; a new
+    /// window or measure starts counting afresh (counter keys include both).
+    pub fn keeps_usage_of(&self, next: &PolicySpec) -> bool {
+        self.window == next.window && self.measure == next.measure
+    }
+}
+
+/// A stored policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Unique id.
+    pub id: PolicyId,
+    /// The operator-controlled fields.
+    pub spec: PolicySpec,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Starts at 1, +1 on every change; the `ETag`.
+    pub version: i64,
+}
+
+/// The writable part of an override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverrideSpec {
+    /// The limit that replaces the policy's for this subject.
+    pub limit: Quantity,
+    /// When the override stops applying; `None` for never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Why it exists.
+    pub note: Option<String>,
+}
+
+/// A per-subject limit replacing a policy's limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    /// The policy it belongs to.
+    pub policy_id: PolicyId,
+    /// The subject it applies to.
+    pub subject: Subject,
+    /// The operator-controlled fields.
+    pub spec: OverrideSpec,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Override {
+    /// Whether it applies at `now`.
+    pub fn is_active(&self, now: DateTime<Utc>) -> bool {
+        self.spec.expires_at.is_none_or(|at| now < at)
+    }
+}

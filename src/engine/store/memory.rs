@@ -1,0 +1,325 @@
+//! The in-process counter store: the same counting as `scripts/consume.lua`, in Rust.
+//!
+//! It is a production backend (the default when no Redis is configured), not a test double:
+//! state is sharded so that unrelated subjects do not contend, entries expire exactly like the
+//! Redis keys (by the `now_ms` of the calls, never the wall clock, so tests with a fake clock
+//! see expiry too), and expired entries are purged as the store is used, keeping memory bounded
+//! by the recently active counters.
+//!
+//! The per-algorithm arithmetic lives in [`counting`]; this file owns the shards, the locking
+//! and the two passes of a decision (read and decide, then apply), plus the argument checks
+//! that both backends run before touching any state.
+
+mod counting;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, PoisonError};
+
+use async_trait::async_trait;
+
+use super::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
+use counting::Entry;
+
+/// The largest quantity (limit, cost, usage) a store accepts or reports: 2^53 - 1.
+pub(super) const MAX_UNITS: u64 = (1 << 53) - 1;
+
+/// The largest magnitude of a time (`now_ms`, a period end) the stores accept: 2^51 ms, about
+/// 71,000 years, so that sums of times and windows stay exact in Lua's doubles.
+pub(super) const MAX_TIME_MS: i64 = 1 << 51;
+
+/// Number of independently locked shards; a power of two well above the core count.
+const SHARDS: usize = 64;
+
+/// A shard is swept of expired entries once it has served this many decisions, or as many
+/// decisions as it holds entries if that is more: sweeping then costs O(1) amortised per call,
+/// and a shard holds at most its live entries plus those written since its last sweep.
+const SWEEP_MIN_CALLS: usize = 64;
+
+/// Counters held in this process.
+///
+/// Each shard is a `std::sync::Mutex`, not a Tokio one: the critical section is a few hash-map
+/// operations with no `.await` inside, so a blocking lock is both correct and cheaper, and an
+/// async mutex would only add a queue. All keys of one decision share a hash tag and therefore
+/// a shard, so a decision takes exactly one lock, once, which makes it atomic.
+pub struct MemoryCounterStore {
+    /// The shards, chosen by hashing a key's hash tag.
+    shards: Box<[Mutex<Shard>]>,
+    /// Randomly seeded so that subjects cannot be crafted to pile onto one shard.
+    hasher: RandomState,
+}
+
+/// One lock's worth of counters.
+#[derive(Default)]
+struct Shard {
+    /// Counter key -> state and expiry.
+    entries: HashMap<String, Entry>,
+    /// Decisions served since the last sweep.
+    calls_since_sweep: usize,
+}
+
+impl MemoryCounterStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Number of entries held, including expired ones not yet purged (for tests and metrics).
+    pub fn key_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).entries.len())
+            .sum()
+    }
+
+    /// The shard that holds every key carrying the same hash tag as `key`.
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        let hash = self.hasher.hash_one(hash_tag(key));
+        // The modulo keeps the value below SHARDS, so the cast cannot truncate.
+        &self.shards[(hash % SHARDS as u64) as usize]
+    }
+
+    /// Milliseconds until `key` expires as seen at `now_ms`, `None` if it is absent.
+    #[cfg(test)]
+    pub(super) fn ttl_ms(&self, key: &str, now_ms: i64) -> Option<i64> {
+        let shard = lock(self.shard(key));
+        shard
+            .entries
+            .get(key)
+            .filter(|e| e.is_live(now_ms))
+            .map(|e| e.expires_at_ms - now_ms)
+    }
+
+    /// Number of buckets stored for the rolling counter `key` (0 if absent or another kind).
+    #[cfg(test)]
+    pub(super) fn bucket_count(&self, key: &str) -> usize {
+        lock(self.shard(key))
+            .entries
+            .get(key)
+            .map_or(0, Entry::bucket_count)
+    }
+}
+
+impl Default for MemoryCounterStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryCounterStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryCounterStore")
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+/// Locks a shard. A poisoned lock (a panic while held) is taken over rather than propagated:
+/// nothing in pass 2 can panic, so a decision is never left half-applied, and every entry is
+/// always a complete value.
+fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[async_trait]
+impl CounterStore for MemoryCounterStore {
+    async fn evaluate(
+        &self,
+        now_ms: i64,
+        charges: &[Charge],
+        commit: bool,
+    ) -> Result<Evaluation, StoreError> {
+        check_charges(now_ms, charges)?;
+        let Some(first) = charges.first() else {
+            return Ok(Evaluation {
+                allowed: true,
+                outcomes: Vec::new(),
+            });
+        };
+        let mut guard = lock(self.shard(&first.key));
+        let shard = &mut *guard;
+        shard.calls_since_sweep += 1;
+        if shard.calls_since_sweep >= shard.entries.len().max(SWEEP_MIN_CALLS) {
+            shard.entries.retain(|_, entry| entry.is_live(now_ms));
+            shard.calls_since_sweep = 0;
+        }
+
+        // Pass 1: read and decide every charge; nothing is written yet.
+        let mut readings = Vec::with_capacity(charges.len());
+        let mut allowed = true;
+        for charge in charges {
+            let entry = shard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
+            let reading = counting::read(entry, now_ms, charge)?;
+            allowed &= reading.outcome.allowed || !charge.enforce;
+            readings.push(reading);
+        }
+
+        // Pass 2: when committing an allowed decision, apply every charge that changes something.
+        let apply = commit && allowed;
+        let mut outcomes = Vec::with_capacity(charges.len());
+        for (charge, reading) in charges.iter().zip(readings) {
+            let mut outcome = reading.outcome;
+            if let (true, Some(write)) = (apply, reading.write) {
+                outcome.used = write.used;
+                outcome.resets_at_ms = write.resets_at_ms;
+                counting::apply(&mut shard.entries, charge, now_ms, write);
+            }
+            outcomes.push(outcome);
+        }
+        Ok(Evaluation { allowed, outcomes })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The part of `key` that Redis Cluster hashes: the text between the first `{` and the next
+/// `}` if it is not empty, else the whole key (the same rule as Redis).
+pub(super) fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        let rest = &key[open + 1..];
+        if let Some(len) = rest.find('}').filter(|&len| len > 0) {
+            return &rest[..len];
+        }
+    }
+    key
+}
+
+/// Rejects arguments outside what both stores compute exactly; both backends call it first,
+/// so they fail identically. Such arguments are the caller's bug, hence `Protocol`.
+///
+/// Checked: quantities within 2^53 - 1, times within ±2^51 ms, positive window parameters,
+/// `limit × period_ms <= 2^53 - 1` for token buckets, `buckets × bucket_ms <= 2^51` for
+/// rolling windows, distinct keys and one hash tag for all keys (one cluster slot, one shard).
+pub(super) fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
+    let invalid =
+        |i: usize, what: &str| StoreError::Protocol(format!("invalid charge {i}: {what}"));
+    if now_ms.unsigned_abs() > MAX_TIME_MS.unsigned_abs() {
+        return Err(StoreError::Protocol(format!(
+            "time {now_ms} ms is out of range"
+        )));
+    }
+    let tag = charges.first().map(|c| hash_tag(&c.key));
+    for (i, charge) in charges.iter().enumerate() {
+        if charge.limit > MAX_UNITS || charge.cost > MAX_UNITS {
+            return Err(invalid(i, "limit and cost must be at most 2^53 - 1"));
+        }
+        let window_ok = match charge.algorithm {
+            Algorithm::Calendar { period_end_ms } => {
+                period_end_ms.unsigned_abs() <= MAX_TIME_MS.unsigned_abs()
+            }
+            Algorithm::Rolling { bucket_ms, buckets } => {
+                bucket_ms > 0
+                    && buckets > 0
+                    && bucket_ms
+                        .checked_mul(buckets)
+                        .is_some_and(|w| w <= MAX_TIME_MS)
+            }
+            Algorithm::TokenBucket { period_ms } => {
+                period_ms > 0
+                    && u64::try_from(period_ms)
+                        .ok()
+                        .and_then(|p| p.checked_mul(charge.limit.max(1)))
+                        .is_some_and(|product| product <= MAX_UNITS)
+            }
+        };
+        if !window_ok {
+            return Err(invalid(i, "window parameters out of range"));
+        }
+        if tag != Some(hash_tag(&charge.key)) {
+            return Err(invalid(i, "all keys of one decision must share a hash tag"));
+        }
+        if charges[..i].iter().any(|other| other.key == charge.key) {
+            return Err(invalid(i, "the same key appears twice"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rolling_charge(key: String, cost: u64) -> Charge {
+        Charge {
+            key,
+            algorithm: Algorithm::Rolling {
+                bucket_ms: 1_000,
+                buckets: 10,
+            },
+            limit: 100,
+            cost,
+            enforce: true,
+        }
+    }
+
+    #[test]
+    fn the_hash_tag_is_the_first_non_empty_braced_part_as_in_redis() {
+        for (key, tag) in [
+            ("ql:{sms|u1}:daily", "sms|u1"),
+            ("a{b}c{d}", "b"),
+            ("a}{b}", "b"),
+            ("a{}b", "a{}b"),
+            ("a{b", "a{b"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(hash_tag(key), tag, "{key}");
+        }
+    }
+
+    #[tokio::test]
+    async fn expired_entries_are_purged_as_the_shard_is_used() {
+        let store = MemoryCounterStore::new();
+        let t0 = 1_000_000_000_000;
+        for i in 0..100 {
+            let charge = rolling_charge(format!("ql:{{tag}}:{i}"), 1);
+            store
+                .evaluate(t0, &[charge], true)
+                .await
+                .expect("evaluates");
+        }
+        assert_eq!(store.key_count(), 100);
+        // Long after every TTL (W + B + grace), calls on the same shard sweep it.
+        let later = t0 + 3_600_000;
+        for _ in 0..100 {
+            let look = rolling_charge("ql:{tag}:0".to_owned(), 0);
+            let evaluation = store
+                .evaluate(later, &[look], true)
+                .await
+                .expect("evaluates");
+            assert_eq!(
+                evaluation.outcomes[0].used, 0,
+                "an expired entry counts as absent"
+            );
+        }
+        assert_eq!(store.key_count(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_decisions_on_one_subject_never_over_allow() {
+        let store = std::sync::Arc::new(MemoryCounterStore::new());
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut allowed = 0;
+                    for _ in 0..100 {
+                        let charge = rolling_charge("ql:{hot}:calls".to_owned(), 1);
+                        let evaluation = store.evaluate(0, &[charge], true).await;
+                        allowed += u64::from(evaluation.expect("evaluates").allowed);
+                    }
+                    allowed
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for task in tasks {
+            total += task.await.expect("the task finishes");
+        }
+        assert_eq!(total, 100, "exactly the limit, out of 800 attempts");
+    }
+}

@@ -1,0 +1,196 @@
+--[[
+consume.lua: checks every charge of one quota decision and applies all of them or none.
+The Rust twin of this script is memory.rs; conformance.rs runs the same scenarios on both.
+
+KEYS[i]   the counter of charge i; all keys of one call share a hash tag (one cluster slot)
+ARGV[1]   now_ms (integer, Unix milliseconds or a test clock)
+ARGV[2]   1 = apply the charges when the decision is allowed, 0 = only look (peek)
+then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
+  kind     1 = calendar, 2 = rolling, 3 = token bucket
+  p1       calendar: period_end_ms; rolling: bucket_ms; token bucket: period_ms
+  p2       rolling: buckets (W / B); 0 otherwise
+  limit    0 ..= 2^53 - 1
+  cost     0 ..= 2^53 - 1
+  enforce  1 = enforce, 0 = shadow (counted and reported, never denies)
+
+Returns a flat array of integers:
+  { allowed_all, used_1, allowed_1, resets_at_1, retry_at_1, used_2, ... }
+allowed_all and allowed_i are 1 or 0; retry_at_i is -1 when the charge passes or can never
+pass (cost > limit): the caller knows cost and limit, so it does not rely on the -1 alone.
+
+State per key:
+  calendar      string: units used in the period the key names
+  rolling       hash: bucket index (floor(ms / bucket_ms), decimal) -> units
+  token bucket  string "S:t": S = used * period_ms as of time t (drains by max(limit, 1) per ms)
+
+Numbers: Lua numbers are doubles, exact for integers below 2^53. The caller (Rust) validates
+that limits and costs are <= 2^53 - 1, times are within +-2^51 and that
+limit * period_ms <= 2^53 - 1, so every stored or returned value stays exact; products that
+may be larger (elapsed * rate) are only compared, never stored. Reported times that would
+pass 2^53 - 1 (a saturated shadow bucket) are clamped to it. Numbers handed to Redis are
+formatted with %d: Redis would otherwise print large ones as 1.2e+17.
+
+Cost: one read per key (GET or HGETALL), then, only if the decision applies, one SET per
+calendar or token-bucket key and HDEL (stale buckets only) + HINCRBY + PEXPIRE per rolling key.
+]]
+
+local MAX = 9007199254740991 -- 2^53 - 1
+local GRACE = 60000 -- KEY_GRACE_MS in mod.rs
+local floor, ceil, fmt = math.floor, math.ceil, string.format
+
+local now = tonumber(ARGV[1])
+local commit = ARGV[2] == '1'
+local n = #KEYS
+local out = { 1 }
+-- Per charge, what pass 2 writes (only filled when committing), stride 6:
+-- value, ttl, used after, resets_at after, rolling: HGETALL reply (for stale fields), lo
+local w = {}
+
+-- Time sums that may exceed 2^53 - 1 only with a saturated shadow bucket: clamp them.
+-- Rounding is monotone, so a true sum above MAX never comes out <= MAX.
+local function clamp(x)
+  if x > MAX then return MAX end
+  return x
+end
+
+-- Pass 1: read every key, decide each charge, remember what to write.
+for i = 1, n do
+  local a = 3 + 6 * (i - 1)
+  local key = KEYS[i]
+  local kind = ARGV[a]
+  local p1 = tonumber(ARGV[a + 1])
+  local limit = tonumber(ARGV[a + 3])
+  local cost = tonumber(ARGV[a + 4])
+  local ok = cost <= limit -- pass_i, refined per kind below
+  local used, resets, retry = 0, now, -1
+
+  if kind == '1' then
+    local v = tonumber(redis.call('GET', key) or 0)
+    used = v
+    ok = ok and v <= limit - cost
+    if v > 0 then resets = p1 end
+    if not ok and cost <= limit then retry = p1 end
+    if commit and cost > 0 and v < MAX then
+      local after = MAX
+      if cost <= MAX - v then after = v + cost end
+      local ttl = p1 - now
+      if ttl < 0 then ttl = 0 end
+      local b = 6 * i
+      w[b - 5], w[b - 4], w[b - 3], w[b - 2] = after, ttl + GRACE, after, p1
+    end
+
+  elseif kind == '2' then
+    local bms, nb = p1, tonumber(ARGV[a + 2])
+    local cur = floor(now / bms)
+    local lo = cur - nb -- buckets below lo no longer count
+    local h = redis.call('HGETALL', key)
+    local newest -- highest live bucket holding units
+    for j = 1, #h, 2 do
+      local idx = tonumber(h[j])
+      if idx >= lo then
+        local u = tonumber(h[j + 1])
+        used = used + u
+        if u > 0 and (newest == nil or idx > newest) then newest = idx end
+      end
+    end
+    ok = ok and used <= limit - cost
+    if used > 0 and newest then resets = (newest + nb + 1) * bms end
+    if not ok and cost <= limit then
+      -- The oldest live bucket stops counting first: walk them in ascending order.
+      local ids, units = {}, {}
+      for j = 1, #h, 2 do
+        local idx, u = tonumber(h[j]), tonumber(h[j + 1])
+        if idx >= lo and u > 0 then ids[#ids + 1] = idx; units[idx] = u end
+      end
+      table.sort(ids)
+      local rest = used
+      for k = 1, #ids do
+        rest = rest - units[ids[k]]
+        if rest <= limit - cost then retry = (ids[k] + nb + 1) * bms; break end
+      end
+    end
+    if commit and cost > 0 and used < MAX then
+      local delta = MAX - used
+      if cost < delta then delta = cost end
+      local top = cur
+      if newest and newest > cur then top = newest end
+      local r = (top + nb + 1) * bms
+      local b = 6 * i
+      w[b - 5], w[b - 4], w[b - 3], w[b - 2], w[b - 1], w[b] =
+        delta, r - now + GRACE, used + delta, r, h, lo
+    end
+
+  else -- '3': token bucket (GCRA)
+    local per = p1
+    local rate = limit
+    if rate < 1 then rate = 1 end -- a zero-limit bucket still drains, 1 unit of S per ms
+    local s, tref = 0, now
+    local raw = redis.call('GET', key)
+    if raw then
+      local sep = string.find(raw, ':', 1, true)
+      s = tonumber(string.sub(raw, 1, sep - 1))
+      local t = tonumber(string.sub(raw, sep + 1))
+      if t > now then
+        tref = t -- written by an instance whose clock runs ahead: nothing drained yet
+      elseif (now - t) * rate >= s then
+        s = 0
+      else
+        s = s - (now - t) * rate
+      end
+    end
+    used = ceil(s / per)
+    ok = ok and s <= (limit - cost) * per
+    if s > 0 then resets = clamp(tref + ceil(s / rate)) end
+    if not ok and cost <= limit then
+      retry = clamp(tref + ceil((s - (limit - cost) * per) / rate))
+    end
+    if commit and cost > 0 and s < MAX then
+      -- cost * per may not fit 2^53: compare through a division first (exact for integers).
+      local after = MAX
+      if cost <= floor((MAX - s) / per) then after = s + cost * per end
+      local r = clamp(tref + ceil(after / rate))
+      local b = 6 * i
+      w[b - 5], w[b - 4], w[b - 3], w[b - 2], w[b - 1] =
+        fmt('%d:%d', after, tref), clamp(r - now + GRACE), ceil(after / per), r, false
+    end
+  end
+
+  if not ok and ARGV[a + 5] == '1' then out[1] = 0 end
+  local o = 4 * i - 2
+  out[o], out[o + 1], out[o + 2], out[o + 3] = used, ok and 1 or 0, resets, retry
+end
+
+-- Pass 2: the decision is allowed, apply every charge that changes something.
+if commit and out[1] == 1 then
+  for i = 1, n do
+    local b = 6 * i
+    local value = w[b - 5]
+    if value ~= nil then
+      local key = KEYS[i]
+      local kind = ARGV[3 + 6 * (i - 1)]
+      if kind == '2' then
+        local h, lo = w[b - 1], w[b]
+        local stale
+        for j = 1, #h, 2 do
+          if tonumber(h[j]) < lo then
+            stale = stale or {}
+            stale[#stale + 1] = h[j]
+            if #stale == 200 then redis.call('HDEL', key, unpack(stale)); stale = {} end
+          end
+        end
+        if stale and #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+        local cur = floor(now / tonumber(ARGV[3 + 6 * (i - 1) + 1]))
+        redis.call('HINCRBY', key, fmt('%d', cur), fmt('%d', value))
+        redis.call('PEXPIRE', key, fmt('%d', w[b - 4]))
+      elseif kind == '1' then
+        redis.call('SET', key, fmt('%d', value), 'PX', fmt('%d', w[b - 4]))
+      else
+        redis.call('SET', key, value, 'PX', fmt('%d', w[b - 4]))
+      end
+      local o = 4 * i - 2
+      out[o], out[o + 2] = w[b - 3], w[b - 2]
+    end
+  end
+end
+
+return out

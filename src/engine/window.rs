@@ -1,0 +1,482 @@
+//! Calendar period boundaries in IANA time zones: pure functions of `now`.
+//!
+//! A calendar period lives on the wall clock of the policy's zone: a minute (seconds zeroed),
+//! an hour (minutes zeroed), a day (local midnight), an ISO week (local midnight of its Monday)
+//! or a month (local midnight of the 1st). Every boundary is a local time, mapped to a single
+//! UTC instant: the first instant at which the zone's wall clock reaches it. That mapping
+//! never goes backwards, so the boundaries cut the UTC time line into contiguous,
+//! non-overlapping periods, and `now` belongs to the last period that has started by then.
+//!
+//! Daylight-saving transitions bend this in three ways:
+//! - A boundary that a spring-forward gap skips (local midnight in America/Havana, Asia/Beirut
+//!   or America/Santiago) starts its period at the transition, the first instant after the
+//!   gap. A period whose whole span is skipped (Pacific/Apia's 2011-12-30) is empty and is
+//!   never returned.
+//! - A boundary that a fall-back overlap repeats maps to its earliest instant: the repeated
+//!   stretch of wall-clock time stays in the period already running instead of resetting
+//!   usage a second time, so New York's 01:00 hour lasts two hours on its fall-back day.
+//! - While the clock repeats that stretch it shows times that have already passed; they belong
+//!   to the period the clock had reached before it was turned back, so New York's 01:59 minute
+//!   lasts 61 minutes once a year, and a zone that turned back across midnight (America/St_Johns
+//!   until 2010: 00:01 back to 23:01) does not return to the previous day.
+
+use chrono::{
+    DateTime, Datelike, Days, LocalResult, Months, NaiveDateTime, NaiveTime, Offset, TimeDelta,
+    TimeZone, Timelike, Utc,
+};
+use chrono_tz::Tz;
+
+use crate::domain::CalendarPeriod;
+
+/// How far from a skipped local time (read as if it were UTC) its gap's transition can be.
+///
+/// UTC offsets in the tz database stay within ±16 hours, so the transition lies within 16
+/// hours of that reading; two more hours are margin. Gaps are at most 24 hours long
+/// (Pacific/Apia 2011, Pacific/Kwajalein 1993) and transitions are days apart, so no other
+/// transition falls inside the 36-hour search range.
+const GAP_SEARCH_SECONDS: i64 = 18 * 3_600;
+
+/// The calendar period of `period` in `tz` that contains `now`, as UTC instants [start, end).
+///
+/// Always `start <= now < end`; `calendar_bounds(period, tz, start)` is `(start, end)` and
+/// `calendar_bounds(period, tz, end)` starts at `end`, so consecutive periods tile time. See the
+/// module documentation for local times that a transition skips or repeats.
+pub fn calendar_bounds(
+    period: CalendarPeriod,
+    tz: Tz,
+    now: DateTime<Utc>,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    // `zoned_bounds` gives up only within a period of chrono's date limits (±262,000 years), or
+    // on zone data with two transitions less than a day apart, which the tz database does not
+    // have (in chrono-tz's data they are about a week apart at the closest). UTC periods are
+    // then an answer that cannot panic and contains `now` anywhere but at chrono's very end.
+    zoned_bounds(period, tz, now).unwrap_or_else(|| utc_bounds(period, now))
+}
+
+/// [`calendar_bounds`] on the zone's wall clock; `None` if the search fails (see there).
+fn zoned_bounds(
+    period: CalendarPeriod,
+    tz: Tz,
+    now: DateTime<Utc>,
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let offset = offset_seconds(tz, now.timestamp())?;
+    let wall = now
+        .naive_utc()
+        .checked_add_signed(TimeDelta::try_seconds(i64::from(offset))?)?;
+    let (start, end) = period_from(period, tz, wall)?;
+    if now < end {
+        // The common case: `now` lies in the period that its own wall-clock time names. Its
+        // start is never later than `now`, because the clock reached `wall` by `now`.
+        return (start <= now).then_some((start, end));
+    }
+    // The clock has already reached `end` once but now shows an earlier time: a fall-back
+    // transition between `end` and `now` turned it back, and `now` belongs to the period the
+    // clock had reached just before that. Find the transition: the first second after `end`
+    // with `now`'s offset (until then the zone kept its larger, pre-transition offset). The
+    // search spans at most twice the size of the turn-back, so it takes about 17 steps.
+    let turned_back = first_true(end.timestamp(), now.timestamp(), |t| {
+        offset_seconds(tz, t) == Some(offset)
+    });
+    let last_second = DateTime::from_timestamp(turned_back.checked_sub(1)?, 0)?;
+    let (start, end) = period_from(period, tz, wall_clock(tz, last_second)?)?;
+    (start <= now && now < end).then_some((start, end))
+}
+
+/// The UTC bounds of the period whose wall-clock span contains the local time `wall`.
+fn period_from(
+    period: CalendarPeriod,
+    tz: Tz,
+    wall: NaiveDateTime,
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let first = truncate(period, wall)?;
+    let next = advance(period, first)?;
+    Some((boundary_instant(tz, first)?, boundary_instant(tz, next)?))
+}
+
+/// The first instant at which `tz`'s wall clock reaches the local time `boundary`.
+fn boundary_instant(tz: Tz, boundary: NaiveDateTime) -> Option<DateTime<Utc>> {
+    match tz.from_local_datetime(&boundary) {
+        LocalResult::Single(instant) => Some(instant.with_timezone(&Utc)),
+        // A fall-back transition repeats `boundary`: take its earliest instant, so that the
+        // repeated stretch stays in the period already running (usage is not reset twice).
+        // chrono-tz lists the earlier instant first; `min` does not rely on it.
+        LocalResult::Ambiguous(a, b) => Some(a.min(b).with_timezone(&Utc)),
+        // A spring-forward transition skips `boundary`: the period starts at the transition,
+        // the first instant whose wall-clock time is past the boundary.
+        LocalResult::None => gap_end(tz, boundary),
+    }
+}
+
+/// The transition instant of the spring-forward gap that skips the local time `skipped`.
+///
+/// It is the first instant whose wall-clock time is at least `skipped`. Wall-clock time only
+/// increases within [`GAP_SEARCH_SECONDS`] of the gap, so a binary search over whole seconds
+/// (about 17 steps, as all transitions fall on whole seconds) finds it even for Apia's
+/// 24-hour gap.
+fn gap_end(tz: Tz, skipped: NaiveDateTime) -> Option<DateTime<Utc>> {
+    let target = skipped.and_utc().timestamp();
+    let reached = |t: i64| {
+        offset_seconds(tz, t)
+            .and_then(|offset| t.checked_add(i64::from(offset)))
+            .is_none_or(|wall| wall >= target)
+    };
+    let lo = target.checked_sub(GAP_SEARCH_SECONDS)?;
+    let hi = target.checked_add(GAP_SEARCH_SECONDS)?;
+    if reached(lo) || !reached(hi) {
+        return None;
+    }
+    DateTime::from_timestamp(first_true(lo, hi, reached), 0)
+}
+
+/// The first second in `(lo, hi]` at which `pred` holds, for `pred` false at `lo`, true at
+/// `hi` and switching once in between; at most 64 halvings of the range.
+fn first_true(mut lo: i64, mut hi: i64, pred: impl Fn(i64) -> bool) -> i64 {
+    while hi.saturating_sub(lo) > 1 {
+        // The floor of the mean, without overflow even for a range wider than `i64`'s half.
+        let mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1);
+        if pred(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+/// `tz`'s UTC offset in seconds at the Unix time `t`; `None` outside chrono's range.
+fn offset_seconds(tz: Tz, t: i64) -> Option<i32> {
+    let instant = DateTime::from_timestamp(t, 0)?;
+    Some(
+        tz.offset_from_utc_datetime(&instant.naive_utc())
+            .fix()
+            .local_minus_utc(),
+    )
+}
+
+/// `tz`'s wall-clock time at `instant`; `None` outside chrono's range.
+fn wall_clock(tz: Tz, instant: DateTime<Utc>) -> Option<NaiveDateTime> {
+    let offset = tz
+        .offset_from_utc_datetime(&instant.naive_utc())
+        .fix()
+        .local_minus_utc();
+    instant
+        .naive_utc()
+        .checked_add_signed(TimeDelta::try_seconds(i64::from(offset))?)
+}
+
+/// The first local time of the period containing the local time `wall`.
+fn truncate(period: CalendarPeriod, wall: NaiveDateTime) -> Option<NaiveDateTime> {
+    let date = wall.date();
+    match period {
+        CalendarPeriod::Minute => date.and_hms_opt(wall.hour(), wall.minute(), 0),
+        CalendarPeriod::Hour => date.and_hms_opt(wall.hour(), 0, 0),
+        CalendarPeriod::Day => Some(date.and_time(NaiveTime::MIN)),
+        CalendarPeriod::Week => {
+            let since_monday = u64::from(date.weekday().num_days_from_monday());
+            Some(
+                date.checked_sub_days(Days::new(since_monday))?
+                    .and_time(NaiveTime::MIN),
+            )
+        }
+        CalendarPeriod::Month => Some(date.with_day(1)?.and_time(NaiveTime::MIN)),
+    }
+}
+
+/// The first local time of the period after the one starting at the local time `first`.
+fn advance(period: CalendarPeriod, first: NaiveDateTime) -> Option<NaiveDateTime> {
+    match period {
+        CalendarPeriod::Minute => first.checked_add_signed(TimeDelta::try_minutes(1)?),
+        CalendarPeriod::Hour => first.checked_add_signed(TimeDelta::try_hours(1)?),
+        CalendarPeriod::Day => first.checked_add_days(Days::new(1)),
+        CalendarPeriod::Week => first.checked_add_days(Days::new(7)),
+        // `first` is the 1st, so this never clamps; December rolls over into January.
+        CalendarPeriod::Month => first.checked_add_months(Months::new(1)),
+    }
+}
+
+/// The period containing `now` on the UTC clock: the fallback of [`calendar_bounds`].
+///
+/// At chrono's limits a missing bound becomes `now` (start) or the last representable
+/// instant (end) rather than a panic.
+fn utc_bounds(period: CalendarPeriod, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
+    let first = truncate(period, now.naive_utc());
+    let start = first.map_or(now, |first| first.and_utc());
+    let end = first
+        .and_then(|first| advance(period, first))
+        .map_or(DateTime::<Utc>::MAX_UTC, |next| next.and_utc());
+    (start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{NaiveDate, Weekday};
+    use chrono_tz::America::{Havana, New_York, Santiago, St_Johns};
+    use chrono_tz::Asia::{Beirut, Kathmandu};
+    use chrono_tz::{Australia::Lord_Howe, Europe::Berlin, Pacific::Apia};
+    use proptest::prelude::*;
+
+    use CalendarPeriod::{Day, Hour, Minute, Month, Week};
+
+    /// A UTC instant written `YYYY-MM-DD HH:MM` or `YYYY-MM-DD HH:MM:SS`.
+    fn utc(text: &str) -> DateTime<Utc> {
+        NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S")
+            .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M"))
+            .expect("the test's instants are well-formed")
+            .and_utc()
+    }
+
+    fn local(tz: Tz, instant: DateTime<Utc>) -> NaiveDateTime {
+        instant.with_timezone(&tz).naive_local()
+    }
+
+    /// Each row: zone, period, `now`, the expected start and end, all in UTC.
+    type Case = (Tz, CalendarPeriod, &'static str, &'static str, &'static str);
+
+    fn check(cases: &[Case]) {
+        for &(tz, period, now, start, end) in cases {
+            let expected = (utc(start), utc(end));
+            let got = calendar_bounds(period, tz, utc(now));
+            assert_eq!(got, expected, "{period:?} in {tz} at {now}");
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn days_stretch_and_shrink_with_daylight_saving_but_not_in_kathmandu() {
+        check(&[
+            // New York 2026-03-08: 23 h; 2026-11-01: 25 h.
+            (New_York, Day, "2026-03-08 12:00", "2026-03-08 05:00", "2026-03-09 04:00"),
+            (New_York, Day, "2026-11-01 12:00", "2026-11-01 04:00", "2026-11-02 05:00"),
+            // Berlin 2026-03-29: 23 h; 2026-10-25: 25 h.
+            (Berlin, Day, "2026-03-29 12:00", "2026-03-28 23:00", "2026-03-29 22:00"),
+            (Berlin, Day, "2026-10-25 12:00", "2026-10-24 22:00", "2026-10-25 23:00"),
+            // Lord Howe moves its clocks by 30 minutes: 2026-04-05 has 24.5 h, 2026-10-04 23.5 h.
+            (Lord_Howe, Day, "2026-04-05 01:00", "2026-04-04 13:00", "2026-04-05 13:30"),
+            (Lord_Howe, Day, "2026-10-04 01:00", "2026-10-03 13:30", "2026-10-04 13:00"),
+            // Kathmandu is +05:45 all year: its midnight is 18:15 UTC.
+            (Kathmandu, Day, "2026-11-21 18:15", "2026-11-21 18:15", "2026-11-22 18:15"),
+            (Kathmandu, Day, "2026-11-22 18:14:59", "2026-11-21 18:15", "2026-11-22 18:15"),
+        ]);
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn weeks_start_on_monday_and_months_roll_over_into_the_next_year() {
+        check(&[
+            // Saturday 2026-11-21 lies in the ISO week of Monday 2026-11-16.
+            (Tz::UTC, Week, "2026-11-21 15:30", "2026-11-16 00:00", "2026-11-23 00:00"),
+            (Tz::UTC, Month, "2028-02-29 23:59:59", "2028-02-01 00:00", "2028-03-01 00:00"),
+            (Tz::UTC, Month, "2026-12-31 23:59:59", "2026-12-01 00:00", "2027-01-01 00:00"),
+            (Berlin, Month, "2026-12-31 22:59:59", "2026-11-30 23:00", "2026-12-31 23:00"),
+            (Berlin, Month, "2026-12-31 23:00", "2026-12-31 23:00", "2027-01-31 23:00"),
+        ]);
+        let (start, end) = calendar_bounds(Month, Tz::UTC, utc("2028-02-10 00:00"));
+        assert_eq!((end - start).num_days(), 29, "2028 is a leap year");
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn minutes_and_hours_in_kathmandu_fall_a_quarter_past_the_utc_hour() {
+        check(&[
+            // 10:37:42 UTC is 16:22:42 in Kathmandu.
+            (Kathmandu, Minute, "2026-11-21 10:37:42", "2026-11-21 10:37", "2026-11-21 10:38"),
+            (Kathmandu, Hour, "2026-11-21 10:37:42", "2026-11-21 10:15", "2026-11-21 11:15"),
+            (Kathmandu, Hour, "2026-11-21 10:14:59", "2026-11-21 09:15", "2026-11-21 10:15"),
+        ]);
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn a_skipped_local_midnight_starts_the_day_at_the_transition() {
+        check(&[
+            // Havana springs from 00:00 (-05) to 01:00 (-04) at 2026-03-08 05:00 UTC...
+            (Havana, Day, "2026-03-08 04:59:59", "2026-03-07 05:00", "2026-03-08 05:00"),
+            (Havana, Day, "2026-03-08 05:00", "2026-03-08 05:00", "2026-03-09 04:00"),
+            (Havana, Week, "2026-03-09 12:00", "2026-03-09 04:00", "2026-03-16 04:00"),
+            // ...and turns 01:00 back to 00:00 at 2026-11-01 05:00 UTC: of the two local
+            // midnights the earlier starts the 25-hour day.
+            (Havana, Day, "2026-11-01 05:30", "2026-11-01 04:00", "2026-11-02 05:00"),
+            // Santiago skips 2026-09-06 00:00 (-04 to -03) at 04:00 UTC.
+            (Santiago, Day, "2026-09-06 03:59:59", "2026-09-05 04:00", "2026-09-06 04:00"),
+            (Santiago, Day, "2026-09-06 12:00", "2026-09-06 04:00", "2026-09-07 03:00"),
+            // Beirut skips 2026-03-29 00:00 (+02 to +03) at 2026-03-28 22:00 UTC.
+            (Beirut, Day, "2026-03-29 12:00", "2026-03-28 22:00", "2026-03-29 21:00"),
+            (Beirut, Month, "2026-03-29 12:00", "2026-02-28 22:00", "2026-03-31 21:00"),
+        ]);
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn apia_skipped_the_whole_of_2011_12_30() {
+        // At 2011-12-30 10:00 UTC Samoa jumped from Thursday 29th 24:00 (-10) to Saturday 31st
+        // 00:00 (+14): Friday 30th has no period at all, and its week has six days.
+        check(&[
+            (Apia, Day, "2011-12-30 09:59:59", "2011-12-29 10:00", "2011-12-30 10:00"),
+            (Apia, Day, "2011-12-30 10:00", "2011-12-30 10:00", "2011-12-31 10:00"),
+            (Apia, Hour, "2011-12-30 09:30", "2011-12-30 09:00", "2011-12-30 10:00"),
+            (Apia, Minute, "2011-12-30 10:00:30", "2011-12-30 10:00", "2011-12-30 10:01"),
+            (Apia, Week, "2011-12-30 12:00", "2011-12-26 10:00", "2012-01-01 10:00"),
+            (Apia, Month, "2011-12-30 12:00", "2011-12-01 10:00", "2011-12-31 10:00"),
+        ]);
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn a_repeated_stretch_of_wall_clock_stays_in_the_period_already_running() {
+        check(&[
+            // New York repeats 01:00-02:00 on 2026-11-01: 05:00-06:00 UTC (EDT), 06:00-07:00 (EST).
+            (New_York, Hour, "2026-11-01 06:30", "2026-11-01 05:00", "2026-11-01 07:00"),
+            (New_York, Minute, "2026-11-01 05:30:10", "2026-11-01 05:30", "2026-11-01 05:31"),
+            (New_York, Minute, "2026-11-01 06:00:30", "2026-11-01 05:59", "2026-11-01 07:00"),
+            (New_York, Minute, "2026-11-01 07:00", "2026-11-01 07:00", "2026-11-01 07:01"),
+            // ...and skips 02:00-03:00 on 2026-03-08: its 01:00 hour ends at the transition.
+            (New_York, Hour, "2026-03-08 06:30", "2026-03-08 06:00", "2026-03-08 07:00"),
+            // Lord Howe turns 02:00 (+11) back to 01:30 (+10:30) at 2026-04-04 15:00 UTC.
+            (Lord_Howe, Hour, "2026-04-04 15:10", "2026-04-04 14:00", "2026-04-04 15:30"),
+            (Lord_Howe, Minute, "2026-04-04 15:10", "2026-04-04 14:59", "2026-04-04 15:30"),
+            // St. John's turned 2010-11-07 00:01 (-02:30) back to 2010-11-06 23:01 (-03:30) at
+            // 02:31 UTC: 03:00 UTC reads 23:30 on the 6th, yet the 7th has already begun.
+            (St_Johns, Day, "2010-11-07 03:00", "2010-11-07 02:30", "2010-11-08 03:30"),
+            (St_Johns, Day, "2010-11-07 02:29:59", "2010-11-06 02:30", "2010-11-07 02:30"),
+        ]);
+    }
+
+    #[test]
+    fn periods_tile_time_across_transitions() {
+        let transitions = [
+            (New_York, "2026-11-01 06:00"),
+            (New_York, "2026-03-08 07:00"),
+            (Lord_Howe, "2026-04-04 15:00"),
+            (St_Johns, "2010-11-07 02:31"),
+            (Apia, "2011-12-30 10:00"),
+        ];
+        for (tz, at) in transitions {
+            for period in [Minute, Hour, Day] {
+                let from = utc(at) - TimeDelta::hours(3);
+                let (mut start, mut end) = calendar_bounds(period, tz, from);
+                let mut now = from;
+                while now < utc(at) + TimeDelta::hours(3) {
+                    while now >= end {
+                        (start, end) = (end, calendar_bounds(period, tz, end).1);
+                    }
+                    assert_eq!(
+                        calendar_bounds(period, tz, now),
+                        (start, end),
+                        "{period:?} in {tz} at {now}"
+                    );
+                    now += TimeDelta::seconds(20);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_limits_of_chrono_give_an_answer_without_panicking() {
+        for period in [Minute, Hour, Day, Week, Month] {
+            for tz in [Tz::UTC, Apia, Kathmandu] {
+                for now in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
+                    let (start, end) = calendar_bounds(period, tz, now);
+                    assert!(start <= now && now <= end, "{period:?} in {tz} at {now}");
+                }
+            }
+        }
+    }
+
+    fn any_period() -> impl Strategy<Value = CalendarPeriod> {
+        prop::sample::select(vec![Minute, Hour, Day, Week, Month])
+    }
+
+    fn any_zone() -> impl Strategy<Value = Tz> {
+        prop::sample::select(vec![Tz::UTC, New_York, Berlin, Lord_Howe, Kathmandu])
+    }
+
+    /// Instants from 2000-01-01 to 2040-01-01 with nanoseconds, half of them in March, April,
+    /// October or November, the months in which these zones change their clocks.
+    fn any_instant() -> impl Strategy<Value = DateTime<Utc>> {
+        let anytime = 946_684_800_i64..2_208_988_800;
+        let months = prop::sample::select(vec![3_u32, 4, 10, 11]);
+        let clock_changes = (2000_i32..2040, months, 1_u32..=30, 0_i64..86_400).prop_map(
+            |(year, month, day, second)| {
+                let date = NaiveDate::from_ymd_opt(year, month, day).expect("a valid date");
+                date.and_time(NaiveTime::MIN).and_utc().timestamp() + second
+            },
+        );
+        (prop_oneof![anytime, clock_changes], 0_u32..1_000_000_000).prop_map(|(secs, nanos)| {
+            DateTime::from_timestamp(secs, nanos).expect("in chrono's range")
+        })
+    }
+
+    fn day_minutes(tz: Tz, now: DateTime<Utc>) -> i64 {
+        let (start, end) = calendar_bounds(Day, tz, now);
+        (end - start).num_minutes()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_024))]
+
+        #[test]
+        fn every_instant_lies_in_a_period_that_tiles_time(
+            tz in any_zone(), period in any_period(), now in any_instant(),
+        ) {
+            let (start, end) = calendar_bounds(period, tz, now);
+            prop_assert!(start <= now && now < end, "{:?}", (start, end));
+            prop_assert_eq!(calendar_bounds(period, tz, start), (start, end));
+            prop_assert_eq!(calendar_bounds(period, tz, end).0, end);
+            let just_before = start - TimeDelta::nanoseconds(1);
+            prop_assert_eq!(calendar_bounds(period, tz, just_before).1, start);
+        }
+
+        #[test]
+        fn day_periods_in_new_york_are_23_24_or_25_hours(now in any_instant()) {
+            prop_assert!([23 * 60, 24 * 60, 25 * 60].contains(&day_minutes(New_York, now)));
+        }
+
+        #[test]
+        fn day_periods_in_berlin_are_23_24_or_25_hours(now in any_instant()) {
+            prop_assert!([23 * 60, 24 * 60, 25 * 60].contains(&day_minutes(Berlin, now)));
+        }
+
+        #[test]
+        fn day_periods_on_lord_howe_are_23_and_a_half_24_or_24_and_a_half_hours(
+            now in any_instant(),
+        ) {
+            let minutes = day_minutes(Lord_Howe, now);
+            prop_assert!([23 * 60 + 30, 24 * 60, 24 * 60 + 30].contains(&minutes));
+        }
+
+        #[test]
+        fn day_periods_in_kathmandu_and_utc_are_exactly_24_hours(now in any_instant()) {
+            prop_assert_eq!(day_minutes(Kathmandu, now), 24 * 60);
+            prop_assert_eq!(day_minutes(Tz::UTC, now), 24 * 60);
+        }
+
+        #[test]
+        fn weeks_start_on_monday_at_local_midnight(tz in any_zone(), now in any_instant()) {
+            let (start, end) = calendar_bounds(Week, tz, now);
+            for boundary in [start, end] {
+                let wall = local(tz, boundary);
+                prop_assert_eq!(wall.weekday(), Weekday::Mon);
+                prop_assert_eq!(wall.time(), NaiveTime::MIN);
+            }
+        }
+
+        #[test]
+        fn months_start_on_the_first_at_local_midnight(tz in any_zone(), now in any_instant()) {
+            let (start, end) = calendar_bounds(Month, tz, now);
+            for boundary in [start, end] {
+                let wall = local(tz, boundary);
+                prop_assert_eq!((wall.day(), wall.time()), (1, NaiveTime::MIN));
+            }
+            let days = local(tz, end).date() - local(tz, start).date();
+            prop_assert!((28..=31).contains(&days.num_days()));
+        }
+
+        #[test]
+        fn hours_in_kathmandu_start_a_quarter_past_the_utc_hour(now in any_instant()) {
+            let (start, end) = calendar_bounds(Hour, Kathmandu, now);
+            prop_assert_eq!((start.minute(), start.second(), start.nanosecond()), (15, 0, 0));
+            prop_assert_eq!(end - start, TimeDelta::hours(1));
+        }
+    }
+}

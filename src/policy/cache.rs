@@ -1,0 +1,114 @@
+//! The in-process policy cache: what the consume path reads instead of the database.
+
+use super::{PolicyStore, StoreResult};
+use crate::domain::{Action, OverrideSpec, Policy, PolicyId};
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// The policies of one action, and the overrides that apply to them.
+#[derive(Debug, Default)]
+pub struct ActionPolicies {
+    /// Enabled policies, ordered by id (the order of answers and of counter keys).
+    pub enabled: Vec<Arc<Policy>>,
+    /// Overrides by policy id, then subject.
+    overrides: HashMap<PolicyId, HashMap<String, OverrideSpec>>,
+}
+
+impl ActionPolicies {
+    /// The limit for `subject` under `policy` at `now`: an active override's, or the policy's.
+    pub fn limit_for(&self, policy: &Policy, subject: &str, now: DateTime<Utc>) -> u64 {
+        self.overrides
+            .get(&policy.id)
+            .and_then(|by_subject| by_subject.get(subject))
+            .filter(|o| o.expires_at.is_none_or(|at| now < at))
+            .map_or(policy.spec.limit.get(), |o| o.limit.get())
+    }
+}
+
+/// A consistent view of all policies, swapped whole on reload.
+#[derive(Debug, Default)]
+struct Snapshot {
+    by_action: HashMap<Action, Arc<ActionPolicies>>,
+    policies: usize,
+    overrides: usize,
+}
+
+/// Policies and overrides held in memory, rebuilt from the [`PolicyStore`] on change.
+///
+/// Readers take a short read lock to clone one `Arc`; a reload builds the new snapshot
+/// without any lock and swaps it in, so consumes never wait on the database.
+#[derive(Debug, Default)]
+pub struct PolicyCache {
+    snapshot: RwLock<Arc<Snapshot>>,
+}
+
+impl PolicyCache {
+    /// An empty cache; call [`PolicyCache::reload`] before serving.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The policies of `action`, or `None` when the action has no policies at all.
+    pub fn action(&self, action: &str) -> Option<Arc<ActionPolicies>> {
+        let snapshot = self.current();
+        snapshot.by_action.get(action).cloned()
+    }
+
+    /// How many policies and overrides are cached.
+    pub fn sizes(&self) -> (usize, usize) {
+        let snapshot = self.current();
+        (snapshot.policies, snapshot.overrides)
+    }
+
+    /// Rebuilds the cache from the store.
+    pub async fn reload(&self, store: &dyn PolicyStore) -> StoreResult<()> {
+        let policies = store.list_policies().await?;
+        let overrides = store.list_overrides(None).await?;
+        let mut snapshot = Snapshot {
+            policies: policies.len(),
+            overrides: overrides.len(),
+            ..Snapshot::default()
+        };
+        let mut building: HashMap<Action, ActionPolicies> = HashMap::new();
+        let mut action_of: HashMap<PolicyId, Action> = HashMap::new();
+        for policy in policies {
+            action_of.insert(policy.id.clone(), policy.spec.action.clone());
+            let entry = building.entry(policy.spec.action.clone()).or_default();
+            if policy.spec.enabled {
+                entry.enabled.push(Arc::new(policy));
+            }
+        }
+        for item in overrides {
+            let Some(entry) = action_of
+                .get(&item.policy_id)
+                .and_then(|a| building.get_mut(a))
+            else {
+                continue;
+            };
+            entry
+                .overrides
+                .entry(item.policy_id)
+                .or_default()
+                .insert(item.subject.as_str().to_owned(), item.spec);
+        }
+        snapshot.by_action = building
+            .into_iter()
+            .map(|(action, policies)| (action, Arc::new(policies)))
+            .collect();
+        let mut guard = self
+            .snapshot
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *guard = Arc::new(snapshot);
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<Snapshot> {
+        // A poisoned lock only means a reader panicked; the snapshot itself is immutable.
+        self.snapshot
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}

@@ -1,0 +1,55 @@
+//! The SQL migrations, embedded in the binary so a deployment is one file.
+
+use sqlx::error::BoxDynError;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+
+/// Migrations as `(file name, SQL)`; file names are `<version>_<description>.sql`.
+type Files = &'static [(&'static str, &'static str)];
+
+/// Postgres migrations, oldest first.
+pub const POSTGRES: Files = &[(
+    "20261121220000_create_policies.sql",
+    include_str!("../../migrations/postgres/20261121220000_create_policies.sql"),
+)];
+
+/// SQLite migrations, oldest first.
+pub const SQLITE: Files = &[(
+    "20261121220000_create_policies.sql",
+    include_str!("../../migrations/sqlite/20261121220000_create_policies.sql"),
+)];
+
+/// A [`MigrationSource`] over embedded files, so no migration directory is needed at run time.
+#[derive(Debug)]
+struct Embedded(Files);
+
+impl MigrationSource<'static> for Embedded {
+    fn resolve(
+        self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Migration>, BoxDynError>> + Send + 'static>> {
+        Box::pin(async move {
+            let mut migrations = Vec::with_capacity(self.0.len());
+            for (name, sql) in self.0 {
+                let (version, description) = name
+                    .trim_end_matches(".sql")
+                    .split_once('_')
+                    .ok_or_else(|| format!("migration {name} lacks a version prefix"))?;
+                migrations.push(Migration::new(
+                    version.parse()?,
+                    Cow::Owned(description.replace('_', " ")),
+                    MigrationType::Simple,
+                    Cow::Borrowed(sql),
+                    false,
+                ));
+            }
+            Ok(migrations)
+        })
+    }
+}
+
+/// The migrator for one set of embedded files.
+pub async fn migrator(files: Files) -> Result<Migrator, sqlx::migrate::MigrateError> {
+    Migrator::new(Embedded(files)).await
+}

@@ -1,0 +1,284 @@
+//! The SQL policy stores: Postgres in production, SQLite as the embedded default.
+//!
+//! Both speak the same SQL (numbered `$n` parameters, `ON CONFLICT` upserts), so one
+//! macro writes both implementations; only the pool type and the migrations differ.
+
+use super::codec::{window_from_json, window_to_json};
+use super::{migrations, PolicyStore, PolicyStoreError, StoreResult};
+use crate::domain::{
+    Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
+};
+use anyhow::Context;
+use async_trait::async_trait;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::Row;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Policies in Postgres.
+#[derive(Debug, Clone)]
+pub struct PostgresPolicyStore {
+    /// The connection pool (shared with other Postgres users of this process).
+    pub pool: sqlx::PgPool,
+}
+
+/// Policies in a local SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqlitePolicyStore {
+    /// The connection pool.
+    pub pool: sqlx::SqlitePool,
+}
+
+/// Opens the store that `database_url` names: `postgres://…` or `sqlite://…`.
+pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn PolicyStore>> {
+    const ACQUIRE: Duration = Duration::from_secs(3);
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(ACQUIRE)
+            .connect_lazy(database_url)
+            .context("parsing DATABASE_URL as a Postgres URL")?;
+        Ok(Arc::new(PostgresPolicyStore { pool }))
+    } else if database_url.starts_with("sqlite:") {
+        let options = SqliteConnectOptions::from_str(database_url)
+            .context("parsing DATABASE_URL as a SQLite URL")?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(ACQUIRE)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("opening the SQLite database {database_url}"))?;
+        Ok(Arc::new(SqlitePolicyStore { pool }))
+    } else {
+        anyhow::bail!("DATABASE_URL must start with postgres:// or sqlite:")
+    }
+}
+
+fn corrupt(what: &str, error: impl std::fmt::Display) -> PolicyStoreError {
+    PolicyStoreError::Corrupt(format!("{what}: {error}"))
+}
+
+fn quantity(value: i64) -> StoreResult<Quantity> {
+    Quantity::parse("limit_value", i128::from(value)).map_err(|e| corrupt("limit_value", e.message))
+}
+
+const POLICY_COLUMNS: &str = "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
+     ledger_denials, description, created_at, updated_at, version";
+const OVERRIDE_COLUMNS: &str =
+    "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
+
+macro_rules! sql_policy_store {
+    ($store:ident, $row:ty, $files:expr) => {
+        impl $store {
+            fn policy_from_row(row: &$row) -> StoreResult<Policy> {
+                let text = |name: &str| -> StoreResult<String> { Ok(row.try_get(name)?) };
+                let window = window_from_json(&text("window_spec")?)?;
+                let limit = quantity(row.try_get("limit_value")?)?;
+                window
+                    .check_limit("limit", limit.get())
+                    .map_err(|e| corrupt("limit_value", e.message))?;
+                Ok(Policy {
+                    id: PolicyId::parse("id", &text("id")?).map_err(|e| corrupt("id", e.message))?,
+                    spec: PolicySpec {
+                        action: Action::parse("action", &text("action")?)
+                            .map_err(|e| corrupt("action", e.message))?,
+                        measure: Measure::parse("measure", &text("measure")?)
+                            .map_err(|e| corrupt("measure", e.message))?,
+                        unit: row.try_get("unit")?,
+                        limit,
+                        window,
+                        mode: Mode::parse("mode", &text("mode")?)
+                            .map_err(|e| corrupt("mode", e.message))?,
+                        enabled: row.try_get("enabled")?,
+                        ledger_denials: row.try_get("ledger_denials")?,
+                        description: text("description")?,
+                    },
+                    created_at: row.try_get("created_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                    version: row.try_get("version")?,
+                })
+            }
+
+            fn override_from_row(row: &$row) -> StoreResult<Override> {
+                let policy_id: String = row.try_get("policy_id")?;
+                let subject: String = row.try_get("subject")?;
+                Ok(Override {
+                    policy_id: PolicyId::parse("policy_id", &policy_id)
+                        .map_err(|e| corrupt("policy_id", e.message))?,
+                    subject: Subject::parse("subject", &subject)
+                        .map_err(|e| corrupt("subject", e.message))?,
+                    spec: OverrideSpec {
+                        limit: quantity(row.try_get("limit_value")?)?,
+                        expires_at: row.try_get("expires_at")?,
+                        note: row.try_get("note")?,
+                    },
+                    created_at: row.try_get("created_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                })
+            }
+        }
+
+        #[async_trait]
+        impl PolicyStore for $store {
+            async fn migrate(&self) -> StoreResult<()> {
+                migrations::migrator($files).await?.run(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn ping(&self) -> StoreResult<()> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn list_policies(&self) -> StoreResult<Vec<Policy>> {
+                let sql = format!("SELECT {POLICY_COLUMNS} FROM policies ORDER BY id");
+                let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+                rows.iter().map(Self::policy_from_row).collect()
+            }
+
+            async fn get_policy(&self, id: &PolicyId) -> StoreResult<Option<Policy>> {
+                let sql = format!("SELECT {POLICY_COLUMNS} FROM policies WHERE id = $1");
+                let row = sqlx::query(&sql)
+                    .bind(id.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(Self::policy_from_row).transpose()
+            }
+
+            async fn insert_policy(&self, p: &Policy) -> StoreResult<()> {
+                let sql = format!(
+                    "INSERT INTO policies ({POLICY_COLUMNS}) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                );
+                sqlx::query(&sql)
+                    .bind(p.id.as_str())
+                    .bind(p.spec.action.as_str())
+                    .bind(p.spec.measure.as_str())
+                    .bind(p.spec.unit.as_deref())
+                    .bind(p.spec.limit.get() as i64)
+                    .bind(window_to_json(&p.spec.window))
+                    .bind(p.spec.mode.as_str())
+                    .bind(p.spec.enabled)
+                    .bind(p.spec.ledger_denials)
+                    .bind(&p.spec.description)
+                    .bind(p.created_at)
+                    .bind(p.updated_at)
+                    .bind(p.version)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn update_policy(&self, p: &Policy, expected_version: i64) -> StoreResult<bool> {
+                let done = sqlx::query(
+                    "UPDATE policies SET action = $2, measure = $3, unit = $4, limit_value = $5, \
+                     window_spec = $6, mode = $7, enabled = $8, ledger_denials = $9, \
+                     description = $10, updated_at = $11, version = $12 \
+                     WHERE id = $1 AND version = $13",
+                )
+                .bind(p.id.as_str())
+                .bind(p.spec.action.as_str())
+                .bind(p.spec.measure.as_str())
+                .bind(p.spec.unit.as_deref())
+                .bind(p.spec.limit.get() as i64)
+                .bind(window_to_json(&p.spec.window))
+                .bind(p.spec.mode.as_str())
+                .bind(p.spec.enabled)
+                .bind(p.spec.ledger_denials)
+                .bind(&p.spec.description)
+                .bind(p.updated_at)
+                .bind(p.version)
+                .bind(expected_version)
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn delete_policy(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool> {
+                // Overrides go with it: ON DELETE CASCADE (SQLite: sqlx enables foreign keys).
+                let done = sqlx::query("DELETE FROM policies WHERE id = $1 AND version = $2")
+                    .bind(id.as_str())
+                    .bind(expected_version)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn list_overrides(&self, policy: Option<&PolicyId>) -> StoreResult<Vec<Override>> {
+                let sql = format!(
+                    "SELECT {OVERRIDE_COLUMNS} FROM policy_overrides \
+                     WHERE $1 IS NULL OR policy_id = $1 ORDER BY policy_id, subject"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(policy.map(PolicyId::as_str))
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(Self::override_from_row).collect()
+            }
+
+            async fn get_override(
+                &self,
+                policy: &PolicyId,
+                subject: &Subject,
+            ) -> StoreResult<Option<Override>> {
+                let sql = format!(
+                    "SELECT {OVERRIDE_COLUMNS} FROM policy_overrides \
+                     WHERE policy_id = $1 AND subject = $2"
+                );
+                let row = sqlx::query(&sql)
+                    .bind(policy.as_str())
+                    .bind(subject.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(Self::override_from_row).transpose()
+            }
+
+            async fn upsert_override(&self, o: &Override) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO policy_overrides \
+                     (policy_id, subject, limit_value, expires_at, note, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                     ON CONFLICT (policy_id, subject) DO UPDATE SET \
+                     limit_value = excluded.limit_value, expires_at = excluded.expires_at, \
+                     note = excluded.note, updated_at = excluded.updated_at",
+                )
+                .bind(o.policy_id.as_str())
+                .bind(o.subject.as_str())
+                .bind(o.spec.limit.get() as i64)
+                .bind(o.spec.expires_at)
+                .bind(o.spec.note.as_deref())
+                .bind(o.created_at)
+                .bind(o.updated_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn delete_override(&self, policy: &PolicyId, subject: &Subject) -> StoreResult<bool> {
+                let done =
+                    sqlx::query("DELETE FROM policy_overrides WHERE policy_id = $1 AND subject = $2")
+                        .bind(policy.as_str())
+                        .bind(subject.as_str())
+                        .execute(&self.pool)
+                        .await?;
+                Ok(done.rows_affected() == 1)
+            }
+        }
+    };
+}
+
+sql_policy_store!(
+    PostgresPolicyStore,
+    sqlx::postgres::PgRow,
+    migrations::POSTGRES
+);
+sql_policy_store!(
+    SqlitePolicyStore,
+    sqlx::sqlite::SqliteRow,
+    migrations::SQLITE
+);

@@ -1,0 +1,355 @@
+//! Spawning the real application on port 0 with fresh stores, and typed request helpers.
+
+use chrono::{DateTime, TimeZone, Utc};
+use quota_ledger::config::{OnStoreError, Secret, Settings};
+use quota_ledger::engine::clock::FakeClock;
+use quota_ledger::startup::Application;
+use reqwest::{Response, StatusCode};
+use serde_json::{json, Value};
+use sqlx::Connection;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which policy store an app uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyBackend {
+    /// A fresh SQLite file.
+    Sqlite,
+    /// A fresh database on the test Postgres server.
+    Postgres,
+}
+
+/// Which counter store an app uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterBackend {
+    /// In-process counters.
+    Memory,
+    /// The test Redis, under a unique key prefix.
+    Redis,
+}
+
+/// The admin token every test app uses.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// The instant fake clocks start at: Saturday 2026-11-21 12:00:00 UTC.
+pub fn start_instant() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
+        .single()
+        .expect("valid instant")
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh, which starts Redis and Postgres")
+    })
+}
+
+/// A running application and what a test needs to talk to it.
+pub struct TestApp {
+    /// `http://127.0.0.1:PORT`.
+    pub address: String,
+    /// A client with sane timeouts.
+    pub client: reqwest::Client,
+    /// The app's clock.
+    pub clock: Arc<FakeClock>,
+    /// The settings it was built with (to start a sibling instance).
+    pub settings: Settings,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        drop(handle.stop(false));
+    }
+}
+
+async fn fresh_database(policy: PolicyBackend) -> String {
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    match policy {
+        PolicyBackend::Sqlite => {
+            let path = std::env::temp_dir().join(format!("quota-ledger-{name}.db"));
+            format!("sqlite://{}", path.display())
+        }
+        PolicyBackend::Postgres => {
+            let admin_url = env("QUOTA_TEST_DATABASE_URL");
+            let mut conn = sqlx::PgConnection::connect(&admin_url)
+                .await
+                .expect("connecting to the test Postgres");
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&mut conn)
+                .await
+                .expect("creating a test database");
+            let base = admin_url
+                .rsplit_once('/')
+                .map_or(admin_url.as_str(), |(b, _)| b);
+            format!("{base}/{name}")
+        }
+    }
+}
+
+/// Settings for a fresh app on port 0 with fresh stores.
+pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> Settings {
+    Settings {
+        listen: "127.0.0.1:0".parse().expect("valid address"),
+        database_url: fresh_database(policy).await,
+        redis_urls: match counters {
+            CounterBackend::Memory => Vec::new(),
+            CounterBackend::Redis => vec![env("QUOTA_TEST_REDIS_URL")],
+        },
+        redis_cluster: false,
+        redis_prefix: format!("t{}", uuid::Uuid::new_v4().simple()),
+        redis_timeout: Duration::from_millis(2_000),
+        admin_token: Some(Secret::new(ADMIN_TOKEN)),
+        client_tokens: Vec::new(),
+        on_store_error: OnStoreError::Deny,
+        log_json: false,
+    }
+}
+
+/// Starts an app with fresh stores and a fake clock at [`start_instant`].
+pub async fn spawn_app(policy: PolicyBackend, counters: CounterBackend) -> TestApp {
+    spawn_with(fresh_settings(policy, counters).await).await
+}
+
+/// Starts an app with the given settings and a fake clock at [`start_instant`].
+pub async fn spawn_with(settings: Settings) -> TestApp {
+    let clock = Arc::new(FakeClock::new(start_instant()));
+    let app = Application::build_with_clock(settings.clone(), clock.clone())
+        .await
+        .expect("building the app");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let handle = app.handle();
+    tokio::spawn(app.run_until_stopped());
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("building a client");
+    TestApp {
+        address,
+        client,
+        clock,
+        settings,
+        handle,
+    }
+}
+
+/// A response read whole: status, headers and JSON body (Null when empty).
+#[derive(Debug)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: reqwest::header::HeaderMap,
+    /// The body as JSON.
+    pub body: Value,
+}
+
+impl Answer {
+    /// Reads a response.
+    pub async fn read(response: Response) -> Self {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.expect("reading the body");
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("body is not JSON: {text}"))
+        };
+        Self {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Asserts an RFC 9457 problem with this status and returns the body.
+    pub fn assert_problem(&self, status: u16) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.body);
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "errors are problem+json"
+        );
+        assert_eq!(self.body["status"], status);
+        assert!(self.body["type"].as_str().is_some_and(|t| !t.is_empty()));
+        assert!(self.body["title"].is_string());
+        assert!(self.body["detail"].is_string());
+        &self.body
+    }
+}
+
+impl TestApp {
+    /// A request builder with the admin token.
+    pub fn admin(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, format!("{}{path}", self.address))
+            .bearer_auth(ADMIN_TOKEN)
+    }
+
+    /// Sends a request and reads the answer.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
+        Answer::read(request.send().await.expect("sending the request")).await
+    }
+
+    /// `POST /admin/policies`.
+    pub async fn create_policy(&self, policy: Value) -> Answer {
+        self.send(
+            self.admin(reqwest::Method::POST, "/admin/policies")
+                .json(&policy),
+        )
+        .await
+    }
+
+    /// Creates a policy and asserts 201.
+    pub async fn must_create_policy(&self, policy: Value) -> Value {
+        let answer = self.create_policy(policy).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        answer.body
+    }
+
+    /// `GET` with the admin token.
+    pub async fn admin_get(&self, path: &str) -> Answer {
+        self.send(self.admin(reqwest::Method::GET, path)).await
+    }
+
+    /// `POST /quota/consume`.
+    pub async fn consume(&self, action: &str, subject: &str, amount: u64) -> Answer {
+        self.quota(
+            "/quota/consume",
+            json!({"action": action, "subject": subject, "amount": amount}),
+        )
+        .await
+    }
+
+    /// `POST /quota/check`.
+    pub async fn check(&self, action: &str, subject: &str, amount: u64) -> Answer {
+        self.quota(
+            "/quota/check",
+            json!({"action": action, "subject": subject, "amount": amount}),
+        )
+        .await
+    }
+
+    /// `POST` a JSON body to a quota endpoint.
+    pub async fn quota(&self, path: &str, body: Value) -> Answer {
+        self.send(
+            self.client
+                .post(format!("{}{path}", self.address))
+                .json(&body),
+        )
+        .await
+    }
+
+    /// `GET /quota/usage`.
+    pub async fn usage(&self, action: &str, subject: &str) -> Answer {
+        self.send(
+            self.client
+                .get(format!("{}/quota/usage", self.address))
+                .query(&[("action", action), ("subject", subject)]),
+        )
+        .await
+    }
+
+    /// Moves the fake clock forward.
+    pub fn advance(&self, seconds: i64) {
+        self.clock.advance(chrono::Duration::seconds(seconds));
+    }
+}
+
+/// A calendar policy body.
+pub fn calendar_policy(id: &str, action: &str, limit: u64, period: &str, timezone: &str) -> Value {
+    json!({"id": id, "action": action, "measure": "count", "limit": limit,
+           "window": {"type": "calendar", "period": period, "timezone": timezone}})
+}
+
+/// Runs one async scenario against every policy store.
+#[macro_export]
+macro_rules! on_policy_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $( #[tokio::test] async fn $name() { super::$name($crate::helpers::PolicyBackend::Sqlite).await } )*
+        }
+        mod on_postgres {
+            $( #[tokio::test] async fn $name() { super::$name($crate::helpers::PolicyBackend::Postgres).await } )*
+        }
+    };
+}
+
+/// Runs one async scenario against every counter store.
+#[macro_export]
+macro_rules! on_counter_stores {
+    ($($name:ident),* $(,)?) => {
+        mod on_memory {
+            $( #[tokio::test] async fn $name() { super::$name($crate::helpers::CounterBackend::Memory).await } )*
+        }
+        mod on_redis {
+            $( #[tokio::test] async fn $name() { super::$name($crate::helpers::CounterBackend::Redis).await } )*
+        }
+    };
+}
+
+/// A Redis server of the test's own on a free loopback port, stopped on drop; for tests
+/// that need server-wide statistics or to stop and restart Redis.
+pub struct PrivateRedis {
+    child: std::process::Child,
+    /// `redis://127.0.0.1:PORT/`.
+    pub url: String,
+}
+
+impl PrivateRedis {
+    /// Starts `redis-server` without persistence and waits until it answers.
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("finding a free port")
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("starting redis-server (scripts/test.sh installs it)");
+        // Owned at once, so that Drop stops the server whatever happens next.
+        let redis = Self {
+            child,
+            url: format!("redis://127.0.0.1:{port}/"),
+        };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return redis;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+
+    /// A connection for inspecting the server.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .expect("valid URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connecting to the private Redis")
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

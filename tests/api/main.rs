@@ -1,0 +1,11 @@
+//! Integration tests over real HTTP against real stores: one binary, many modules.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod helpers;
+
+mod admin;
+mod concurrency;
+mod errors;
+mod openapi;
+mod quota;
