@@ -298,17 +298,28 @@ macro_rules! on_counter_stores {
 /// that need server-wide statistics or to stop and restart Redis.
 pub struct PrivateRedis {
     child: std::process::Child,
+    port: u16,
     /// `redis://127.0.0.1:PORT/`.
     pub url: String,
 }
 
 impl PrivateRedis {
-    /// Starts `redis-server` without persistence and waits until it answers.
+    /// Starts `redis-server` without persistence on a free port and waits until it answers.
     pub async fn start() -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("finding a free port")
             .port();
+        Self::start_on(port).await
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts `redis-server` without persistence on `port` and waits until it answers.
+    pub async fn start_on(port: u16) -> Self {
         let child = std::process::Command::new("redis-server")
             .args([
                 "--port",
@@ -326,10 +337,14 @@ impl PrivateRedis {
         // Owned at once, so that Drop stops the server whatever happens next.
         let redis = Self {
             child,
+            port,
             url: format!("redis://127.0.0.1:{port}/"),
         };
         for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 return redis;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

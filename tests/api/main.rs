@@ -8,4 +8,5 @@ mod admin;
 mod concurrency;
 mod errors;
 mod openapi;
+mod outages;
 mod quota;

@@ -29,8 +29,12 @@ const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
 /// Counters in Redis (standalone or cluster), one script call per decision.
 #[derive(Clone)]
 pub struct RedisCounterStore {
-    /// The connection handle, cloned for each call.
-    connection: Connection,
+    /// The connection handle, made on first use and then cloned for each call.
+    connection: std::sync::Arc<tokio::sync::OnceCell<Connection>>,
+    /// How to connect: the node URLs and whether they form a cluster.
+    urls: std::sync::Arc<[String]>,
+    /// Redis Cluster mode.
+    cluster: bool,
     /// The script, with its SHA1 computed once.
     script: Script,
     /// Upper bound for one call, connection set-up included.
@@ -48,9 +52,9 @@ enum Connection {
 
 impl std::fmt::Debug for RedisCounterStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mode = match self.connection {
-            Connection::Standalone(_) => "standalone",
-            Connection::Cluster(_) => "cluster",
+        let mode = match self.cluster {
+            false => "standalone",
+            true => "cluster",
         };
         f.debug_struct("RedisCounterStore")
             .field("mode", &mode)
@@ -60,46 +64,62 @@ impl std::fmt::Debug for RedisCounterStore {
 }
 
 impl RedisCounterStore {
-    /// Connects to one Redis (`cluster == false`, exactly one URL) or to a Redis Cluster
-    /// (`cluster == true`, any of its nodes), waiting at most `timeout`; `timeout` also bounds
-    /// every later call.
+    /// Prepares the store for one Redis (`cluster == false`, exactly one URL) or a Redis
+    /// Cluster (`cluster == true`, any of its nodes); `timeout` bounds every call.
     ///
-    /// The connection is made eagerly so that a wrong URL or an unreachable server shows at
-    /// start-up; later outages are retried in the background by the redis client.
+    /// A wrong URL fails here. An unreachable server does not: the service starts, reports
+    /// not-ready, answers 503 (or degraded) and connects as soon as Redis answers. Once made,
+    /// the connection is re-established in the background by the redis client.
     pub async fn connect(
         urls: &[String],
         cluster: bool,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
+        if !cluster && urls.len() != 1 {
+            return Err(classify(&RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "standalone Redis takes exactly one URL (set cluster mode for several)",
+            ))));
+        }
+        for url in urls {
+            redis::Client::open(url.as_str()).map_err(|e| classify(&e))?;
+        }
+        let store = Self {
+            connection: std::sync::Arc::new(tokio::sync::OnceCell::new()),
+            urls: urls.into(),
+            cluster,
+            script: Script::new(CONSUME_LUA),
+            timeout,
+        };
+        if let Err(error) = store.connection().await {
+            tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
+        }
+        Ok(store)
+    }
+
+    /// The shared connection, made now if it was not yet.
+    async fn connection(&self) -> Result<Connection, StoreError> {
         let connecting = async {
-            if cluster {
-                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
+            if self.cluster {
+                let client = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
+                    .connection_timeout(self.timeout)
+                    .response_timeout(self.timeout)
                     .build()?;
                 Ok(Connection::Cluster(client.get_async_connection().await?))
             } else {
-                let [url] = urls else {
-                    return Err(RedisError::from((
-                        ErrorKind::InvalidClientConfig,
-                        "standalone Redis takes exactly one URL (set cluster mode for several)",
-                    )));
-                };
-                let client = redis::Client::open(url.as_str())?;
+                let client = redis::Client::open(self.urls[0].as_str())?;
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout));
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout));
                 Ok(Connection::Standalone(
                     ConnectionManager::new_with_config(client, config).await?,
                 ))
             }
         };
-        let connection = bounded(timeout, connecting).await?;
-        Ok(Self {
-            connection,
-            script: Script::new(CONSUME_LUA),
-            timeout,
-        })
+        self.connection
+            .get_or_try_init(|| bounded(self.timeout, connecting))
+            .await
+            .cloned()
     }
 
     /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
@@ -160,7 +180,7 @@ impl CounterStore for RedisCounterStore {
             });
         }
         let call = self.consume_cmd(now_ms, charges, commit);
-        let reply = match self.connection.clone() {
+        let reply = match self.connection().await? {
             Connection::Standalone(mut c) => bounded(self.timeout, self.run(&mut c, &call)).await?,
             Connection::Cluster(mut c) => bounded(self.timeout, self.run(&mut c, &call)).await?,
         };
@@ -170,7 +190,7 @@ impl CounterStore for RedisCounterStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let ping = redis::cmd("PING");
         // In cluster mode PING goes to every primary and succeeds only if all answer.
-        let _: Value = match self.connection.clone() {
+        let _: Value = match self.connection().await? {
             Connection::Standalone(mut c) => {
                 bounded(self.timeout, ping.query_async(&mut c)).await?
             }
@@ -324,15 +344,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_closed_port_is_unavailable_within_the_timeout() {
+    async fn a_closed_port_starts_the_store_but_every_call_is_unavailable_within_the_timeout() {
         let started = std::time::Instant::now();
         let urls = ["redis://127.0.0.1:1/".to_owned()];
-        let result = RedisCounterStore::connect(&urls, false, Duration::from_millis(500)).await;
+        let store = RedisCounterStore::connect(&urls, false, Duration::from_millis(500))
+            .await
+            .expect("an unreachable server is not a configuration error");
+        let result = store.ping().await;
         assert!(
             matches!(result, Err(StoreError::Unavailable(_))),
             "{result:?}"
         );
-        assert!(started.elapsed() < Duration::from_secs(2));
+        let result = store.evaluate(0, &one_charge(), true).await;
+        assert!(
+            matches!(result, Err(StoreError::Unavailable(_))),
+            "{result:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3));
     }
 
     #[tokio::test]

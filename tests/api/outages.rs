@@ -1,0 +1,85 @@
+//! A counter store that cannot be reached gives clear answers, never a hang.
+
+use crate::helpers::{
+    calendar_policy, fresh_settings, spawn_with, CounterBackend, PolicyBackend, PrivateRedis,
+};
+use quota_ledger::config::OnStoreError;
+use reqwest::StatusCode;
+
+/// Settings pointing Redis at a loopback port where nothing listens.
+async fn settings_with_dead_redis(on_error: OnStoreError) -> quota_ledger::config::Settings {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
+    settings.redis_urls = vec![format!("redis://127.0.0.1:{port}/")];
+    settings.redis_timeout = std::time::Duration::from_millis(200);
+    settings.on_store_error = on_error;
+    settings
+}
+
+#[tokio::test]
+async fn with_redis_down_the_service_starts_reports_unready_and_fails_closed() {
+    let app = spawn_with(settings_with_dead_redis(OnStoreError::Deny).await).await;
+    let ready = app
+        .send(app.client.get(format!("{}/readyz", app.address)))
+        .await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(ready.body["stores"]["counter_store"], "down");
+    assert_eq!(ready.body["stores"]["policy_store"], "ok");
+
+    app.must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    let started = std::time::Instant::now();
+    let answer = app.consume("a", "s", 1).await;
+    answer.assert_problem(503);
+    assert!(answer.header("retry-after").is_some());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "no hang"
+    );
+}
+
+#[tokio::test]
+async fn with_redis_down_and_fail_open_consumes_are_allowed_and_marked_degraded() {
+    let app = spawn_with(settings_with_dead_redis(OnStoreError::Allow).await).await;
+    app.must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    let answer = app.consume("a", "s", 1).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.body["degraded"], true);
+    assert_eq!(answer.body["allowed"], true);
+}
+
+#[tokio::test]
+async fn when_redis_comes_back_consumes_resume_without_a_restart() {
+    let redis = PrivateRedis::start().await;
+    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
+    settings.redis_urls = vec![redis.url.clone()];
+    settings.redis_timeout = std::time::Duration::from_millis(300);
+    let app = spawn_with(settings).await;
+    app.must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    assert_eq!(app.consume("a", "s", 1).await.status, StatusCode::OK);
+
+    let port = redis.port();
+    drop(redis);
+    app.consume("a", "s", 1).await.assert_problem(503);
+
+    let _again = PrivateRedis::start_on(port).await;
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..50 {
+        status = app.consume("a", "s", 1).await.status;
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "service resumed after Redis returned"
+    );
+}
