@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The project's one test command:  scripts/test.sh [extra `cargo test` args]
+#
+#   1. cargo fmt --check
+#   2. cargo clippy --all-targets -- -D warnings
+#   3. cargo test --workspace, with private throw-away Redis (+ Redis Cluster)
+#      and PostgreSQL instances started by scripts/with-stores.sh
+#
+# Extra arguments go to `cargo test`, e.g.  scripts/test.sh -- --nocapture
+# Exits non-zero as soon as a step fails. CI runs this via .ci/run.
+set -euo pipefail
+
+cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
+
+banner() { printf '\n==> %s\n' "$*" >&2; }
+
+# rustfmt / clippy are rustup components that a minimal toolchain may lack.
+for component in fmt:rustfmt clippy:clippy; do
+	if ! cargo "${component%%:*}" --version >/dev/null 2>&1; then
+		command -v rustup >/dev/null || {
+			echo "test.sh: 'cargo ${component%%:*}' is missing and rustup is not available" >&2
+			exit 1
+		}
+		banner "rustup component add ${component#*:}"
+		rustup component add "${component#*:}"
+	fi
+done
+
+banner "cargo fmt --all --check"
+cargo fmt --all --check
+
+banner "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+banner "cargo test --workspace $* (with private Redis + PostgreSQL)"
+bash scripts/with-stores.sh cargo test --workspace "$@"
+
+banner "all checks passed"
