@@ -19,6 +19,9 @@ use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
 
+/// How long a stopping server waits for in-flight requests.
+const SHUTDOWN_GRACE_SECONDS: u64 = 10;
+
 /// A built service, bound to its port and ready to run.
 pub struct Application {
     port: u16,
@@ -116,6 +119,8 @@ impl Application {
                 )
                 .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
         })
+        // On SIGTERM/SIGINT: stop accepting, let in-flight requests finish (at most this long).
+        .shutdown_timeout(SHUTDOWN_GRACE_SECONDS)
         .listen(listener)
         .context("starting the HTTP server")?
         .run();

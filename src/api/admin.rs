@@ -4,7 +4,7 @@ use super::dto::{OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyLi
 use super::extract::{AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::AppState;
-use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::domain::{Override, Policy, PolicyId, PolicySpec, Subject};
 use actix_web::http::header;
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
 use chrono::SubsecRound;
@@ -48,6 +48,27 @@ fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
         }
         _ => Ok(()),
     }
+}
+
+/// The most policies one action may have: each consume evaluates all of them in one script.
+pub const MAX_POLICIES_PER_ACTION: usize = 32;
+
+/// Refuses a write that would give `spec`'s action more than [`MAX_POLICIES_PER_ACTION`].
+async fn ensure_room(state: &AppState, id: &PolicyId, spec: &PolicySpec) -> Result<(), ApiError> {
+    let others = state
+        .policies
+        .list_policies()
+        .await?
+        .into_iter()
+        .filter(|p| p.spec.action == spec.action && p.id != *id)
+        .count();
+    if others >= MAX_POLICIES_PER_ACTION {
+        return Err(ApiError::Conflict(format!(
+            "action '{}' has {MAX_POLICIES_PER_ACTION} policies already, the most one action may have",
+            spec.action
+        )));
+    }
+    Ok(())
 }
 
 fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {
@@ -106,7 +127,7 @@ pub async fn list_policies(
             headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken, or the action has 32 policies already", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
@@ -122,6 +143,7 @@ pub async fn create_policy(
 ) -> Result<HttpResponse, ApiError> {
     let (id, spec) = body.0.parse()?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
+    ensure_room(&state, &id, &spec).await?;
     let now = state.clock.now().trunc_subsecs(3);
     let policy = Policy {
         id,
@@ -188,6 +210,7 @@ pub async fn get_policy(
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The action has 32 policies already", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
@@ -210,6 +233,7 @@ pub async fn replace_policy(
         return Err(ApiError::invalid("id", "must match the id in the path"));
     }
     check_version(&req, &current)?;
+    ensure_room(&state, &current.id, &spec).await?;
     let policy = Policy {
         spec,
         updated_at: state.clock.now().trunc_subsecs(3),

@@ -353,3 +353,35 @@ on_policy_stores!(
     the_admin_api_needs_the_admin_token,
     policies_survive_a_restart,
 );
+
+#[tokio::test]
+async fn an_action_takes_at_most_32_policies() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    for i in 0..32 {
+        app.must_create_policy(calendar_policy(&format!("p{i}"), "a", 10, "day", "UTC"))
+            .await;
+    }
+    app.create_policy(calendar_policy("p32", "a", 10, "day", "UTC"))
+        .await
+        .assert_problem(409);
+    app.must_create_policy(calendar_policy("elsewhere", "b", 10, "day", "UTC"))
+        .await;
+    let moved = app
+        .send(
+            app.admin(Method::PUT, "/admin/policies/elsewhere")
+                .json(&calendar_policy("elsewhere", "a", 1, "day", "UTC")),
+        )
+        .await;
+    moved.assert_problem(409);
+    let same = app
+        .send(
+            app.admin(Method::PUT, "/admin/policies/p0")
+                .json(&calendar_policy("p0", "a", 11, "day", "UTC")),
+        )
+        .await;
+    assert_eq!(
+        same.status,
+        StatusCode::OK,
+        "replacing one of the 32 is fine"
+    );
+}

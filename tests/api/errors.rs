@@ -118,3 +118,50 @@ async fn swagger_ui_and_its_assets_are_served_from_the_binary() {
         "{initializer}"
     );
 }
+
+#[tokio::test]
+async fn client_tokens_protect_the_quota_endpoints_when_set() {
+    use crate::helpers::{fresh_settings, spawn_with};
+    use quota_ledger::config::Secret;
+    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    settings.client_tokens = vec![Secret::new("client-one"), Secret::new("client-two")];
+    let app = spawn_with(settings).await;
+    app.must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    let consume = |token: Option<&str>| {
+        let request = app
+            .client
+            .post(format!("{}/quota/consume", app.address))
+            .json(&serde_json::json!({"action": "a", "subject": "s"}));
+        match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    };
+    app.send(consume(None)).await.assert_problem(401);
+    app.send(consume(Some("client-three")))
+        .await
+        .assert_problem(401);
+    app.send(consume(Some(crate::helpers::ADMIN_TOKEN)))
+        .await
+        .assert_problem(401);
+    assert_eq!(
+        app.send(consume(Some("client-one"))).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.send(consume(Some("client-two"))).await.status,
+        StatusCode::OK
+    );
+    let usage = app
+        .send(
+            app.client
+                .get(format!("{}/quota/usage?action=a&subject=s", app.address))
+                .bearer_auth("client-two"),
+        )
+        .await;
+    assert_eq!(
+        usage.body["policies"][0]["used"], 2,
+        "only the authorised consumes charged"
+    );
+}

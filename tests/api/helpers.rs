@@ -352,6 +352,24 @@ impl PrivateRedis {
         panic!("redis-server did not start on port {port}");
     }
 
+    /// Freezes the server (SIGSTOP): it accepts connections but answers nothing, like a hung Redis.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Unfreezes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
     /// A connection for inspecting the server.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url.as_str())

@@ -10,3 +10,4 @@ mod errors;
 mod openapi;
 mod outages;
 mod quota;
+mod shutdown;

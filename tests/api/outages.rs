@@ -83,3 +83,48 @@ async fn when_redis_comes_back_consumes_resume_without_a_restart() {
         "service resumed after Redis returned"
     );
 }
+
+#[tokio::test]
+async fn a_hung_redis_costs_a_few_timeouts_then_fails_fast_until_it_answers_again() {
+    let redis = PrivateRedis::start().await;
+    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
+    settings.redis_urls = vec![redis.url.clone()];
+    settings.redis_timeout = std::time::Duration::from_millis(1_000);
+    let app = spawn_with(settings).await;
+    app.must_create_policy(calendar_policy("p", "a", 100, "day", "UTC"))
+        .await;
+    assert_eq!(app.consume("a", "s", 1).await.status, StatusCode::OK);
+
+    redis.pause();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        app.consume("a", "s", 1).await.assert_problem(503);
+        let waited = started.elapsed();
+        assert!(
+            waited < std::time::Duration::from_secs(3),
+            "bounded by the timeout: {waited:?}"
+        );
+    }
+    let started = std::time::Instant::now();
+    app.consume("a", "s", 1).await.assert_problem(503);
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_millis(500),
+        "with the circuit open a call fails without waiting for the timeout: {waited:?}"
+    );
+
+    redis.resume();
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..50 {
+        status = app.consume("a", "s", 1).await.status;
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the circuit closes once Redis answers"
+    );
+}

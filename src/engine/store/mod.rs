@@ -14,6 +14,7 @@
 //! The same semantics are implemented twice, in Lua for Redis (`scripts/consume.lua`)
 //! and in Rust for the in-process store (`memory.rs`); one conformance suite runs both.
 
+pub mod circuit;
 #[cfg(test)]
 mod conformance;
 pub mod memory;
@@ -119,4 +120,9 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Checks that the store answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Whether calls are being refused without trying (a tripped circuit breaker).
+    fn circuit_open(&self) -> bool {
+        false
+    }
 }

@@ -20,6 +20,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, ServerErrorKind, Value};
 
+use super::circuit::CircuitBreaker;
 use super::memory::check_charges;
 use super::{Algorithm, Charge, CounterStore, Evaluation, Outcome, StoreError};
 
@@ -35,6 +36,8 @@ pub struct RedisCounterStore {
     urls: std::sync::Arc<[String]>,
     /// Redis Cluster mode.
     cluster: bool,
+    /// Fails calls fast while Redis is down (shared by clones).
+    breaker: std::sync::Arc<CircuitBreaker>,
     /// The script, with its SHA1 computed once.
     script: Script,
     /// Upper bound for one call, connection set-up included.
@@ -88,6 +91,7 @@ impl RedisCounterStore {
             connection: std::sync::Arc::new(tokio::sync::OnceCell::new()),
             urls: urls.into(),
             cluster,
+            breaker: std::sync::Arc::default(),
             script: Script::new(CONSUME_LUA),
             timeout,
         };
@@ -179,12 +183,30 @@ impl CounterStore for RedisCounterStore {
                 outcomes: Vec::new(),
             });
         }
+        if !self.breaker.allow() {
+            return Err(StoreError::Unavailable(
+                "Redis failed repeatedly; circuit open, retrying shortly".to_owned(),
+            ));
+        }
         let call = self.consume_cmd(now_ms, charges, commit);
-        let reply = match self.connection().await? {
-            Connection::Standalone(mut c) => bounded(self.timeout, self.run(&mut c, &call)).await?,
-            Connection::Cluster(mut c) => bounded(self.timeout, self.run(&mut c, &call)).await?,
-        };
-        parse_reply(reply, charges)
+        let reply = async {
+            match self.connection().await? {
+                Connection::Standalone(mut c) => {
+                    bounded(self.timeout, self.run(&mut c, &call)).await
+                }
+                Connection::Cluster(mut c) => bounded(self.timeout, self.run(&mut c, &call)).await,
+            }
+        }
+        .await;
+        match &reply {
+            Err(StoreError::Unavailable(_)) => self.breaker.failed(),
+            _ => self.breaker.succeeded(),
+        }
+        parse_reply(reply?, charges)
+    }
+
+    fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
