@@ -4,6 +4,7 @@
 //! - [`domain`]: valid-by-construction types (ids, quantities, windows, policies).
 //! - [`engine`]: the decision: window math, counter keys, and the counter stores
 //!   (Redis with one Lua script per decision, or in-process memory).
+//! - [`ledger`]: the durable record of every charge, refund and hold.
 //! - [`policy`]: policy persistence (Postgres or SQLite) and the in-process cache.
 //! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document.
 //! - [`startup`]: wiring, shared by the binary and the tests.
@@ -12,5 +13,6 @@ pub mod api;
 pub mod config;
 pub mod domain;
 pub mod engine;
+pub mod ledger;
 pub mod policy;
 pub mod startup;

@@ -1,0 +1,1 @@
+//! The SQL ledger store (Postgres and SQLite).

@@ -1,0 +1,1 @@
+//! Group-commit writer for the embedded default.
