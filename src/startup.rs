@@ -9,6 +9,8 @@ use crate::engine::store::memory::MemoryCounterStore;
 use crate::engine::store::redis::RedisCounterStore;
 use crate::engine::store::CounterStore;
 use crate::engine::Engine;
+use crate::ledger::drain::Drainer;
+use crate::ledger::retention::{Retention, RetentionTask};
 use crate::policy::{self, PolicyCache};
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{web, App, HttpServer};
@@ -28,6 +30,39 @@ pub struct Application {
     server: actix_web::dev::Server,
     admin_token: Secret,
     admin_token_generated: bool,
+    /// Deletes old ledger entries until the application is dropped.
+    _retention: RetentionTask,
+    /// The ledger drain and the hold sweeper; stopped when the application is.
+    _tasks: BackgroundTasks,
+}
+
+/// Background tasks that end with the application (tests run many apps in one process).
+#[derive(Default)]
+struct BackgroundTasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for BackgroundTasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// How often expired holds are looked for.
+const HOLD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Releases holds that expired unsettled. Safe with several instances: the release script
+/// changes a hold's state only if it is still open, so each hold expires at most once.
+fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(HOLD_SWEEP_EVERY).await;
+            let expired = state.engine.expire_due_holds().await;
+            if expired > 0 {
+                tracing::info!(expired, "released expired holds");
+            }
+        }
+    })
 }
 
 /// A fresh random token: 256 bits from the operating system's generator, as hex.
@@ -58,33 +93,53 @@ impl Application {
             .reload(policies.as_ref())
             .await
             .context("loading policies into the cache")?;
+        let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
+        let mut tasks = BackgroundTasks::default();
+        let retention =
+            Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
         let embedded_counters = settings.redis_urls.is_empty();
-        let counters: Arc<dyn CounterStore> = if embedded_counters {
-            Arc::new(MemoryCounterStore::new())
-        } else {
-            let store = RedisCounterStore::connect(
-                &settings.redis_urls,
-                settings.redis_cluster,
-                settings.redis_timeout,
-            )
-            .await
-            .context("connecting to Redis (REDIS_URL)")?;
-            Arc::new(store)
-        };
+        let (counters, drainer): (Arc<dyn CounterStore>, Option<Arc<Drainer>>) =
+            if embedded_counters {
+                (Arc::new(MemoryCounterStore::new()), None)
+            } else {
+                let store = Arc::new(
+                    RedisCounterStore::connect(
+                        &settings.redis_urls,
+                        settings.redis_cluster,
+                        settings.redis_timeout,
+                    )
+                    .await
+                    .context("connecting to Redis (REDIS_URL)")?,
+                );
+                let drainer = Arc::new(Drainer::new(
+                    store.clone(),
+                    ledger.clone(),
+                    settings.redis_prefix.clone(),
+                    settings.ledger_claim_idle,
+                ));
+                (store, Some(drainer))
+            };
         let engine = Engine::new(
             counters,
             cache.clone(),
             clock.clone(),
             settings.redis_prefix.clone(),
             settings.on_store_error,
+            ledger.clone(),
         );
+        if let Some(drainer) = &drainer {
+            engine.set_drain(drainer.clone());
+            tasks.0.push(drainer.clone().spawn());
+        }
         let state = web::Data::new(AppState {
             engine,
             policies,
+            ledger,
             cache,
             clock,
             embedded_counters,
         });
+        tasks.0.push(spawn_hold_sweeper(state.clone()));
         let admin_token_generated = settings.admin_token.is_none();
         let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
         let tokens = web::Data::new(Tokens {
@@ -129,6 +184,8 @@ impl Application {
             server,
             admin_token,
             admin_token_generated,
+            _retention: retention,
+            _tasks: tasks,
         })
     }
 

@@ -18,7 +18,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
-fn is_json(req: &HttpRequest) -> bool {
+pub(super) fn is_json(req: &HttpRequest) -> bool {
     req.headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

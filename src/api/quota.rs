@@ -25,7 +25,10 @@ pub struct ConsumeInput {
     /// Minor units to charge to `amount` policies; default 1, at least 1.
     #[schema(example = 50000, minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: Option<i64>,
-    /// Makes retries safe: 1-128 characters, scoped to action + subject.
+    /// Makes retries safe: 1-128 characters, scoped to action + subject. A retry with the
+    /// same key returns the original answer (`replayed: true`) and charges nothing more; the
+    /// same key with another amount is 409. Kept at least 24 h and at least as long as the
+    /// longest window charged. Only charged answers are kept: a denied consume may be retried.
     pub idempotency_key: Option<String>,
 }
 
@@ -93,7 +96,7 @@ pub struct UsageQuery {
     pub subject: Option<String>,
 }
 
-fn usage_of(p: &PolicyDecision) -> PolicyUsage {
+pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
     PolicyUsage {
         policy_id: p.policy_id.to_string(),
         measure: match p.measure {
@@ -112,32 +115,67 @@ fn usage_of(p: &PolicyDecision) -> PolicyUsage {
     }
 }
 
-fn parse(input: ConsumeInput) -> Result<ConsumeRequest, ApiError> {
-    let mut errors = FieldErrors::default();
-    let action = errors.take(Action::parse("action", &input.action));
-    let subject = errors.take(Subject::parse("subject", &input.subject));
-    let amount = errors.take(Quantity::parse_amount(
-        "amount",
-        i128::from(input.amount.unwrap_or(1)),
-    ));
-    if input.idempotency_key.is_some() {
-        errors.push(crate::domain::FieldError::new(
-            "idempotency_key",
-            "idempotency keys are not supported by this version yet; retry without one only if a double charge is acceptable",
-        ));
-    }
-    match (action, subject, amount) {
-        (Some(action), Some(subject), Some(amount)) if errors.0.is_empty() => Ok(ConsumeRequest {
-            action,
-            subject,
-            amount,
-        }),
-        _ => Err(errors.into()),
+/// Parses an idempotency key: 1-128 printable characters.
+pub(super) fn idempotency_key(
+    value: Option<String>,
+) -> Result<Option<String>, crate::domain::FieldError> {
+    match value {
+        Some(key)
+            if key.is_empty() || key.chars().count() > 128 || key.chars().any(char::is_control) =>
+        {
+            Err(crate::domain::FieldError::new(
+                "idempotency_key",
+                "must be 1 to 128 printable characters",
+            ))
+        }
+        other => Ok(other),
     }
 }
 
+/// Validates a consume (or hold) body into an engine request, collecting field errors.
+pub(super) fn parse(
+    action: &str,
+    subject: &str,
+    amount: Option<i64>,
+    key: Option<String>,
+    errors: &mut FieldErrors,
+) -> Option<ConsumeRequest> {
+    let action = errors.take(Action::parse("action", action));
+    let subject = errors.take(Subject::parse("subject", subject));
+    let amount = errors.take(Quantity::parse_amount(
+        "amount",
+        i128::from(amount.unwrap_or(1)),
+    ));
+    let idempotency_key = errors.take(idempotency_key(key));
+    match (action, subject, amount, idempotency_key) {
+        (Some(action), Some(subject), Some(amount), Some(idempotency_key))
+            if errors.0.is_empty() =>
+        {
+            Some(ConsumeRequest {
+                action,
+                subject,
+                amount,
+                idempotency_key,
+            })
+        }
+        _ => None,
+    }
+}
+
+fn parse_consume(input: ConsumeInput) -> Result<ConsumeRequest, ApiError> {
+    let mut errors = FieldErrors::default();
+    parse(
+        &input.action,
+        &input.subject,
+        input.amount,
+        input.idempotency_key,
+        &mut errors,
+    )
+    .ok_or_else(|| errors.into())
+}
+
 /// The policy whose limit binds hardest: a denying enforcing one, else the least remaining.
-fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> {
+pub(super) fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> {
     decision.policies.iter().min_by_key(|p| {
         let denying = p.mode == Mode::Enforce && !p.allowed;
         (!denying, p.mode == Mode::Shadow, p.remaining)
@@ -146,11 +184,12 @@ fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> {
 
 /// Writes the answer with its status and the `RateLimit-Policy` / `RateLimit` fields
 /// (IETF httpapi draft: `"<policy>";q=<limit>;w=<seconds>` and `"<policy>";r=<remaining>;t=<seconds>`).
-fn respond(
+pub(super) fn respond(
     request: &ConsumeRequest,
     decision: Decision,
     consumption_id: Option<String>,
-) -> HttpResponse {
+    replayed: bool,
+) -> (actix_web::HttpResponseBuilder, ConsumeAnswer) {
     let status = match decision.allowed {
         true => StatusCode::OK,
         false => StatusCode::TOO_MANY_REQUESTS,
@@ -170,17 +209,18 @@ fn respond(
     if let Some(seconds) = decision.retry_after_seconds {
         response.insert_header((header::RETRY_AFTER, seconds.to_string()));
     }
-    response.json(ConsumeAnswer {
+    let answer = ConsumeAnswer {
         allowed: decision.allowed,
         action: request.action.to_string(),
         subject: request.subject.to_string(),
         amount: request.amount.get(),
         consumption_id,
-        replayed: false,
+        replayed,
         retry_after_seconds: decision.retry_after_seconds,
         degraded: decision.degraded,
         policies: decision.policies.iter().map(usage_of).collect(),
-    })
+    };
+    (response, answer)
 }
 
 /// Charges `amount` (count policies: 1) to every enabled policy of the action, atomically:
@@ -196,6 +236,7 @@ fn respond(
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The idempotency key was used with another amount", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
@@ -209,10 +250,15 @@ pub async fn consume(
     state: web::Data<AppState>,
     body: ApiJson<ConsumeInput>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse(body.0)?;
-    let decision = state.engine.decide(&request, true).await?;
-    let id = uuid::Uuid::now_v7().to_string();
-    Ok(respond(&request, decision, Some(id)))
+    let request = parse_consume(body.0)?;
+    let consumed = state.engine.consume(&request).await?;
+    let (mut response, answer) = respond(
+        &request,
+        consumed.decision,
+        consumed.consumption_id,
+        consumed.replayed,
+    );
+    Ok(response.json(answer))
 }
 
 /// Answers exactly as consume would, but charges nothing.
@@ -239,9 +285,10 @@ pub async fn check(
     state: web::Data<AppState>,
     body: ApiJson<ConsumeInput>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse(body.0)?;
-    let decision = state.engine.decide(&request, false).await?;
-    Ok(respond(&request, decision, None))
+    let request = parse_consume(body.0)?;
+    let decision = state.engine.check(&request).await?;
+    let (mut response, answer) = respond(&request, decision, None, false);
+    Ok(response.json(answer))
 }
 
 /// Current usage per enabled policy of the action, for one subject.

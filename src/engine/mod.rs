@@ -4,21 +4,31 @@
 //! window parameters from the clock (calendar boundaries in the policy's time zone),
 //! builds one [`store::Charge`] per policy, and asks the counter store to apply all or
 //! none of them. A denial is a value ([`Decision::allowed`] is false), not an error.
+//! Consumes and holds ([`consume`]) also keep idempotency records and ledger entries in
+//! that same atomic step; refunds and hold settlement live in [`giveback`].
 
 pub mod clock;
+pub mod consume;
+pub mod giveback;
 pub mod keys;
+mod plan;
 pub mod store;
 pub mod window;
 
 use crate::config::OnStoreError;
-use crate::domain::{Action, Measure, Mode, Policy, PolicyId, Quantity, Subject, Window};
+use crate::domain::{Action, Measure, Mode, PolicyId, Quantity, Subject};
+use crate::ledger::writer::LedgerWriter;
+use crate::ledger::{LedgerError, LedgerStore};
 use crate::policy::PolicyCache;
 use chrono::{DateTime, TimeZone, Utc};
 use clock::Clock;
 use std::sync::Arc;
-use store::{Algorithm, Charge, CounterStore, Outcome, StoreError};
+use store::{CounterStore, StoreError};
 
-/// One request to charge (or check) `amount` for `subject` doing `action`.
+pub use consume::{Consumed, HoldTicket};
+pub use giveback::Settled;
+
+/// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]
 pub struct ConsumeRequest {
     /// What is being done.
@@ -27,6 +37,8 @@ pub struct ConsumeRequest {
     pub subject: Subject,
     /// How much, in minor units (count policies charge 1 regardless).
     pub amount: Quantity,
+    /// Makes retries safe: scoped to action + subject.
+    pub idempotency_key: Option<String>,
 }
 
 /// One policy's part of a decision.
@@ -67,24 +79,43 @@ pub struct Decision {
     pub at: DateTime<Utc>,
 }
 
-/// Why the engine could not decide.
+/// Why the engine could not decide (or give back).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The action has no policies: never a silent allow.
     #[error("no policy limits the action '{0}'")]
     UnknownAction(Action),
+    /// No such consumption or hold.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request conflicts with the state: over-refund, settled hold, reused key.
+    #[error("{0}")]
+    Conflict(String),
     /// The counter store failed and the configuration says fail closed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The ledger could not be read or written.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
 }
 
-/// The quota engine; cheap to share (`Arc` inside).
+/// Empties the Redis ledger streams into SQL on demand (see `ledger::drain`).
+#[async_trait::async_trait]
+pub trait DrainNow: Send + Sync {
+    /// Moves everything the streams hold into the SQL ledger now.
+    async fn drain_now(&self);
+}
+
+/// The quota engine; shared by every request.
 pub struct Engine {
     counters: Arc<dyn CounterStore>,
     cache: Arc<PolicyCache>,
     clock: Arc<dyn Clock>,
     prefix: String,
     on_store_error: OnStoreError,
+    ledger: Arc<dyn LedgerStore>,
+    writer: LedgerWriter,
+    drain: std::sync::OnceLock<Arc<dyn DrainNow>>,
 }
 
 impl Engine {
@@ -95,6 +126,7 @@ impl Engine {
         clock: Arc<dyn Clock>,
         prefix: String,
         on_store_error: OnStoreError,
+        ledger: Arc<dyn LedgerStore>,
     ) -> Self {
         Self {
             counters,
@@ -102,109 +134,80 @@ impl Engine {
             clock,
             prefix,
             on_store_error,
+            writer: LedgerWriter::spawn(ledger.clone()),
+            ledger,
+            drain: std::sync::OnceLock::new(),
         }
     }
 
-    /// The counter store (for readiness checks).
+    /// Writes ledger entries durably (group commit) before the caller answers; used when
+    /// the counter store does not stream them (the embedded default), and for degraded allows.
+    async fn record(&self, entries: Vec<crate::ledger::LedgerEntry>) -> Result<(), EngineError> {
+        self.writer.append(entries).await.map_err(EngineError::from)
+    }
+
+    /// Registers the drain that refunds use when a charge is not in SQL yet (Redis mode).
+    pub fn set_drain(&self, drain: Arc<dyn DrainNow>) {
+        let _ = self.drain.set(drain);
+    }
+
+    /// The counter store (for readiness checks and background tasks).
     pub fn counters(&self) -> &dyn CounterStore {
         self.counters.as_ref()
     }
 
-    /// Decides `request`; charges all policies when `commit` is true and it is allowed.
-    pub async fn decide(
-        &self,
-        request: &ConsumeRequest,
-        commit: bool,
-    ) -> Result<Decision, EngineError> {
-        self.run(request, request.amount, commit).await
+    /// The Redis key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The current time on the engine's clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
+    /// Decides `request` without charging (a check). Consumes go through [`Engine::consume`].
+    pub async fn check(&self, request: &ConsumeRequest) -> Result<Decision, EngineError> {
+        let plan = self.plan(&request.action, &request.subject, request.amount)?;
+        if plan.charges.is_empty() {
+            return Ok(plan.empty_decision());
+        }
+        match self
+            .counters
+            .evaluate(plan.now_ms(), &plan.charges, false)
+            .await
+        {
+            Ok(evaluation) => Ok(plan.decision(&evaluation)),
+            Err(error) => self.on_store_failure(&plan, error),
+        }
     }
 
     /// Current usage of every enabled policy of the action for the subject; charges nothing.
     pub async fn usage(&self, action: &Action, subject: &Subject) -> Result<Decision, EngineError> {
-        let request = ConsumeRequest {
-            action: action.clone(),
-            subject: subject.clone(),
-            amount: Quantity::ZERO,
-        };
-        self.run(&request, Quantity::ZERO, false).await
+        let plan = self.plan(action, subject, Quantity::ZERO)?;
+        if plan.charges.is_empty() {
+            return Ok(plan.empty_decision());
+        }
+        let evaluation = self
+            .counters
+            .evaluate(plan.now_ms(), &plan.charges, false)
+            .await?;
+        Ok(plan.decision(&evaluation))
     }
 
-    async fn run(
+    /// The degraded answer when the store is down and the operator chose to fail open.
+    fn on_store_failure(
         &self,
-        request: &ConsumeRequest,
-        amount: Quantity,
-        commit: bool,
+        plan: &plan::Plan,
+        error: StoreError,
     ) -> Result<Decision, EngineError> {
-        let policies = self
-            .cache
-            .action(request.action.as_str())
-            .ok_or_else(|| EngineError::UnknownAction(request.action.clone()))?;
-        let now = self.clock.now();
-        let now_ms = now.timestamp_millis();
-        let tag = keys::subject_prefix(&self.prefix, &request.action, &request.subject);
-        let subject = request.subject.as_str();
-        let mut charges = Vec::with_capacity(policies.enabled.len());
-        let mut window_seconds = Vec::with_capacity(policies.enabled.len());
-        for policy in &policies.enabled {
-            let (algorithm, period, seconds) = algorithm_for(policy, now);
-            let cost = match amount.get() {
-                0 => 0,
-                _ => policy.spec.measure.cost(amount).get(),
-            };
-            charges.push(Charge {
-                key: keys::counter_key(&tag, policy, period),
-                algorithm,
-                limit: policies.limit_for(policy, subject, now),
-                cost,
-                enforce: policy.spec.mode == Mode::Enforce,
-            });
-            window_seconds.push(seconds);
-        }
-        if charges.is_empty() {
-            return Ok(Decision {
-                allowed: true,
-                retry_after_seconds: None,
-                degraded: false,
-                policies: Vec::new(),
-                at: now,
-            });
-        }
-        let evaluation = match self.counters.evaluate(now_ms, &charges, commit).await {
-            Ok(evaluation) => evaluation,
-            Err(StoreError::Unavailable(why)) if self.on_store_error == OnStoreError::Allow => {
+        match error {
+            StoreError::Unavailable(why) if self.on_store_error == OnStoreError::Allow => {
                 tracing::warn!(error = %why, "counter store unavailable; allowing (degraded)");
-                return Ok(degraded(now, &policies.enabled, &charges, &window_seconds));
+                Ok(plan.degraded_decision())
             }
-            Err(error) => return Err(error.into()),
-        };
-        let mut retry_at: Option<i64> = Some(now_ms);
-        let mut decisions = Vec::with_capacity(charges.len());
-        for (((policy, charge), outcome), seconds) in policies
-            .enabled
-            .iter()
-            .zip(&charges)
-            .zip(&evaluation.outcomes)
-            .zip(&window_seconds)
-        {
-            if charge.enforce && !outcome.allowed {
-                retry_at = match (retry_at, outcome.retry_at_ms) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-            }
-            decisions.push(policy_decision(policy, charge, outcome, *seconds));
+            error => Err(error.into()),
         }
-        let retry_after_seconds = match evaluation.allowed {
-            true => None,
-            false => retry_at.map(|at| seconds_until(now_ms, at)),
-        };
-        Ok(Decision {
-            allowed: evaluation.allowed,
-            retry_after_seconds,
-            degraded: false,
-            policies: decisions,
-            at: now,
-        })
     }
 }
 
@@ -214,86 +217,9 @@ fn seconds_until(now_ms: i64, at_ms: i64) -> u64 {
     millis.div_ceil(1_000)
 }
 
-fn from_millis(ms: i64) -> DateTime<Utc> {
+/// An instant from Unix milliseconds (the epoch if out of range).
+pub fn from_millis(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms)
         .single()
         .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-}
-
-/// The store algorithm for `policy` at `now`, the calendar period (start, Unix seconds) if
-/// any, and the window length in seconds.
-fn algorithm_for(policy: &Policy, now: DateTime<Utc>) -> (Algorithm, Option<i64>, u64) {
-    match policy.spec.window {
-        Window::Calendar { period, timezone } => {
-            let (start, end) = window::calendar_bounds(period, timezone, now);
-            let seconds = (end - start).num_seconds().max(1) as u64;
-            let algorithm = Algorithm::Calendar {
-                period_end_ms: end.timestamp_millis(),
-            };
-            (algorithm, Some(start.timestamp()), seconds)
-        }
-        Window::Rolling {
-            seconds,
-            bucket_seconds,
-        } => {
-            let algorithm = Algorithm::Rolling {
-                bucket_ms: bucket_seconds as i64 * 1_000,
-                buckets: (seconds / bucket_seconds) as i64,
-            };
-            (algorithm, None, seconds)
-        }
-        Window::TokenBucket { seconds } => {
-            let algorithm = Algorithm::TokenBucket {
-                period_ms: seconds as i64 * 1_000,
-            };
-            (algorithm, None, seconds)
-        }
-    }
-}
-
-fn policy_decision(
-    policy: &Policy,
-    charge: &Charge,
-    outcome: &Outcome,
-    window_seconds: u64,
-) -> PolicyDecision {
-    PolicyDecision {
-        policy_id: policy.id.clone(),
-        measure: policy.spec.measure,
-        mode: policy.spec.mode,
-        limit: charge.limit,
-        used: outcome.used,
-        remaining: charge.limit.saturating_sub(outcome.used),
-        resets_at: from_millis(outcome.resets_at_ms),
-        allowed: outcome.allowed,
-        window_seconds,
-    }
-}
-
-/// The answer when the counter store is down and the operator chose to fail open.
-fn degraded(
-    now: DateTime<Utc>,
-    policies: &[Arc<Policy>],
-    charges: &[Charge],
-    window_seconds: &[u64],
-) -> Decision {
-    let outcomes = charges.iter().map(|_| Outcome {
-        used: 0,
-        allowed: true,
-        resets_at_ms: now.timestamp_millis(),
-        retry_at_ms: None,
-    });
-    Decision {
-        allowed: true,
-        retry_after_seconds: None,
-        degraded: true,
-        policies: policies
-            .iter()
-            .zip(charges)
-            .zip(outcomes)
-            .zip(window_seconds)
-            .map(|(((p, c), o), s)| policy_decision(p, c, &o, *s))
-            .collect(),
-        at: now,
-    }
 }

@@ -140,9 +140,27 @@ async fn one_consume_is_one_redis_command_whatever_the_number_of_policies() {
         .await
         .unwrap();
     let commands = watcher.await.expect("the monitor ran");
-    assert_eq!(commands.len(), N, "one command per consume: {commands:?}");
+    // The ledger drain and the hold sweeper run in the background on their own schedule,
+    // in batches, whatever the number of consumes: leave their commands out.
+    let background = [
+        "xreadgroup",
+        "xautoclaim",
+        "xack",
+        "xdel",
+        "xgroup",
+        "zrangebyscore",
+    ];
+    let per_consume: Vec<&String> = commands
+        .iter()
+        .filter(|c| !background.contains(&c.as_str()))
+        .collect();
+    assert_eq!(
+        per_consume.len(),
+        N,
+        "one command per consume: {per_consume:?}"
+    );
     assert!(
-        commands.iter().all(|c| c == "evalsha"),
-        "and it is EVALSHA: {commands:?}"
+        per_consume.iter().all(|c| *c == "evalsha"),
+        "and it is EVALSHA: {per_consume:?}"
     );
 }

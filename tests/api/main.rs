@@ -6,8 +6,10 @@ mod helpers;
 
 mod admin;
 mod concurrency;
+mod crash;
 mod errors;
 mod openapi;
 mod outages;
+mod payments;
 mod quota;
 mod shutdown;

@@ -18,7 +18,10 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
+use super::{
+    Algorithm, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
+    GivenBack, StoreError,
+};
 use counting::Entry;
 
 /// The largest quantity (limit, cost, usage) a store accepts or reports: 2^53 - 1.
@@ -124,6 +127,59 @@ fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Pass 1 and pass 2 of a decision on a locked shard (see `counting`).
+fn evaluate_in(
+    shard: &mut Shard,
+    now_ms: i64,
+    charges: &[Charge],
+    commit: bool,
+) -> Result<Evaluation, StoreError> {
+    shard.calls_since_sweep += 1;
+    if shard.calls_since_sweep >= shard.entries.len().max(SWEEP_MIN_CALLS) {
+        shard.entries.retain(|_, entry| entry.is_live(now_ms));
+        shard.calls_since_sweep = 0;
+    }
+
+    // Pass 1: read and decide every charge; nothing is written yet.
+    let mut readings = Vec::with_capacity(charges.len());
+    let mut allowed = true;
+    for charge in charges {
+        let entry = shard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
+        let reading = counting::read(entry, now_ms, charge)?;
+        allowed &= reading.outcome.allowed || !charge.enforce;
+        readings.push(reading);
+    }
+
+    // Pass 2: when committing an allowed decision, apply every charge that changes something.
+    let apply = commit && allowed;
+    let mut outcomes = Vec::with_capacity(charges.len());
+    for (charge, reading) in charges.iter().zip(readings) {
+        let mut outcome = reading.outcome;
+        if let (true, Some(write)) = (apply, reading.write) {
+            outcome.used = write.used;
+            outcome.resets_at_ms = write.resets_at_ms;
+            counting::apply(&mut shard.entries, charge, now_ms, write);
+        }
+        outcomes.push(outcome);
+    }
+    Ok(Evaluation { allowed, outcomes })
+}
+
+/// The reply numbers of an evaluation, as the script formats them for an idempotency record.
+fn reply_numbers(evaluation: &Evaluation) -> String {
+    let mut numbers = vec![i64::from(evaluation.allowed)];
+    for o in &evaluation.outcomes {
+        numbers.extend([
+            i64::try_from(o.used).unwrap_or(i64::MAX),
+            i64::from(o.allowed),
+            o.resets_at_ms,
+            o.retry_at_ms.unwrap_or(-1),
+        ]);
+    }
+    let text: Vec<String> = numbers.iter().map(i64::to_string).collect();
+    text.join(",")
+}
+
 #[async_trait]
 impl CounterStore for MemoryCounterStore {
     async fn evaluate(
@@ -140,42 +196,171 @@ impl CounterStore for MemoryCounterStore {
             });
         };
         let mut guard = lock(self.shard(&first.key));
+        evaluate_in(&mut guard, now_ms, charges, commit)
+    }
+
+    async fn decide(
+        &self,
+        now_ms: i64,
+        charges: &[Charge],
+        commit: bool,
+        effects: &Effects,
+    ) -> Result<Decided, StoreError> {
+        check_charges(now_ms, charges)?;
+        let Some(first) = charges.first() else {
+            return Ok(Decided::Fresh(Evaluation {
+                allowed: true,
+                outcomes: Vec::new(),
+            }));
+        };
+        let mut guard = lock(self.shard(&first.key));
         let shard = &mut *guard;
-        shard.calls_since_sweep += 1;
-        if shard.calls_since_sweep >= shard.entries.len().max(SWEEP_MIN_CALLS) {
-            shard.entries.retain(|_, entry| entry.is_live(now_ms));
-            shard.calls_since_sweep = 0;
-        }
-
-        // Pass 1: read and decide every charge; nothing is written yet.
-        let mut readings = Vec::with_capacity(charges.len());
-        let mut allowed = true;
-        for charge in charges {
-            let entry = shard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
-            let reading = counting::read(entry, now_ms, charge)?;
-            allowed &= reading.outcome.allowed || !charge.enforce;
-            readings.push(reading);
-        }
-
-        // Pass 2: when committing an allowed decision, apply every charge that changes something.
-        let apply = commit && allowed;
-        let mut outcomes = Vec::with_capacity(charges.len());
-        for (charge, reading) in charges.iter().zip(readings) {
-            let mut outcome = reading.outcome;
-            if let (true, Some(write)) = (apply, reading.write) {
-                outcome.used = write.used;
-                outcome.resets_at_ms = write.resets_at_ms;
-                counting::apply(&mut shard.entries, charge, now_ms, write);
+        if let Some(idem) = &effects.idempotency {
+            if let Some(kept) = counting::text(shard.entries.get(&idem.key), now_ms) {
+                return super::redis::parse_replay(kept);
             }
-            outcomes.push(outcome);
         }
-        Ok(Evaluation { allowed, outcomes })
+        let evaluation = evaluate_in(shard, now_ms, charges, commit)?;
+        if commit && evaluation.allowed {
+            if let Some(idem) = &effects.idempotency {
+                let kept = format!("{}\n{}", idem.record, reply_numbers(&evaluation));
+                counting::set_text(&mut shard.entries, &idem.key, kept, now_ms + idem.ttl_ms);
+            }
+            if let Some(hold) = &effects.hold {
+                let kept = format!("open\n{}", hold.record);
+                counting::set_text(
+                    &mut shard.entries,
+                    &hold.record_key,
+                    kept,
+                    now_ms + hold.ttl_ms,
+                );
+                counting::index_add(
+                    &mut shard.entries,
+                    &hold.index_key,
+                    &hold.hold_id,
+                    hold.expires_at_ms,
+                );
+            }
+        }
+        Ok(Decided::Fresh(evaluation))
+    }
+
+    async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
+        let mut guard = lock(self.shard(&request.control_key));
+        let entries = &mut guard.entries;
+        if let Some(idem) = &request.idempotency {
+            if let Some(kept) = counting::text(entries.get(&idem.key), now_ms) {
+                return Ok(GivenBack::Replayed(kept.to_owned()));
+            }
+        }
+        let (full, by_amount_gets, result) = match request.kind {
+            GiveBackKind::Refund {
+                amount,
+                total,
+                refunded,
+            } => {
+                let before = counting::text(entries.get(&request.control_key), now_ms)
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(refunded);
+                if before + amount > total {
+                    return Ok(GivenBack::Conflict(before.to_string()));
+                }
+                (before + amount == total, amount, before + amount)
+            }
+            GiveBackKind::Commit { expires_at_ms, .. }
+            | GiveBackKind::Release { expires_at_ms, .. }
+            | GiveBackKind::Expire { expires_at_ms, .. } => {
+                let Some(record) = counting::text(entries.get(&request.control_key), now_ms) else {
+                    if let Some((index, hold_id)) = &request.hold_index {
+                        counting::index_remove(entries, index, hold_id);
+                    }
+                    return Ok(GivenBack::Unknown);
+                };
+                let state = record.split('\n').next().unwrap_or("").to_owned();
+                if state != "open" {
+                    return Ok(GivenBack::Conflict(state));
+                }
+                let expire = matches!(request.kind, GiveBackKind::Expire { .. });
+                if !expire && now_ms >= expires_at_ms {
+                    return Ok(GivenBack::Conflict("expired".to_owned()));
+                }
+                if expire && now_ms < expires_at_ms {
+                    return Ok(GivenBack::Conflict("open".to_owned()));
+                }
+                let (new_state, full, gets) = match request.kind {
+                    GiveBackKind::Commit { settle, total, .. } => {
+                        ("committed", false, total - settle)
+                    }
+                    GiveBackKind::Release { total, .. } => ("released", true, total),
+                    GiveBackKind::Expire { total, .. } => ("expired", true, total),
+                    GiveBackKind::Refund { .. } => unreachable!("matched above"),
+                };
+                let rest = record[state.len()..].to_owned();
+                if let Some(entry) = entries.get_mut(&request.control_key) {
+                    counting::replace_text(entry, format!("{new_state}{rest}"));
+                }
+                if let Some((index, hold_id)) = &request.hold_index {
+                    counting::index_remove(entries, index, hold_id);
+                }
+                (full, gets, 0)
+            }
+        };
+        for counter in &request.counters {
+            let give = match (counter.by_amount, full) {
+                (true, _) => by_amount_gets.min(counter.charged),
+                (false, true) => counter.charged,
+                (false, false) => 0,
+            };
+            if give > 0 {
+                counting::restore(
+                    entries.get_mut(&counter.key),
+                    &counter.restore,
+                    give,
+                    now_ms,
+                );
+            }
+        }
+        if matches!(request.kind, GiveBackKind::Refund { .. }) {
+            counting::set_text(
+                entries,
+                &request.control_key,
+                result.to_string(),
+                now_ms + REFUNDED_TTL_MS,
+            );
+        }
+        if let Some(idem) = &request.idempotency {
+            let kept = format!("{}\n{result}", idem.record);
+            counting::set_text(entries, &idem.key, kept, now_ms + idem.ttl_ms);
+        }
+        Ok(GivenBack::Done { refunded: result })
+    }
+
+    async fn expired_holds(
+        &self,
+        index_key: &str,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let guard = lock(self.shard(index_key));
+        Ok(counting::index_due(
+            guard.entries.get(index_key),
+            now_ms,
+            limit,
+        ))
+    }
+
+    async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError> {
+        let guard = lock(self.shard(record_key));
+        Ok(counting::text(guard.entries.get(record_key), now_ms).map(str::to_owned))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
 }
+
+/// How long a refunded total is kept (30 days), as in giveback.lua.
+const REFUNDED_TTL_MS: i64 = 2_592_000_000;
 
 /// The part of `key` that Redis Cluster hashes: the text between the first `{` and the next
 /// `}` if it is not empty, else the whole key (the same rule as Redis).

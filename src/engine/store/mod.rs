@@ -19,6 +19,7 @@ pub mod circuit;
 mod conformance;
 pub mod memory;
 pub mod redis;
+pub mod redis_stream;
 
 use async_trait::async_trait;
 
@@ -93,6 +94,179 @@ pub struct Evaluation {
     pub outcomes: Vec<Outcome>,
 }
 
+/// Work a consume does in the same atomic step as its charges, besides counting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Remember a charged answer under an idempotency key, and replay it on a retry.
+    pub idempotency: Option<IdempotencyRecord>,
+    /// Append a ledger entry to the shard's stream (Redis; the in-process store leaves the
+    /// ledger to the engine, which writes it to SQL before answering).
+    pub ledger: Option<LedgerAppend>,
+    /// Open a hold: keep its record and index it by expiry.
+    pub hold: Option<HoldOpen>,
+}
+
+/// An idempotency record to keep when the decision charges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    /// Where it is kept (`keys::SubjectKeys::idempotency`).
+    pub key: String,
+    /// How long it is kept.
+    pub ttl_ms: i64,
+    /// What to keep (opaque to the store); replayed with the evaluation that was applied.
+    pub record: String,
+}
+
+/// Ledger entries to append, serialized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerAppend {
+    /// The shard's stream.
+    pub stream: String,
+    /// The entry to append when the decision is allowed (and committed).
+    pub allowed: String,
+    /// The entry to append when it is denied, if denials are recorded.
+    pub denied: Option<String>,
+}
+
+/// A hold to open when the decision charges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldOpen {
+    /// The hold's record key.
+    pub record_key: String,
+    /// The shard's index of open holds (scored by expiry).
+    pub index_key: String,
+    /// The hold id (the index member).
+    pub hold_id: String,
+    /// When it expires, Unix ms.
+    pub expires_at_ms: i64,
+    /// What to keep (opaque to the store): how to give the hold back.
+    pub record: String,
+    /// How long the record is kept (beyond expiry, so late commits get a clear 409).
+    pub ttl_ms: i64,
+}
+
+/// The store's answer to a consume with [`Effects`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decided {
+    /// Decided now.
+    Fresh(Evaluation),
+    /// The idempotency key was used before: the kept record and the evaluation then applied.
+    Replayed {
+        /// The record kept with the key.
+        record: String,
+        /// The evaluation of the original decision.
+        evaluation: Evaluation,
+    },
+}
+
+/// How one counter gets units back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restore {
+    /// A calendar counter (its key names the period).
+    Calendar,
+    /// A rolling counter's bucket, if it still counts.
+    Rolling {
+        /// The bucket the units went to.
+        bucket: i64,
+        /// Bucket length, ms.
+        bucket_ms: i64,
+        /// W / B.
+        buckets: i64,
+    },
+    /// A token bucket.
+    TokenBucket {
+        /// Refill period, ms.
+        period_ms: i64,
+        /// The policy's current limit (the drain rate).
+        limit: u64,
+    },
+}
+
+/// One counter to give units back to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterBack {
+    /// The counter's key.
+    pub key: String,
+    /// How to restore it.
+    pub restore: Restore,
+    /// `true` for amount policies (they get the amount back), `false` for count policies
+    /// (they get their 1 back only when the whole charge is given back).
+    pub by_amount: bool,
+    /// What the charge put on this counter.
+    pub charged: u64,
+}
+
+/// What is being given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveBackKind {
+    /// A refund of `amount` out of a charge of `total`; `refunded` is what the ledger knows
+    /// was refunded already (used when the store's own running total has expired).
+    Refund {
+        /// Units to refund now.
+        amount: u64,
+        /// The original charge.
+        total: u64,
+        /// Refunded before, per the ledger.
+        refunded: u64,
+    },
+    /// Settle `settle` of a hold of `total`; the rest goes back. Refused once expired.
+    Commit {
+        /// Units to keep.
+        settle: u64,
+        /// The held amount.
+        total: u64,
+        /// The hold's expiry.
+        expires_at_ms: i64,
+    },
+    /// Give a whole hold back on request. Refused once expired.
+    Release {
+        /// The held amount.
+        total: u64,
+        /// The hold's expiry.
+        expires_at_ms: i64,
+    },
+    /// Give a whole hold back because it expired at `expires_at_ms` (only if still open).
+    Expire {
+        /// The held amount.
+        total: u64,
+        /// Its expiry.
+        expires_at_ms: i64,
+    },
+}
+
+/// A refund or the settlement of a hold, applied atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GiveBack {
+    /// What happens.
+    pub kind: GiveBackKind,
+    /// Refund: the running refunded total's key. Hold: the hold's record key.
+    pub control_key: String,
+    /// Hold: the shard's index of open holds and the hold id.
+    pub hold_index: Option<(String, String)>,
+    /// The counters the charge went to.
+    pub counters: Vec<CounterBack>,
+    /// The ledger entry to append on success (Redis).
+    pub ledger: Option<(String, String)>,
+    /// For refunds with an idempotency key: the record to keep (and replay).
+    pub idempotency: Option<IdempotencyRecord>,
+}
+
+/// The store's answer to a [`GiveBack`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GivenBack {
+    /// Applied; for refunds, the refunded total after it.
+    Done {
+        /// Refunded so far (refunds), or 0.
+        refunded: u64,
+    },
+    /// Refused: over-refund, or a hold no longer open. The text says which.
+    Conflict(String),
+    /// The hold record is unknown (never existed, or long gone).
+    Unknown,
+    /// The idempotency key was used before: its record.
+    Replayed(String),
+}
+
 /// Why a store could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -117,6 +291,35 @@ pub trait CounterStore: Send + Sync + 'static {
         charges: &[Charge],
         commit: bool,
     ) -> Result<Evaluation, StoreError>;
+
+    /// Like [`CounterStore::evaluate`], with the [`Effects`] of a consume in the same atomic step.
+    async fn decide(
+        &self,
+        now_ms: i64,
+        charges: &[Charge],
+        commit: bool,
+        effects: &Effects,
+    ) -> Result<Decided, StoreError>;
+
+    /// Gives units back (refund, hold settlement), atomically with its bookkeeping.
+    async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError>;
+
+    /// Up to `limit` hold ids of `index_key` whose expiry is at or before `now_ms`.
+    async fn expired_holds(
+        &self,
+        index_key: &str,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// The text record kept at `record_key` at `now_ms`, if any: a hold, a refunded total.
+    async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError>;
+
+    /// Whether this store appends ledger entries itself (to a Redis stream) as part of
+    /// [`CounterStore::decide`] and [`CounterStore::give_back`].
+    fn streams_ledger(&self) -> bool {
+        false
+    }
 
     /// Checks that the store answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;

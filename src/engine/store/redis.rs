@@ -22,10 +22,16 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, Server
 
 use super::circuit::CircuitBreaker;
 use super::memory::check_charges;
-use super::{Algorithm, Charge, CounterStore, Evaluation, Outcome, StoreError};
+use super::{
+    Algorithm, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
+    GivenBack, Outcome, Restore, StoreError,
+};
 
 /// The decision script; its header documents KEYS, ARGV and the reply.
 const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
+
+/// The give-back script (refunds, hold settlement); its header documents KEYS and ARGV.
+const GIVEBACK_LUA: &str = include_str!("scripts/giveback.lua");
 
 /// Counters in Redis (standalone or cluster), one script call per decision.
 #[derive(Clone)]
@@ -38,8 +44,10 @@ pub struct RedisCounterStore {
     cluster: bool,
     /// Fails calls fast while Redis is down (shared by clones).
     breaker: std::sync::Arc<CircuitBreaker>,
-    /// The script, with its SHA1 computed once.
+    /// The decision script, with its SHA1 computed once.
     script: Script,
+    /// The give-back script.
+    giveback: Script,
     /// Upper bound for one call, connection set-up included.
     timeout: Duration,
 }
@@ -93,6 +101,7 @@ impl RedisCounterStore {
             cluster,
             breaker: std::sync::Arc::default(),
             script: Script::new(CONSUME_LUA),
+            giveback: Script::new(GIVEBACK_LUA),
             timeout,
         };
         if let Err(error) = store.connection().await {
@@ -128,16 +137,38 @@ impl RedisCounterStore {
 
     /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
     /// front: two allocations per decision (a `ScriptInvocation` would make one per argument).
-    fn consume_cmd(&self, now_ms: i64, charges: &[Charge], commit: bool) -> Cmd {
+    fn consume_cmd(&self, now_ms: i64, charges: &[Charge], commit: bool, effects: &Effects) -> Cmd {
         let keys: usize = charges.iter().map(|c| c.key.len()).sum();
-        let mut call = Cmd::with_capacity(5 + 7 * charges.len(), 64 + keys + 64 * charges.len());
+        let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
+            + effects
+                .idempotency
+                .as_ref()
+                .map_or(0, |i| i.record.len() + i.key.len())
+            + effects.hold.as_ref().map_or(0, |h| h.record.len() + 128);
+        let mut call = Cmd::with_capacity(
+            16 + 7 * charges.len(),
+            128 + keys + 64 * charges.len() + extra,
+        );
+        let extra_keys = usize::from(effects.idempotency.is_some())
+            + usize::from(effects.ledger.is_some())
+            + 2 * usize::from(effects.hold.is_some());
         call.arg("EVALSHA")
             .arg(self.script.get_hash())
-            .arg(charges.len());
+            .arg(charges.len() + extra_keys);
         for charge in charges {
             call.arg(charge.key.as_str());
         }
-        // ARGV layout (see the script's header): now, commit, then six values per charge.
+        if let Some(idem) = &effects.idempotency {
+            call.arg(idem.key.as_str());
+        }
+        if let Some(ledger) = &effects.ledger {
+            call.arg(ledger.stream.as_str());
+        }
+        if let Some(hold) = &effects.hold {
+            call.arg(hold.record_key.as_str())
+                .arg(hold.index_key.as_str());
+        }
+        // ARGV layout (see the script's header): now, commit, six values per charge, effects.
         call.arg(now_ms).arg(u8::from(commit));
         for charge in charges {
             let (kind, p1, p2) = match charge.algorithm {
@@ -152,19 +183,180 @@ impl RedisCounterStore {
                 .arg(charge.cost)
                 .arg(u8::from(charge.enforce));
         }
+        let flag = |on: bool| if on { '1' } else { '0' };
+        let flags: String = [
+            flag(effects.idempotency.is_some()),
+            flag(effects.ledger.is_some()),
+            flag(effects.hold.is_some()),
+        ]
+        .into_iter()
+        .collect();
+        call.arg(flags);
+        match &effects.idempotency {
+            Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
+            None => call.arg("").arg(""),
+        };
+        match &effects.ledger {
+            Some(ledger) => call
+                .arg(ledger.allowed.as_str())
+                .arg(ledger.denied.as_deref().unwrap_or("")),
+            None => call.arg("").arg(""),
+        };
+        match &effects.hold {
+            Some(hold) => call
+                .arg(hold.hold_id.as_str())
+                .arg(hold.expires_at_ms)
+                .arg(hold.record.as_str())
+                .arg(hold.ttl_ms),
+            None => call.arg("").arg("").arg("").arg(""),
+        };
         call
     }
 
-    /// Sends `call`; if the server has lost the script (NOSCRIPT: a restart, a failover, a
-    /// `SCRIPT FLUSH`), loads it (on every primary, in a cluster) and sends `call` again.
-    async fn run(&self, connection: &mut impl ConnectionLike, call: &Cmd) -> RedisResult<Value> {
-        match call.query_async(connection).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(connection).await?;
-                call.query_async(connection).await
-            }
-            answer => answer,
+    /// The EVALSHA call of the give-back script.
+    fn giveback_cmd(&self, now_ms: i64, request: &GiveBack) -> Cmd {
+        let mut call = Cmd::with_capacity(24 + 7 * request.counters.len(), 1024);
+        let extra_keys = usize::from(request.hold_index.is_some())
+            + usize::from(request.ledger.is_some())
+            + usize::from(request.idempotency.is_some());
+        call.arg("EVALSHA")
+            .arg(self.giveback.get_hash())
+            .arg(request.counters.len() + 1 + extra_keys);
+        for counter in &request.counters {
+            call.arg(counter.key.as_str());
         }
+        call.arg(request.control_key.as_str());
+        if let Some((index, _)) = &request.hold_index {
+            call.arg(index.as_str());
+        }
+        if let Some((stream, _)) = &request.ledger {
+            call.arg(stream.as_str());
+        }
+        if let Some(idem) = &request.idempotency {
+            call.arg(idem.key.as_str());
+        }
+        let (op, total, amount, refunded, hold_expiry) = match request.kind {
+            GiveBackKind::Refund {
+                amount,
+                total,
+                refunded,
+            } => ("r", total, amount, refunded, 0),
+            GiveBackKind::Commit {
+                settle,
+                total,
+                expires_at_ms,
+            } => ("c", total, settle, 0, expires_at_ms),
+            GiveBackKind::Release {
+                total,
+                expires_at_ms,
+            } => ("l", total, 0, 0, expires_at_ms),
+            GiveBackKind::Expire {
+                total,
+                expires_at_ms,
+            } => ("x", total, 0, 0, expires_at_ms),
+        };
+        call.arg(now_ms)
+            .arg(op)
+            .arg(request.counters.len())
+            .arg(total)
+            .arg(amount)
+            .arg(refunded)
+            .arg(hold_expiry)
+            .arg(
+                request
+                    .hold_index
+                    .as_ref()
+                    .map_or("", |(_, id)| id.as_str()),
+            )
+            .arg(
+                request
+                    .ledger
+                    .as_ref()
+                    .map_or("", |(_, entry)| entry.as_str()),
+            );
+        match &request.idempotency {
+            Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
+            None => call.arg(0).arg(""),
+        };
+        let flag = |on: bool| u8::from(on);
+        call.arg(flag(request.hold_index.is_some()))
+            .arg(flag(request.ledger.is_some()))
+            .arg(flag(request.idempotency.is_some()));
+        for counter in &request.counters {
+            let (kind, p1, p2, p3) = match counter.restore {
+                Restore::Calendar => (1, 0, 0, 0),
+                Restore::Rolling {
+                    bucket,
+                    bucket_ms,
+                    buckets,
+                } => (2, bucket, bucket_ms, buckets),
+                Restore::TokenBucket { period_ms, limit } => (3, period_ms, limit as i64, 0),
+            };
+            call.arg(kind)
+                .arg(p1)
+                .arg(p2)
+                .arg(p3)
+                .arg(u8::from(counter.by_amount))
+                .arg(counter.charged);
+        }
+        call
+    }
+
+    /// Runs `call` of `script` under the circuit breaker and the timeout.
+    async fn exec(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
+        if !self.breaker.allow() {
+            return Err(StoreError::Unavailable(
+                "Redis failed repeatedly; circuit open, retrying shortly".to_owned(),
+            ));
+        }
+        let reply = async {
+            match self.connection().await? {
+                Connection::Standalone(mut c) => {
+                    bounded(self.timeout, run(script, &mut c, call)).await
+                }
+                Connection::Cluster(mut c) => {
+                    bounded(self.timeout, run(script, &mut c, call)).await
+                }
+            }
+        }
+        .await;
+        match &reply {
+            Err(StoreError::Unavailable(_)) => self.breaker.failed(),
+            _ => self.breaker.succeeded(),
+        }
+        reply
+    }
+
+    /// Runs a plain command (no script) under the timeout (for the ledger drain).
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        call: &Cmd,
+    ) -> Result<T, StoreError> {
+        self.plain(call).await
+    }
+
+    /// Runs a plain command (no script) under the timeout.
+    async fn plain<T: redis::FromRedisValue>(&self, call: &Cmd) -> Result<T, StoreError> {
+        match self.connection().await? {
+            Connection::Standalone(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
+            Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
+        }
+    }
+}
+
+/// Sends `call`; if the server has lost `script` (NOSCRIPT: a restart, a failover, a
+/// `SCRIPT FLUSH`), loads it (on every primary, in a cluster) and sends `call` again.
+async fn run(
+    script: &Script,
+    connection: &mut impl ConnectionLike,
+    call: &Cmd,
+) -> RedisResult<Value> {
+    match call.query_async(connection).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(connection).await?;
+            call.query_async(connection).await
+        }
+        answer => answer,
     }
 }
 
@@ -176,33 +368,64 @@ impl CounterStore for RedisCounterStore {
         charges: &[Charge],
         commit: bool,
     ) -> Result<Evaluation, StoreError> {
+        match self
+            .decide(now_ms, charges, commit, &Effects::default())
+            .await?
+        {
+            Decided::Fresh(evaluation) => Ok(evaluation),
+            Decided::Replayed { evaluation, .. } => Ok(evaluation),
+        }
+    }
+
+    async fn decide(
+        &self,
+        now_ms: i64,
+        charges: &[Charge],
+        commit: bool,
+        effects: &Effects,
+    ) -> Result<Decided, StoreError> {
         check_charges(now_ms, charges)?;
         if charges.is_empty() {
-            return Ok(Evaluation {
+            return Ok(Decided::Fresh(Evaluation {
                 allowed: true,
                 outcomes: Vec::new(),
-            });
+            }));
         }
-        if !self.breaker.allow() {
-            return Err(StoreError::Unavailable(
-                "Redis failed repeatedly; circuit open, retrying shortly".to_owned(),
-            ));
-        }
-        let call = self.consume_cmd(now_ms, charges, commit);
-        let reply = async {
-            match self.connection().await? {
-                Connection::Standalone(mut c) => {
-                    bounded(self.timeout, self.run(&mut c, &call)).await
-                }
-                Connection::Cluster(mut c) => bounded(self.timeout, self.run(&mut c, &call)).await,
-            }
-        }
-        .await;
-        match &reply {
-            Err(StoreError::Unavailable(_)) => self.breaker.failed(),
-            _ => self.breaker.succeeded(),
-        }
-        parse_reply(reply?, charges)
+        let call = self.consume_cmd(now_ms, charges, commit, effects);
+        let reply = self.exec(&self.script, &call).await?;
+        parse_decided(reply, charges)
+    }
+
+    async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
+        let call = self.giveback_cmd(now_ms, request);
+        let reply = self.exec(&self.giveback, &call).await?;
+        parse_given_back(reply)
+    }
+
+    async fn expired_holds(
+        &self,
+        index_key: &str,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut call = redis::cmd("ZRANGEBYSCORE");
+        call.arg(index_key)
+            .arg("-inf")
+            .arg(now_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        self.plain(&call).await
+    }
+
+    async fn record(&self, record_key: &str, _now_ms: i64) -> Result<Option<String>, StoreError> {
+        let mut call = redis::cmd("GET");
+        call.arg(record_key);
+        self.plain(&call).await
+    }
+
+    fn streams_ledger(&self) -> bool {
+        true
     }
 
     fn circuit_open(&self) -> bool {
@@ -210,15 +433,76 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let ping = redis::cmd("PING");
         // In cluster mode PING goes to every primary and succeeds only if all answer.
-        let _: Value = match self.connection().await? {
-            Connection::Standalone(mut c) => {
-                bounded(self.timeout, ping.query_async(&mut c)).await?
-            }
-            Connection::Cluster(mut c) => bounded(self.timeout, ping.query_async(&mut c)).await?,
-        };
+        let _: Value = self.plain(&redis::cmd("PING")).await?;
         Ok(())
+    }
+}
+
+/// Reads the consume script's reply: a replay (`[-1, record]`) or a fresh evaluation.
+fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided, StoreError> {
+    if let Value::Array(items) = &reply {
+        if let [Value::Int(-1), kept] = items.as_slice() {
+            let text = match kept {
+                Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => {
+                    return Err(StoreError::Protocol(
+                        "consume.lua replayed a non-string".into(),
+                    ))
+                }
+            };
+            return parse_replay(&text);
+        }
+    }
+    parse_reply(reply, charges).map(Decided::Fresh)
+}
+
+/// Splits a kept idempotency record into the caller's record and the original reply.
+pub(super) fn parse_replay(text: &str) -> Result<Decided, StoreError> {
+    let unexpected = || StoreError::Protocol("an idempotency record is malformed".to_owned());
+    let (record, numbers) = text.rsplit_once('\n').ok_or_else(unexpected)?;
+    let numbers: Vec<i64> = numbers
+        .split(',')
+        .map(|n| n.parse().map_err(|_| unexpected()))
+        .collect::<Result<_, _>>()?;
+    let (&allowed, rest) = numbers.split_first().ok_or_else(unexpected)?;
+    let outcomes = rest
+        .chunks_exact(4)
+        .map(|c| Outcome {
+            used: u64::try_from(c[0]).unwrap_or(0),
+            allowed: c[1] == 1,
+            resets_at_ms: c[2],
+            retry_at_ms: (c[3] >= 0 && c[1] == 0).then_some(c[3]),
+        })
+        .collect();
+    Ok(Decided::Replayed {
+        record: record.to_owned(),
+        evaluation: Evaluation {
+            allowed: allowed == 1,
+            outcomes,
+        },
+    })
+}
+
+/// Reads the give-back script's reply `[status, value]`.
+fn parse_given_back(reply: Value) -> Result<GivenBack, StoreError> {
+    let unexpected = |what: &str| StoreError::Protocol(format!("giveback.lua replied {what}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected("something other than an array"));
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(bytes) => Ok(String::from_utf8_lossy(bytes).into_owned()),
+        Value::Int(n) => Ok(n.to_string()),
+        _ => Err(unexpected("an unexpected value")),
+    };
+    match items.as_slice() {
+        [Value::Int(1), Value::Int(total)] => Ok(GivenBack::Done {
+            refunded: u64::try_from(*total).unwrap_or(0),
+        }),
+        [Value::Int(2), value] => Ok(GivenBack::Conflict(text(value)?)),
+        [Value::Int(3), value] => Ok(GivenBack::Replayed(text(value)?)),
+        [Value::Int(4), _] => Ok(GivenBack::Unknown),
+        _ => Err(unexpected("an unknown status")),
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::super::{Algorithm, Charge, Outcome, StoreError, KEY_GRACE_MS};
+use super::super::{Algorithm, Charge, Outcome, Restore, StoreError, KEY_GRACE_MS};
 use super::MAX_UNITS;
 
 /// 2^53 - 1 as a time: reported times of a saturated shadow token bucket are clamped to it,
@@ -49,6 +49,10 @@ enum State {
     Buckets(Vec<(i64, u64)>),
     /// Token bucket: `s` = used × period_ms as of time `t` (a string "s:t").
     Gcra { s: u64, t: i64 },
+    /// A record: idempotency answers, holds, refunded totals (a string).
+    Text(String),
+    /// Open holds by expiry: member -> score (a sorted set).
+    Index(std::collections::BTreeMap<String, i64>),
 }
 
 /// What pass 1 learned about one charge.
@@ -310,4 +314,106 @@ fn later(t: i64, ms: u64) -> i64 {
 /// The error for a key whose state belongs to another algorithm (Redis answers WRONGTYPE).
 fn wrong_type() -> StoreError {
     StoreError::Protocol("a counter key holds the state of another algorithm".to_owned())
+}
+
+/// The text kept at a live record entry.
+pub(super) fn text(entry: Option<&Entry>, now_ms: i64) -> Option<&str> {
+    match entry.filter(|e| e.is_live(now_ms)).map(|e| &e.state) {
+        Some(State::Text(text)) => Some(text),
+        _ => None,
+    }
+}
+
+/// Keeps `value` at `key` until `expires_at_ms` (SET … PX).
+pub(super) fn set_text(
+    entries: &mut HashMap<String, Entry>,
+    key: &str,
+    value: String,
+    expires_at_ms: i64,
+) {
+    entries.insert(
+        key.to_owned(),
+        Entry {
+            state: State::Text(value),
+            expires_at_ms,
+        },
+    );
+}
+
+/// Replaces the text of a live record, keeping its expiry (SET … KEEPTTL).
+pub(super) fn replace_text(entry: &mut Entry, value: String) {
+    entry.state = State::Text(value);
+}
+
+/// Adds or moves `member` in the index at `key` (ZADD); indexes never expire.
+pub(super) fn index_add(entries: &mut HashMap<String, Entry>, key: &str, member: &str, score: i64) {
+    let entry = entries.entry(key.to_owned()).or_insert_with(|| Entry {
+        state: State::Index(std::collections::BTreeMap::new()),
+        expires_at_ms: i64::MAX,
+    });
+    if let State::Index(members) = &mut entry.state {
+        members.insert(member.to_owned(), score);
+    }
+}
+
+/// Removes `member` from the index at `key` (ZREM).
+pub(super) fn index_remove(entries: &mut HashMap<String, Entry>, key: &str, member: &str) {
+    if let Some(State::Index(members)) = entries.get_mut(key).map(|e| &mut e.state) {
+        members.remove(member);
+    }
+}
+
+/// Up to `limit` members scored at or before `now_ms`, lowest score first (ZRANGEBYSCORE).
+pub(super) fn index_due(entry: Option<&Entry>, now_ms: i64, limit: usize) -> Vec<String> {
+    let Some(State::Index(members)) = entry.map(|e| &e.state) else {
+        return Vec::new();
+    };
+    let mut due: Vec<(i64, &String)> = members
+        .iter()
+        .filter(|(_, score)| **score <= now_ms)
+        .map(|(member, score)| (*score, member))
+        .collect();
+    due.sort();
+    due.into_iter()
+        .take(limit)
+        .map(|(_, m)| m.clone())
+        .collect()
+}
+
+/// Takes up to `give` units off a live counter, as giveback.lua does: a calendar counter
+/// loses them, a rolling bucket that still counts loses them, a token bucket drains first
+/// and then loses `give × period_ms`; nothing goes below zero.
+pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, now_ms: i64) {
+    let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
+        return;
+    };
+    match (&mut entry.state, restore) {
+        (State::Counter(units), Restore::Calendar) => *units = units.saturating_sub(give),
+        (
+            State::Buckets(held),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            },
+        ) if *bucket >= now_ms.div_euclid(*bucket_ms) - buckets => {
+            if let Ok(at) = held.binary_search_by_key(bucket, |(index, _)| *index) {
+                held[at].1 = held[at].1.saturating_sub(give);
+            }
+        }
+        (State::Gcra { s, t }, Restore::TokenBucket { period_ms, limit }) => {
+            let rate = u128::from((*limit).max(1));
+            let (mut left, t_ref) = if *t > now_ms {
+                (*s, *t)
+            } else {
+                let drained = u128::try_from(now_ms - *t).unwrap_or(0) * rate;
+                (u128::from(*s).saturating_sub(drained) as u64, now_ms)
+            };
+            let back = u128::from(give) * u128::try_from(*period_ms).unwrap_or(1);
+            left = u128::from(left).saturating_sub(back) as u64;
+            *s = left;
+            *t = t_ref;
+        }
+        _ => {}
+    }
 }

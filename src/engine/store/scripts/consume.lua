@@ -13,7 +13,22 @@ then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
   cost     0 ..= 2^53 - 1
   enforce  1 = enforce, 0 = shadow (counted and reported, never denies)
 
-Returns a flat array of integers:
+then nine values for the consume's effects, always present (empty strings when unused), at
+ARGV[e .. e + 8] with e = 3 + 6 * n:
+  flags        three characters '0'/'1': idempotency record, ledger stream, hold
+  idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when flagged)
+  idem record  what to keep with the reply numbers
+  allowed      ledger entry appended when the decision is applied (KEYS[next]: the stream)
+  denied       ledger entry appended when a consume is denied ('' for none)
+  hold id      the hold's id, the member of the index  (KEYS[next]: the hold record,
+  expires_at   its expiry, the index score              KEYS[next + 1]: the index of holds)
+  hold record  what to keep for settling it
+  hold ttl     ms to keep the hold record
+so n = (#ARGV - 11) / 6.
+
+When the idempotency record exists already, nothing is decided and the reply is
+  { -1, record .. "\n" .. the original reply numbers, comma-separated }.
+Otherwise it returns a flat array of integers:
   { allowed_all, used_1, allowed_1, resets_at_1, retry_at_1, used_2, ... }
 allowed_all and allowed_i are 1 or 0; retry_at_i is -1 when the charge passes or can never
 pass (cost > limit): the caller knows cost and limit, so it does not rely on the -1 alone.
@@ -40,7 +55,23 @@ local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
-local n = #KEYS
+local n = (#ARGV - 11) / 6
+local e = 3 + 6 * n
+local flags = ARGV[e]
+local has_idem = string.sub(flags, 1, 1) == '1'
+local has_ledger = string.sub(flags, 2, 2) == '1'
+local has_hold = string.sub(flags, 3, 3) == '1'
+local k = n + 1 -- next extra key
+local idem_key, stream_key, hold_key, index_key
+if has_idem then idem_key = KEYS[k]; k = k + 1 end
+if has_ledger then stream_key = KEYS[k]; k = k + 1 end
+if has_hold then hold_key = KEYS[k]; index_key = KEYS[k + 1] end
+
+if has_idem then
+  local kept = redis.call('GET', idem_key)
+  if kept then return { -1, kept } end
+end
+
 local out = { 1 }
 -- Per charge, what pass 2 writes (only filled when committing), stride 6:
 -- value, ttl, used after, resets_at after, rolling: HGETALL reply (for stale fields), lo
@@ -191,6 +222,22 @@ if commit and out[1] == 1 then
       out[o], out[o + 2] = w[b - 3], w[b - 2]
     end
   end
+end
+
+-- Effects, in the same atomic step as the charges.
+if commit and out[1] == 1 then
+  if has_idem then
+    local nums = {}
+    for j = 1, #out do nums[j] = fmt('%d', out[j]) end
+    redis.call('SET', idem_key, ARGV[e + 2] .. '\n' .. table.concat(nums, ','), 'PX', ARGV[e + 1])
+  end
+  if has_ledger then redis.call('XADD', stream_key, '*', 'e', ARGV[e + 3]) end
+  if has_hold then
+    redis.call('SET', hold_key, 'open\n' .. ARGV[e + 7], 'PX', ARGV[e + 8])
+    redis.call('ZADD', index_key, ARGV[e + 6], ARGV[e + 5])
+  end
+elseif commit and has_ledger and ARGV[e + 4] ~= '' then
+  redis.call('XADD', stream_key, '*', 'e', ARGV[e + 4])
 end
 
 return out

@@ -1,0 +1,268 @@
+//! Payment-grade operations: refunds of consumes, and holds (reserve now, settle later).
+
+use super::extract::{parse_json, ApiJson, ClientAuth};
+use super::ledger::LedgerEntryOut;
+use super::problem::{ApiError, Problem};
+use super::quota::{idempotency_key, parse, respond, usage_of, ConsumeAnswer, PolicyUsage};
+use super::AppState;
+use crate::domain::{FieldErrors, Quantity};
+use crate::engine::giveback::Settle;
+use crate::engine::Settled;
+use actix_web::{post, web, HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The longest a hold may last: 30 days.
+pub const MAX_HOLD_SECONDS: i64 = 30 * 24 * 3_600;
+
+/// A refund of all or part of an allowed consume.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefundInput {
+    /// The `consumption_id` of the consume.
+    pub consumption_id: String,
+    /// Minor units to give back; default: everything not refunded yet.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
+    pub amount: Option<i64>,
+    /// Makes retries safe (scoped to the consumption).
+    pub idempotency_key: Option<String>,
+}
+
+/// A request to reserve quota now and settle later.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HoldInput {
+    /// The action.
+    pub action: String,
+    /// The subject.
+    pub subject: String,
+    /// Minor units to hold; default 1.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
+    pub amount: Option<i64>,
+    /// Seconds until the hold is released unless settled; 1 to 2,592,000 (30 days).
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub ttl_seconds: i64,
+    /// Makes retries safe (scoped to action + subject).
+    pub idempotency_key: Option<String>,
+}
+
+/// The answer to a hold: the consume answer plus the hold.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HoldAnswer {
+    /// The decision, as for a consume.
+    #[serde(flatten)]
+    pub decision: ConsumeAnswer,
+    /// The hold's id (null when denied).
+    pub hold_id: Option<String>,
+    /// When it is released unless settled (null when denied).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// Settles at most the held amount.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitInput {
+    /// Minor units to keep (1 ..= held); default: all of it. The rest is given back.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
+    pub amount: Option<i64>,
+}
+
+/// The ledger entry written, and current usage.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SettleAnswer {
+    /// The ledger entry written (or, for a replayed refund, written before).
+    pub entry: LedgerEntryOut,
+    /// Current usage per policy of the action, after it.
+    pub policies: Vec<PolicyUsage>,
+    /// True when this replays an earlier refund with the same idempotency key.
+    pub replayed: bool,
+}
+
+fn answer(settled: Settled) -> HttpResponse {
+    HttpResponse::Ok().json(SettleAnswer {
+        entry: LedgerEntryOut::from(&settled.entry),
+        policies: settled
+            .usage
+            .map(|u| u.policies.iter().map(usage_of).collect())
+            .unwrap_or_default(),
+        replayed: settled.replayed,
+    })
+}
+
+fn optional_amount(errors: &mut FieldErrors, value: Option<i64>) -> Option<Quantity> {
+    value.and_then(|v| errors.take(Quantity::parse_amount("amount", i128::from(v))))
+}
+
+/// Gives back all or part of an allowed consume, to exactly the periods and buckets it was
+/// charged to (a period that has ended changes no current usage; the refund is still
+/// recorded). Refunds never exceed the charge.
+#[utoipa::path(
+    tag = "quota",
+    request_body = RefundInput,
+    responses(
+        (status = 200, description = "Refunded", body = SettleAnswer),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such consumption", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Over-refund, or an idempotency key reused with another amount", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "A store is down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[post("/quota/refund")]
+pub async fn refund(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    body: ApiJson<RefundInput>,
+) -> Result<HttpResponse, ApiError> {
+    let input = body.0;
+    let mut errors = FieldErrors::default();
+    let amount = optional_amount(&mut errors, input.amount);
+    let key = errors.take(idempotency_key(input.idempotency_key));
+    if input.consumption_id.is_empty() || input.consumption_id.len() > 64 {
+        errors.push(crate::domain::FieldError::new(
+            "consumption_id",
+            "must be a consumption_id",
+        ));
+    }
+    let Some(key) = key.filter(|_| errors.0.is_empty()) else {
+        return Err(errors.into());
+    };
+    let settled = state
+        .engine
+        .refund(&input.consumption_id, amount, key)
+        .await?;
+    Ok(answer(settled))
+}
+
+/// Reserves quota now, charged like a consume (same 200/429 answer), plus a `hold_id` and
+/// `expires_at`. Settle it with commit or release; unsettled holds are released at expiry.
+#[utoipa::path(
+    tag = "quota",
+    request_body = HoldInput,
+    responses(
+        (status = 200, description = "Held", body = HoldAnswer),
+        (status = 429, description = "Denied; nothing held", body = HoldAnswer),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The idempotency key was used with another amount", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[post("/quota/holds")]
+pub async fn create_hold(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    body: ApiJson<HoldInput>,
+) -> Result<HttpResponse, ApiError> {
+    let input = body.0;
+    let mut errors = FieldErrors::default();
+    if !(1..=MAX_HOLD_SECONDS).contains(&input.ttl_seconds) {
+        errors.push(crate::domain::FieldError::new(
+            "ttl_seconds",
+            format!("must be between 1 and {MAX_HOLD_SECONDS}"),
+        ));
+    }
+    let request = parse(
+        &input.action,
+        &input.subject,
+        input.amount,
+        input.idempotency_key,
+        &mut errors,
+    )
+    .ok_or_else(|| ApiError::from(errors))?;
+    let held = state
+        .engine
+        .hold(&request, input.ttl_seconds.unsigned_abs())
+        .await?;
+    let (mut response, decision) = respond(&request, held.decision, None, held.replayed);
+    Ok(response.json(HoldAnswer {
+        decision,
+        hold_id: held.hold.as_ref().map(|h| h.hold_id.clone()),
+        expires_at: held.hold.map(|h| h.expires_at),
+    }))
+}
+
+/// Settles a hold: keeps `amount` (default: all of it), gives back the rest.
+#[utoipa::path(
+    tag = "quota",
+    params(("id" = String, Path, description = "The hold_id")),
+    request_body(content = Option<CommitInput>, description = "Optional; an empty body commits everything"),
+    responses(
+        (status = 200, description = "Committed", body = SettleAnswer),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such hold", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already settled or expired, or more than held", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[post("/quota/holds/{id}/commit")]
+pub async fn commit_hold(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let input: CommitInput = match body.is_empty() {
+        true => CommitInput::default(),
+        false => {
+            let ApiJson(input) = ApiJson::from_bytes(&req, &body)?;
+            input
+        }
+    };
+    let mut errors = FieldErrors::default();
+    let amount = optional_amount(&mut errors, input.amount);
+    if !errors.0.is_empty() {
+        return Err(errors.into());
+    }
+    let settled = state.engine.settle(&id, Settle::Commit(amount)).await?;
+    Ok(answer(settled))
+}
+
+/// Gives a whole hold back.
+#[utoipa::path(
+    tag = "quota",
+    params(("id" = String, Path, description = "The hold_id")),
+    responses(
+        (status = 200, description = "Released", body = SettleAnswer),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such hold", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already settled or expired", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[post("/quota/holds/{id}/release")]
+pub async fn release_hold(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let settled = state.engine.settle(&id, Settle::Release).await?;
+    Ok(answer(settled))
+}
+
+impl<T: serde::de::DeserializeOwned> ApiJson<T> {
+    /// Parses an already-read body with the same rules as the extractor (415, 400, 422).
+    pub fn from_bytes(req: &HttpRequest, body: &[u8]) -> Result<Self, ApiError> {
+        if !super::extract::is_json(req) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        parse_json(body).map(ApiJson)
+    }
+}

@@ -1,0 +1,352 @@
+//! A decision's plan: the policies that apply, their counters and window parameters at `now`,
+//! and how a store's [`Evaluation`] becomes a [`Decision`].
+
+use super::keys::SubjectKeys;
+use super::store::{Algorithm, Charge, CounterBack, Evaluation, Outcome, Restore};
+use super::{from_millis, seconds_until, window, Decision, Engine, EngineError, PolicyDecision};
+use crate::domain::{Action, Mode, Policy, Quantity, Subject, Window};
+use crate::ledger::PolicyAmount;
+use crate::policy::ActionPolicies;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Everything one decision needs, computed once.
+pub(super) struct Plan {
+    /// The action's policies (enabled ones, with overrides).
+    pub policies: Arc<ActionPolicies>,
+    /// The subject's keys.
+    pub keys: SubjectKeys,
+    /// One charge per enabled policy, in policy order.
+    pub charges: Vec<Charge>,
+    /// The window length of each policy, seconds.
+    pub window_seconds: Vec<u64>,
+    /// When.
+    pub now: DateTime<Utc>,
+}
+
+/// How a charge can be given back: one per counter, kept in the ledger entry's `detail`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct CounterDetail {
+    /// The policy.
+    pub policy_id: String,
+    /// The counter key.
+    pub key: String,
+    /// 1 calendar, 2 rolling, 3 token bucket.
+    pub kind: u8,
+    /// Rolling: the bucket charged.
+    #[serde(default)]
+    pub bucket: i64,
+    /// Rolling: bucket length, ms; token bucket: period, ms.
+    #[serde(default)]
+    pub span_ms: i64,
+    /// Rolling: W / B.
+    #[serde(default)]
+    pub buckets: i64,
+    /// Token bucket: the limit when charged (the drain rate).
+    #[serde(default)]
+    pub limit: u64,
+    /// Amount policy (gets amounts back) or count policy (gets its 1 back when all is).
+    pub by_amount: bool,
+    /// What the charge put on the counter.
+    pub charged: u64,
+}
+
+impl CounterDetail {
+    /// The store's form.
+    pub fn counter_back(&self) -> CounterBack {
+        let restore = match self.kind {
+            2 => Restore::Rolling {
+                bucket: self.bucket,
+                bucket_ms: self.span_ms.max(1),
+                buckets: self.buckets,
+            },
+            3 => Restore::TokenBucket {
+                period_ms: self.span_ms.max(1),
+                limit: self.limit,
+            },
+            _ => Restore::Calendar,
+        };
+        CounterBack {
+            key: self.key.clone(),
+            restore,
+            by_amount: self.by_amount,
+            charged: self.charged,
+        }
+    }
+}
+
+/// The static part of one policy's answer, kept with an idempotency record.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct KeptPolicy {
+    pub policy_id: String,
+    pub amount_measure: bool,
+    pub shadow: bool,
+    pub limit: u64,
+    pub window_seconds: u64,
+}
+
+impl Engine {
+    /// The plan of `amount` for `subject` doing `action`, at the clock's `now`.
+    pub(super) fn plan(
+        &self,
+        action: &Action,
+        subject: &Subject,
+        amount: Quantity,
+    ) -> Result<Plan, EngineError> {
+        let policies = self
+            .cache
+            .action(action.as_str())
+            .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
+        let now = self.clock.now();
+        let keys = SubjectKeys::new(&self.prefix, action, subject);
+        let mut charges = Vec::with_capacity(policies.enabled.len());
+        let mut window_seconds = Vec::with_capacity(policies.enabled.len());
+        for policy in &policies.enabled {
+            let (algorithm, period, seconds) = algorithm_for(policy, now);
+            let cost = match amount.get() {
+                0 => 0,
+                _ => policy.spec.measure.cost(amount).get(),
+            };
+            charges.push(Charge {
+                key: keys.counter(policy, period),
+                algorithm,
+                limit: policies.limit_for(policy, subject.as_str(), now),
+                cost,
+                enforce: policy.spec.mode == Mode::Enforce,
+            });
+            window_seconds.push(seconds);
+        }
+        Ok(Plan {
+            policies,
+            keys,
+            charges,
+            window_seconds,
+            now,
+        })
+    }
+}
+
+impl Plan {
+    /// `now` in Unix ms.
+    pub fn now_ms(&self) -> i64 {
+        self.now.timestamp_millis()
+    }
+
+    /// The decision for an action whose policies are all disabled: allowed, nothing counted.
+    pub fn empty_decision(&self) -> Decision {
+        Decision {
+            allowed: true,
+            retry_after_seconds: None,
+            degraded: false,
+            policies: Vec::new(),
+            at: self.now,
+        }
+    }
+
+    /// The decision the store's evaluation amounts to.
+    pub fn decision(&self, evaluation: &Evaluation) -> Decision {
+        let now_ms = self.now_ms();
+        let mut retry_at: Option<i64> = Some(now_ms);
+        let mut decisions = Vec::with_capacity(self.charges.len());
+        for (i, (charge, outcome)) in self.charges.iter().zip(&evaluation.outcomes).enumerate() {
+            if charge.enforce && !outcome.allowed {
+                retry_at = match (retry_at, outcome.retry_at_ms) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            decisions.push(self.policy_decision(i, outcome));
+        }
+        let retry_after_seconds = match evaluation.allowed {
+            true => None,
+            false => retry_at.map(|at| seconds_until(now_ms, at)),
+        };
+        Decision {
+            allowed: evaluation.allowed,
+            retry_after_seconds,
+            degraded: false,
+            policies: decisions,
+            at: self.now,
+        }
+    }
+
+    /// The answer when the counter store is down and the operator chose to fail open.
+    pub fn degraded_decision(&self) -> Decision {
+        let outcome = Outcome {
+            used: 0,
+            allowed: true,
+            resets_at_ms: self.now_ms(),
+            retry_at_ms: None,
+        };
+        Decision {
+            allowed: true,
+            retry_after_seconds: None,
+            degraded: true,
+            policies: (0..self.charges.len())
+                .map(|i| self.policy_decision(i, &outcome))
+                .collect(),
+            at: self.now,
+        }
+    }
+
+    fn policy_decision(&self, i: usize, outcome: &Outcome) -> PolicyDecision {
+        let policy = &self.policies.enabled[i];
+        let limit = self.charges[i].limit;
+        PolicyDecision {
+            policy_id: policy.id.clone(),
+            measure: policy.spec.measure,
+            mode: policy.spec.mode,
+            limit,
+            used: outcome.used,
+            remaining: limit.saturating_sub(outcome.used),
+            resets_at: from_millis(outcome.resets_at_ms),
+            allowed: outcome.allowed,
+            window_seconds: self.window_seconds[i],
+        }
+    }
+
+    /// The per-policy amounts a charge of this plan puts on its policies.
+    pub fn policy_amounts(&self, only_ledger_denials: bool) -> Vec<PolicyAmount> {
+        self.policies
+            .enabled
+            .iter()
+            .zip(&self.charges)
+            .filter(|(p, _)| !only_ledger_denials || p.spec.ledger_denials)
+            .map(|(p, c)| PolicyAmount {
+                policy_id: p.id.to_string(),
+                amount: c.cost,
+            })
+            .collect()
+    }
+
+    /// Whether a denial of this plan is recorded in the ledger.
+    pub fn records_denials(&self) -> bool {
+        self.policies.enabled.iter().any(|p| p.spec.ledger_denials)
+    }
+
+    /// How to give this plan's charges back later.
+    pub fn details(&self) -> Vec<CounterDetail> {
+        let now_ms = self.now_ms();
+        self.policies
+            .enabled
+            .iter()
+            .zip(&self.charges)
+            .map(|(policy, charge)| {
+                let (kind, bucket, span_ms, buckets) = match charge.algorithm {
+                    Algorithm::Calendar { .. } => (1, 0, 0, 0),
+                    Algorithm::Rolling { bucket_ms, buckets } => {
+                        (2, now_ms.div_euclid(bucket_ms), bucket_ms, buckets)
+                    }
+                    Algorithm::TokenBucket { period_ms } => (3, 0, period_ms, 0),
+                };
+                CounterDetail {
+                    policy_id: policy.id.to_string(),
+                    key: charge.key.clone(),
+                    kind,
+                    bucket,
+                    span_ms,
+                    buckets,
+                    limit: charge.limit,
+                    by_amount: policy.spec.measure == crate::domain::Measure::Amount,
+                    charged: charge.cost,
+                }
+            })
+            .collect()
+    }
+
+    /// The static part of each policy's answer, for an idempotency record.
+    pub fn kept_policies(&self) -> Vec<KeptPolicy> {
+        self.policies
+            .enabled
+            .iter()
+            .zip(&self.charges)
+            .zip(&self.window_seconds)
+            .map(|((p, c), seconds)| KeptPolicy {
+                policy_id: p.id.to_string(),
+                amount_measure: p.spec.measure == crate::domain::Measure::Amount,
+                shadow: p.spec.mode == Mode::Shadow,
+                limit: c.limit,
+                window_seconds: *seconds,
+            })
+            .collect()
+    }
+
+    /// The longest window of the plan's policies, ms.
+    pub fn longest_window_ms(&self) -> i64 {
+        let seconds = self.window_seconds.iter().copied().max().unwrap_or(0);
+        i64::try_from(seconds).unwrap_or(i64::MAX / 2_000) * 1_000
+    }
+}
+
+/// Rebuilds a decision from an idempotency record and the evaluation it kept.
+pub(super) fn replayed_decision(
+    kept: &[KeptPolicy],
+    evaluation: &Evaluation,
+    at: DateTime<Utc>,
+) -> Decision {
+    let policies = kept
+        .iter()
+        .zip(&evaluation.outcomes)
+        .filter_map(|(k, o)| {
+            let policy_id = crate::domain::PolicyId::parse("policy_id", &k.policy_id).ok()?;
+            Some(PolicyDecision {
+                policy_id,
+                measure: if k.amount_measure {
+                    crate::domain::Measure::Amount
+                } else {
+                    crate::domain::Measure::Count
+                },
+                mode: if k.shadow {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                },
+                limit: k.limit,
+                used: o.used,
+                remaining: k.limit.saturating_sub(o.used),
+                resets_at: from_millis(o.resets_at_ms),
+                allowed: o.allowed,
+                window_seconds: k.window_seconds,
+            })
+        })
+        .collect();
+    Decision {
+        allowed: evaluation.allowed,
+        retry_after_seconds: None,
+        degraded: false,
+        policies,
+        at,
+    }
+}
+
+/// The store algorithm for `policy` at `now`, the calendar period (start, Unix seconds) if
+/// any, and the window length in seconds.
+fn algorithm_for(policy: &Policy, now: DateTime<Utc>) -> (Algorithm, Option<i64>, u64) {
+    match policy.spec.window {
+        Window::Calendar { period, timezone } => {
+            let (start, end) = window::calendar_bounds(period, timezone, now);
+            let seconds = (end - start).num_seconds().max(1) as u64;
+            let algorithm = Algorithm::Calendar {
+                period_end_ms: end.timestamp_millis(),
+            };
+            (algorithm, Some(start.timestamp()), seconds)
+        }
+        Window::Rolling {
+            seconds,
+            bucket_seconds,
+        } => {
+            let algorithm = Algorithm::Rolling {
+                bucket_ms: bucket_seconds as i64 * 1_000,
+                buckets: (seconds / bucket_seconds) as i64,
+            };
+            (algorithm, None, seconds)
+        }
+        Window::TokenBucket { seconds } => {
+            let algorithm = Algorithm::TokenBucket {
+                period_ms: seconds as i64 * 1_000,
+            };
+            (algorithm, None, seconds)
+        }
+    }
+}

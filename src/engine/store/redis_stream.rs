@@ -1,0 +1,154 @@
+//! The Redis side of the ledger drain: reading the per-shard ledger streams through a
+//! consumer group, claiming what dead consumers left pending, and acknowledging.
+
+use super::redis::RedisCounterStore;
+use super::StoreError;
+use redis::Value;
+
+/// The consumer group every instance's drain reads through.
+pub const GROUP: &str = "ledger";
+
+/// Which entries to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Entries delivered to this consumer but not acknowledged (after a failed insert).
+    Pending,
+    /// Entries never delivered to anyone.
+    New,
+}
+
+/// One stream entry: its id and the serialized ledger entry.
+pub type StreamEntry = (String, String);
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Parses `[[id, [field, value, …]], …]`, keeping the `e` field.
+fn entries(value: &Value) -> Vec<StreamEntry> {
+    let Value::Array(items) = value else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let Value::Array(parts) = item else {
+                return None;
+            };
+            let id = text(parts.first()?)?;
+            let Value::Array(fields) = parts.get(1)? else {
+                return None;
+            };
+            let entry = fields
+                .chunks(2)
+                .find(|kv| kv.first().and_then(text).as_deref() == Some("e"))
+                .and_then(|kv| kv.get(1).and_then(text))?;
+            Some((id, entry))
+        })
+        .collect()
+}
+
+impl RedisCounterStore {
+    /// Creates the consumer group of `stream` (and the stream) if missing.
+    pub async fn ensure_group(&self, stream: &str) -> Result<(), StoreError> {
+        let mut call = redis::cmd("XGROUP");
+        call.arg("CREATE")
+            .arg(stream)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM");
+        match self.query::<Value>(&call).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::Protocol(message)) if message.contains("BUSYGROUP") => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Up to `count` entries of `stream` for `consumer`.
+    pub async fn read_group(
+        &self,
+        stream: &str,
+        consumer: &str,
+        count: usize,
+        read: Read,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut call = redis::cmd("XREADGROUP");
+        call.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(match read {
+                Read::Pending => "0",
+                Read::New => ">",
+            });
+        let reply = match self.query::<Value>(&call).await {
+            Err(StoreError::Protocol(message)) if message.contains("NOGROUP") => {
+                self.ensure_group(stream).await?;
+                return Ok(Vec::new());
+            }
+            other => other?,
+        };
+        // [[stream, [[id, [f, v]], …]]] or nil.
+        let Value::Array(streams) = reply else {
+            return Ok(Vec::new());
+        };
+        Ok(streams
+            .first()
+            .and_then(|s| match s {
+                Value::Array(parts) => parts.get(1).map(entries),
+                _ => None,
+            })
+            .unwrap_or_default())
+    }
+
+    /// Takes over up to `count` entries idle for at least `min_idle_ms` (their consumer died).
+    pub async fn claim_idle(
+        &self,
+        stream: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut call = redis::cmd("XAUTOCLAIM");
+        call.arg(stream)
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(min_idle_ms)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(count);
+        let reply = match self.query::<Value>(&call).await {
+            Err(StoreError::Protocol(message)) if message.contains("NOGROUP") => {
+                self.ensure_group(stream).await?;
+                return Ok(Vec::new());
+            }
+            other => other?,
+        };
+        // [next id, [[id, [f, v]], …], [deleted ids]]
+        match reply {
+            Value::Array(parts) => Ok(parts.get(1).map(entries).unwrap_or_default()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Acknowledges and deletes entries that are safely in SQL.
+    pub async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut ack = redis::cmd("XACK");
+        ack.arg(stream).arg(GROUP).arg(ids);
+        let _: Value = self.query(&ack).await?;
+        let mut del = redis::cmd("XDEL");
+        del.arg(stream).arg(ids);
+        let _: Value = self.query(&del).await?;
+        Ok(())
+    }
+}

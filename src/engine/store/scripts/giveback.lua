@@ -1,0 +1,143 @@
+--[[
+giveback.lua: gives units back to the counters of one charge (a refund, or the settlement,
+release or expiry of a hold) atomically with its bookkeeping. The Rust twin is memory.rs.
+
+KEYS: the n counters, then the control key (refund: the running refunded total of the
+consumption; hold: the hold's record), then, when flagged, the index of open holds, the
+ledger stream and the idempotency record, in that order. All share one hash tag.
+
+ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire
+ARGV[3]  n                 ARGV[4]  total (the charge or the held amount)
+ARGV[5]  amount (refund) or settle (commit)
+ARGV[6]  refunded before, per the ledger (used when the running total has expired)
+ARGV[7]  the hold's expires_at (ms)   ARGV[8]  the hold id
+ARGV[9]  ledger entry to append on success
+ARGV[10] idempotency ttl (ms)         ARGV[11] idempotency record ('' when none)
+ARGV[12] '1' when the index key is given    ARGV[13] '1' when the stream key is given
+ARGV[14] '1' when the idempotency key is given
+then six values per counter i, at ARGV[15 + 6 * (i - 1)]:
+  kind 1 calendar | 2 rolling | 3 token bucket
+  p1   rolling: the bucket charged; token bucket: period_ms
+  p2   rolling: bucket_ms; token bucket: the limit (drain rate)
+  p3   rolling: buckets (W / B)
+  by_amount  1: gets the amount back; 0 (count policy): gets its charge back only when
+             the whole charge is given back
+  charged    what the charge put on this counter
+
+Returns { status, value }: 1 done (value: refunded total after a refund, else 0),
+2 conflict (value: refunded total, or the hold's state as a string), 3 replay (value: the
+kept record), 4 unknown hold.
+
+A counter gets back at most what it holds now: a calendar period that has ended (its key
+gone), a rolling bucket that no longer counts, or a drained token bucket changes nothing,
+and the give-back is still recorded.
+]]
+
+local MAX = 9007199254740991
+local floor, ceil, fmt = math.floor, math.ceil, string.format
+local now = tonumber(ARGV[1])
+local op = ARGV[2]
+local n = tonumber(ARGV[3])
+local total = tonumber(ARGV[4])
+local amount = tonumber(ARGV[5])
+local control = KEYS[n + 1]
+local k = n + 2
+local index_key, stream_key, idem_key
+if ARGV[12] == '1' then index_key = KEYS[k]; k = k + 1 end
+if ARGV[13] == '1' then stream_key = KEYS[k]; k = k + 1 end
+if ARGV[14] == '1' then idem_key = KEYS[k] end
+
+if idem_key then
+  local kept = redis.call('GET', idem_key)
+  if kept then return { 3, kept } end
+end
+
+-- What each counter gets back: decided by the operation.
+local full, by_amount_gets
+local result = 0
+if op == 'r' then
+  local before = tonumber(redis.call('GET', control) or ARGV[6])
+  if before + amount > total then return { 2, before } end
+  result = before + amount
+  full = result == total
+  by_amount_gets = amount
+else
+  local record = redis.call('GET', control)
+  if not record then
+    if index_key then redis.call('ZREM', index_key, ARGV[8]) end
+    return { 4, 0 }
+  end
+  local state = string.sub(record, 1, (string.find(record, '\n', 1, true) or 0) - 1)
+  if state ~= 'open' then return { 2, state } end
+  local expires_at = tonumber(ARGV[7])
+  if op ~= 'x' and now >= expires_at then return { 2, 'expired' } end
+  if op == 'x' and now < expires_at then return { 2, 'open' } end
+  local new_state = ({ c = 'committed', l = 'released', x = 'expired' })[op]
+  redis.call('SET', control, new_state .. string.sub(record, #state + 1), 'KEEPTTL')
+  if index_key then redis.call('ZREM', index_key, ARGV[8]) end
+  if op == 'c' then
+    full = false
+    by_amount_gets = total - amount
+  else
+    full = true
+    by_amount_gets = total
+  end
+end
+
+for i = 1, n do
+  local a = 15 + 6 * (i - 1)
+  local key, kind = KEYS[i], ARGV[a]
+  local charged = tonumber(ARGV[a + 5])
+  local give
+  if ARGV[a + 4] == '1' then give = math.min(by_amount_gets, charged)
+  elseif full then give = charged
+  else give = 0 end
+  if give > 0 then
+    if kind == '1' then
+      local v = tonumber(redis.call('GET', key) or -1)
+      if v >= 0 then
+        local left = v - give
+        if left < 0 then left = 0 end
+        redis.call('SET', key, fmt('%d', left), 'KEEPTTL')
+      end
+    elseif kind == '2' then
+      local idx, bms, nb = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      if idx >= floor(now / bms) - nb then
+        local field = fmt('%d', idx)
+        local v = tonumber(redis.call('HGET', key, field) or -1)
+        if v >= 0 then
+          local left = v - give
+          if left < 0 then left = 0 end
+          redis.call('HSET', key, field, fmt('%d', left))
+        end
+      end
+    else
+      local per, limit = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+      local rate = limit
+      if rate < 1 then rate = 1 end
+      local raw = redis.call('GET', key)
+      if raw then
+        local sep = string.find(raw, ':', 1, true)
+        local s = tonumber(string.sub(raw, 1, sep - 1))
+        local t = tonumber(string.sub(raw, sep + 1))
+        local tref = now
+        if t > now then tref = t
+        elseif (now - t) * rate >= s then s = 0
+        else s = s - (now - t) * rate end
+        -- give * per may not fit 2^53: compare through a division first.
+        if give >= ceil(s / per) then s = 0 else s = s - give * per end
+        redis.call('SET', key, fmt('%d:%d', s, tref), 'KEEPTTL')
+      end
+    end
+  end
+end
+
+if op == 'r' then
+  -- Kept long enough for any refund the ledger could still authorise concurrently.
+  redis.call('SET', control, fmt('%d', result), 'PX', 2592000000)
+end
+if stream_key then redis.call('XADD', stream_key, '*', 'e', ARGV[9]) end
+if idem_key and ARGV[11] ~= '' then
+  redis.call('SET', idem_key, ARGV[11] .. '\n' .. fmt('%d', result), 'PX', ARGV[10])
+end
+return { 1, result }

@@ -1,0 +1,141 @@
+//! kill -9 during a burst of consumes, restart: every consumption a client saw allowed is
+//! in the Postgres ledger exactly once.
+
+use crate::helpers::{calendar_policy, fresh_settings, CounterBackend, PolicyBackend, ADMIN_TOKEN};
+use quota_ledger::config::Settings;
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::Connection;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::task::JoinSet;
+
+/// The binary's process; killed (SIGKILL) and reaped when dropped.
+struct Service(Child);
+
+impl Service {
+    fn kill_9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill_9();
+    }
+}
+
+/// Starts the real binary on a free port with `settings`' stores; waits until it answers.
+async fn start(settings: &Settings, client: &reqwest::Client) -> (Service, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let service = Service(
+        Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
+            .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
+            .env("DATABASE_URL", &settings.database_url)
+            .env("REDIS_URL", settings.redis_urls.join(","))
+            .env("QUOTA_REDIS_PREFIX", &settings.redis_prefix)
+            .env("QUOTA_REDIS_TIMEOUT_MS", "2000")
+            .env("QUOTA_LEDGER_CLAIM_IDLE_MS", "500")
+            .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the binary"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if client.get(format!("{base}/healthz")).send().await.is_ok() {
+            return (service, base);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the binary did not start");
+}
+
+#[tokio::test]
+async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
+    let settings = fresh_settings(PolicyBackend::Postgres, CounterBackend::Redis).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut seen: Vec<String> = Vec::new();
+    for round in 0..2 {
+        let (mut child, base) = start(&settings, &client).await;
+        if round == 0 {
+            let created = client
+                .post(format!("{base}/admin/policies"))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&calendar_policy("p", "sms.send", 1_000_000, "day", "UTC"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(created.status(), StatusCode::CREATED);
+        }
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = JoinSet::new();
+        for i in 0..600u64 {
+            let request = client
+                .post(format!("{base}/quota/consume"))
+                .json(&json!({"action": "sms.send", "subject": format!("user-{}", i % 50)}));
+            let answered = answered.clone();
+            tasks.spawn(async move {
+                tokio::time::sleep(Duration::from_micros(i * 400)).await;
+                let response = request.send().await.ok()?;
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body: serde_json::Value = response.json().await.ok()?;
+                (body["allowed"] == true)
+                    .then(|| body["consumption_id"].as_str().map(str::to_owned))?
+            });
+        }
+        for _ in 0..400 {
+            if answered.load(std::sync::atomic::Ordering::SeqCst) >= 150 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        child.kill_9();
+        while let Some(result) = tasks.join_next().await {
+            if let Some(id) = result.unwrap() {
+                seen.push(id);
+            }
+        }
+        assert!(
+            seen.len() >= 100,
+            "round {round}: a burst was answered before the kill"
+        );
+    }
+
+    // Restart: the new instance claims what the dead ones read but never acknowledged.
+    let (mut child, _) = start(&settings, &client).await;
+    let mut conn = sqlx::PgConnection::connect(&settings.database_url)
+        .await
+        .unwrap();
+    let (mut found, mut rows) = (0_i64, 0_i64);
+    for _ in 0..100 {
+        (found, rows) = sqlx::query_as(
+            "SELECT count(DISTINCT consumption_id), count(*) FROM ledger_entries \
+             WHERE kind = 'charge' AND consumption_id = ANY($1)",
+        )
+        .bind(&seen)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if found == seen.len() as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child.kill_9();
+    assert_eq!(
+        found,
+        seen.len() as i64,
+        "every consumption a client saw allowed is in the ledger"
+    );
+    assert_eq!(rows, found, "exactly once");
+}
