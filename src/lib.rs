@@ -6,11 +6,13 @@
 //!   (Redis with one Lua script per decision, or in-process memory).
 //! - [`policy`]: policy persistence (Postgres or SQLite) and the in-process cache.
 //! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document.
+//! - [`metrics`]: Prometheus counters, histograms and gauges, recorded by the API.
 //! - [`startup`]: wiring, shared by the binary and the tests.
 
 pub mod api;
 pub mod config;
 pub mod domain;
 pub mod engine;
+pub mod metrics;
 pub mod policy;
 pub mod startup;

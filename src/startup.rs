@@ -9,6 +9,7 @@ use crate::engine::store::memory::MemoryCounterStore;
 use crate::engine::store::redis::RedisCounterStore;
 use crate::engine::store::CounterStore;
 use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::policy::{self, PolicyCache};
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{web, App, HttpServer};
@@ -81,6 +82,7 @@ impl Application {
             cache,
             clock,
             embedded_counters,
+            metrics: Arc::new(Metrics::new()),
         });
         let admin_token_generated = settings.admin_token.is_none();
         let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);

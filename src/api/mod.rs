@@ -7,12 +7,14 @@ pub mod admin;
 pub mod dto;
 pub mod extract;
 pub mod health;
+pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod quota;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::policy::{PolicyCache, PolicyStore};
 use std::sync::Arc;
 
@@ -28,6 +30,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// True when counters are in-process (no Redis configured).
     pub embedded_counters: bool,
+    /// What `/metrics` reports; the quota handlers record into it.
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -59,5 +63,6 @@ pub fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfig) {
         .service(admin::put_override)
         .service(admin::delete_override)
         .service(health::healthz)
-        .service(health::readyz);
+        .service(health::readyz)
+        .service(metrics::metrics);
 }

@@ -6,6 +6,7 @@ use super::problem::{ApiError, Problem};
 use super::AppState;
 use crate::domain::{Action, FieldErrors, Measure, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, PolicyDecision};
+use crate::metrics::Endpoint;
 use actix_web::http::{header, StatusCode};
 use actix_web::{get, post, web, HttpResponse};
 use chrono::{DateTime, Utc};
@@ -112,7 +113,7 @@ fn usage_of(p: &PolicyDecision) -> PolicyUsage {
     }
 }
 
-fn parse(input: ConsumeInput) -> Result<ConsumeRequest, ApiError> {
+fn parse(input: &ConsumeInput) -> Result<ConsumeRequest, ApiError> {
     let mut errors = FieldErrors::default();
     let action = errors.take(Action::parse("action", &input.action));
     let subject = errors.take(Subject::parse("subject", &input.subject));
@@ -134,6 +135,19 @@ fn parse(input: ConsumeInput) -> Result<ConsumeRequest, ApiError> {
         }),
         _ => Err(errors.into()),
     }
+}
+
+/// Parses a consume or check body, counting a rejected one (400, 413, 415, 422) as `invalid`.
+fn parse_counted(
+    state: &AppState,
+    endpoint: Endpoint,
+    body: Result<ApiJson<ConsumeInput>, ApiError>,
+) -> Result<ConsumeRequest, ApiError> {
+    let metrics = &state.metrics;
+    let input = body.inspect_err(|_| metrics.observe_invalid(endpoint, None, &state.cache))?;
+    parse(&input.0).inspect_err(|_| {
+        metrics.observe_invalid(endpoint, Some(&input.0.action), &state.cache);
+    })
 }
 
 /// The policy whose limit binds hardest: a denying enforcing one, else the least remaining.
@@ -207,10 +221,10 @@ fn respond(
 pub async fn consume(
     _auth: ClientAuth,
     state: web::Data<AppState>,
-    body: ApiJson<ConsumeInput>,
+    body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse(body.0)?;
-    let decision = state.engine.decide(&request, true).await?;
+    let request = parse_counted(&state, Endpoint::Consume, body)?;
+    let decision = super::metrics::decide(&state, Endpoint::Consume, &request, true).await?;
     let id = uuid::Uuid::now_v7().to_string();
     Ok(respond(&request, decision, Some(id)))
 }
@@ -237,10 +251,10 @@ pub async fn consume(
 pub async fn check(
     _auth: ClientAuth,
     state: web::Data<AppState>,
-    body: ApiJson<ConsumeInput>,
+    body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse(body.0)?;
-    let decision = state.engine.decide(&request, false).await?;
+    let request = parse_counted(&state, Endpoint::Check, body)?;
+    let decision = super::metrics::decide(&state, Endpoint::Check, &request, false).await?;
     Ok(respond(&request, decision, None))
 }
 
@@ -275,7 +289,9 @@ pub async fn usage(
     let (Some(action), Some(subject)) = (action, subject) else {
         return Err(errors.into());
     };
-    let decision = state.engine.usage(&action, &subject).await?;
+    let outcome = state.engine.usage(&action, &subject).await;
+    state.metrics.observe_store(&outcome);
+    let decision = outcome?;
     Ok(web::Json(UsageAnswer {
         action: action.to_string(),
         subject: subject.to_string(),
