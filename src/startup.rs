@@ -11,7 +11,7 @@ use crate::engine::store::CounterStore;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::policy::{self, PolicyCache};
-use actix_web::middleware::ErrorHandlers;
+use actix_web::middleware::{from_fn, ErrorHandlers};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use std::net::TcpListener;
@@ -117,6 +117,8 @@ impl Application {
                         .url("/api-docs/openapi.json", spec.clone()),
                 )
                 .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
+                // Outermost, so that even the answers rewritten above carry the request id.
+                .wrap(from_fn(api::request_id::middleware))
         })
         .listen(listener)
         .context("starting the HTTP server")?

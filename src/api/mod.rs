@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod quota;
+pub mod request_id;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;

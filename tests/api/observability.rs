@@ -1,4 +1,5 @@
-//! Operating the service: `/metrics` counts what the quota endpoints answered.
+//! Operating the service: `/metrics` counts what the quota endpoints answered, every
+//! answer carries an `X-Request-Id`, and JSON logs carry it on every line of a request.
 
 use crate::helpers::{
     calendar_policy, fresh_settings, spawn_app, spawn_with, CounterBackend, PolicyBackend, TestApp,
@@ -7,6 +8,9 @@ use quota_ledger::config::{OnStoreError, Secret};
 use reqwest::StatusCode;
 use serde_json::json;
 use std::collections::HashMap;
+
+mod json_logs;
+mod request_ids;
 
 /// One scrape of `/metrics`.
 struct Scrape {
