@@ -7,6 +7,7 @@
 //! - [`ledger`]: the durable record of every charge, refund and hold.
 //! - [`policy`]: policy persistence (Postgres or SQLite) and the in-process cache.
 //! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document.
+//! - [`metrics`]: Prometheus counters, histograms and gauges, recorded by the API.
 //! - [`startup`]: wiring, shared by the binary and the tests.
 
 pub mod api;
@@ -14,5 +15,6 @@ pub mod config;
 pub mod domain;
 pub mod engine;
 pub mod ledger;
+pub mod metrics;
 pub mod policy;
 pub mod startup;

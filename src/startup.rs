@@ -11,8 +11,9 @@ use crate::engine::store::CounterStore;
 use crate::engine::Engine;
 use crate::ledger::drain::Drainer;
 use crate::ledger::retention::{Retention, RetentionTask};
+use crate::metrics::Metrics;
 use crate::policy::{self, PolicyCache};
-use actix_web::middleware::ErrorHandlers;
+use actix_web::middleware::{from_fn, ErrorHandlers};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use std::net::TcpListener;
@@ -138,6 +139,7 @@ impl Application {
             cache,
             clock,
             embedded_counters,
+            metrics: Arc::new(Metrics::new()),
         });
         tasks.0.push(spawn_hold_sweeper(state.clone()));
         let admin_token_generated = settings.admin_token.is_none();
@@ -173,6 +175,8 @@ impl Application {
                         .url("/api-docs/openapi.json", spec.clone()),
                 )
                 .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
+                // Outermost, so that even the answers rewritten above carry the request id.
+                .wrap(from_fn(api::request_id::middleware))
         })
         // On SIGTERM/SIGINT: stop accepting, let in-flight requests finish (at most this long).
         .shutdown_timeout(SHUTDOWN_GRACE_SECONDS)

@@ -8,14 +8,17 @@ pub mod dto;
 pub mod extract;
 pub mod health;
 pub mod ledger;
+pub mod metrics;
 pub mod openapi;
 pub mod payments;
 pub mod problem;
 pub mod quota;
+pub mod request_id;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;
 use crate::ledger::LedgerStore;
+use crate::metrics::Metrics;
 use crate::policy::{PolicyCache, PolicyStore};
 use std::sync::Arc;
 
@@ -33,6 +36,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// True when counters are in-process (no Redis configured).
     pub embedded_counters: bool,
+    /// What `/metrics` reports; the quota handlers record into it.
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -69,5 +74,6 @@ pub fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfig) {
         .service(admin::put_override)
         .service(admin::delete_override)
         .service(health::healthz)
-        .service(health::readyz);
+        .service(health::readyz)
+        .service(metrics::metrics);
 }

@@ -17,7 +17,7 @@ use utoipa_actix_web::AppExt;
     tags(
         (name = "quota", description = "Consume, check and read usage"),
         (name = "admin", description = "Policies and overrides (admin token)"),
-        (name = "health", description = "Liveness and readiness"),
+        (name = "health", description = "Liveness, readiness and metrics (open: firewall them)"),
     )
 )]
 pub struct ApiDoc;

@@ -6,6 +6,7 @@ use super::problem::{ApiError, Problem};
 use super::AppState;
 use crate::domain::{Action, FieldErrors, Measure, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, PolicyDecision};
+use crate::metrics::Endpoint;
 use actix_web::http::{header, StatusCode};
 use actix_web::{get, post, web, HttpResponse};
 use chrono::{DateTime, Utc};
@@ -162,16 +163,29 @@ pub(super) fn parse(
     }
 }
 
-fn parse_consume(input: ConsumeInput) -> Result<ConsumeRequest, ApiError> {
+fn parse_consume(input: &ConsumeInput) -> Result<ConsumeRequest, ApiError> {
     let mut errors = FieldErrors::default();
     parse(
         &input.action,
         &input.subject,
         input.amount,
-        input.idempotency_key,
+        input.idempotency_key.clone(),
         &mut errors,
     )
     .ok_or_else(|| errors.into())
+}
+
+/// Parses a consume or check body, counting a rejected one (400, 413, 415, 422) as `invalid`.
+fn parse_counted(
+    state: &AppState,
+    endpoint: Endpoint,
+    body: Result<ApiJson<ConsumeInput>, ApiError>,
+) -> Result<ConsumeRequest, ApiError> {
+    let metrics = &state.metrics;
+    let input = body.inspect_err(|_| metrics.observe_invalid(endpoint, None, &state.cache))?;
+    parse_consume(&input.0).inspect_err(|_| {
+        metrics.observe_invalid(endpoint, Some(&input.0.action), &state.cache);
+    })
 }
 
 /// The policy whose limit binds hardest: a denying enforcing one, else the least remaining.
@@ -248,10 +262,10 @@ pub(super) fn respond(
 pub async fn consume(
     _auth: ClientAuth,
     state: web::Data<AppState>,
-    body: ApiJson<ConsumeInput>,
+    body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse_consume(body.0)?;
-    let consumed = state.engine.consume(&request).await?;
+    let request = parse_counted(&state, Endpoint::Consume, body)?;
+    let consumed = super::metrics::consume(&state, &request, None).await?;
     let (mut response, answer) = respond(
         &request,
         consumed.decision,
@@ -283,10 +297,10 @@ pub async fn consume(
 pub async fn check(
     _auth: ClientAuth,
     state: web::Data<AppState>,
-    body: ApiJson<ConsumeInput>,
+    body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = parse_consume(body.0)?;
-    let decision = state.engine.check(&request).await?;
+    let request = parse_counted(&state, Endpoint::Check, body)?;
+    let decision = super::metrics::check(&state, &request).await?;
     let (mut response, answer) = respond(&request, decision, None, false);
     Ok(response.json(answer))
 }
@@ -322,7 +336,9 @@ pub async fn usage(
     let (Some(action), Some(subject)) = (action, subject) else {
         return Err(errors.into());
     };
-    let decision = state.engine.usage(&action, &subject).await?;
+    let outcome = state.engine.usage(&action, &subject).await;
+    state.metrics.observe_store(outcome.as_ref());
+    let decision = outcome?;
     Ok(web::Json(UsageAnswer {
         action: action.to_string(),
         subject: subject.to_string(),

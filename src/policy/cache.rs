@@ -32,6 +32,8 @@ struct Snapshot {
     by_action: HashMap<Action, Arc<ActionPolicies>>,
     policies: usize,
     overrides: usize,
+    /// Wall-clock time of the rebuild, for monitoring (not quota math, hence no `Clock`).
+    loaded_at: Option<DateTime<Utc>>,
 }
 
 /// Policies and overrides held in memory, rebuilt from the [`PolicyStore`] on change.
@@ -61,6 +63,11 @@ impl PolicyCache {
         (snapshot.policies, snapshot.overrides)
     }
 
+    /// When the cache was last rebuilt; `None` before the first reload.
+    pub fn last_reload(&self) -> Option<DateTime<Utc>> {
+        self.current().loaded_at
+    }
+
     /// Rebuilds the cache from the store.
     pub async fn reload(&self, store: &dyn PolicyStore) -> StoreResult<()> {
         let policies = store.list_policies().await?;
@@ -68,6 +75,7 @@ impl PolicyCache {
         let mut snapshot = Snapshot {
             policies: policies.len(),
             overrides: overrides.len(),
+            loaded_at: Some(Utc::now()),
             ..Snapshot::default()
         };
         let mut building: HashMap<Action, ActionPolicies> = HashMap::new();

@@ -1,0 +1,62 @@
+//! `GET /metrics`, and the timing of engine calls that the quota handlers record.
+
+use super::problem::ApiError;
+use super::AppState;
+use crate::engine::{ConsumeRequest, Consumed, Decision};
+use crate::metrics::{Endpoint, CONTENT_TYPE};
+use actix_web::{get, web, HttpResponse};
+use std::time::Instant;
+
+/// Prometheus metrics in the text exposition format (version 0.0.4).
+///
+/// Open without a token, like the health checks, so that a scraper needs no secret:
+/// operators should firewall it (or keep it on an internal network). Nothing in it names
+/// a subject; `action` and `policy` labels take only the values of configured policies.
+#[utoipa::path(tag = "health", responses(
+    (status = 200, description = "Counters, histograms and gauges", body = String,
+        content_type = "text/plain; version=0.0.4"),
+))]
+#[get("/metrics")]
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(CONTENT_TYPE)
+        .body(state.metrics.render(&state.cache))
+}
+
+/// Checks `request`, recording the latency and result of the decision.
+pub(super) async fn check(
+    state: &AppState,
+    request: &ConsumeRequest,
+) -> Result<Decision, ApiError> {
+    let started = Instant::now();
+    let outcome = state.engine.check(request).await;
+    let elapsed = started.elapsed();
+    state.metrics.observe(
+        Endpoint::Check,
+        request.action.as_str(),
+        elapsed,
+        outcome.as_ref(),
+    );
+    Ok(outcome?)
+}
+
+/// Consumes (or, with `hold_ttl`, holds) `request`, timing and counting the decision.
+pub(super) async fn consume(
+    state: &AppState,
+    request: &ConsumeRequest,
+    hold_ttl: Option<u64>,
+) -> Result<Consumed, ApiError> {
+    let started = Instant::now();
+    let outcome = match hold_ttl {
+        None => state.engine.consume(request).await,
+        Some(ttl) => state.engine.hold(request, ttl).await,
+    };
+    let elapsed = started.elapsed();
+    state.metrics.observe(
+        Endpoint::Consume,
+        request.action.as_str(),
+        elapsed,
+        outcome.as_ref().map(|c| &c.decision),
+    );
+    Ok(outcome?)
+}
