@@ -7,6 +7,7 @@ mod cache;
 mod codec;
 mod migrations;
 mod sql;
+mod writes;
 
 pub use cache::{ActionPolicies, PolicyCache};
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
@@ -72,4 +73,8 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn upsert_override(&self, item: &Override) -> StoreResult<()>;
     /// Deletes an override; false if there was none.
     async fn delete_override(&self, policy: &PolicyId, subject: &Subject) -> StoreResult<bool>;
+    /// The change marker: a number that every write above moves, in its own transaction.
+    ///
+    /// One cheap read tells an instance whether its cache is stale.
+    async fn change_version(&self) -> StoreResult<i64>;
 }
