@@ -6,10 +6,12 @@
 mod cache;
 mod codec;
 mod migrations;
+mod notify;
 mod sql;
 mod writes;
 
 pub use cache::{ActionPolicies, PolicyCache};
+pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
 
 use crate::domain::{Override, Policy, PolicyId, Subject};
@@ -77,4 +79,7 @@ pub trait PolicyStore: Send + Sync + 'static {
     ///
     /// One cheap read tells an instance whether its cache is stale.
     async fn change_version(&self) -> StoreResult<i64>;
+    /// Subscribes to the changes announced by every instance; `None` when the store
+    /// cannot announce them (SQLite), which leaves polling [`Self::change_version`].
+    async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>>;
 }

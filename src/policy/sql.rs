@@ -1,12 +1,12 @@
 //! The SQL policy stores: Postgres in production, SQLite as the embedded default.
 //!
 //! Both speak the same SQL (numbered `$n` parameters, `ON CONFLICT` upserts), so one
-//! macro writes both implementations; only the pool type and the migrations differ.
-//! Every write bumps the one-row `policy_changes` marker in its own transaction, so other
-//! instances can see it.
+//! macro writes both implementations; only the pool type, the migrations and the way a
+//! change is announced (`notify.rs`) differ. Every write bumps the one-row
+//! `policy_changes` marker in its own transaction, so other instances can see it.
 
 use super::codec::window_from_json;
-use super::{migrations, PolicyStore, PolicyStoreError, StoreResult};
+use super::{migrations, ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
 use crate::domain::{
     Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
 };
@@ -238,6 +238,10 @@ macro_rules! sql_policy_store {
             async fn change_version(&self) -> StoreResult<i64> {
                 let sql = "SELECT version FROM policy_changes WHERE id = 1";
                 Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
+            }
+
+            async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>> {
+                self.subscribe_to_changes().await
             }
         }
     };

@@ -10,12 +10,13 @@ use crate::domain::{Override, Policy, PolicyId, Subject};
 macro_rules! sql_write_statements {
     ($store:ident, $db:ty, $conn:ty) => {
         impl $store {
-            /// Records one change in the shared marker and commits: the write and its
-            /// marker land together.
+            /// Records one change in the shared marker, announces it to the other
+            /// instances (Postgres), and commits: the write and its marker land together.
             pub(super) async fn commit_change(
                 mut tx: sqlx::Transaction<'_, $db>,
             ) -> sqlx::Result<()> {
-                Self::bump_change_version(&mut tx).await?;
+                let version = Self::bump_change_version(&mut tx).await?;
+                Self::announce_change(&mut tx, version).await?;
                 tx.commit().await
             }
 
