@@ -60,6 +60,9 @@ pub struct Settings {
     pub on_store_error: OnStoreError,
     /// JSON log lines (`QUOTA_LOG_FORMAT=json`) instead of human-readable ones.
     pub log_json: bool,
+    /// How often the policy store's change marker is polled (`QUOTA_POLICY_POLL_MS`), so a
+    /// change made through another instance is enforced here within about this long.
+    pub policy_poll: Duration,
 }
 
 impl Settings {
@@ -94,6 +97,11 @@ impl Settings {
             .transpose()
             .context("QUOTA_REDIS_TIMEOUT_MS must be a whole number of milliseconds")?
             .unwrap_or(50);
+        let policy_poll_ms: u64 = get("QUOTA_POLICY_POLL_MS")
+            .map(|v| v.parse())
+            .transpose()
+            .context("QUOTA_POLICY_POLL_MS must be a whole number of milliseconds")?
+            .unwrap_or(500);
         Ok(Self {
             listen,
             database_url: get("DATABASE_URL")
@@ -108,6 +116,7 @@ impl Settings {
                 .unwrap_or_default(),
             on_store_error,
             log_json: get("QUOTA_LOG_FORMAT").as_deref() == Some("json"),
+            policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
         })
     }
 }
@@ -142,6 +151,27 @@ mod tests {
         assert!(s.redis_urls.is_empty());
         assert_eq!(s.on_store_error, OnStoreError::Deny);
         assert!(s.admin_token.is_none());
+    }
+
+    #[test]
+    fn the_policy_poll_interval_defaults_to_half_a_second_and_must_be_milliseconds() {
+        let cases = [
+            (None, Some(500)),
+            (Some("250"), Some(250)),
+            (Some("0"), Some(1)),
+            (Some("1s"), None),
+            (Some("-5"), None),
+        ];
+        for (value, expected) in cases {
+            let pairs: Vec<(&str, &str)> = value
+                .map(|v| ("QUOTA_POLICY_POLL_MS", v))
+                .into_iter()
+                .collect();
+            let parsed = settings(&pairs)
+                .ok()
+                .map(|s| s.policy_poll.as_millis() as u64);
+            assert_eq!(parsed, expected, "QUOTA_POLICY_POLL_MS={value:?}");
+        }
     }
 
     #[test]

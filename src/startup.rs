@@ -9,7 +9,7 @@ use crate::engine::store::memory::MemoryCounterStore;
 use crate::engine::store::redis::RedisCounterStore;
 use crate::engine::store::CounterStore;
 use crate::engine::Engine;
-use crate::policy::{self, PolicyCache};
+use crate::policy::{self, PolicyCache, Refresher};
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
@@ -25,6 +25,9 @@ pub struct Application {
     server: actix_web::dev::Server,
     admin_token: Secret,
     admin_token_generated: bool,
+    /// Keeps the policy cache in step with other instances' changes. Its tasks stop when
+    /// it is dropped: when `run_until_stopped` returns, or with an app that never ran.
+    refresher: Refresher,
 }
 
 /// A fresh random token: 256 bits from the operating system's generator, as hex.
@@ -55,6 +58,7 @@ impl Application {
             .reload(policies.as_ref())
             .await
             .context("loading policies into the cache")?;
+        let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let embedded_counters = settings.redis_urls.is_empty();
         let counters: Arc<dyn CounterStore> = if embedded_counters {
             Arc::new(MemoryCounterStore::new())
@@ -124,6 +128,7 @@ impl Application {
             server,
             admin_token,
             admin_token_generated,
+            refresher,
         })
     }
 
@@ -144,7 +149,9 @@ impl Application {
 
     /// Serves until the server is stopped (SIGINT/SIGTERM or a handle).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let served = self.server.await;
+        drop(self.refresher); // the background tasks end with the server
+        served
     }
 
     /// A handle to stop the server from elsewhere.

@@ -1,17 +1,21 @@
 //! Policy persistence (Postgres or SQLite behind one trait) and the in-process cache.
 //!
 //! The consume path never reads from here directly: it reads [`PolicyCache`], which is
-//! rebuilt from the store after every change made through this instance.
+//! rebuilt from the store after every change made through this instance, and kept in step
+//! with changes made through other instances by [`Refresher`] (Postgres notifications,
+//! and polling the shared change marker).
 
 mod cache;
 mod codec;
 mod migrations;
 mod notify;
+mod refresh;
 mod sql;
 mod writes;
 
 pub use cache::{ActionPolicies, PolicyCache};
 pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
+pub use refresh::Refresher;
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
 
 use crate::domain::{Override, Policy, PolicyId, Subject};
