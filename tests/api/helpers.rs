@@ -10,6 +10,9 @@ use sqlx::Connection;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod private_postgres;
+pub use private_postgres::PrivatePostgres;
+
 /// Which policy store an app uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyBackend {

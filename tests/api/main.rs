@@ -9,4 +9,5 @@ mod concurrency;
 mod errors;
 mod openapi;
 mod outages;
+mod propagation;
 mod quota;
