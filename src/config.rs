@@ -66,6 +66,9 @@ pub struct Settings {
     /// How long a Redis ledger-stream entry may sit unacknowledged with a consumer before
     /// another instance's drain claims it (`QUOTA_LEDGER_CLAIM_IDLE_MS`, default 30 s).
     pub ledger_claim_idle: Duration,
+    /// How often the policy store's change marker is polled (`QUOTA_POLICY_POLL_MS`), so a
+    /// change made through another instance is enforced here within about this long.
+    pub policy_poll: Duration,
 }
 
 impl Settings {
@@ -113,6 +116,11 @@ impl Settings {
         if ledger_retention_days == 0 {
             bail!("QUOTA_LEDGER_RETENTION_DAYS must be at least 1");
         }
+        let policy_poll_ms: u64 = get("QUOTA_POLICY_POLL_MS")
+            .map(|v| v.parse())
+            .transpose()
+            .context("QUOTA_POLICY_POLL_MS must be a whole number of milliseconds")?
+            .unwrap_or(500);
         Ok(Self {
             listen,
             database_url: get("DATABASE_URL")
@@ -129,6 +137,7 @@ impl Settings {
             log_json: get("QUOTA_LOG_FORMAT").as_deref() == Some("json"),
             ledger_retention_days,
             ledger_claim_idle: Duration::from_millis(ledger_claim_idle_ms.max(1)),
+            policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
         })
     }
 }
@@ -163,6 +172,27 @@ mod tests {
         assert!(s.redis_urls.is_empty());
         assert_eq!(s.on_store_error, OnStoreError::Deny);
         assert!(s.admin_token.is_none());
+    }
+
+    #[test]
+    fn the_policy_poll_interval_defaults_to_half_a_second_and_must_be_milliseconds() {
+        let cases = [
+            (None, Some(500)),
+            (Some("250"), Some(250)),
+            (Some("0"), Some(1)),
+            (Some("1s"), None),
+            (Some("-5"), None),
+        ];
+        for (value, expected) in cases {
+            let pairs: Vec<(&str, &str)> = value
+                .map(|v| ("QUOTA_POLICY_POLL_MS", v))
+                .into_iter()
+                .collect();
+            let parsed = settings(&pairs)
+                .ok()
+                .map(|s| s.policy_poll.as_millis() as u64);
+            assert_eq!(parsed, expected, "QUOTA_POLICY_POLL_MS={value:?}");
+        }
     }
 
     #[test]

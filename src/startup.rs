@@ -12,7 +12,7 @@ use crate::engine::Engine;
 use crate::ledger::drain::Drainer;
 use crate::ledger::retention::{Retention, RetentionTask};
 use crate::metrics::Metrics;
-use crate::policy::{self, PolicyCache};
+use crate::policy::{self, PolicyCache, Refresher};
 use actix_web::middleware::{from_fn, ErrorHandlers};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
@@ -31,6 +31,9 @@ pub struct Application {
     server: actix_web::dev::Server,
     admin_token: Secret,
     admin_token_generated: bool,
+    /// Keeps the policy cache in step with other instances' changes. Its tasks stop when
+    /// it is dropped: when `run_until_stopped` returns, or with an app that never ran.
+    refresher: Refresher,
     /// Deletes old ledger entries until the application is dropped.
     _retention: RetentionTask,
     /// The ledger drain and the hold sweeper; stopped when the application is.
@@ -98,6 +101,7 @@ impl Application {
         let mut tasks = BackgroundTasks::default();
         let retention =
             Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
+        let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let embedded_counters = settings.redis_urls.is_empty();
         let (counters, drainer): (Arc<dyn CounterStore>, Option<Arc<Drainer>>) =
             if embedded_counters {
@@ -190,6 +194,7 @@ impl Application {
             admin_token_generated,
             _retention: retention,
             _tasks: tasks,
+            refresher,
         })
     }
 
@@ -210,7 +215,9 @@ impl Application {
 
     /// Serves until the server is stopped (SIGINT/SIGTERM or a handle).
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let served = self.server.await;
+        drop(self.refresher); // the background tasks end with the server
+        served
     }
 
     /// A handle to stop the server from elsewhere.

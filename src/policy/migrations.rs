@@ -19,6 +19,10 @@ pub const POSTGRES: Files = &[
         "20261121230000_create_ledger_entries.sql",
         include_str!("../../migrations/postgres/20261121230000_create_ledger_entries.sql"),
     ),
+    (
+        "20261122090000_create_policy_changes.sql",
+        include_str!("../../migrations/postgres/20261122090000_create_policy_changes.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -30,6 +34,10 @@ pub const SQLITE: Files = &[
     (
         "20261121230000_create_ledger_entries.sql",
         include_str!("../../migrations/sqlite/20261121230000_create_ledger_entries.sql"),
+    ),
+    (
+        "20261122090000_create_policy_changes.sql",
+        include_str!("../../migrations/sqlite/20261122090000_create_policy_changes.sql"),
     ),
 ];
 

@@ -1,14 +1,21 @@
 //! Policy persistence (Postgres or SQLite behind one trait) and the in-process cache.
 //!
 //! The consume path never reads from here directly: it reads [`PolicyCache`], which is
-//! rebuilt from the store after every change made through this instance.
+//! rebuilt from the store after every change made through this instance, and kept in step
+//! with changes made through other instances by [`Refresher`] (Postgres notifications,
+//! and polling the shared change marker).
 
 mod cache;
 mod codec;
 mod migrations;
+mod notify;
+mod refresh;
 mod sql;
+mod writes;
 
 pub use cache::{ActionPolicies, PolicyCache};
+pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
+pub use refresh::Refresher;
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
 
 use crate::domain::{Override, Policy, PolicyId, Subject};
@@ -72,4 +79,11 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn upsert_override(&self, item: &Override) -> StoreResult<()>;
     /// Deletes an override; false if there was none.
     async fn delete_override(&self, policy: &PolicyId, subject: &Subject) -> StoreResult<bool>;
+    /// The change marker: a number that every write above moves, in its own transaction.
+    ///
+    /// One cheap read tells an instance whether its cache is stale.
+    async fn change_version(&self) -> StoreResult<i64>;
+    /// Subscribes to the changes announced by every instance; `None` when the store
+    /// cannot announce them (SQLite), which leaves polling [`Self::change_version`].
+    async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>>;
 }

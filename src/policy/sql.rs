@@ -1,10 +1,12 @@
 //! The SQL policy stores: Postgres in production, SQLite as the embedded default.
 //!
 //! Both speak the same SQL (numbered `$n` parameters, `ON CONFLICT` upserts), so one
-//! macro writes both implementations; only the pool type and the migrations differ.
+//! macro writes both implementations; only the pool type, the migrations and the way a
+//! change is announced (`notify.rs`) differ. Every write bumps the one-row
+//! `policy_changes` marker in its own transaction, so other instances can see it.
 
-use super::codec::{window_from_json, window_to_json};
-use super::{migrations, PolicyStore, PolicyStoreError, StoreResult};
+use super::codec::window_from_json;
+use super::{migrations, ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
 use crate::domain::{
     Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
 };
@@ -67,7 +69,8 @@ fn quantity(value: i64) -> StoreResult<Quantity> {
     Quantity::parse("limit_value", i128::from(value)).map_err(|e| corrupt("limit_value", e.message))
 }
 
-const POLICY_COLUMNS: &str = "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
+pub(super) const POLICY_COLUMNS: &str =
+    "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
      ledger_denials, description, created_at, updated_at, version";
 const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
@@ -83,7 +86,8 @@ macro_rules! sql_policy_store {
                     .check_limit("limit", limit.get())
                     .map_err(|e| corrupt("limit_value", e.message))?;
                 Ok(Policy {
-                    id: PolicyId::parse("id", &text("id")?).map_err(|e| corrupt("id", e.message))?,
+                    id: PolicyId::parse("id", &text("id")?)
+                        .map_err(|e| corrupt("id", e.message))?,
                     spec: PolicySpec {
                         action: Action::parse("action", &text("action")?)
                             .map_err(|e| corrupt("action", e.message))?,
@@ -151,65 +155,38 @@ macro_rules! sql_policy_store {
             }
 
             async fn insert_policy(&self, p: &Policy) -> StoreResult<()> {
-                let sql = format!(
-                    "INSERT INTO policies ({POLICY_COLUMNS}) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-                );
-                sqlx::query(&sql)
-                    .bind(p.id.as_str())
-                    .bind(p.spec.action.as_str())
-                    .bind(p.spec.measure.as_str())
-                    .bind(p.spec.unit.as_deref())
-                    .bind(p.spec.limit.get() as i64)
-                    .bind(window_to_json(&p.spec.window))
-                    .bind(p.spec.mode.as_str())
-                    .bind(p.spec.enabled)
-                    .bind(p.spec.ledger_denials)
-                    .bind(&p.spec.description)
-                    .bind(p.created_at)
-                    .bind(p.updated_at)
-                    .bind(p.version)
-                    .execute(&self.pool)
-                    .await?;
+                let mut tx = self.pool.begin().await?;
+                Self::insert_policy_row(&mut tx, p).await?;
+                Self::commit_change(tx).await?;
                 Ok(())
             }
 
             async fn update_policy(&self, p: &Policy, expected_version: i64) -> StoreResult<bool> {
-                let done = sqlx::query(
-                    "UPDATE policies SET action = $2, measure = $3, unit = $4, limit_value = $5, \
-                     window_spec = $6, mode = $7, enabled = $8, ledger_denials = $9, \
-                     description = $10, updated_at = $11, version = $12 \
-                     WHERE id = $1 AND version = $13",
-                )
-                .bind(p.id.as_str())
-                .bind(p.spec.action.as_str())
-                .bind(p.spec.measure.as_str())
-                .bind(p.spec.unit.as_deref())
-                .bind(p.spec.limit.get() as i64)
-                .bind(window_to_json(&p.spec.window))
-                .bind(p.spec.mode.as_str())
-                .bind(p.spec.enabled)
-                .bind(p.spec.ledger_denials)
-                .bind(&p.spec.description)
-                .bind(p.updated_at)
-                .bind(p.version)
-                .bind(expected_version)
-                .execute(&self.pool)
-                .await?;
-                Ok(done.rows_affected() == 1)
+                let mut tx = self.pool.begin().await?;
+                if !Self::update_policy_row(&mut tx, p, expected_version).await? {
+                    return Ok(false); // dropping `tx` rolls back: nothing changed
+                }
+                Self::commit_change(tx).await?;
+                Ok(true)
             }
 
-            async fn delete_policy(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool> {
-                // Overrides go with it: ON DELETE CASCADE (SQLite: sqlx enables foreign keys).
-                let done = sqlx::query("DELETE FROM policies WHERE id = $1 AND version = $2")
-                    .bind(id.as_str())
-                    .bind(expected_version)
-                    .execute(&self.pool)
-                    .await?;
-                Ok(done.rows_affected() == 1)
+            async fn delete_policy(
+                &self,
+                id: &PolicyId,
+                expected_version: i64,
+            ) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                if !Self::delete_policy_row(&mut tx, id, expected_version).await? {
+                    return Ok(false);
+                }
+                Self::commit_change(tx).await?;
+                Ok(true)
             }
 
-            async fn list_overrides(&self, policy: Option<&PolicyId>) -> StoreResult<Vec<Override>> {
+            async fn list_overrides(
+                &self,
+                policy: Option<&PolicyId>,
+            ) -> StoreResult<Vec<Override>> {
                 let sql = format!(
                     "SELECT {OVERRIDE_COLUMNS} FROM policy_overrides \
                      WHERE $1 IS NULL OR policy_id = $1 ORDER BY policy_id, subject"
@@ -239,34 +216,32 @@ macro_rules! sql_policy_store {
             }
 
             async fn upsert_override(&self, o: &Override) -> StoreResult<()> {
-                sqlx::query(
-                    "INSERT INTO policy_overrides \
-                     (policy_id, subject, limit_value, expires_at, note, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                     ON CONFLICT (policy_id, subject) DO UPDATE SET \
-                     limit_value = excluded.limit_value, expires_at = excluded.expires_at, \
-                     note = excluded.note, updated_at = excluded.updated_at",
-                )
-                .bind(o.policy_id.as_str())
-                .bind(o.subject.as_str())
-                .bind(o.spec.limit.get() as i64)
-                .bind(o.spec.expires_at)
-                .bind(o.spec.note.as_deref())
-                .bind(o.created_at)
-                .bind(o.updated_at)
-                .execute(&self.pool)
-                .await?;
+                let mut tx = self.pool.begin().await?;
+                Self::upsert_override_row(&mut tx, o).await?;
+                Self::commit_change(tx).await?;
                 Ok(())
             }
 
-            async fn delete_override(&self, policy: &PolicyId, subject: &Subject) -> StoreResult<bool> {
-                let done =
-                    sqlx::query("DELETE FROM policy_overrides WHERE policy_id = $1 AND subject = $2")
-                        .bind(policy.as_str())
-                        .bind(subject.as_str())
-                        .execute(&self.pool)
-                        .await?;
-                Ok(done.rows_affected() == 1)
+            async fn delete_override(
+                &self,
+                policy: &PolicyId,
+                subject: &Subject,
+            ) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                if !Self::delete_override_row(&mut tx, policy, subject).await? {
+                    return Ok(false);
+                }
+                Self::commit_change(tx).await?;
+                Ok(true)
+            }
+
+            async fn change_version(&self) -> StoreResult<i64> {
+                let sql = "SELECT version FROM policy_changes WHERE id = 1";
+                Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
+            }
+
+            async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>> {
+                self.subscribe_to_changes().await
             }
         }
     };

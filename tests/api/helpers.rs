@@ -10,6 +10,9 @@ use sqlx::Connection;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod private_postgres;
+pub use private_postgres::PrivatePostgres;
+
 /// Which policy store an app uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyBackend {
@@ -106,6 +109,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         log_json: false,
         ledger_retention_days: 400,
         ledger_claim_idle: Duration::from_millis(1_000),
+        policy_poll: Duration::from_millis(500),
     }
 }
 

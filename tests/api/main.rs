@@ -12,5 +12,6 @@ mod observability;
 mod openapi;
 mod outages;
 mod payments;
+mod propagation;
 mod quota;
 mod shutdown;

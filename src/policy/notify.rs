@@ -1,0 +1,79 @@
+//! How a change made through one instance is announced to the others.
+//!
+//! Postgres announces it: the writing transaction runs `pg_notify` on [`CHANNEL`], which
+//! Postgres delivers at commit to every instance that `LISTEN`s. SQLite cannot: other
+//! instances see the change when they next poll the change marker.
+
+use super::sql::{PostgresPolicyStore, SqlitePolicyStore};
+use super::StoreResult;
+use sqlx::postgres::PgListener;
+
+/// The Postgres notification channel of policy and override changes.
+pub const CHANNEL: &str = "quota_policies";
+
+/// What a [`ChangeFeed`] heard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedEvent {
+    /// Some instance committed a change to policies or overrides.
+    Changed,
+    /// The connection was lost: announcements may have been missed; subscribe again.
+    Lost,
+}
+
+/// A live subscription to the change announcements of every instance (Postgres `LISTEN`).
+///
+/// It holds one pooled connection for as long as it lives.
+#[derive(Debug)]
+pub struct ChangeFeed {
+    listener: PgListener,
+}
+
+impl ChangeFeed {
+    /// Waits for the next announcement (or for the connection to drop).
+    pub async fn next(&mut self) -> StoreResult<FeedEvent> {
+        Ok(match self.listener.try_recv().await? {
+            Some(_) => FeedEvent::Changed,
+            None => FeedEvent::Lost,
+        })
+    }
+}
+
+impl PostgresPolicyStore {
+    /// Announces change `version` to the listening instances when the transaction commits.
+    pub(super) async fn announce_change(
+        conn: &mut sqlx::PgConnection,
+        version: i64,
+    ) -> sqlx::Result<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(version.to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Starts listening on [`CHANNEL`] on a connection of its own.
+    pub(super) async fn subscribe_to_changes(&self) -> StoreResult<Option<ChangeFeed>> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        // On a lost connection, report it rather than reconnect inside `try_recv`: the
+        // caller reconnects with its own backoff and catches up on what it missed.
+        listener.eager_reconnect(false);
+        listener.listen(CHANNEL).await?;
+        Ok(Some(ChangeFeed { listener }))
+    }
+}
+
+impl SqlitePolicyStore {
+    /// SQLite has no notifications: other instances find the change by polling.
+    pub(super) async fn announce_change(
+        _conn: &mut sqlx::SqliteConnection,
+        _version: i64,
+    ) -> sqlx::Result<()> {
+        Ok(())
+    }
+
+    /// SQLite cannot announce changes, so there is nothing to subscribe to.
+    pub(super) async fn subscribe_to_changes(&self) -> StoreResult<Option<ChangeFeed>> {
+        Ok(None)
+    }
+}

@@ -1,0 +1,145 @@
+//! The statements that change policies and overrides, one per function, and the shared
+//! change marker that every one of those changes bumps in the same transaction.
+//!
+//! Like `sql.rs`, one macro writes them for Postgres and SQLite.
+
+use super::codec::window_to_json;
+use super::sql::{PostgresPolicyStore, SqlitePolicyStore, POLICY_COLUMNS};
+use crate::domain::{Override, Policy, PolicyId, Subject};
+
+macro_rules! sql_write_statements {
+    ($store:ident, $db:ty, $conn:ty) => {
+        impl $store {
+            /// Records one change in the shared marker, announces it to the other
+            /// instances (Postgres), and commits: the write and its marker land together.
+            pub(super) async fn commit_change(
+                mut tx: sqlx::Transaction<'_, $db>,
+            ) -> sqlx::Result<()> {
+                let version = Self::bump_change_version(&mut tx).await?;
+                Self::announce_change(&mut tx, version).await?;
+                tx.commit().await
+            }
+
+            async fn bump_change_version(conn: &mut $conn) -> sqlx::Result<i64> {
+                sqlx::query_scalar(
+                    "UPDATE policy_changes SET version = version + 1 \
+                     WHERE id = 1 RETURNING version",
+                )
+                .fetch_one(conn)
+                .await
+            }
+
+            pub(super) async fn insert_policy_row(
+                conn: &mut $conn,
+                p: &Policy,
+            ) -> sqlx::Result<()> {
+                let sql = format!(
+                    "INSERT INTO policies ({POLICY_COLUMNS}) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                );
+                sqlx::query(&sql)
+                    .bind(p.id.as_str())
+                    .bind(p.spec.action.as_str())
+                    .bind(p.spec.measure.as_str())
+                    .bind(p.spec.unit.as_deref())
+                    .bind(p.spec.limit.get() as i64)
+                    .bind(window_to_json(&p.spec.window))
+                    .bind(p.spec.mode.as_str())
+                    .bind(p.spec.enabled)
+                    .bind(p.spec.ledger_denials)
+                    .bind(&p.spec.description)
+                    .bind(p.created_at)
+                    .bind(p.updated_at)
+                    .bind(p.version)
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            }
+
+            pub(super) async fn update_policy_row(
+                conn: &mut $conn,
+                p: &Policy,
+                expected_version: i64,
+            ) -> sqlx::Result<bool> {
+                let done = sqlx::query(
+                    "UPDATE policies SET action = $2, measure = $3, unit = $4, limit_value = $5, \
+                     window_spec = $6, mode = $7, enabled = $8, ledger_denials = $9, \
+                     description = $10, updated_at = $11, version = $12 \
+                     WHERE id = $1 AND version = $13",
+                )
+                .bind(p.id.as_str())
+                .bind(p.spec.action.as_str())
+                .bind(p.spec.measure.as_str())
+                .bind(p.spec.unit.as_deref())
+                .bind(p.spec.limit.get() as i64)
+                .bind(window_to_json(&p.spec.window))
+                .bind(p.spec.mode.as_str())
+                .bind(p.spec.enabled)
+                .bind(p.spec.ledger_denials)
+                .bind(&p.spec.description)
+                .bind(p.updated_at)
+                .bind(p.version)
+                .bind(expected_version)
+                .execute(conn)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            pub(super) async fn delete_policy_row(
+                conn: &mut $conn,
+                id: &PolicyId,
+                expected_version: i64,
+            ) -> sqlx::Result<bool> {
+                // Overrides go with it: ON DELETE CASCADE (SQLite: sqlx enables foreign keys).
+                let done = sqlx::query("DELETE FROM policies WHERE id = $1 AND version = $2")
+                    .bind(id.as_str())
+                    .bind(expected_version)
+                    .execute(conn)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            pub(super) async fn upsert_override_row(
+                conn: &mut $conn,
+                o: &Override,
+            ) -> sqlx::Result<()> {
+                sqlx::query(
+                    "INSERT INTO policy_overrides \
+                     (policy_id, subject, limit_value, expires_at, note, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                     ON CONFLICT (policy_id, subject) DO UPDATE SET \
+                     limit_value = excluded.limit_value, expires_at = excluded.expires_at, \
+                     note = excluded.note, updated_at = excluded.updated_at",
+                )
+                .bind(o.policy_id.as_str())
+                .bind(o.subject.as_str())
+                .bind(o.spec.limit.get() as i64)
+                .bind(o.spec.expires_at)
+                .bind(o.spec.note.as_deref())
+                .bind(o.created_at)
+                .bind(o.updated_at)
+                .execute(conn)
+                .await?;
+                Ok(())
+            }
+
+            pub(super) async fn delete_override_row(
+                conn: &mut $conn,
+                policy: &PolicyId,
+                subject: &Subject,
+            ) -> sqlx::Result<bool> {
+                let done = sqlx::query(
+                    "DELETE FROM policy_overrides WHERE policy_id = $1 AND subject = $2",
+                )
+                .bind(policy.as_str())
+                .bind(subject.as_str())
+                .execute(conn)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+        }
+    };
+}
+
+sql_write_statements!(PostgresPolicyStore, sqlx::Postgres, sqlx::PgConnection);
+sql_write_statements!(SqlitePolicyStore, sqlx::Sqlite, sqlx::SqliteConnection);
