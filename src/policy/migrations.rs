@@ -10,16 +10,28 @@ use std::pin::Pin;
 type Files = &'static [(&'static str, &'static str)];
 
 /// Postgres migrations, oldest first.
-pub const POSTGRES: Files = &[(
-    "20261121220000_create_policies.sql",
-    include_str!("../../migrations/postgres/20261121220000_create_policies.sql"),
-)];
+pub const POSTGRES: Files = &[
+    (
+        "20261121220000_create_policies.sql",
+        include_str!("../../migrations/postgres/20261121220000_create_policies.sql"),
+    ),
+    (
+        "20261121230000_create_ledger_entries.sql",
+        include_str!("../../migrations/postgres/20261121230000_create_ledger_entries.sql"),
+    ),
+];
 
 /// SQLite migrations, oldest first.
-pub const SQLITE: Files = &[(
-    "20261121220000_create_policies.sql",
-    include_str!("../../migrations/sqlite/20261121220000_create_policies.sql"),
-)];
+pub const SQLITE: Files = &[
+    (
+        "20261121220000_create_policies.sql",
+        include_str!("../../migrations/sqlite/20261121220000_create_policies.sql"),
+    ),
+    (
+        "20261121230000_create_ledger_entries.sql",
+        include_str!("../../migrations/sqlite/20261121230000_create_ledger_entries.sql"),
+    ),
+];
 
 /// A [`MigrationSource`] over embedded files, so no migration directory is needed at run time.
 #[derive(Debug)]
