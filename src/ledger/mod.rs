@@ -7,6 +7,7 @@
 //! ids are unique; inserts ignore conflicts). With the embedded counters, entries are
 //! written to SQL directly by the [`writer::LedgerWriter`] (group commit) before the answer.
 
+mod cursor;
 pub mod sql;
 pub mod writer;
 
@@ -104,6 +105,9 @@ pub struct LedgerEntry {
     pub detail: Option<String>,
 }
 
+/// The most entries one page may hold.
+pub const MAX_PAGE: u32 = 1_000;
+
 /// Which entries a page holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LedgerFilter {
@@ -137,8 +141,9 @@ pub enum LedgerError {
     /// A cursor the client sent is not one we made (400/422).
     #[error("invalid cursor")]
     BadCursor,
-    /// A stored row no longer parses (500).
-    #[error("stored ledger row is invalid: {0}")]
+    /// A stored row no longer parses, or an entry to store breaks a constraint of the
+    /// table (e.g. an amount above 2^53 - 1): a bug, retrying cannot help (500).
+    #[error("invalid ledger row: {0}")]
     Corrupt(String),
 }
 

@@ -1,1 +1,303 @@
-//! The SQL ledger store (Postgres and SQLite).
+//! The SQL ledger stores: Postgres in production, SQLite as the embedded default.
+//!
+//! Both speak the same SQL, so one macro writes both implementations, as for the policy
+//! stores. The schema is applied by the policy store's migrations (one migration set per
+//! database); this module only reads and writes `ledger_entries`.
+//!
+//! Pages are keyed by `seq`, the insertion order, not by time: an entry inserted while a
+//! client walks the pages gets a higher `seq` than any cursor already handed out, so it
+//! can never shift a later page (no duplicates, no gaps among the entries that were there).
+
+use super::cursor::{decode_cursor, encode_cursor};
+use super::{EntryKind, LedgerEntry, LedgerError, LedgerFilter, LedgerPage, LedgerStore};
+use super::{PolicyAmount, MAX_PAGE};
+use anyhow::Context;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::error::ErrorKind;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{QueryBuilder, Row};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The ledger in Postgres.
+#[derive(Debug, Clone)]
+pub struct PostgresLedgerStore {
+    /// The connection pool (the ledger's own, so its batches never starve admin requests).
+    pub pool: sqlx::PgPool,
+}
+
+/// The ledger in a local SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteLedgerStore {
+    /// The connection pool.
+    pub pool: sqlx::SqlitePool,
+}
+
+/// Opens the ledger that `database_url` names: `postgres://…` or `sqlite://…`.
+///
+/// Does not migrate: the schema comes with the policy store's migrations
+/// ([`crate::policy::PolicyStore::migrate`]), which must have run first.
+pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>> {
+    const ACQUIRE: Duration = Duration::from_secs(3);
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(ACQUIRE)
+            .connect_lazy(database_url)
+            .context("parsing DATABASE_URL as a Postgres URL")?;
+        Ok(Arc::new(PostgresLedgerStore { pool }))
+    } else if database_url.starts_with("sqlite:") {
+        let options = SqliteConnectOptions::from_str(database_url)
+            .context("parsing DATABASE_URL as a SQLite URL")?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(ACQUIRE)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("opening the SQLite database {database_url}"))?;
+        Ok(Arc::new(SqliteLedgerStore { pool }))
+    } else {
+        anyhow::bail!("DATABASE_URL must start with postgres:// or sqlite:")
+    }
+}
+
+/// Rows per `INSERT` statement: 11 parameters each stays far below both databases'
+/// parameter limits (Postgres 65,535; SQLite 32,766).
+const ROWS_PER_INSERT: usize = 500;
+
+const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
+     idempotency_key, policies, detail";
+
+/// Sorts a database failure: a broken constraint is a bug in what we tried to store
+/// (retrying cannot help); anything else is the database being unavailable.
+fn db_error(error: sqlx::Error) -> LedgerError {
+    match &error {
+        sqlx::Error::Database(db) if db.kind() != ErrorKind::Other => {
+            LedgerError::Corrupt(format!("an entry breaks a constraint: {db}"))
+        }
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+            LedgerError::Corrupt(error.to_string())
+        }
+        _ => LedgerError::Unavailable(error),
+    }
+}
+
+fn corrupt(what: &str, error: impl std::fmt::Display) -> LedgerError {
+    LedgerError::Corrupt(format!("{what}: {error}"))
+}
+
+/// A count or amount as the BIGINT column holds it.
+fn column_amount(id: &str, value: u64) -> Result<i64, LedgerError> {
+    i64::try_from(value).map_err(|_| corrupt(id, "amount exceeds the largest BIGINT"))
+}
+
+macro_rules! sql_ledger_store {
+    ($store:ident, $db:ty, $row:ty) => {
+        impl $store {
+            fn entry_from_row(row: &$row) -> Result<LedgerEntry, LedgerError> {
+                let id: String = row.try_get("id").map_err(db_error)?;
+                let kind: String = row.try_get("kind").map_err(db_error)?;
+                let amount: i64 = row.try_get("amount").map_err(db_error)?;
+                let policies: String = row.try_get("policies").map_err(db_error)?;
+                Ok(LedgerEntry {
+                    kind: EntryKind::parse(&kind).ok_or_else(|| corrupt(&id, "unknown kind"))?,
+                    amount: u64::try_from(amount).map_err(|e| corrupt(&id, e))?,
+                    policies: serde_json::from_str::<Vec<PolicyAmount>>(&policies)
+                        .map_err(|e| corrupt(&id, e))?,
+                    at: row.try_get("at").map_err(db_error)?,
+                    action: row.try_get("action").map_err(db_error)?,
+                    subject: row.try_get("subject").map_err(db_error)?,
+                    consumption_id: row.try_get("consumption_id").map_err(db_error)?,
+                    hold_id: row.try_get("hold_id").map_err(db_error)?,
+                    idempotency_key: row.try_get("idempotency_key").map_err(db_error)?,
+                    detail: row.try_get("detail").map_err(db_error)?,
+                    id,
+                })
+            }
+
+            /// Inserts one chunk of entries in one statement; returns how many were new.
+            async fn insert_chunk(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                chunk: &[LedgerEntry],
+            ) -> Result<u64, LedgerError> {
+                let mut rows = Vec::with_capacity(chunk.len());
+                for e in chunk {
+                    let policies =
+                        serde_json::to_string(&e.policies).map_err(|x| corrupt(&e.id, x))?;
+                    rows.push((e, column_amount(&e.id, e.amount)?, policies));
+                }
+                let mut sql = QueryBuilder::<$db>::new(format!(
+                    "INSERT INTO ledger_entries ({ENTRY_COLUMNS}) "
+                ));
+                sql.push_values(rows, |mut b, (e, amount, policies)| {
+                    b.push_bind(e.id.as_str())
+                        .push_bind(e.at)
+                        .push_bind(e.kind.as_str())
+                        .push_bind(e.action.as_str())
+                        .push_bind(e.subject.as_str())
+                        .push_bind(amount)
+                        .push_bind(e.consumption_id.as_deref())
+                        .push_bind(e.hold_id.as_deref())
+                        .push_bind(e.idempotency_key.as_deref())
+                        .push_bind(policies)
+                        .push_bind(e.detail.as_deref());
+                });
+                sql.push(" ON CONFLICT (id) DO NOTHING");
+                let done = sql.build().execute(conn).await.map_err(db_error)?;
+                Ok(done.rows_affected())
+            }
+
+            /// The newest `limit` entries matching `filter` with a `seq` below `before`,
+            /// each with its `seq`.
+            async fn select_page(
+                &self,
+                filter: &LedgerFilter,
+                before: Option<i64>,
+                limit: i64,
+            ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+                // Only the filters given become conditions, so each query shape can use
+                // its index ((subject, seq), (action, seq)) rather than `$1 IS NULL OR …`.
+                let mut sql = QueryBuilder::<$db>::new(format!(
+                    "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries WHERE 1 = 1"
+                ));
+                if let Some(subject) = &filter.subject {
+                    sql.push(" AND subject = ").push_bind(subject.as_str());
+                }
+                if let Some(action) = &filter.action {
+                    sql.push(" AND action = ").push_bind(action.as_str());
+                }
+                if let Some(kind) = filter.kind {
+                    sql.push(" AND kind = ").push_bind(kind.as_str());
+                }
+                if let Some(from) = filter.from {
+                    sql.push(" AND at >= ").push_bind(from);
+                }
+                if let Some(to) = filter.to {
+                    sql.push(" AND at < ").push_bind(to);
+                }
+                if let Some(before) = before {
+                    sql.push(" AND seq < ").push_bind(before);
+                }
+                sql.push(" ORDER BY seq DESC LIMIT ").push_bind(limit);
+                let rows = sql.build().fetch_all(&self.pool).await.map_err(db_error)?;
+                rows.iter()
+                    .map(|row| {
+                        let seq: i64 = row.try_get("seq").map_err(db_error)?;
+                        Ok((seq, Self::entry_from_row(row)?))
+                    })
+                    .collect()
+            }
+
+            /// The first entry of `kind` whose `column` is `value`.
+            async fn first_of(
+                &self,
+                column: &str,
+                value: &str,
+                kind: EntryKind,
+            ) -> Result<Option<LedgerEntry>, LedgerError> {
+                let sql = format!(
+                    "SELECT {ENTRY_COLUMNS} FROM ledger_entries \
+                     WHERE {column} = $1 AND kind = $2 ORDER BY seq LIMIT 1"
+                );
+                let row = sqlx::query(&sql)
+                    .bind(value)
+                    .bind(kind.as_str())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                row.as_ref().map(Self::entry_from_row).transpose()
+            }
+        }
+
+        #[async_trait]
+        impl LedgerStore for $store {
+            async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
+                if entries.is_empty() {
+                    return Ok(0);
+                }
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let mut inserted = 0;
+                for chunk in entries.chunks(ROWS_PER_INSERT) {
+                    inserted += Self::insert_chunk(&mut tx, chunk).await?;
+                }
+                tx.commit().await.map_err(db_error)?;
+                Ok(inserted)
+            }
+
+            async fn page(
+                &self,
+                filter: &LedgerFilter,
+                limit: u32,
+                cursor: Option<&str>,
+            ) -> Result<LedgerPage, LedgerError> {
+                let before = cursor.map(decode_cursor).transpose()?;
+                let limit = limit.clamp(1, MAX_PAGE) as usize;
+                // One row more than asked tells whether an older page exists.
+                let mut rows = self.select_page(filter, before, limit as i64 + 1).await?;
+                let more = rows.len() > limit;
+                rows.truncate(limit);
+                let next_cursor = match (more, rows.last()) {
+                    (true, Some((seq, _))) => Some(encode_cursor(*seq)),
+                    _ => None,
+                };
+                Ok(LedgerPage {
+                    items: rows.into_iter().map(|(_, entry)| entry).collect(),
+                    next_cursor,
+                })
+            }
+
+            async fn charge_of(
+                &self,
+                consumption_id: &str,
+            ) -> Result<Option<LedgerEntry>, LedgerError> {
+                self.first_of("consumption_id", consumption_id, EntryKind::Charge)
+                    .await
+            }
+
+            async fn hold_of(&self, hold_id: &str) -> Result<Option<LedgerEntry>, LedgerError> {
+                self.first_of("hold_id", hold_id, EntryKind::Hold).await
+            }
+
+            async fn refunded(&self, consumption_id: &str) -> Result<u64, LedgerError> {
+                // Postgres sums BIGINT as NUMERIC: cast back (refunds never exceed the
+                // charge, itself at most 2^53 - 1).
+                let total: i64 = sqlx::query_scalar(
+                    "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
+                     WHERE consumption_id = $1 AND kind = 'refund'",
+                )
+                .bind(consumption_id)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(db_error)?;
+                u64::try_from(total).map_err(|e| corrupt(consumption_id, e))
+            }
+
+            async fn delete_older_than(
+                &self,
+                cutoff: DateTime<Utc>,
+                batch: u32,
+            ) -> Result<u64, LedgerError> {
+                // One short statement per batch: locks only the rows it deletes, briefly.
+                let done = sqlx::query(
+                    "DELETE FROM ledger_entries WHERE seq IN \
+                     (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY seq LIMIT $2)",
+                )
+                .bind(cutoff)
+                .bind(i64::from(batch))
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+                Ok(done.rows_affected())
+            }
+        }
+    };
+}
+
+sql_ledger_store!(PostgresLedgerStore, sqlx::Postgres, sqlx::postgres::PgRow);
+sql_ledger_store!(SqliteLedgerStore, sqlx::Sqlite, sqlx::sqlite::SqliteRow);
