@@ -1,1 +1,153 @@
 //! Group-commit writer for the embedded default.
+//!
+//! Without Redis there is no stream to drain later, so an allowed consume must be in the
+//! ledger *before* it is answered: otherwise a crash right after the answer would lose a
+//! charge the client was told about. Committing one transaction per request would cap
+//! throughput at the disk's fsync rate, so requests share commits instead: one task takes
+//! everything queued (up to [`MAX_BATCH`] entries), writes it in one
+//! [`LedgerStore::append`] (one transaction), and only then answers every waiter of that
+//! batch. While a batch commits, the next one queues up, so the busier the service, the
+//! larger the batches and the fewer the fsyncs per entry.
+
+use super::{LedgerEntry, LedgerError, LedgerStore};
+use std::ops::Range;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Entries per batch, roughly: a request's entries are never split across batches, so a
+/// batch may pass this by one request's worth.
+pub const MAX_BATCH: usize = 1_000;
+
+/// Requests that may wait in the queue; beyond it, callers wait for room (back-pressure
+/// instead of unbounded memory when the database is slow).
+const QUEUE_DEPTH: usize = 8_192;
+
+/// One caller's entries and where to send the outcome.
+struct Job {
+    entries: Vec<LedgerEntry>,
+    done: oneshot::Sender<Result<(), LedgerError>>,
+}
+
+/// A handle to the writer task; clones share the task.
+///
+/// The task ends once every handle is gone, after writing what was queued until then.
+#[derive(Debug, Clone)]
+pub struct LedgerWriter {
+    queue: mpsc::Sender<Job>,
+}
+
+impl LedgerWriter {
+    /// Starts the writer task on the current Tokio runtime.
+    pub fn spawn(store: Arc<dyn LedgerStore>) -> Self {
+        let (queue, jobs) = mpsc::channel(QUEUE_DEPTH);
+        tokio::spawn(run(store, jobs));
+        Self { queue }
+    }
+
+    /// Queues `entries` and resolves once they are committed (or the batch failed).
+    ///
+    /// If the caller stops waiting (its request was cancelled), the entries are still
+    /// written: the charge they record happened.
+    pub async fn append(&self, entries: Vec<LedgerEntry>) -> Result<(), LedgerError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let (done, outcome) = oneshot::channel();
+        self.queue
+            .send(Job { entries, done })
+            .await
+            .map_err(|_| gone())?;
+        outcome.await.map_err(|_| gone())?
+    }
+}
+
+/// The error of a caller whose writer task is gone (it panicked, or the runtime is
+/// shutting down): the entries may not be written, so this is a failure (503).
+fn gone() -> LedgerError {
+    LedgerError::Unavailable(sqlx::Error::WorkerCrashed)
+}
+
+/// The writer task: batches of whatever is queued, until every handle is dropped and
+/// the queue is empty.
+async fn run(store: Arc<dyn LedgerStore>, mut jobs: mpsc::Receiver<Job>) {
+    while let Some(first) = jobs.recv().await {
+        let mut count = first.entries.len();
+        let mut batch = vec![first];
+        while count < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => {
+                    count += job.entries.len();
+                    batch.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        commit(store.as_ref(), batch).await;
+    }
+    tracing::debug!("ledger writer stopped: every handle was dropped");
+}
+
+/// Writes one batch and answers each of its callers.
+async fn commit(store: &dyn LedgerStore, batch: Vec<Job>) {
+    let mut entries = Vec::with_capacity(batch.iter().map(|j| j.entries.len()).sum());
+    let mut waiters: Vec<(Range<usize>, oneshot::Sender<_>)> = Vec::with_capacity(batch.len());
+    for job in batch {
+        let start = entries.len();
+        entries.extend(job.entries);
+        waiters.push((start..entries.len(), job.done));
+    }
+    match store.append(&entries).await {
+        Ok(_) => {
+            for (_, done) in waiters {
+                // A caller that stopped waiting is fine: its entries are committed.
+                let _ = done.send(Ok(()));
+            }
+        }
+        // A constraint broken by one request must not fail the others of its batch:
+        // the transaction rolled back, so write each request on its own (ids make
+        // this safe even if some had been written before).
+        Err(LedgerError::Corrupt(why)) if waiters.len() > 1 => {
+            tracing::warn!(
+                error = %why,
+                requests = waiters.len(),
+                "a ledger batch was refused; writing its requests one by one"
+            );
+            for (range, done) in waiters {
+                let _ = done.send(store.append(&entries[range]).await.map(|_| ()));
+            }
+        }
+        Err(error) => {
+            // Logged here once per batch: a caller that stopped waiting will not log it.
+            let cause = std::error::Error::source(&error).map(ToString::to_string);
+            tracing::error!(
+                error = %error,
+                cause = cause.as_deref(),
+                entries = entries.len(),
+                requests = waiters.len(),
+                "writing a ledger batch failed; its callers are told so"
+            );
+            for (_, done) in waiters {
+                let _ = done.send(Err(copy_of(&error)));
+            }
+        }
+    }
+}
+
+/// The same error for another waiter of the batch (`sqlx::Error` is not `Clone`; the
+/// cause's text is kept).
+fn copy_of(error: &LedgerError) -> LedgerError {
+    match error {
+        LedgerError::Unavailable(sqlx::Error::PoolTimedOut) => {
+            LedgerError::Unavailable(sqlx::Error::PoolTimedOut)
+        }
+        LedgerError::Unavailable(sqlx::Error::WorkerCrashed) => gone(),
+        LedgerError::Unavailable(cause) => {
+            LedgerError::Unavailable(sqlx::Error::Io(std::io::Error::other(cause.to_string())))
+        }
+        LedgerError::BadCursor => LedgerError::BadCursor,
+        LedgerError::Corrupt(why) => LedgerError::Corrupt(why.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests;
