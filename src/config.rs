@@ -60,6 +60,9 @@ pub struct Settings {
     pub on_store_error: OnStoreError,
     /// JSON log lines (`QUOTA_LOG_FORMAT=json`) instead of human-readable ones.
     pub log_json: bool,
+    /// Days ledger entries are kept before the retention task deletes them
+    /// (`QUOTA_LEDGER_RETENTION_DAYS`, at least 1).
+    pub ledger_retention_days: u32,
 }
 
 impl Settings {
@@ -94,6 +97,14 @@ impl Settings {
             .transpose()
             .context("QUOTA_REDIS_TIMEOUT_MS must be a whole number of milliseconds")?
             .unwrap_or(50);
+        let ledger_retention_days: u32 = get("QUOTA_LEDGER_RETENTION_DAYS")
+            .map(|v| v.parse())
+            .transpose()
+            .context("QUOTA_LEDGER_RETENTION_DAYS must be a whole number of days")?
+            .unwrap_or(400);
+        if ledger_retention_days == 0 {
+            bail!("QUOTA_LEDGER_RETENTION_DAYS must be at least 1");
+        }
         Ok(Self {
             listen,
             database_url: get("DATABASE_URL")
@@ -108,6 +119,7 @@ impl Settings {
                 .unwrap_or_default(),
             on_store_error,
             log_json: get("QUOTA_LOG_FORMAT").as_deref() == Some("json"),
+            ledger_retention_days,
         })
     }
 }
@@ -160,6 +172,19 @@ mod tests {
         assert!(settings(&[("QUOTA_ON_STORE_ERROR", "maybe")]).is_err());
         assert!(settings(&[("REDIS_CLUSTER", "true")]).is_err());
         assert!(settings(&[("QUOTA_LISTEN", "nowhere")]).is_err());
+    }
+
+    #[test]
+    fn ledger_retention_is_400_days_unless_set_to_a_positive_whole_number() {
+        assert_eq!(settings(&[]).expect("valid").ledger_retention_days, 400);
+        let s = settings(&[("QUOTA_LEDGER_RETENTION_DAYS", "30")]).expect("valid");
+        assert_eq!(s.ledger_retention_days, 30);
+        for bad in ["0", "-1", "1.5", "a year"] {
+            assert!(
+                settings(&[("QUOTA_LEDGER_RETENTION_DAYS", bad)]).is_err(),
+                "{bad} is refused"
+            );
+        }
     }
 
     #[test]

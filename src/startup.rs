@@ -9,6 +9,7 @@ use crate::engine::store::memory::MemoryCounterStore;
 use crate::engine::store::redis::RedisCounterStore;
 use crate::engine::store::CounterStore;
 use crate::engine::Engine;
+use crate::ledger::retention::{Retention, RetentionTask};
 use crate::policy::{self, PolicyCache};
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{web, App, HttpServer};
@@ -28,6 +29,8 @@ pub struct Application {
     server: actix_web::dev::Server,
     admin_token: Secret,
     admin_token_generated: bool,
+    /// Deletes old ledger entries until the application is dropped.
+    _retention: RetentionTask,
 }
 
 /// A fresh random token: 256 bits from the operating system's generator, as hex.
@@ -53,6 +56,9 @@ impl Application {
             .migrate()
             .await
             .context("applying the policy store's migrations")?;
+        let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
+        let retention =
+            Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
         let cache = Arc::new(PolicyCache::new());
         cache
             .reload(policies.as_ref())
@@ -129,6 +135,7 @@ impl Application {
             server,
             admin_token,
             admin_token_generated,
+            _retention: retention,
         })
     }
 

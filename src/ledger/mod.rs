@@ -8,6 +8,7 @@
 //! written to SQL directly by the [`writer::LedgerWriter`] (group commit) before the answer.
 
 mod cursor;
+pub mod retention;
 pub mod sql;
 pub mod writer;
 

@@ -104,6 +104,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         client_tokens: Vec::new(),
         on_store_error: OnStoreError::Deny,
         log_json: false,
+        ledger_retention_days: 400,
     }
 }
 
