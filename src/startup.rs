@@ -87,6 +87,7 @@ impl Application {
         let state = web::Data::new(AppState {
             engine,
             policies,
+            ledger,
             cache,
             clock,
             embedded_counters,

@@ -7,12 +7,14 @@ pub mod admin;
 pub mod dto;
 pub mod extract;
 pub mod health;
+pub mod ledger;
 pub mod openapi;
 pub mod problem;
 pub mod quota;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;
+use crate::ledger::LedgerStore;
 use crate::policy::{PolicyCache, PolicyStore};
 use std::sync::Arc;
 
@@ -22,6 +24,8 @@ pub struct AppState {
     pub engine: Engine,
     /// Policy persistence (admin reads and writes go here).
     pub policies: Arc<dyn PolicyStore>,
+    /// The durable ledger (queries; refunds and holds look up their charge here).
+    pub ledger: Arc<dyn LedgerStore>,
     /// The in-process policy cache the engine reads.
     pub cache: Arc<PolicyCache>,
     /// The time source (a fake one in tests).
@@ -49,6 +53,7 @@ pub fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfig) {
         .service(quota::consume)
         .service(quota::check)
         .service(quota::usage)
+        .service(ledger::list_ledger)
         .service(admin::list_policies)
         .service(admin::create_policy)
         .service(admin::get_policy)

@@ -2,6 +2,7 @@
 
 use crate::domain::{FieldError, FieldErrors};
 use crate::engine::{store::StoreError, EngineError};
+use crate::ledger::LedgerError;
 use crate::policy::PolicyStoreError;
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
@@ -207,6 +208,22 @@ impl From<EngineError> for ApiError {
                 Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
             }
             EngineError::Store(other) => Self::Internal(other.into()),
+        }
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(error: LedgerError) -> Self {
+        match error {
+            LedgerError::BadCursor => Self::invalid(
+                "cursor",
+                "is not a next_cursor of this list; start again without one",
+            ),
+            LedgerError::Unavailable(cause) => {
+                tracing::warn!(error = %cause, "ledger store unavailable");
+                Self::Unavailable("the ledger store is unavailable; retry shortly".to_owned())
+            }
+            other => Self::Internal(other.into()),
         }
     }
 }

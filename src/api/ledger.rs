@@ -1,0 +1,300 @@
+//! The ledger API: the recorded history, newest first, cursor-paginated.
+
+use super::extract::ClientAuth;
+use super::problem::{ApiError, Problem};
+use super::AppState;
+use crate::domain::{Action, FieldError, FieldErrors, Subject};
+use crate::ledger::{EntryKind, LedgerEntry, LedgerFilter, PolicyAmount, MAX_PAGE};
+use actix_web::{get, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// Entries per page when `limit` is not given.
+pub const DEFAULT_PAGE: u32 = 100;
+
+/// What a ledger entry records.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKindDto {
+    /// An allowed consume charged its policies.
+    Charge,
+    /// Part or all of a charge was given back.
+    Refund,
+    /// A hold reserved quota.
+    Hold,
+    /// A hold was settled; the unsettled rest was given back.
+    Commit,
+    /// A hold was given back on request.
+    Release,
+    /// A hold was given back because it expired unsettled.
+    Expire,
+    /// A consume was denied (recorded for policies with `ledger_denials`).
+    Deny,
+}
+
+impl From<EntryKind> for EntryKindDto {
+    fn from(kind: EntryKind) -> Self {
+        match kind {
+            EntryKind::Charge => Self::Charge,
+            EntryKind::Refund => Self::Refund,
+            EntryKind::Hold => Self::Hold,
+            EntryKind::Commit => Self::Commit,
+            EntryKind::Release => Self::Release,
+            EntryKind::Expire => Self::Expire,
+            EntryKind::Deny => Self::Deny,
+        }
+    }
+}
+
+/// One policy's part of a ledger entry.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyAmountOut {
+    /// The policy.
+    pub policy_id: String,
+    /// Units charged (charge, hold) or given back (refund, commit, release, expire); for
+    /// a deny, the units asked for.
+    #[schema(maximum = 9007199254740991_i64)]
+    pub amount: u64,
+}
+
+/// A ledger entry as served.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LedgerEntryOut {
+    /// Unique per entry.
+    pub id: String,
+    /// When the decision was made (UTC).
+    pub at: DateTime<Utc>,
+    /// What happened.
+    pub kind: EntryKindDto,
+    /// The action.
+    #[schema(example = "transfer")]
+    pub action: String,
+    /// The subject.
+    #[schema(example = "user-42")]
+    pub subject: String,
+    /// The request's amount: charged, refunded, held, settled or released.
+    #[schema(maximum = 9007199254740991_i64)]
+    pub amount: u64,
+    /// The consume this entry belongs to (charges, refunds, denials).
+    pub consumption_id: Option<String>,
+    /// The hold this entry belongs to (holds and their settlement).
+    pub hold_id: Option<String>,
+    /// The caller's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// Per policy amounts.
+    pub policies: Vec<PolicyAmountOut>,
+}
+
+impl From<&LedgerEntry> for LedgerEntryOut {
+    fn from(e: &LedgerEntry) -> Self {
+        Self {
+            id: e.id.clone(),
+            at: e.at,
+            kind: e.kind.into(),
+            action: e.action.clone(),
+            subject: e.subject.clone(),
+            amount: e.amount,
+            consumption_id: e.consumption_id.clone(),
+            hold_id: e.hold_id.clone(),
+            idempotency_key: e.idempotency_key.clone(),
+            policies: e.policies.iter().map(PolicyAmountOut::from).collect(),
+        }
+    }
+}
+
+impl From<&PolicyAmount> for PolicyAmountOut {
+    fn from(p: &PolicyAmount) -> Self {
+        Self {
+            policy_id: p.policy_id.clone(),
+            amount: p.amount,
+        }
+    }
+}
+
+/// A page of ledger entries, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LedgerList {
+    /// The entries, newest (most recently recorded) first.
+    pub items: Vec<LedgerEntryOut>,
+    /// Pass as `cursor` to get the next, older page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Which entries to list. Every filter is optional; unknown parameters are refused.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerQuery {
+    /// Only this subject.
+    pub subject: Option<String>,
+    /// Only this action.
+    pub action: Option<String>,
+    /// Only this kind: charge, refund, hold, commit, release, expire or deny.
+    #[param(value_type = Option<EntryKindDto>)]
+    pub kind: Option<String>,
+    /// Only entries at or after this instant (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub from: Option<String>,
+    /// Only entries before this instant (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub to: Option<String>,
+    /// Entries per page: 1-1000, default 100.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    pub limit: Option<String>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+fn instant(field: &str, text: &str) -> Result<DateTime<Utc>, FieldError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| {
+            FieldError::new(
+                field,
+                "must be an RFC 3339 instant such as 2026-11-21T12:00:00Z",
+            )
+        })
+}
+
+fn page_size(text: Option<&str>) -> Result<u32, FieldError> {
+    let Some(text) = text else {
+        return Ok(DEFAULT_PAGE);
+    };
+    match text.parse::<u32>() {
+        Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        _ => Err(FieldError::new(
+            "limit",
+            format!("must be a whole number from 1 to {MAX_PAGE}"),
+        )),
+    }
+}
+
+/// Turns the query into a filter and a page size, collecting every invalid field.
+fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
+    let mut errors = FieldErrors::default();
+    let mut filter = LedgerFilter::default();
+    if let Some(subject) = &query.subject {
+        filter.subject = errors.take(Subject::parse("subject", subject).map(|s| s.to_string()));
+    }
+    if let Some(action) = &query.action {
+        filter.action = errors.take(Action::parse("action", action).map(|a| a.to_string()));
+    }
+    if let Some(kind) = &query.kind {
+        filter.kind = errors.take(EntryKind::parse(kind).ok_or_else(|| {
+            FieldError::new(
+                "kind",
+                "must be one of charge, refund, hold, commit, release, expire, deny",
+            )
+        }));
+    }
+    filter.from = query
+        .from
+        .as_deref()
+        .and_then(|t| errors.take(instant("from", t)));
+    filter.to = query
+        .to
+        .as_deref()
+        .and_then(|t| errors.take(instant("to", t)));
+    if let (Some(from), Some(to)) = (filter.from, filter.to) {
+        if to <= from {
+            errors.push(FieldError::new("to", "must be later than from"));
+        }
+    }
+    let limit = errors.take(page_size(query.limit.as_deref()));
+    let limit = errors.finish(|| limit.unwrap_or(DEFAULT_PAGE))?;
+    Ok((filter, limit))
+}
+
+/// The recorded history (charges, refunds, holds and their settlement, recorded
+/// denials), newest first, cursor-paginated.
+///
+/// Pages follow the order in which entries were recorded: entries recorded while a client
+/// walks the pages never make it see an entry twice or skip one. With Redis, an entry
+/// appears here once the background drain has moved it from Redis (shortly after the
+/// consume); without Redis, before the consume is answered.
+#[utoipa::path(
+    tag = "quota",
+    params(LedgerQuery),
+    responses(
+        (status = 200, description = "A page of entries", body = LedgerList),
+        (status = 400, description = "Unknown or repeated query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Ledger store down", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("client_token" = []), ())
+)]
+#[get("/quota/ledger")]
+pub async fn list_ledger(
+    _auth: ClientAuth,
+    state: web::Data<AppState>,
+    query: web::Query<LedgerQuery>,
+) -> Result<web::Json<LedgerList>, ApiError> {
+    let (filter, limit) = parse(&query)?;
+    let page = state
+        .ledger
+        .page(&filter, limit, query.cursor.as_deref())
+        .await?;
+    Ok(web::Json(LedgerList {
+        items: page.items.iter().map(LedgerEntryOut::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &str) -> LedgerQuery {
+        web::Query::<LedgerQuery>::from_query(pairs)
+            .expect("a well-formed query")
+            .into_inner()
+    }
+
+    fn fields(pairs: &str) -> Vec<String> {
+        match parse(&query(pairs)) {
+            Err(ApiError::Invalid(errors)) => errors.0.into_iter().map(|e| e.field).collect(),
+            other => panic!("{pairs}: expected 422, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_queries_name_every_bad_field() {
+        for (pairs, expected) in [
+            ("limit=0", vec!["limit"]),
+            ("limit=1001", vec!["limit"]),
+            ("limit=-1", vec!["limit"]),
+            ("limit=ten", vec!["limit"]),
+            ("kind=charges", vec!["kind"]),
+            ("from=yesterday", vec!["from"]),
+            ("to=2026-11-21", vec!["to"]),
+            (
+                "from=2026-11-21T12:00:00Z&to=2026-11-21T12:00:00Z",
+                vec!["to"],
+            ),
+            ("action=Not%20An%20Action", vec!["action"]),
+            ("subject=", vec!["subject"]),
+            ("kind=x&limit=0&action=A", vec!["action", "kind", "limit"]),
+        ] {
+            assert_eq!(fields(pairs), expected, "{pairs}");
+        }
+    }
+
+    #[test]
+    fn a_valid_query_becomes_a_filter_with_the_default_page_size() {
+        let (filter, limit) = parse(&query(
+            "subject=user-42&action=transfer&kind=refund&from=2026-11-21T07:00:00-05:00",
+        ))
+        .expect("valid");
+        assert_eq!(limit, DEFAULT_PAGE);
+        assert_eq!(filter.subject.as_deref(), Some("user-42"));
+        assert_eq!(filter.action.as_deref(), Some("transfer"));
+        assert_eq!(filter.kind, Some(EntryKind::Refund));
+        assert_eq!(
+            filter.from.map(|t| t.to_rfc3339()).as_deref(),
+            Some("2026-11-21T12:00:00+00:00")
+        );
+        assert_eq!(filter.to, None);
+        assert_eq!(parse(&query("limit=1000")).expect("valid").1, 1000);
+    }
+}
