@@ -7,6 +7,7 @@ mod helpers;
 mod admin;
 mod concurrency;
 mod errors;
+mod ledger;
 mod openapi;
 mod outages;
 mod quota;
