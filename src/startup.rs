@@ -92,15 +92,15 @@ impl Application {
             .migrate()
             .await
             .context("applying the policy store's migrations")?;
+        let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
+        let retention =
+            Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
         let cache = Arc::new(PolicyCache::new());
         cache
             .reload(policies.as_ref())
             .await
             .context("loading policies into the cache")?;
-        let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
         let mut tasks = BackgroundTasks::default();
-        let retention =
-            Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let embedded_counters = settings.redis_urls.is_empty();
         let (counters, drainer): (Arc<dyn CounterStore>, Option<Arc<Drainer>>) =

@@ -54,6 +54,7 @@ pub struct PolicyAmountOut {
     pub policy_id: String,
     /// Units charged (charge, hold) or given back (refund, commit, release, expire); for
     /// a deny, the units asked for.
+    #[schema(maximum = 9007199254740991_i64)]
     pub amount: u64,
 }
 
@@ -73,6 +74,7 @@ pub struct LedgerEntryOut {
     #[schema(example = "user-42")]
     pub subject: String,
     /// The request's amount: charged, refunded, held, settled or released.
+    #[schema(maximum = 9007199254740991_i64)]
     pub amount: u64,
     /// The consume this entry belongs to (charges, refunds, denials).
     pub consumption_id: Option<String>,
@@ -128,7 +130,7 @@ pub struct LedgerQuery {
     /// Only this action.
     pub action: Option<String>,
     /// Only this kind: charge, refund, hold, commit, release, expire or deny.
-    #[param(value_type = Option<String>, example = "charge")]
+    #[param(value_type = Option<EntryKindDto>)]
     pub kind: Option<String>,
     /// Only entries at or after this instant (RFC 3339).
     #[param(value_type = Option<String>, format = DateTime)]
@@ -208,8 +210,8 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
 ///
 /// Pages follow the order in which entries were recorded: entries recorded while a client
 /// walks the pages never make it see an entry twice or skip one. With Redis, an entry
-/// appears here once the background drain has moved it from Redis (normally within a
-/// second); without Redis, before the consume is answered.
+/// appears here once the background drain has moved it from Redis (shortly after the
+/// consume); without Redis, before the consume is answered.
 #[utoipa::path(
     tag = "quota",
     params(LedgerQuery),

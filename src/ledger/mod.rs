@@ -7,6 +7,7 @@
 //! ids are unique; inserts ignore conflicts). With the embedded counters, entries are
 //! written to SQL directly by the [`writer::LedgerWriter`] (group commit) before the answer.
 
+mod cursor;
 pub mod drain;
 pub mod retention;
 pub mod sql;

@@ -8,6 +8,7 @@
 //! client walks the pages gets a higher `seq` than any cursor already handed out, so it
 //! can never shift a later page (no duplicates, no gaps among the entries that were there).
 
+use super::cursor::{decode_cursor, encode_cursor};
 use super::{EntryKind, LedgerEntry, LedgerError, LedgerFilter, LedgerPage, LedgerStore};
 use super::{PolicyAmount, MAX_PAGE};
 use anyhow::Context;
@@ -72,28 +73,6 @@ const ROWS_PER_INSERT: usize = 500;
 
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
      idempotency_key, policies, detail";
-
-/// The cursor's version prefix; the rest is the last `seq` served, in hex.
-const CURSOR_PREFIX: &str = "s1.";
-
-/// The cursor that continues after the entry with this `seq`.
-fn encode_cursor(seq: i64) -> String {
-    format!("{CURSOR_PREFIX}{seq:x}")
-}
-
-/// The `seq` a cursor continues after; [`LedgerError::BadCursor`] if we did not make it.
-fn decode_cursor(cursor: &str) -> Result<i64, LedgerError> {
-    let hex = cursor
-        .strip_prefix(CURSOR_PREFIX)
-        .ok_or(LedgerError::BadCursor)?;
-    if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(LedgerError::BadCursor);
-    }
-    match i64::from_str_radix(hex, 16) {
-        Ok(seq) if seq > 0 => Ok(seq),
-        _ => Err(LedgerError::BadCursor),
-    }
-}
 
 /// Sorts a database failure: a broken constraint is a bug in what we tried to store
 /// (retrying cannot help); anything else is the database being unavailable.
@@ -322,33 +301,3 @@ macro_rules! sql_ledger_store {
 
 sql_ledger_store!(PostgresLedgerStore, sqlx::Postgres, sqlx::postgres::PgRow);
 sql_ledger_store!(SqliteLedgerStore, sqlx::Sqlite, sqlx::sqlite::SqliteRow);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursors_round_trip_and_anything_else_is_refused() {
-        for seq in [1, 255, i64::MAX] {
-            assert_eq!(decode_cursor(&encode_cursor(seq)).ok(), Some(seq));
-        }
-        for bad in [
-            "",
-            "s1.",
-            "s1.0",
-            "s1.-1",
-            "s1.+1",
-            "s1.zz",
-            "s1. 1",
-            "s2.1",
-            "1",
-            "s1.8000000000000000",
-            "s1.00000000000000001",
-        ] {
-            assert!(
-                matches!(decode_cursor(bad), Err(LedgerError::BadCursor)),
-                "{bad:?} is refused"
-            );
-        }
-    }
-}

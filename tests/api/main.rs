@@ -8,6 +8,7 @@ mod admin;
 mod concurrency;
 mod crash;
 mod errors;
+mod ledger;
 mod observability;
 mod openapi;
 mod outages;

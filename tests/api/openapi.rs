@@ -37,6 +37,7 @@ async fn the_served_spec_is_the_generated_one_and_documents_the_contract() {
         ("/quota/consume", "post"),
         ("/quota/check", "post"),
         ("/quota/usage", "get"),
+        ("/quota/ledger", "get"),
         ("/admin/policies", "get"),
         ("/admin/policies", "post"),
         ("/admin/policies/{id}", "get"),

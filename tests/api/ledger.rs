@@ -1,0 +1,249 @@
+//! The SQL ledger stores, their writer and retention, against real SQLite and Postgres.
+
+mod background;
+mod http;
+mod paging;
+
+use crate::helpers::{fresh_settings, start_instant, CounterBackend, PolicyBackend};
+use crate::on_policy_stores;
+use chrono::Duration;
+use quota_ledger::ledger::{
+    EntryKind, LedgerEntry, LedgerError, LedgerFilter, LedgerStore, PolicyAmount,
+};
+use std::sync::Arc;
+
+/// A fresh, migrated database of `backend` and a ledger store on it.
+pub async fn ledger_on(backend: PolicyBackend) -> Arc<dyn LedgerStore> {
+    let url = fresh_settings(backend, CounterBackend::Memory)
+        .await
+        .database_url;
+    quota_ledger::policy::connect(&url)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    quota_ledger::ledger::sql::connect(&url).await.unwrap()
+}
+
+/// A charge of 500 by `subject` on `transfer`, `seconds` after the start instant.
+pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
+    LedgerEntry {
+        id: id.to_owned(),
+        at: start_instant() + Duration::seconds(seconds),
+        kind: EntryKind::Charge,
+        action: "transfer".to_owned(),
+        subject: subject.to_owned(),
+        amount: 500,
+        consumption_id: Some(format!("c-{id}")),
+        hold_id: None,
+        idempotency_key: None,
+        policies: vec![PolicyAmount {
+            policy_id: "transfer-daily".to_owned(),
+            amount: 500,
+        }],
+        detail: Some(r#"{"keys":["k1"]}"#.to_owned()),
+    }
+}
+
+/// Every entry matching `filter`, newest first, following the cursors.
+pub async fn everything(store: &dyn LedgerStore, filter: &LedgerFilter) -> Vec<LedgerEntry> {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store.page(filter, 1000, cursor.as_deref()).await.unwrap();
+        all.extend(page.items);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+    }
+}
+
+pub fn ids(entries: &[LedgerEntry]) -> Vec<&str> {
+    entries.iter().map(|e| e.id.as_str()).collect()
+}
+
+async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
+    let store = ledger_on(backend).await;
+    let mut a = entry("a", "alice", 0);
+    a.at += Duration::milliseconds(123);
+    a.idempotency_key = Some("key-1".to_owned());
+    let b = LedgerEntry {
+        kind: EntryKind::Hold,
+        hold_id: Some("h-1".to_owned()),
+        consumption_id: None,
+        detail: None,
+        policies: Vec::new(),
+        ..entry("b", "bob", 1)
+    };
+    let c = entry("c", "carol", 2);
+    assert_eq!(store.append(&[a.clone(), b.clone()]).await.unwrap(), 2);
+    assert_eq!(store.append(&[b.clone(), c.clone()]).await.unwrap(), 1);
+    assert_eq!(store.append(std::slice::from_ref(&c)).await.unwrap(), 0);
+    assert_eq!(store.append(&[]).await.unwrap(), 0);
+    let d = entry("d", "dave", 3);
+    assert_eq!(store.append(&[d.clone(), d.clone()]).await.unwrap(), 1);
+    // Every field comes back as written, newest first.
+    assert_eq!(
+        everything(store.as_ref(), &LedgerFilter::default()).await,
+        [d, c, b, a]
+    );
+}
+
+async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBackend) {
+    let store = ledger_on(backend).await;
+    let too_much = LedgerEntry {
+        amount: 1 << 53,
+        ..entry("too-much", "alice", 0)
+    };
+    let fine = entry("fine", "alice", 1);
+    let refused = store.append(&[fine.clone(), too_much]).await;
+    assert!(
+        matches!(refused, Err(LedgerError::Corrupt(_))),
+        "{refused:?}"
+    );
+    assert!(everything(store.as_ref(), &LedgerFilter::default())
+        .await
+        .is_empty());
+    assert_eq!(store.append(&[fine]).await.unwrap(), 1);
+}
+
+async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
+    let store = ledger_on(backend).await;
+    let refund = LedgerEntry {
+        kind: EntryKind::Refund,
+        consumption_id: Some("c-1".to_owned()),
+        ..entry("2", "alice", 60)
+    };
+    let sms = LedgerEntry {
+        action: "sms.send".to_owned(),
+        ..entry("3", "bob", 120)
+    };
+    let entries = [entry("1", "alice", 0), refund, sms, entry("4", "bob", 180)];
+    store.append(&entries).await.unwrap();
+    let at = |seconds| Some(start_instant() + Duration::seconds(seconds));
+    let all = LedgerFilter::default;
+    for (filter, expected) in [
+        (all(), vec!["4", "3", "2", "1"]),
+        (
+            LedgerFilter {
+                subject: Some("alice".into()),
+                ..all()
+            },
+            vec!["2", "1"],
+        ),
+        (
+            LedgerFilter {
+                subject: Some("nobody".into()),
+                ..all()
+            },
+            vec![],
+        ),
+        (
+            LedgerFilter {
+                action: Some("transfer".into()),
+                ..all()
+            },
+            vec!["4", "2", "1"],
+        ),
+        (
+            LedgerFilter {
+                kind: Some(EntryKind::Refund),
+                ..all()
+            },
+            vec!["2"],
+        ),
+        (
+            LedgerFilter {
+                kind: Some(EntryKind::Charge),
+                subject: Some("bob".into()),
+                ..all()
+            },
+            vec!["4", "3"],
+        ),
+        (
+            LedgerFilter {
+                from: at(60),
+                ..all()
+            },
+            vec!["4", "3", "2"],
+        ),
+        (
+            LedgerFilter {
+                to: at(120),
+                ..all()
+            },
+            vec!["2", "1"],
+        ),
+        (
+            LedgerFilter {
+                from: at(59),
+                to: at(121),
+                ..all()
+            },
+            vec!["3", "2"],
+        ),
+        (
+            LedgerFilter {
+                from: at(1),
+                to: at(60),
+                ..all()
+            },
+            vec![],
+        ),
+    ] {
+        let page = store.page(&filter, 10, None).await.unwrap();
+        assert_eq!(ids(&page.items), expected, "{filter:?}");
+        assert_eq!(page.next_cursor, None, "{filter:?}");
+    }
+}
+
+async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyBackend) {
+    let store = ledger_on(backend).await;
+    let charge = LedgerEntry {
+        consumption_id: Some("c-1".to_owned()),
+        amount: 1000,
+        ..entry("charge", "alice", 0)
+    };
+    let refund = |id: &str, amount| LedgerEntry {
+        kind: EntryKind::Refund,
+        consumption_id: Some("c-1".to_owned()),
+        amount,
+        ..entry(id, "alice", 1)
+    };
+    let hold = LedgerEntry {
+        kind: EntryKind::Hold,
+        consumption_id: None,
+        hold_id: Some("h-1".to_owned()),
+        ..entry("hold", "bob", 2)
+    };
+    let commit = LedgerEntry {
+        kind: EntryKind::Commit,
+        ..hold.clone()
+    };
+    let entries = [
+        charge.clone(),
+        refund("r1", 300),
+        refund("r2", 200),
+        hold.clone(),
+        LedgerEntry {
+            id: "commit".into(),
+            ..commit
+        },
+    ];
+    store.append(&entries).await.unwrap();
+    assert_eq!(store.charge_of("c-1").await.unwrap(), Some(charge));
+    assert_eq!(store.charge_of("c-unknown").await.unwrap(), None);
+    assert_eq!(store.hold_of("h-1").await.unwrap(), Some(hold));
+    assert_eq!(store.hold_of("c-1").await.unwrap(), None);
+    assert_eq!(store.refunded("c-1").await.unwrap(), 500);
+    assert_eq!(store.refunded("c-unknown").await.unwrap(), 0);
+}
+
+on_policy_stores!(
+    appending_an_entry_twice_stores_it_once,
+    an_entry_breaking_a_constraint_fails_its_whole_batch,
+    pages_filter_by_subject_action_kind_and_time,
+    charges_holds_and_refund_totals_are_found_by_their_ids,
+);

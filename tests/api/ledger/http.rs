@@ -1,0 +1,178 @@
+//! `GET /quota/ledger` over HTTP: shape, filters, paging and validation.
+
+use super::entry;
+use crate::helpers::{
+    fresh_settings, spawn_app, spawn_with, Answer, CounterBackend, PolicyBackend, TestApp,
+};
+use crate::on_policy_stores;
+use quota_ledger::config::Secret;
+use quota_ledger::ledger::{EntryKind, LedgerEntry, LedgerStore};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// An app, and a ledger store on its database to seed entries with.
+async fn app_with_ledger(backend: PolicyBackend) -> (TestApp, Arc<dyn LedgerStore>) {
+    let app = spawn_app(backend, CounterBackend::Memory).await;
+    let ledger = quota_ledger::ledger::sql::connect(&app.settings.database_url)
+        .await
+        .unwrap();
+    (app, ledger)
+}
+
+async fn get_ledger(app: &TestApp, query: &[(&str, &str)]) -> Answer {
+    app.send(
+        app.client
+            .get(format!("{}/quota/ledger", app.address))
+            .query(query),
+    )
+    .await
+}
+
+fn item_ids(answer: &Answer) -> Vec<&str> {
+    answer.body["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no items in {}", answer.body))
+        .iter()
+        .map(|item| item["id"].as_str().unwrap())
+        .collect()
+}
+
+async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: PolicyBackend) {
+    let (app, ledger) = app_with_ledger(backend).await;
+    let hold = LedgerEntry {
+        kind: EntryKind::Hold,
+        consumption_id: None,
+        hold_id: Some("h-1".to_owned()),
+        idempotency_key: Some("key-1".to_owned()),
+        action: "sms.send".to_owned(),
+        ..entry("hold", "bob", 120)
+    };
+    let refund = LedgerEntry {
+        kind: EntryKind::Refund,
+        amount: 200,
+        ..entry("refund", "alice", 60)
+    };
+    ledger
+        .append(&[entry("charge", "alice", 0), refund, hold])
+        .await
+        .unwrap();
+
+    let answer = get_ledger(&app, &[]).await;
+    assert_eq!(answer.status.as_u16(), 200, "{}", answer.body);
+    assert_eq!(item_ids(&answer), ["hold", "refund", "charge"]);
+    assert_eq!(answer.body["next_cursor"], Value::Null);
+    assert_eq!(
+        answer.body["items"][0],
+        json!({"id": "hold", "at": "2026-11-21T12:02:00Z", "kind": "hold", "action": "sms.send",
+               "subject": "bob", "amount": 500, "consumption_id": null, "hold_id": "h-1",
+               "idempotency_key": "key-1",
+               "policies": [{"policy_id": "transfer-daily", "amount": 500}]}),
+        "every public field, and never the internal detail"
+    );
+
+    for (query, expected) in [
+        (vec![("subject", "alice")], vec!["refund", "charge"]),
+        (vec![("action", "sms.send")], vec!["hold"]),
+        (vec![("kind", "refund")], vec!["refund"]),
+        (vec![("kind", "deny")], vec![]),
+        (
+            vec![("from", "2026-11-21T12:01:00Z")],
+            vec!["hold", "refund"],
+        ),
+        (vec![("to", "2026-11-21T07:01:00-05:00")], vec!["charge"]),
+        (
+            vec![
+                ("subject", "alice"),
+                ("kind", "charge"),
+                ("from", "2026-11-21T11:00:00Z"),
+                ("to", "2026-11-21T13:00:00Z"),
+            ],
+            vec!["charge"],
+        ),
+    ] {
+        let answer = get_ledger(&app, &query).await;
+        assert_eq!(answer.status.as_u16(), 200, "{query:?}: {}", answer.body);
+        assert_eq!(item_ids(&answer), expected, "{query:?}");
+    }
+}
+
+async fn next_cursor_walks_the_ledger_page_by_page(backend: PolicyBackend) {
+    let (app, ledger) = app_with_ledger(backend).await;
+    let entries: Vec<_> = (1..=5)
+        .map(|i| entry(&format!("e{i}"), "alice", i))
+        .collect();
+    ledger.append(&entries).await.unwrap();
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = vec![("limit", "2")];
+        if let Some(cursor) = &cursor {
+            query.push(("cursor", cursor));
+        }
+        let answer = get_ledger(&app, &query).await;
+        assert_eq!(answer.status.as_u16(), 200, "{}", answer.body);
+        pages.push(item_ids(&answer).join(","));
+        match answer.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, ["e5,e4", "e3,e2", "e1"]);
+}
+
+async fn invalid_ledger_queries_are_422_naming_the_field(backend: PolicyBackend) {
+    let (app, _) = app_with_ledger(backend).await;
+    for (name, value) in [
+        ("limit", "0"),
+        ("limit", "1001"),
+        ("limit", "ten"),
+        ("kind", "charges"),
+        ("from", "yesterday"),
+        ("to", "2026-11-21"),
+        ("action", "Not An Action"),
+        ("subject", ""),
+        ("cursor", "not-a-cursor"),
+        ("cursor", "s1.zz"),
+    ] {
+        let answer = get_ledger(&app, &[(name, value)]).await;
+        let problem = answer.assert_problem(422);
+        assert_eq!(
+            problem["errors"][0]["field"], name,
+            "{name}={value}: {problem}"
+        );
+    }
+    let answer = get_ledger(&app, &[("limit", "1000")]).await;
+    assert_eq!(answer.status.as_u16(), 200, "1000 is the largest page");
+}
+
+async fn unknown_ledger_query_parameters_are_refused(backend: PolicyBackend) {
+    let (app, _) = app_with_ledger(backend).await;
+    // A misspelt filter must not silently list everything.
+    let answer = get_ledger(&app, &[("subjet", "alice")]).await;
+    let problem = answer.assert_problem(400);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("subjet"),
+        "{problem}"
+    );
+}
+
+async fn the_ledger_needs_a_client_token_when_tokens_are_set(backend: PolicyBackend) {
+    let mut settings = fresh_settings(backend, CounterBackend::Memory).await;
+    settings.client_tokens = vec![Secret::new("client-1")];
+    let app = spawn_with(settings).await;
+    get_ledger(&app, &[]).await.assert_problem(401);
+    let url = format!("{}/quota/ledger", app.address);
+    let wrong = app.send(app.client.get(&url).bearer_auth("client-2")).await;
+    wrong.assert_problem(401);
+    let right = app.send(app.client.get(&url).bearer_auth("client-1")).await;
+    assert_eq!(right.status.as_u16(), 200, "{}", right.body);
+    assert_eq!(right.body, json!({"items": [], "next_cursor": null}));
+}
+
+on_policy_stores!(
+    the_ledger_answers_newest_first_with_the_public_fields_only,
+    next_cursor_walks_the_ledger_page_by_page,
+    invalid_ledger_queries_are_422_naming_the_field,
+    unknown_ledger_query_parameters_are_refused,
+    the_ledger_needs_a_client_token_when_tokens_are_set,
+);
