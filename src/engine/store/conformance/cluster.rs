@@ -15,6 +15,9 @@ use super::{
 };
 use crate::engine::store::{Charge, CounterStore};
 
+/// Slot ranges, first and last slot included.
+type SlotRanges = Vec<(i64, i64)>;
+
 /// One primary of the test cluster, reached directly (not through cluster routing).
 struct Primary {
     /// `host:port`, as the cluster announces it.
@@ -24,7 +27,7 @@ struct Primary {
     /// The node id, for CLUSTER SETSLOT.
     id: String,
     /// The slot ranges it serves.
-    slots: Vec<(i64, i64)>,
+    slots: SlotRanges,
     /// A plain connection to it.
     connection: MultiplexedConnection,
 }
@@ -61,18 +64,19 @@ impl Topology {
             .query_async(&mut first.clone())
             .await
             .expect("CLUSTER SLOTS");
-        let mut by_id: BTreeMap<String, (String, u16, Vec<(i64, i64)>)> = BTreeMap::new();
+        // Primaries by id: where they listen and the slot ranges they serve.
+        let mut by_id: BTreeMap<String, ((String, u16), SlotRanges)> = BTreeMap::new();
         for range in &ranges {
             let number = |i: usize| from_redis_value_ref::<i64>(&range[i]).expect("a slot number");
             let master: Vec<Value> = from_redis_value_ref(&range[2]).expect("the primary");
             let host: String = from_redis_value_ref(&master[0]).expect("its host");
             let port: u16 = from_redis_value_ref(&master[1]).expect("its port");
             let id: String = from_redis_value_ref(&master[2]).expect("its id");
-            let entry = by_id.entry(id).or_insert((host, port, Vec::new()));
-            entry.2.push((number(0), number(1)));
+            let entry = by_id.entry(id).or_insert(((host, port), Vec::new()));
+            entry.1.push((number(0), number(1)));
         }
         let mut primaries = Vec::new();
-        for (id, (host, port, slots)) in by_id {
+        for (id, ((host, port), slots)) in by_id {
             let connection = plain_connection(&format!("redis://{host}:{port}/")).await;
             primaries.push(Primary {
                 host,
