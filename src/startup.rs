@@ -114,6 +114,7 @@ impl Application {
                     SwaggerUi::new("/swagger-ui/{_:.*}")
                         .url("/api-docs/openapi.json", spec.clone()),
                 )
+                .default_service(web::to(api::routing::unrouted))
                 .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
         })
         .listen(listener)

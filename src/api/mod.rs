@@ -10,6 +10,7 @@ pub mod health;
 pub mod openapi;
 pub mod problem;
 pub mod quota;
+pub mod routing;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;
