@@ -11,6 +11,7 @@ pub mod openapi;
 pub mod problem;
 pub mod quota;
 pub mod routing;
+pub mod wire;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;

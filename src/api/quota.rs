@@ -3,6 +3,7 @@
 use super::dto::{MeasureDto, ModeDto};
 use super::extract::{ApiJson, ClientAuth};
 use super::problem::{ApiError, Problem};
+use super::wire::{optional_whole_number, Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, FieldErrors, Measure, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, PolicyDecision};
@@ -17,15 +18,18 @@ use utoipa::{IntoParams, ToSchema};
 #[serde(deny_unknown_fields)]
 pub struct ConsumeInput {
     /// The action, e.g. `transfer`.
-    #[schema(example = "transfer")]
+    #[schema(value_type = Slug, example = "transfer")]
     pub action: String,
     /// Who acts: 1-256 bytes of printable UTF-8.
-    #[schema(example = "user-42")]
+    #[schema(value_type = SubjectText, example = "user-42")]
     pub subject: String,
     /// Minor units to charge to `amount` policies; default 1, at least 1.
+    #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(example = 50000, minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: Option<i64>,
-    /// Makes retries safe: 1-128 characters, scoped to action + subject.
+    /// Makes retries safe: 1-128 characters, scoped to action + subject. Not supported yet:
+    /// any value is answered 422, so the field stays out of the schema until it is.
+    #[schema(ignore)]
     pub idempotency_key: Option<String>,
 }
 
@@ -84,12 +88,14 @@ pub struct UsageAnswer {
     pub policies: Vec<PolicyUsage>,
 }
 
-/// Which usage to read.
+/// Which usage to read. Both are required; a missing one is named in the 422.
 #[derive(Debug, Deserialize, IntoParams)]
 pub struct UsageQuery {
     /// The action.
+    #[param(required = true, value_type = Slug, example = "transfer")]
     pub action: Option<String>,
     /// The subject.
+    #[param(required = true, value_type = SubjectText, example = "user-42")]
     pub subject: Option<String>,
 }
 
@@ -192,7 +198,8 @@ fn respond(
         (status = 200, description = "Allowed and charged", body = ConsumeAnswer,
             headers(("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 429, description = "Denied; nothing charged", body = ConsumeAnswer,
-            headers(("Retry-After" = String, description = "Seconds until the same request would pass"))),
+            headers(("Retry-After" = String, description = "Seconds until the same request would pass; absent if it never can"),
+                ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
@@ -220,9 +227,11 @@ pub async fn consume(
     tag = "quota",
     request_body = ConsumeInput,
     responses(
-        (status = 200, description = "Would be allowed", body = ConsumeAnswer),
+        (status = 200, description = "Would be allowed", body = ConsumeAnswer,
+            headers(("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 429, description = "Would be denied", body = ConsumeAnswer,
-            headers(("Retry-After" = String, description = "Seconds until it would pass"))),
+            headers(("Retry-After" = String, description = "Seconds until it would pass; absent if it never can"),
+                ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
@@ -250,6 +259,7 @@ pub async fn check(
     params(UsageQuery),
     responses(
         (status = 200, description = "Usage", body = UsageAnswer),
+        (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Missing or invalid action or subject", body = Problem, content_type = "application/problem+json"),

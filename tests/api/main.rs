@@ -7,6 +7,7 @@ mod helpers;
 mod admin;
 mod concurrency;
 mod errors;
+mod http_semantics;
 mod openapi;
 mod outages;
 mod quota;
