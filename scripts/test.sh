@@ -5,6 +5,8 @@
 #   2. cargo clippy --all-targets -- -D warnings
 #   3. cargo test --workspace, with private throw-away Redis (+ Redis Cluster)
 #      and PostgreSQL instances started by scripts/with-stores.sh
+#   4. scripts/fuzz.sh: Schemathesis fuzzes the running service (the debug
+#      binary step 3 built) against its own OpenAPI document
 #
 # Extra arguments go to `cargo test`, e.g.  scripts/test.sh -- --nocapture
 # Exits non-zero as soon as a step fails. CI runs this via .ci/run.
@@ -34,5 +36,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 banner "cargo test --workspace $* (with private Redis + PostgreSQL)"
 bash scripts/with-stores.sh cargo test --workspace "$@"
+
+banner "scripts/fuzz.sh (Schemathesis against the OpenAPI document)"
+bash scripts/fuzz.sh
 
 banner "all checks passed"

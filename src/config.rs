@@ -98,6 +98,14 @@ impl Settings {
             Some("allow") => OnStoreError::Allow,
             Some(other) => bail!("QUOTA_ON_STORE_ERROR must be deny or allow, not '{other}'"),
         };
+        let redis_prefix = get("QUOTA_REDIS_PREFIX").unwrap_or_else(|| "ql".to_owned());
+        if redis_prefix.contains(['{', '}']) {
+            // Redis Cluster hashes the first `{...}` of a key: braces in the prefix would make
+            // it the hash tag of every key, putting all subjects on one slot (one node).
+            bail!(
+                "QUOTA_REDIS_PREFIX must not contain '{{' or '}}': keys carry their own hash tag"
+            );
+        }
         let redis_timeout_ms: u64 = get("QUOTA_REDIS_TIMEOUT_MS")
             .map(|v| v.parse())
             .transpose()
@@ -127,7 +135,7 @@ impl Settings {
                 .unwrap_or_else(|| "sqlite://quota-ledger.db".to_owned()),
             redis_urls,
             redis_cluster,
-            redis_prefix: get("QUOTA_REDIS_PREFIX").unwrap_or_else(|| "ql".to_owned()),
+            redis_prefix,
             redis_timeout: Duration::from_millis(redis_timeout_ms.max(1)),
             admin_token: get("QUOTA_ADMIN_TOKEN").map(Secret::new),
             client_tokens: get("QUOTA_CLIENT_TOKENS")
@@ -211,6 +219,7 @@ mod tests {
         assert!(settings(&[("QUOTA_ON_STORE_ERROR", "maybe")]).is_err());
         assert!(settings(&[("REDIS_CLUSTER", "true")]).is_err());
         assert!(settings(&[("QUOTA_LISTEN", "nowhere")]).is_err());
+        assert!(settings(&[("QUOTA_REDIS_PREFIX", "ql{prod}")]).is_err());
     }
 
     #[test]

@@ -178,6 +178,7 @@ impl Application {
                     SwaggerUi::new("/swagger-ui/{_:.*}")
                         .url("/api-docs/openapi.json", spec.clone()),
                 )
+                .default_service(web::to(api::routing::unrouted))
                 .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
                 // Outermost, so that even the answers rewritten above carry the request id.
                 .wrap(from_fn(api::request_id::middleware))

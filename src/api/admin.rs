@@ -1,8 +1,11 @@
 //! The admin API: policy and override CRUD, behind the admin token.
 
-use super::dto::{OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyList, PolicyOut};
+use super::dto::{
+    NewPolicyInput, OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyList, PolicyOut,
+};
 use super::extract::{AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
+use super::wire::{Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Override, Policy, PolicyId, PolicySpec, Subject};
 use actix_web::http::header;
@@ -22,27 +25,74 @@ fn etag(version: i64) -> (header::HeaderName, String) {
     (header::ETAG, format!("\"{version}\""))
 }
 
-/// The version named by `If-Match`, if the header is present: `Some(None)` for `*`.
-fn if_match(req: &HttpRequest) -> Result<Option<Option<i64>>, ApiError> {
-    let Some(value) = req.headers().get(header::IF_MATCH) else {
-        return Ok(None);
-    };
-    let text = value.to_str().unwrap_or("").trim();
-    if text == "*" {
-        return Ok(Some(None));
-    }
-    let unquoted = text.trim_start_matches("W/").trim_matches('"');
-    unquoted
-        .parse()
-        .map(|v| Some(Some(v)))
-        .map_err(|_| ApiError::PreconditionFailed(format!("If-Match '{text}' names no version")))
+/// A parsed `If-Match` (RFC 9110, section 13.1.1).
+enum IfMatch {
+    /// `*`: any current representation.
+    Any,
+    /// A list of entity tags, each `(weak, opaque tag without its quotes)`.
+    Tags(Vec<(bool, String)>),
 }
 
+/// Parses `1#entity-tag`: `[W/]"<visible ASCII but '"'>"` separated by `OWS "," OWS`, with
+/// optional surrounding whitespace (the `If-Match` pattern in the spec); `None` if malformed.
+fn entity_tags(text: &str) -> Option<Vec<(bool, String)>> {
+    const OWS: [char; 2] = [' ', '\t'];
+    let mut tags = Vec::new();
+    let mut rest = text.trim_matches(OWS);
+    loop {
+        let (weak, tag) = match rest.strip_prefix("W/") {
+            Some(tag) => (true, tag),
+            None => (false, rest),
+        };
+        let tag = tag.strip_prefix('"')?;
+        let end = tag.find('"')?;
+        let opaque = &tag[..end];
+        if !opaque
+            .bytes()
+            .all(|b| b == 0x21 || (0x23..=0x7e).contains(&b))
+        {
+            return None;
+        }
+        tags.push((weak, opaque.to_owned()));
+        rest = tag[end + 1..].trim_start_matches(OWS);
+        if rest.is_empty() {
+            return Some(tags);
+        }
+        rest = rest.strip_prefix(',')?.trim_start_matches(OWS);
+    }
+}
+
+/// Reads `If-Match` strictly: a malformed one is 400, so that a request meant to be
+/// conditional never runs unconditionally.
+fn if_match(req: &HttpRequest) -> Result<Option<IfMatch>, ApiError> {
+    let mut lines = Vec::new();
+    for value in req.headers().get_all(header::IF_MATCH) {
+        lines.push(value.to_str().map_err(|_| malformed_if_match())?);
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    let text = lines.join(", ");
+    if text.trim_matches([' ', '\t']) == "*" {
+        return Ok(Some(IfMatch::Any));
+    }
+    entity_tags(&text)
+        .map(|tags| Some(IfMatch::Tags(tags)))
+        .ok_or_else(malformed_if_match)
+}
+
+fn malformed_if_match() -> ApiError {
+    ApiError::Malformed("If-Match must be * or a list of entity tags such as \"3\"".to_owned())
+}
+
+/// 412 unless `If-Match` is absent, `*`, or names the current version as a strong tag (weak
+/// tags never match, per RFC 9110).
 fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
+    let current_tag = current.version.to_string();
     match if_match(req)? {
-        Some(Some(expected)) if expected != current.version => {
+        Some(IfMatch::Tags(tags)) if !tags.iter().any(|(weak, t)| !weak && *t == current_tag) => {
             Err(ApiError::PreconditionFailed(format!(
-                "policy '{}' is at version {}, not {expected}",
+                "policy '{}' is at version {}, which If-Match does not name",
                 current.id, current.version
             )))
         }
@@ -90,6 +140,7 @@ async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
     params(PolicyFilter),
     responses(
         (status = 200, description = "The policies", body = PolicyList),
+        (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
@@ -121,7 +172,7 @@ pub async fn list_policies(
 /// Creates a policy.
 #[utoipa::path(
     tag = "admin",
-    request_body = PolicyInput,
+    request_body = NewPolicyInput,
     responses(
         (status = 201, description = "Created", body = PolicyOut,
             headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version"))),
@@ -139,9 +190,9 @@ pub async fn list_policies(
 pub async fn create_policy(
     _auth: AdminAuth,
     state: web::Data<AppState>,
-    body: ApiJson<PolicyInput>,
+    ApiJson(NewPolicyInput(body)): ApiJson<NewPolicyInput>,
 ) -> Result<HttpResponse, ApiError> {
-    let (id, spec) = body.0.parse()?;
+    let (id, spec) = body.parse()?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
     ensure_room(&state, &id, &spec).await?;
     let now = state.clock.now().trunc_subsecs(3);
@@ -173,7 +224,7 @@ pub async fn create_policy(
 /// Reads one policy; its `ETag` is the version.
 #[utoipa::path(
     tag = "admin",
-    params(("id" = String, Path, description = "Policy id")),
+    params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily"))),
     responses(
         (status = 200, description = "The policy", body = PolicyOut, headers(("ETag" = String, description = "The version"))),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
@@ -201,13 +252,14 @@ pub async fn get_policy(
 #[utoipa::path(
     tag = "admin",
     params(
-        ("id" = String, Path, description = "Policy id"),
-        ("If-Match" = Option<String>, Header, description = "The ETag read before"),
+        ("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")),
+        ("If-Match" = Option<String>, Header, nullable = false, description = "The ETag read before: `*` or entity tags such as `\"3\"`; a weak tag never matches",
+            pattern = r#"^[ \t]*(\*|(W/)?"[\x21\x23-\x7E]*"([ \t]*,[ \t]*(W/)?"[\x21\x23-\x7E]*")*)[ \t]*$"#),
     ),
     request_body = PolicyInput,
     responses(
         (status = 200, description = "Replaced", body = PolicyOut, headers(("ETag" = String, description = "The new version"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The action has 32 policies already", body = Problem, content_type = "application/problem+json"),
@@ -262,11 +314,13 @@ pub async fn replace_policy(
 #[utoipa::path(
     tag = "admin",
     params(
-        ("id" = String, Path, description = "Policy id"),
-        ("If-Match" = Option<String>, Header, description = "The ETag read before"),
+        ("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")),
+        ("If-Match" = Option<String>, Header, nullable = false, description = "The ETag read before: `*` or entity tags such as `\"3\"`; a weak tag never matches",
+            pattern = r#"^[ \t]*(\*|(W/)?"[\x21\x23-\x7E]*"([ \t]*,[ \t]*(W/)?"[\x21\x23-\x7E]*")*)[ \t]*$"#),
     ),
     responses(
         (status = 204, description = "Deleted"),
+        (status = 400, description = "Malformed If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
@@ -301,7 +355,7 @@ pub async fn delete_policy(
 /// Lists the overrides of a policy.
 #[utoipa::path(
     tag = "admin",
-    params(("id" = String, Path, description = "Policy id")),
+    params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily"))),
     responses(
         (status = 200, description = "The overrides", body = OverrideList),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
@@ -337,7 +391,7 @@ async fn override_target(
 /// Reads one override.
 #[utoipa::path(
     tag = "admin",
-    params(("id" = String, Path, description = "Policy id"), ("subject" = String, Path, description = "Subject (URL-encoded)")),
+    params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")), ("subject" = SubjectText, Path, description = "Subject (URL-encoded)", example = json!("user-42"))),
     responses(
         (status = 200, description = "The override", body = OverrideOut),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
@@ -367,7 +421,7 @@ pub async fn get_override(
 /// Creates or replaces the override of a policy for one subject.
 #[utoipa::path(
     tag = "admin",
-    params(("id" = String, Path, description = "Policy id"), ("subject" = String, Path, description = "Subject (URL-encoded)")),
+    params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")), ("subject" = SubjectText, Path, description = "Subject (URL-encoded)", example = json!("user-42"))),
     request_body = OverrideInput,
     responses(
         (status = 200, description = "Replaced", body = OverrideOut),
@@ -413,7 +467,7 @@ pub async fn put_override(
 /// Deletes the override of a policy for one subject.
 #[utoipa::path(
     tag = "admin",
-    params(("id" = String, Path, description = "Policy id"), ("subject" = String, Path, description = "Subject (URL-encoded)")),
+    params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")), ("subject" = SubjectText, Path, description = "Subject (URL-encoded)", example = json!("user-42"))),
     responses(
         (status = 204, description = "Deleted"),
         (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),

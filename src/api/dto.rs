@@ -1,12 +1,15 @@
 //! Wire shapes of the admin API (the only place, with `quota.rs`, that derives `ToSchema`).
 
+use super::wire::{whole_number, Slug, TimeZoneName};
 use crate::domain::{
     Action, CalendarPeriod, FieldErrors, Measure, Mode, Override, OverrideSpec, Policy, PolicyId,
     PolicySpec, Quantity, Window,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 /// A policy's time window.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -19,22 +22,26 @@ pub enum WindowDto {
         period: PeriodDto,
         /// IANA time zone name; default `UTC`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        #[schema(example = "America/New_York")]
+        #[schema(value_type = Option<TimeZoneName>, example = "America/New_York")]
         timezone: Option<String>,
     },
     /// Total in any trailing `seconds` never exceeds the limit; counted in buckets.
     Rolling {
-        /// Window length W in seconds.
-        #[schema(example = 86400, minimum = 1)]
+        /// Window length W in seconds, at most 366 days.
+        #[serde(deserialize_with = "whole_number")]
+        #[schema(example = 86400, minimum = 1, maximum = 31622400)]
         seconds: i64,
         /// Bucket length B in seconds; divides W; at most 1,440 buckets.
-        #[schema(example = 3600, minimum = 1)]
+        #[serde(deserialize_with = "whole_number")]
+        #[schema(example = 3600, minimum = 1, maximum = 31622400)]
         bucket_seconds: i64,
     },
     /// `limit` units per `seconds`, refilled smoothly (GCRA); bursts up to `limit`.
     TokenBucket {
-        /// Refill period in seconds.
-        #[schema(example = 3600, minimum = 1)]
+        /// Refill period in seconds, at most 366 days; `limit × seconds × 1000` must stay
+        /// below 2^53.
+        #[serde(deserialize_with = "whole_number")]
+        #[schema(example = 3600, minimum = 1, maximum = 31622400)]
         seconds: i64,
     },
 }
@@ -80,17 +87,18 @@ pub enum ModeDto {
 #[serde(deny_unknown_fields)]
 pub struct PolicyInput {
     /// 1-64 chars of `[a-z0-9._-]`; required on `POST`, must match the path on `PUT`.
-    #[schema(example = "transfer-usd-daily")]
+    #[schema(value_type = Option<Slug>, example = "transfer-usd-daily")]
     pub id: Option<String>,
     /// The action limited; 1-64 chars of `[a-z0-9._-]`.
-    #[schema(example = "transfer")]
+    #[schema(value_type = Slug, example = "transfer")]
     pub action: String,
     /// `count` charges 1 per consume, `amount` charges the request's amount.
     pub measure: MeasureDto,
-    /// Display label of the units, e.g. `USD cents`.
-    #[schema(example = "USD cents")]
+    /// Display label of the units, e.g. `USD cents`; at most 64 characters.
+    #[schema(example = "USD cents", max_length = 64)]
     pub unit: Option<String>,
     /// Integer in [0, 2^53-1].
+    #[serde(deserialize_with = "whole_number")]
     #[schema(example = 200000, minimum = 0, maximum = 9007199254740991_i64)]
     pub limit: i64,
     /// The time window.
@@ -102,7 +110,39 @@ pub struct PolicyInput {
     /// Default false: record denied attempts in the ledger too.
     pub ledger_denials: Option<bool>,
     /// Free text, at most 1,024 characters.
+    #[schema(max_length = 1024)]
     pub description: Option<String>,
+}
+
+/// A policy as created by `POST`: a [`PolicyInput`] whose `id` is required.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct NewPolicyInput(pub PolicyInput);
+
+impl PartialSchema for NewPolicyInput {
+    fn schema() -> RefOr<Schema> {
+        AllOfBuilder::new()
+            .item(Ref::from_schema_name(PolicyInput::name()))
+            .item(
+                ObjectBuilder::new()
+                    .property("id", Ref::from_schema_name(Slug::name()))
+                    .required("id"),
+            )
+            .description(Some("A policy as created by `POST`: `id` is required."))
+            .into()
+    }
+}
+
+impl ToSchema for NewPolicyInput {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        for (name, schema) in [
+            (PolicyInput::name(), PolicyInput::schema()),
+            (Slug::name(), Slug::schema()),
+        ] {
+            schemas.push((name.into_owned(), schema));
+        }
+        PolicyInput::schemas(schemas);
+    }
 }
 
 /// A stored policy.
@@ -149,12 +189,15 @@ pub struct PolicyList {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OverrideInput {
-    /// The limit for this subject, replacing the policy's; [0, 2^53-1].
+    /// The limit for this subject, replacing the policy's; [0, 2^53-1] (a token bucket's
+    /// window bounds it further, as it bounds the policy's).
+    #[serde(deserialize_with = "whole_number")]
     #[schema(example = 500000, minimum = 0, maximum = 9007199254740991_i64)]
     pub limit: i64,
     /// When the override stops applying (RFC 3339); absent for never.
     pub expires_at: Option<DateTime<Utc>>,
     /// Why it exists, at most 1,024 characters.
+    #[schema(max_length = 1024)]
     pub note: Option<String>,
 }
 

@@ -2,6 +2,7 @@
 
 use super::extract::ClientAuth;
 use super::problem::{ApiError, Problem};
+use super::wire::{Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, FieldError, FieldErrors, Subject};
 use crate::ledger::{EntryKind, LedgerEntry, LedgerFilter, PolicyAmount, MAX_PAGE};
@@ -126,8 +127,10 @@ pub struct LedgerList {
 #[serde(deny_unknown_fields)]
 pub struct LedgerQuery {
     /// Only this subject.
+    #[param(value_type = Option<SubjectText>)]
     pub subject: Option<String>,
     /// Only this action.
+    #[param(value_type = Option<Slug>)]
     pub action: Option<String>,
     /// Only this kind: charge, refund, hold, commit, release, expire or deny.
     #[param(value_type = Option<EntryKindDto>)]
@@ -141,7 +144,8 @@ pub struct LedgerQuery {
     /// Entries per page: 1-1000, default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     pub limit: Option<String>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page (opaque; only values handed out are accepted).
+    #[param(pattern = "^s1\\.(?:[1-9a-f][0-9a-f]{0,14}|[1-7][0-9a-f]{15})$")]
     pub cursor: Option<String>,
 }
 
@@ -195,11 +199,7 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
         .to
         .as_deref()
         .and_then(|t| errors.take(instant("to", t)));
-    if let (Some(from), Some(to)) = (filter.from, filter.to) {
-        if to <= from {
-            errors.push(FieldError::new("to", "must be later than from"));
-        }
-    }
+    // `to <= from` is a valid, empty range (JSON Schema cannot state the rule either).
     let limit = errors.take(page_size(query.limit.as_deref()));
     let limit = errors.finish(|| limit.unwrap_or(DEFAULT_PAGE))?;
     Ok((filter, limit))
@@ -268,10 +268,6 @@ mod tests {
             ("kind=charges", vec!["kind"]),
             ("from=yesterday", vec!["from"]),
             ("to=2026-11-21", vec!["to"]),
-            (
-                "from=2026-11-21T12:00:00Z&to=2026-11-21T12:00:00Z",
-                vec!["to"],
-            ),
             ("action=Not%20An%20Action", vec!["action"]),
             ("subject=", vec!["subject"]),
             ("kind=x&limit=0&action=A", vec!["action", "kind", "limit"]),

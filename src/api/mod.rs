@@ -14,6 +14,8 @@ pub mod payments;
 pub mod problem;
 pub mod quota;
 pub mod request_id;
+pub mod routing;
+pub mod wire;
 
 use crate::engine::clock::Clock;
 use crate::engine::Engine;

@@ -48,13 +48,37 @@ impl Modify for BearerSchemes {
     }
 }
 
+/// Marks each variant of `WindowDto` as closed (`additionalProperties: false`), as serde's
+/// `deny_unknown_fields` makes it: utoipa carries that attribute into structs, not into the
+/// variants of an internally tagged enum. Applied once the routes have added their schemas.
+struct ClosedWindowVariants;
+
+impl Modify for ClosedWindowVariants {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{AdditionalProperties, Schema};
+        use utoipa::openapi::RefOr;
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        if let Some(RefOr::T(Schema::OneOf(window))) = components.schemas.get_mut("WindowDto") {
+            for variant in &mut window.items {
+                if let RefOr::T(Schema::Object(object)) = variant {
+                    object.additional_properties =
+                        Some(Box::new(AdditionalProperties::FreeForm(false)));
+                }
+            }
+        }
+    }
+}
+
 /// The complete document, as served at `/api-docs/openapi.json`.
 pub fn spec() -> utoipa::openapi::OpenApi {
-    let (_, api) = actix_web::App::new()
+    let (_, mut api) = actix_web::App::new()
         .into_utoipa_app()
         .openapi(ApiDoc::openapi())
         .configure(super::routes)
         .split_for_parts();
+    ClosedWindowVariants.modify(&mut api);
     api
 }
 

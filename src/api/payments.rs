@@ -4,6 +4,7 @@ use super::extract::{parse_json, ApiJson, ClientAuth};
 use super::ledger::LedgerEntryOut;
 use super::problem::{ApiError, Problem};
 use super::quota::{idempotency_key, parse, respond, usage_of, ConsumeAnswer, PolicyUsage};
+use super::wire::{optional_whole_number, whole_number, IdempotencyKey, Slug, SubjectText};
 use super::AppState;
 use crate::domain::{FieldErrors, Quantity};
 use crate::engine::giveback::Settle;
@@ -21,11 +22,14 @@ pub const MAX_HOLD_SECONDS: i64 = 30 * 24 * 3_600;
 #[serde(deny_unknown_fields)]
 pub struct RefundInput {
     /// The `consumption_id` of the consume.
+    #[schema(min_length = 1, max_length = 64)]
     pub consumption_id: String,
     /// Minor units to give back; default: everything not refunded yet.
+    #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: Option<i64>,
     /// Makes retries safe (scoped to the consumption).
+    #[schema(value_type = Option<IdempotencyKey>)]
     pub idempotency_key: Option<String>,
 }
 
@@ -34,16 +38,21 @@ pub struct RefundInput {
 #[serde(deny_unknown_fields)]
 pub struct HoldInput {
     /// The action.
+    #[schema(value_type = Slug, example = "transfer")]
     pub action: String,
     /// The subject.
+    #[schema(value_type = SubjectText, example = "user-42")]
     pub subject: String,
     /// Minor units to hold; default 1.
+    #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: Option<i64>,
     /// Seconds until the hold is released unless settled; 1 to 2,592,000 (30 days).
+    #[serde(deserialize_with = "whole_number")]
     #[schema(minimum = 1, maximum = 2592000)]
     pub ttl_seconds: i64,
     /// Makes retries safe (scoped to action + subject).
+    #[schema(value_type = Option<IdempotencyKey>)]
     pub idempotency_key: Option<String>,
 }
 
@@ -64,6 +73,7 @@ pub struct HoldAnswer {
 #[serde(deny_unknown_fields)]
 pub struct CommitInput {
     /// Minor units to keep (1 ..= held); default: all of it. The rest is given back.
+    #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: Option<i64>,
 }
@@ -220,9 +230,10 @@ pub async fn commit_hold(
 ) -> Result<HttpResponse, ApiError> {
     let input: CommitInput = match body.is_empty() {
         true => CommitInput::default(),
+        // `null` is the JSON spelling of "no body" (the schema's optional request body).
         false => {
-            let ApiJson(input) = ApiJson::from_bytes(&req, &body)?;
-            input
+            let ApiJson(input) = ApiJson::<Option<CommitInput>>::from_bytes(&req, &body)?;
+            input.unwrap_or_default()
         }
     };
     let mut errors = FieldErrors::default();

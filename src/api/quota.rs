@@ -3,6 +3,7 @@
 use super::dto::{MeasureDto, ModeDto};
 use super::extract::{ApiJson, ClientAuth};
 use super::problem::{ApiError, Problem};
+use super::wire::{optional_whole_number, IdempotencyKey, Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, FieldErrors, Measure, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, PolicyDecision};
@@ -18,18 +19,20 @@ use utoipa::{IntoParams, ToSchema};
 #[serde(deny_unknown_fields)]
 pub struct ConsumeInput {
     /// The action, e.g. `transfer`.
-    #[schema(example = "transfer")]
+    #[schema(value_type = Slug, example = "transfer")]
     pub action: String,
     /// Who acts: 1-256 bytes of printable UTF-8.
-    #[schema(example = "user-42")]
+    #[schema(value_type = SubjectText, example = "user-42")]
     pub subject: String,
     /// Minor units to charge to `amount` policies; default 1, at least 1.
+    #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(example = 50000, minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: Option<i64>,
     /// Makes retries safe: 1-128 characters, scoped to action + subject. A retry with the
     /// same key returns the original answer (`replayed: true`) and charges nothing more; the
     /// same key with another amount is 409. Kept at least 24 h and at least as long as the
     /// longest window charged. Only charged answers are kept: a denied consume may be retried.
+    #[schema(value_type = Option<IdempotencyKey>)]
     pub idempotency_key: Option<String>,
 }
 
@@ -88,12 +91,14 @@ pub struct UsageAnswer {
     pub policies: Vec<PolicyUsage>,
 }
 
-/// Which usage to read.
+/// Which usage to read. Both are required; a missing one is named in the 422.
 #[derive(Debug, Deserialize, IntoParams)]
 pub struct UsageQuery {
     /// The action.
+    #[param(required = true, value_type = Slug, example = "transfer")]
     pub action: Option<String>,
     /// The subject.
+    #[param(required = true, value_type = SubjectText, example = "user-42")]
     pub subject: Option<String>,
 }
 
@@ -246,7 +251,8 @@ pub(super) fn respond(
         (status = 200, description = "Allowed and charged", body = ConsumeAnswer,
             headers(("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 429, description = "Denied; nothing charged", body = ConsumeAnswer,
-            headers(("Retry-After" = String, description = "Seconds until the same request would pass"))),
+            headers(("Retry-After" = String, description = "Seconds until the same request would pass; absent if it never can"),
+                ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
@@ -280,9 +286,11 @@ pub async fn consume(
     tag = "quota",
     request_body = ConsumeInput,
     responses(
-        (status = 200, description = "Would be allowed", body = ConsumeAnswer),
+        (status = 200, description = "Would be allowed", body = ConsumeAnswer,
+            headers(("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 429, description = "Would be denied", body = ConsumeAnswer,
-            headers(("Retry-After" = String, description = "Seconds until it would pass"))),
+            headers(("Retry-After" = String, description = "Seconds until it would pass; absent if it never can"),
+                ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
@@ -311,6 +319,7 @@ pub async fn check(
     params(UsageQuery),
     responses(
         (status = 200, description = "Usage", body = UsageAnswer),
+        (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Missing or invalid action or subject", body = Problem, content_type = "application/problem+json"),

@@ -1,5 +1,5 @@
-//! Under concurrency the limit holds exactly, on one instance and across two sharing Redis;
-//! and one consume costs Redis exactly one command.
+//! Under concurrency the limit holds exactly, on one instance and across two sharing Redis
+//! (standalone or Cluster); and one consume costs Redis exactly one command.
 
 use crate::helpers::{
     calendar_policy, fresh_settings, spawn_app, spawn_with, CounterBackend, PolicyBackend,
@@ -49,8 +49,17 @@ async fn three_hundred_concurrent_consumes_allow_exactly_the_limit_on_redis() {
 }
 
 #[tokio::test]
-async fn two_instances_sharing_redis_allow_exactly_the_limit_together() {
-    let first = spawn_app(PolicyBackend::Postgres, CounterBackend::Redis).await;
+async fn three_hundred_concurrent_consumes_allow_exactly_the_limit_on_the_cluster() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Cluster).await;
+    app.must_create_policy(calendar_policy("p", "sms.send", 100, "day", "UTC"))
+        .await;
+    assert_eq!(burst(&[&app], 300).await, 100);
+}
+
+/// Two instances with the same policy database and counter store (and key prefix) split a
+/// burst of 300 between them: together they allow exactly the limit of 100.
+async fn two_instances_allow_exactly_the_limit_together(counters: CounterBackend) {
+    let first = spawn_app(PolicyBackend::Postgres, counters).await;
     let rolling = json!({"id": "p", "action": "sms.send", "measure": "count", "limit": 100,
         "window": {"type": "rolling", "seconds": 3600, "bucket_seconds": 60}});
     first.must_create_policy(rolling).await;
@@ -58,6 +67,16 @@ async fn two_instances_sharing_redis_allow_exactly_the_limit_together() {
     assert_eq!(burst(&[&first, &second], 300).await, 100);
     let usage = second.usage("sms.send", "user-42").await;
     assert_eq!(usage.body["policies"][0]["used"], 100);
+}
+
+#[tokio::test]
+async fn two_instances_sharing_redis_allow_exactly_the_limit_together() {
+    two_instances_allow_exactly_the_limit_together(CounterBackend::Redis).await;
+}
+
+#[tokio::test]
+async fn two_instances_sharing_the_cluster_allow_exactly_the_limit_together() {
+    two_instances_allow_exactly_the_limit_together(CounterBackend::Cluster).await;
 }
 
 /// Watches every command Redis receives (MONITOR) until `ECHO <marker>` arrives; returns

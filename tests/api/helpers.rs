@@ -29,6 +29,8 @@ pub enum CounterBackend {
     Memory,
     /// The test Redis, under a unique key prefix.
     Redis,
+    /// The test Redis Cluster (3 masters), under a unique key prefix.
+    Cluster,
 }
 
 /// The admin token every test app uses.
@@ -45,6 +47,27 @@ fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run the tests with scripts/test.sh, which starts Redis and Postgres")
     })
+}
+
+/// The nodes of the test Redis Cluster (`QUOTA_TEST_REDIS_CLUSTER_URLS`, comma-separated).
+pub fn cluster_urls() -> Vec<String> {
+    let urls: Vec<String> = std::env::var("QUOTA_TEST_REDIS_CLUSTER_URLS")
+        .unwrap_or_else(|_| {
+            panic!(
+                "QUOTA_TEST_REDIS_CLUSTER_URLS is not set: run the tests with scripts/test.sh \
+                 (scripts/with-stores.sh starts a 3-master Redis Cluster unless WITH_STORES_CLUSTER=0)"
+            )
+        })
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !urls.is_empty(),
+        "QUOTA_TEST_REDIS_CLUSTER_URLS lists no node"
+    );
+    urls
 }
 
 /// A running application and what a test needs to talk to it.
@@ -99,8 +122,9 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         redis_urls: match counters {
             CounterBackend::Memory => Vec::new(),
             CounterBackend::Redis => vec![env("QUOTA_TEST_REDIS_URL")],
+            CounterBackend::Cluster => cluster_urls(),
         },
-        redis_cluster: false,
+        redis_cluster: counters == CounterBackend::Cluster,
         redis_prefix: format!("t{}", uuid::Uuid::new_v4().simple()),
         redis_timeout: Duration::from_millis(2_000),
         admin_token: Some(Secret::new(ADMIN_TOKEN)),
@@ -296,6 +320,9 @@ macro_rules! on_counter_stores {
         }
         mod on_redis {
             $( #[tokio::test] async fn $name() { super::$name($crate::helpers::CounterBackend::Redis).await } )*
+        }
+        mod on_cluster {
+            $( #[tokio::test] async fn $name() { super::$name($crate::helpers::CounterBackend::Cluster).await } )*
         }
     };
 }

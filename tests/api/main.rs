@@ -8,6 +8,7 @@ mod admin;
 mod concurrency;
 mod crash;
 mod errors;
+mod http_semantics;
 mod ledger;
 mod observability;
 mod openapi;

@@ -1,5 +1,5 @@
 //! The engine's conformance suite over real HTTP: every scenario runs on the in-process
-//! counters and on real Redis, with a fake clock.
+//! counters, on real Redis and on a real 3-master Redis Cluster, with a fake clock.
 
 use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend, TestApp};
 use crate::on_counter_stores;

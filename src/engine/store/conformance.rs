@@ -1,17 +1,21 @@
 //! One scenario suite for every [`CounterStore`]: each scenario is written once, against the
-//! trait, and [`scenarios!`] runs it on the in-process store and on Redis.
+//! trait, and [`scenarios!`] runs it on the in-process store, on Redis and on Redis Cluster.
 //!
-//! Redis is the server at `QUOTA_TEST_REDIS_URL` (the test command always sets it; without
-//! it the Redis variants fail rather than skip, so a green run means both backends ran).
-//! Each test uses its own hash tag, so tests run in parallel on one server, and deletes its
-//! keys at the end. Time is a fake clock around [`T0`], far from real time: the stores must
-//! only ever use the `now_ms` they are given (Redis TTLs are relative for that reason).
+//! Redis is the server at `QUOTA_TEST_REDIS_URL`, the cluster the nodes listed in
+//! `QUOTA_TEST_REDIS_CLUSTER_URLS` (the test command always sets both; without them the Redis
+//! and cluster variants fail rather than skip, so a green run means every backend ran).
+//! Each test uses its own hash tag (test name, process, time and a counter), so tests run in
+//! parallel on one server, their keys land in different cluster slots and so on different
+//! nodes, and each deletes its keys at the end. Time is a fake clock around [`T0`], far from
+//! real time: the stores must only ever use the `now_ms` they are given (Redis TTLs are
+//! relative for that reason).
 //!
 //! - `calendar`, `rolling`, `token_bucket`: each algorithm with concrete numbers.
 //! - `decisions`: all-or-nothing, shadow charges, peeks, zero costs, lowered limits, TTLs,
 //!   argument checks.
 //! - `properties`: random decisions; no trailing window ever holds more than the limit, and
-//!   memory and Redis give identical answers for identical random sequences.
+//!   memory, Redis and the cluster give identical answers for identical random sequences.
+//! - `cluster`: where keys live in a cluster, and following MOVED / ASK while a slot moves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,7 +26,7 @@ use super::redis::RedisCounterStore;
 use super::{Algorithm, Charge, CounterStore, Evaluation, Outcome, StoreError};
 
 /// Runs each named scenario (an `async fn(&Harness)`) once per backend, as
-/// `<scenario>::on_memory` and `<scenario>::on_redis`.
+/// `<scenario>::on_memory`, `<scenario>::on_redis` and `<scenario>::on_cluster`.
 macro_rules! scenarios {
     ($($scenario:ident),+ $(,)?) => {$(
         mod $scenario {
@@ -39,11 +43,20 @@ macro_rules! scenarios {
                 super::$scenario(&harness).await;
                 harness.clean_up().await;
             }
+
+            #[tokio::test]
+            async fn on_cluster() {
+                let harness =
+                    $crate::engine::store::conformance::Harness::cluster(stringify!($scenario)).await;
+                super::$scenario(&harness).await;
+                harness.clean_up().await;
+            }
         }
     )+};
 }
 
 mod calendar;
+mod cluster;
 mod decisions;
 mod properties;
 mod rolling;
@@ -70,8 +83,48 @@ pub(super) struct Harness {
 enum Probe {
     /// The in-process store, inspected directly.
     Memory(Arc<MemoryCounterStore>),
-    /// A separate Redis connection for PTTL, HLEN and clean-up.
-    Redis(redis::aio::MultiplexedConnection),
+    /// A separate Redis (or cluster) connection for PTTL, HLEN and clean-up.
+    Redis(RedisProbe),
+}
+
+/// A connection to the Redis or the cluster under test, besides the store's own.
+#[derive(Clone)]
+pub(super) enum RedisProbe {
+    /// To the standalone Redis.
+    Standalone(redis::aio::MultiplexedConnection),
+    /// To the cluster: commands are routed by key slot, like the store's.
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl RedisProbe {
+    /// A probe of the standalone Redis at `QUOTA_TEST_REDIS_URL`.
+    pub(super) async fn standalone() -> Self {
+        let connection = redis::Client::open(redis_url())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a probe connection to Redis");
+        Self::Standalone(connection)
+    }
+
+    /// A probe of the cluster at `QUOTA_TEST_REDIS_CLUSTER_URLS`.
+    pub(super) async fn cluster() -> Self {
+        let connection = redis::cluster::ClusterClient::new(cluster_urls())
+            .expect("valid cluster URLs")
+            .get_async_connection()
+            .await
+            .expect("a probe connection to the cluster");
+        Self::Cluster(connection)
+    }
+
+    /// Sends `command` and expects an answer of type `T`.
+    pub(super) async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> T {
+        let answer = match self {
+            Self::Standalone(c) => command.query_async(&mut c.clone()).await,
+            Self::Cluster(c) => command.query_async(&mut c.clone()).await,
+        };
+        answer.unwrap_or_else(|e| panic!("probe command failed: {e}"))
+    }
 }
 
 /// The Redis URL for tests; a clear failure (not a skip) when it is not set.
@@ -82,6 +135,28 @@ pub(super) fn redis_url() -> String {
              e.g. QUOTA_TEST_REDIS_URL=redis://127.0.0.1:6379/"
         )
     })
+}
+
+/// The cluster's node URLs for tests; a clear failure (not a skip) when they are not set.
+pub(super) fn cluster_urls() -> Vec<String> {
+    let urls: Vec<String> = std::env::var("QUOTA_TEST_REDIS_CLUSTER_URLS")
+        .unwrap_or_else(|_| {
+            panic!(
+                "QUOTA_TEST_REDIS_CLUSTER_URLS is not set: the cluster conformance tests need a \
+                 Redis Cluster, e.g. QUOTA_TEST_REDIS_CLUSTER_URLS=redis://127.0.0.1:7000/,\
+                 redis://127.0.0.1:7001/ (scripts/with-stores.sh starts one)"
+            )
+        })
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !urls.is_empty(),
+        "QUOTA_TEST_REDIS_CLUSTER_URLS lists no node"
+    );
+    urls
 }
 
 /// A tag no other test or run uses: test name, process id and a process-wide counter.
@@ -104,6 +179,15 @@ pub(super) async fn redis_store() -> RedisCounterStore {
         .unwrap_or_else(|e| panic!("cannot reach the Redis at QUOTA_TEST_REDIS_URL: {e}"))
 }
 
+/// Connects a Redis Cluster store under test.
+pub(super) async fn cluster_store() -> RedisCounterStore {
+    RedisCounterStore::connect(&cluster_urls(), true, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot reach the cluster at QUOTA_TEST_REDIS_CLUSTER_URLS: {e}")
+        })
+}
+
 impl Harness {
     /// A fresh in-process store.
     pub(super) fn memory() -> Self {
@@ -117,15 +201,19 @@ impl Harness {
 
     /// The Redis store at `QUOTA_TEST_REDIS_URL`, with a tag unique to this test and run.
     pub(super) async fn redis(test: &str) -> Self {
-        let store = redis_store().await;
-        let client = redis::Client::open(redis_url()).expect("a valid Redis URL");
-        let probe = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("a second connection to Redis");
         Self {
-            store: Arc::new(store),
-            probe: Probe::Redis(probe),
+            store: Arc::new(redis_store().await),
+            probe: Probe::Redis(RedisProbe::standalone().await),
+            tag: unique_tag(test),
+        }
+    }
+
+    /// A store on the cluster at `QUOTA_TEST_REDIS_CLUSTER_URLS`, with a tag unique to this
+    /// test and run (so different tests' keys hash to different slots, on different nodes).
+    pub(super) async fn cluster(test: &str) -> Self {
+        Self {
+            store: Arc::new(cluster_store().await),
+            probe: Probe::Redis(RedisProbe::cluster().await),
             tag: unique_tag(test),
         }
     }
@@ -172,12 +260,8 @@ impl Harness {
     pub(super) async fn ttl_ms(&self, key: &str, now_ms: i64) -> Option<i64> {
         match &self.probe {
             Probe::Memory(store) => store.ttl_ms(key, now_ms),
-            Probe::Redis(connection) => {
-                let ttl: i64 = redis::cmd("PTTL")
-                    .arg(key)
-                    .query_async(&mut connection.clone())
-                    .await
-                    .expect("PTTL");
+            Probe::Redis(probe) => {
+                let ttl: i64 = probe.query(redis::cmd("PTTL").arg(key)).await;
                 (ttl != -2).then_some(ttl)
             }
         }
@@ -192,40 +276,28 @@ impl Harness {
     pub(super) async fn bucket_count(&self, key: &str) -> usize {
         match &self.probe {
             Probe::Memory(store) => store.bucket_count(key),
-            Probe::Redis(connection) => redis::cmd("HLEN")
-                .arg(key)
-                .query_async(&mut connection.clone())
-                .await
-                .expect("HLEN"),
+            Probe::Redis(probe) => probe.query(redis::cmd("HLEN").arg(key)).await,
         }
     }
 
     /// Deletes this test's keys from Redis (their TTLs are in fake-clock time, which can be
     /// days of real time).
     pub(super) async fn clean_up(&self) {
-        if let Probe::Redis(connection) = &self.probe {
-            clean_up_tag(&mut connection.clone(), &self.tag).await;
+        if let Probe::Redis(probe) = &self.probe {
+            clean_up_tag(probe, &self.tag).await;
         }
     }
 }
 
-/// Deletes every key under hash tag `tag`.
-pub(super) async fn clean_up_tag(connection: &mut redis::aio::MultiplexedConnection, tag: &str) {
+/// Deletes every key under hash tag `tag` (on a cluster, KEYS asks every primary).
+pub(super) async fn clean_up_tag(probe: &RedisProbe, tag: &str) {
     let pattern = format!(
         "ql-test:{{{}}}:*",
         tag.replace(['*', '?', '[', ']', '\\'], "?")
     );
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(&pattern)
-        .query_async(connection)
-        .await
-        .expect("KEYS");
+    let keys: Vec<String> = probe.query(redis::cmd("KEYS").arg(&pattern)).await;
     if !keys.is_empty() {
-        let _: i64 = redis::cmd("DEL")
-            .arg(&keys)
-            .query_async(connection)
-            .await
-            .expect("DEL");
+        let _: i64 = probe.query(redis::cmd("DEL").arg(&keys)).await;
     }
 }
 

@@ -1,13 +1,14 @@
 //! Random decisions. Rolling windows are checked against a naive model (and so never hold
-//! more than the limit in any trailing window); then memory and Redis must give identical
-//! evaluations, and matching TTLs, for the same random sequences of all three algorithms.
+//! more than the limit in any trailing window); then memory and Redis, and memory and Redis
+//! Cluster, must give identical evaluations, and matching TTLs, for the same random sequences
+//! of all three algorithms.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::super::{Algorithm, Charge, CounterStore, Evaluation};
 use super::{
-    clean_up_tag, redis_store, redis_url, unique_tag, Harness, MemoryCounterStore, MAX, T0,
+    clean_up_tag, redis_store, unique_tag, Harness, MemoryCounterStore, RedisProbe, MAX, T0,
 };
 
 /// A current-thread runtime for driving the async stores from proptest's sync closures.
@@ -118,30 +119,20 @@ proptest! {
 #[test]
 fn rolling_windows_never_hold_more_than_the_limit_on_redis() {
     let rt = runtime();
-    let (store, probe) = rt.block_on(connect());
+    let (store, probe) =
+        rt.block_on(async { (redis_store().await, RedisProbe::standalone().await) });
     let mut runner = TestRunner::new(config(32));
     let result = runner.run(&rolling_case(), |case| {
         rt.block_on(async {
             let tag = unique_tag("rolling-property");
             let verdict = check_rolling(&store, &format!("ql-test:{{{tag}}}:roll"), &case).await;
-            clean_up_tag(&mut probe.clone(), &tag).await;
+            clean_up_tag(&probe, &tag).await;
             verdict
         })
     });
     if let Err(failure) = result {
         panic!("{failure}");
     }
-}
-
-/// Connects the Redis store and a probe connection.
-async fn connect() -> (super::RedisCounterStore, redis::aio::MultiplexedConnection) {
-    let store = redis_store().await;
-    let probe = redis::Client::open(redis_url())
-        .expect("a valid Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a probe connection");
-    (store, probe)
 }
 
 /// One policy of a random case: its window, base limit and mode.
@@ -319,14 +310,26 @@ async fn check_agreement(
     Ok(())
 }
 
-#[test]
-fn memory_and_redis_answer_every_random_decision_identically() {
+/// The Redis deployment a random case runs on, besides memory.
+#[derive(Debug, Clone, Copy)]
+enum Deployment {
+    /// The standalone server.
+    Standalone,
+    /// The 3-master cluster.
+    Cluster,
+}
+
+/// Runs `cases` random cases on memory and on `deployment`: both must answer identically.
+fn agreement(deployment: Deployment, cases: u32) {
     let rt = runtime();
-    let mut runner = TestRunner::new(config(64));
+    let mut runner = TestRunner::new(config(cases));
     let result = runner.run(&case(), |case| {
         rt.block_on(async {
             let memory = Harness::memory();
-            let redis = Harness::redis("agreement").await;
+            let redis = match deployment {
+                Deployment::Standalone => Harness::redis("agreement").await,
+                Deployment::Cluster => Harness::cluster("agreement").await,
+            };
             let verdict = check_agreement(&memory, &redis, &case).await;
             redis.clean_up().await;
             verdict
@@ -335,4 +338,16 @@ fn memory_and_redis_answer_every_random_decision_identically() {
     if let Err(failure) = result {
         panic!("{failure}");
     }
+}
+
+#[test]
+fn memory_and_redis_answer_every_random_decision_identically() {
+    agreement(Deployment::Standalone, 64);
+}
+
+/// Fewer cases than on Redis (the script is the same): each case has its own hash tag, so
+/// the cases spread over the nodes and show that routing and replies survive the cluster.
+#[test]
+fn memory_and_the_cluster_answer_every_random_decision_identically() {
+    agreement(Deployment::Cluster, 16);
 }

@@ -1,0 +1,158 @@
+//! HTTP details that API fuzzing (scripts/fuzz.sh) turned up, kept as regressions: 405 with
+//! `Allow` on documented paths, strict `If-Match`, JSON Schema integers, and a spec that
+//! states the rules the server enforces.
+
+use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend, TestApp};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+async fn app() -> TestApp {
+    spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await
+}
+
+#[tokio::test]
+async fn a_documented_path_with_an_undocumented_method_is_405_listing_the_allowed_ones() {
+    let app = app().await;
+    for (method, path, allow) in [
+        (Method::DELETE, "/quota/consume", "POST"),
+        (Method::GET, "/quota/check", "POST"),
+        (Method::TRACE, "/admin/policies", "GET, POST"),
+        (Method::PATCH, "/admin/policies/p", "GET, PUT, DELETE"),
+        (
+            Method::POST,
+            "/admin/policies/p/overrides/user%2F1",
+            "GET, PUT, DELETE",
+        ),
+        (Method::OPTIONS, "/healthz", "GET"),
+    ] {
+        let answer = app.send(app.admin(method.clone(), path)).await;
+        answer.assert_problem(405);
+        assert_eq!(answer.header("allow"), Some(allow), "{method} {path}");
+    }
+    for path in ["/admin/policies/", "/admin/policies/p/nothing", "/quota"] {
+        app.send(app.admin(Method::PATCH, path))
+            .await
+            .assert_problem(404);
+    }
+}
+
+#[tokio::test]
+async fn if_match_takes_strong_entity_tags_and_a_malformed_one_is_400() {
+    let app = app().await;
+    app.must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    let put = |if_match: &str, limit: u64| {
+        app.admin(Method::PUT, "/admin/policies/p")
+            .header("if-match", if_match)
+            .json(&calendar_policy("p", "a", limit, "day", "UTC"))
+    };
+    for malformed in ["1", "\"1", "W/1", "\"1\" \"2\"", "\"1\",", "*, \"1\""] {
+        app.send(put(malformed, 99)).await.assert_problem(400);
+    }
+    for stale in ["W/\"1\"", "\"abc\"", "\"2\", \"3\""] {
+        app.send(put(stale, 99)).await.assert_problem(412);
+    }
+    assert_eq!(app.admin_get("/admin/policies/p").await.body["limit"], 10);
+
+    let listed = app.send(put("\"9\" ,\"1\"", 20)).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let any = app.send(put("*", 30)).await;
+    assert_eq!(any.status, StatusCode::OK, "{}", any.body);
+    assert_eq!(any.body["version"], 3);
+
+    let delete = |if_match: &str| {
+        app.admin(Method::DELETE, "/admin/policies/p")
+            .header("if-match", if_match)
+    };
+    app.send(delete("3")).await.assert_problem(400);
+    app.send(delete("\"2\"")).await.assert_problem(412);
+    assert_eq!(
+        app.send(delete("\"3\"")).await.status,
+        StatusCode::NO_CONTENT
+    );
+}
+
+#[tokio::test]
+async fn whole_numbers_may_be_written_with_a_fraction_or_an_exponent() {
+    let app = app().await;
+    let created = app
+        .create_policy(
+            json!({"id": "p", "action": "a", "measure": "amount", "limit": 1e3,
+            "window": {"type": "rolling", "seconds": 3600.0, "bucket_seconds": 6e1}}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["limit"], 1000);
+    assert_eq!(created.body["window"]["seconds"], 3600);
+    assert_eq!(created.body["window"]["bucket_seconds"], 60);
+
+    let consumed = app
+        .quota(
+            "/quota/consume",
+            json!({"action": "a", "subject": "s", "amount": 250.0}),
+        )
+        .await;
+    assert_eq!(consumed.status, StatusCode::OK, "{}", consumed.body);
+    assert_eq!(consumed.body["amount"], 250);
+    for fractional in [json!(0.5), json!(250.25), json!(1e-3)] {
+        let answer = app
+            .quota(
+                "/quota/consume",
+                json!({"action": "a", "subject": "s", "amount": fractional}),
+            )
+            .await;
+        assert_eq!(answer.assert_problem(422)["errors"][0]["field"], "amount");
+    }
+    let override_ = app
+        .send(
+            app.admin(Method::PUT, "/admin/policies/p/overrides/s")
+                .json(&json!({"limit": 2e3})),
+        )
+        .await;
+    assert_eq!(override_.status, StatusCode::CREATED, "{}", override_.body);
+    assert_eq!(override_.body["limit"], 2000);
+}
+
+#[tokio::test]
+async fn the_spec_states_the_rules_the_server_enforces() {
+    let app = app().await;
+    let spec: Value = app
+        .client
+        .get(format!("{}/api-docs/openapi.json", app.address))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let schemas = &spec["components"]["schemas"];
+    assert_eq!(schemas["Slug"]["pattern"], "^[a-z0-9._-]+$");
+    assert_eq!(schemas["Slug"]["maxLength"], 64);
+    assert_eq!(schemas["Subject"]["maxLength"], 256);
+    assert!(schemas["TimeZone"]["enum"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("America/New_York")));
+    for variant in schemas["WindowDto"]["oneOf"].as_array().unwrap() {
+        assert_eq!(variant["additionalProperties"], false, "{variant}");
+    }
+    assert_eq!(schemas["ConsumeInput"]["additionalProperties"], false);
+    assert_eq!(schemas["IdempotencyKey"]["maxLength"], 128);
+    assert!(
+        schemas["ConsumeInput"]["properties"]["idempotency_key"]
+            .to_string()
+            .contains("IdempotencyKey"),
+        "idempotency keys are documented with their bounds"
+    );
+    let create = &spec["paths"]["/admin/policies"]["post"]["requestBody"]["content"]
+        ["application/json"]["schema"];
+    assert_eq!(create["$ref"], "#/components/schemas/NewPolicyInput");
+    assert_eq!(
+        schemas["NewPolicyInput"]["allOf"][1]["required"],
+        json!(["id"])
+    );
+    let usage = spec["paths"]["/quota/usage"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    assert!(usage.iter().all(|p| p["required"] == true));
+}
