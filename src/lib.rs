@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod config;
+pub mod db;
 pub mod domain;
 pub mod engine;
 pub mod ledger;

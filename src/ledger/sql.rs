@@ -11,16 +11,11 @@
 use super::cursor::{decode_cursor, encode_cursor};
 use super::{EntryKind, LedgerEntry, LedgerError, LedgerFilter, LedgerPage, LedgerStore};
 use super::{PolicyAmount, MAX_PAGE};
-use anyhow::Context;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::error::ErrorKind;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{QueryBuilder, Row};
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The ledger in Postgres.
 #[derive(Debug, Clone)]
@@ -41,30 +36,10 @@ pub struct SqliteLedgerStore {
 /// Does not migrate: the schema comes with the policy store's migrations
 /// ([`crate::policy::PolicyStore::migrate`]), which must have run first.
 pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>> {
-    const ACQUIRE: Duration = Duration::from_secs(3);
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(ACQUIRE)
-            .connect_lazy(database_url)
-            .context("parsing DATABASE_URL as a Postgres URL")?;
-        Ok(Arc::new(PostgresLedgerStore { pool }))
-    } else if database_url.starts_with("sqlite:") {
-        let options = SqliteConnectOptions::from_str(database_url)
-            .context("parsing DATABASE_URL as a SQLite URL")?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(ACQUIRE)
-            .connect_with(options)
-            .await
-            .with_context(|| format!("opening the SQLite database {database_url}"))?;
-        Ok(Arc::new(SqliteLedgerStore { pool }))
-    } else {
-        anyhow::bail!("DATABASE_URL must start with postgres:// or sqlite:")
-    }
+    Ok(match crate::db::open(database_url, 8).await? {
+        crate::db::Pool::Postgres(pool) => Arc::new(PostgresLedgerStore { pool }),
+        crate::db::Pool::Sqlite(pool) => Arc::new(SqliteLedgerStore { pool }),
+    })
 }
 
 /// Rows per `INSERT` statement: 11 parameters each stays far below both databases'

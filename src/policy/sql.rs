@@ -10,14 +10,9 @@ use super::{migrations, ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
 use crate::domain::{
     Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
 };
-use anyhow::Context;
 use async_trait::async_trait;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::Row;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Policies in Postgres.
 #[derive(Debug, Clone)]
@@ -35,30 +30,10 @@ pub struct SqlitePolicyStore {
 
 /// Opens the store that `database_url` names: `postgres://…` or `sqlite://…`.
 pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn PolicyStore>> {
-    const ACQUIRE: Duration = Duration::from_secs(3);
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(ACQUIRE)
-            .connect_lazy(database_url)
-            .context("parsing DATABASE_URL as a Postgres URL")?;
-        Ok(Arc::new(PostgresPolicyStore { pool }))
-    } else if database_url.starts_with("sqlite:") {
-        let options = SqliteConnectOptions::from_str(database_url)
-            .context("parsing DATABASE_URL as a SQLite URL")?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(ACQUIRE)
-            .connect_with(options)
-            .await
-            .with_context(|| format!("opening the SQLite database {database_url}"))?;
-        Ok(Arc::new(SqlitePolicyStore { pool }))
-    } else {
-        anyhow::bail!("DATABASE_URL must start with postgres:// or sqlite:")
-    }
+    Ok(match crate::db::open(database_url, 16).await? {
+        crate::db::Pool::Postgres(pool) => Arc::new(PostgresPolicyStore { pool }),
+        crate::db::Pool::Sqlite(pool) => Arc::new(SqlitePolicyStore { pool }),
+    })
 }
 
 fn corrupt(what: &str, error: impl std::fmt::Display) -> PolicyStoreError {

@@ -1,61 +1,14 @@
 //! kill -9 during a burst of consumes, restart: every consumption a client saw allowed is
 //! in the Postgres ledger exactly once.
 
-use crate::helpers::{calendar_policy, fresh_settings, CounterBackend, PolicyBackend, ADMIN_TOKEN};
-use quota_ledger::config::Settings;
+use crate::helpers::{
+    calendar_policy, fresh_settings, start_binary, CounterBackend, PolicyBackend, ADMIN_TOKEN,
+};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::Connection;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::task::JoinSet;
-
-/// The binary's process; killed (SIGKILL) and reaped when dropped.
-struct Service(Child);
-
-impl Service {
-    fn kill_9(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.kill_9();
-    }
-}
-
-/// Starts the real binary on a free port with `settings`' stores; waits until it answers.
-async fn start(settings: &Settings, client: &reqwest::Client) -> (Service, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let service = Service(
-        Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
-            .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
-            .env("DATABASE_URL", &settings.database_url)
-            .env("REDIS_URL", settings.redis_urls.join(","))
-            .env("QUOTA_REDIS_PREFIX", &settings.redis_prefix)
-            .env("QUOTA_REDIS_TIMEOUT_MS", "2000")
-            .env("QUOTA_LEDGER_CLAIM_IDLE_MS", "500")
-            .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the binary"),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if client.get(format!("{base}/healthz")).send().await.is_ok() {
-            return (service, base);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the binary did not start");
-}
 
 #[tokio::test]
 async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
@@ -66,7 +19,7 @@ async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
         .unwrap();
     let mut seen: Vec<String> = Vec::new();
     for round in 0..2 {
-        let (mut child, base) = start(&settings, &client).await;
+        let (mut child, base) = start_binary(&settings, &client).await;
         if round == 0 {
             let created = client
                 .post(format!("{base}/admin/policies"))
@@ -112,7 +65,7 @@ async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
     }
 
     // Restart: the new instance claims what the dead ones read but never acknowledged.
-    let (mut child, _) = start(&settings, &client).await;
+    let (mut child, _) = start_binary(&settings, &client).await;
     let mut conn = sqlx::PgConnection::connect(&settings.database_url)
         .await
         .unwrap();

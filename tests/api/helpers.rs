@@ -419,3 +419,67 @@ impl Drop for PrivateRedis {
         let _ = self.child.wait();
     }
 }
+
+/// The real binary, run as its own process; killed (SIGKILL) and reaped when dropped.
+pub struct Service(Option<std::process::Child>);
+
+impl Service {
+    /// SIGKILL, as a crash would.
+    pub fn kill_9(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, as an orchestrator stopping it would; then waits for it to exit.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let mut child = self.0.take().expect("the process is running");
+        let pid = child.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .expect("waiting ran")
+            .expect("the binary exited")
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill_9();
+    }
+}
+
+/// Starts the real binary on a free port with `settings`' stores; waits until it answers
+/// and returns it with its base URL.
+pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Service, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("finding a free port")
+        .port();
+    let service = Service(Some(
+        std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
+            .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
+            .env("DATABASE_URL", &settings.database_url)
+            .env("REDIS_URL", settings.redis_urls.join(","))
+            .env("QUOTA_REDIS_PREFIX", &settings.redis_prefix)
+            .env("QUOTA_REDIS_TIMEOUT_MS", "2000")
+            .env("QUOTA_LEDGER_CLAIM_IDLE_MS", "500")
+            .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting the binary"),
+    ));
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if client.get(format!("{base}/healthz")).send().await.is_ok() {
+            return (service, base);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the binary did not start");
+}

@@ -2,47 +2,22 @@
 //! and every charge it made was answered.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, spawn_with, CounterBackend, PolicyBackend, ADMIN_TOKEN,
+    calendar_policy, fresh_settings, spawn_with, start_binary, CounterBackend, PolicyBackend,
+    ADMIN_TOKEN,
 };
 use reqwest::StatusCode;
 use serde_json::json;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 use tokio::task::JoinSet;
 
 #[tokio::test]
 async fn sigterm_under_load_loses_no_accepted_request() {
     let settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
-        .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
-        .env("DATABASE_URL", &settings.database_url)
-        .env("REDIS_URL", settings.redis_urls.join(","))
-        .env("QUOTA_REDIS_PREFIX", &settings.redis_prefix)
-        .env("QUOTA_REDIS_TIMEOUT_MS", "2000")
-        .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting the binary");
-    let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap();
-    let mut up = false;
-    for _ in 0..100 {
-        if client.get(format!("{base}/healthz")).send().await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the binary started");
+    let (child, base) = start_binary(&settings, &client).await;
     let created = client
         .post(format!("{base}/admin/policies"))
         .bearer_auth(ADMIN_TOKEN)
@@ -73,12 +48,7 @@ async fn sigterm_under_load_loses_no_accepted_request() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    let stopping = tokio::spawn(child.terminate());
 
     let mut answered_ok = 0;
     let mut refused = 0;
@@ -89,10 +59,7 @@ async fn sigterm_under_load_loses_no_accepted_request() {
             Err(_) => refused += 1,
         }
     }
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = stopping.await.expect("the binary stopped");
     assert!(status.success(), "a graceful stop exits 0: {status:?}");
     eprintln!("SIGTERM during a burst: {answered_ok} answered, {refused} not accepted");
     assert!(answered_ok > 0, "some requests were served before the stop");

@@ -1,0 +1,49 @@
+//! Opening the SQL database that `DATABASE_URL` names (Postgres, or the SQLite default).
+
+use anyhow::Context;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A connection pool of either kind; the stores pick their implementation from it.
+#[derive(Debug, Clone)]
+pub enum Pool {
+    /// `postgres://…`
+    Postgres(sqlx::PgPool),
+    /// `sqlite:…`
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// How long a request waits for a connection before the store counts as down (503).
+const ACQUIRE: Duration = Duration::from_secs(3);
+
+/// Opens a pool for `database_url`, with at most `max_postgres` Postgres connections.
+///
+/// Postgres connects lazily, so the service starts (and reports not-ready) while the
+/// database is down; a SQLite file is created on first start.
+pub async fn open(database_url: &str, max_postgres: u32) -> anyhow::Result<Pool> {
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_postgres)
+            .acquire_timeout(ACQUIRE)
+            .connect_lazy(database_url)
+            .context("parsing DATABASE_URL as a Postgres URL")?;
+        Ok(Pool::Postgres(pool))
+    } else if database_url.starts_with("sqlite:") {
+        let options = SqliteConnectOptions::from_str(database_url)
+            .context("parsing DATABASE_URL as a SQLite URL")?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(ACQUIRE)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("opening the SQLite database {database_url}"))?;
+        Ok(Pool::Sqlite(pool))
+    } else {
+        anyhow::bail!("DATABASE_URL must start with postgres:// or sqlite:")
+    }
+}
