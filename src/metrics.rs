@@ -134,6 +134,16 @@ impl Histogram {
     }
 }
 
+/// Gauges read from the stores at scrape time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Live {
+    /// Whether the counter store's circuit breaker is open (calls fail without trying).
+    pub circuit_open: bool,
+    /// Ledger entries in the Redis streams not yet moved to SQL; `None` without Redis (or
+    /// when Redis did not answer).
+    pub ledger_backlog: Option<u64>,
+}
+
 /// The service's metrics; shared by every worker (all counters are atomics).
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -141,8 +151,10 @@ pub struct Metrics {
     actions: RwLock<HashMap<String, ActionSeries>>,
     /// Engine latency, indexed by endpoint.
     durations: [Histogram; 2],
-    /// Counter-store failures: unreachable or timed out.
+    /// Counter-store failures: unreachable (refused, reset, circuit open).
     store_unavailable: AtomicU64,
+    /// Counter-store failures: no answer within `QUOTA_REDIS_TIMEOUT_MS`.
+    store_timeouts: AtomicU64,
     /// Counter-store failures: unexpected answers (bugs).
     store_protocol: AtomicU64,
     /// Consumes and checks allowed only because the store was down and we fail open.
@@ -182,7 +194,7 @@ impl Metrics {
             Err(EngineError::UnknownAction(_)) => {
                 (UNKNOWN_ACTION, RequestResult::UnknownAction, &[][..])
             }
-            Err(EngineError::Store(StoreError::Unavailable(_))) => {
+            Err(EngineError::Store(StoreError::Unavailable(_) | StoreError::Timeout(_))) => {
                 (action, RequestResult::Unavailable, &[][..])
             }
             Err(EngineError::Store(StoreError::Protocol(_))) => {
@@ -213,6 +225,7 @@ impl Metrics {
         let counter = match outcome {
             Ok(decision) if decision.degraded => &self.store_unavailable,
             Err(EngineError::Store(StoreError::Unavailable(_))) => &self.store_unavailable,
+            Err(EngineError::Store(StoreError::Timeout(_))) => &self.store_timeouts,
             Err(EngineError::Store(StoreError::Protocol(_))) => &self.store_protocol,
             Ok(_)
             | Err(

@@ -3,7 +3,7 @@
 use super::problem::ApiError;
 use super::AppState;
 use crate::engine::{ConsumeRequest, Consumed, Decision};
-use crate::metrics::{Endpoint, CONTENT_TYPE};
+use crate::metrics::{Endpoint, Live, CONTENT_TYPE};
 use actix_web::{get, web, HttpResponse};
 use std::time::Instant;
 
@@ -18,9 +18,13 @@ use std::time::Instant;
 ))]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let live = Live {
+        circuit_open: state.engine.counters().circuit_open(),
+        ledger_backlog: state.engine.ledger_backlog().await,
+    };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)
-        .body(state.metrics.render(&state.cache))
+        .body(state.metrics.render(&state.cache, &live))
 }
 
 /// Checks `request`, recording the latency and result of the decision.

@@ -203,7 +203,7 @@ impl From<EngineError> for ApiError {
             EngineError::UnknownAction(action) => {
                 Self::NotFound(format!("no policy limits the action '{action}'"))
             }
-            EngineError::Store(StoreError::Unavailable(why)) => {
+            EngineError::Store(StoreError::Unavailable(why) | StoreError::Timeout(why)) => {
                 tracing::warn!(error = %why, "counter store unavailable; failing closed");
                 Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
             }

@@ -104,6 +104,9 @@ pub enum EngineError {
 pub trait DrainNow: Send + Sync {
     /// Moves everything the streams hold into the SQL ledger now.
     async fn drain_now(&self);
+
+    /// How many entries wait in the streams; `None` if Redis did not answer.
+    async fn backlog(&self) -> Option<u64>;
 }
 
 /// The quota engine; shared by every request.
@@ -149,6 +152,14 @@ impl Engine {
     /// Registers the drain that refunds use when a charge is not in SQL yet (Redis mode).
     pub fn set_drain(&self, drain: Arc<dyn DrainNow>) {
         let _ = self.drain.set(drain);
+    }
+
+    /// Ledger entries waiting in the Redis streams (`None` without Redis).
+    pub async fn ledger_backlog(&self) -> Option<u64> {
+        match self.drain.get() {
+            Some(drain) => drain.backlog().await,
+            None => None,
+        }
     }
 
     /// The counter store (for readiness checks and background tasks).
@@ -202,8 +213,8 @@ impl Engine {
         error: StoreError,
     ) -> Result<Decision, EngineError> {
         match error {
-            StoreError::Unavailable(why) if self.on_store_error == OnStoreError::Allow => {
-                tracing::warn!(error = %why, "counter store unavailable; allowing (degraded)");
+            error if error.is_transient() && self.on_store_error == OnStoreError::Allow => {
+                tracing::warn!(error = %error, "counter store unavailable; allowing (degraded)");
                 Ok(plan.degraded_decision())
             }
             error => Err(error.into()),

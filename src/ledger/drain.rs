@@ -147,4 +147,16 @@ impl DrainNow for Drainer {
     async fn drain_now(&self) {
         self.drain_once().await;
     }
+
+    async fn backlog(&self) -> Option<u64> {
+        let mut total = 0;
+        for shard in 0..SHARDS {
+            total += self
+                .redis
+                .stream_len(&ledger_stream(&self.prefix, shard))
+                .await
+                .ok()?;
+        }
+        Some(total)
+    }
 }

@@ -52,17 +52,18 @@ fn load(counter: &AtomicU64) -> u64 {
 
 impl Metrics {
     /// Every metric, with the policy cache's gauges, as Prometheus text (0.0.4).
-    pub fn render(&self, cache: &PolicyCache) -> String {
+    pub fn render(&self, cache: &PolicyCache, live: &super::Live) -> String {
         let mut out = Text::default();
         self.render_series(&mut out);
         self.render_durations(&mut out);
         out.family(
             "quota_store_errors_total",
             "counter",
-            "Counter-store failures: unavailable (unreachable, timed out) or protocol (unexpected answers).",
+            "Counter-store failures: unavailable (unreachable), timeout (no answer in time) or protocol (unexpected answers).",
         );
         for (kind, counter) in [
             ("unavailable", &self.store_unavailable),
+            ("timeout", &self.store_timeouts),
             ("protocol", &self.store_protocol),
         ] {
             let labels = [("store", "counter"), ("kind", kind)];
@@ -79,6 +80,24 @@ impl Metrics {
             load(&self.degraded_allows),
         );
         render_cache(&mut out, cache);
+        out.family(
+            "quota_counter_store_circuit_open",
+            "gauge",
+            "1 while the counter store's circuit breaker fails calls without trying.",
+        );
+        out.sample(
+            "quota_counter_store_circuit_open",
+            &[],
+            u64::from(live.circuit_open),
+        );
+        if let Some(backlog) = live.ledger_backlog {
+            out.family(
+                "quota_ledger_backlog_entries",
+                "gauge",
+                "Ledger entries waiting in the Redis streams to be moved into SQL.",
+            );
+            out.sample("quota_ledger_backlog_entries", &[], backlog);
+        }
         out.family(
             "quota_build_info",
             "gauge",
@@ -221,7 +240,7 @@ mod tests {
             let elapsed = Duration::from_millis(millis);
             metrics.observe(Endpoint::Check, "a", elapsed, unknown.as_ref());
         }
-        let text = metrics.render(&PolicyCache::new());
+        let text = metrics.render(&PolicyCache::new(), &crate::metrics::Live::default());
         let bucket = |le: &str| {
             let series =
                 format!("quota_decision_duration_seconds_bucket{{endpoint=\"check\",le=\"{le}\"}}");

@@ -113,6 +113,16 @@ async fn a_hung_redis_costs_a_few_timeouts_then_fails_fast_until_it_answers_agai
         "with the circuit open a call fails without waiting for the timeout: {waited:?}"
     );
 
+    let metrics = scrape(&app).await;
+    assert!(
+        metrics.contains("quota_counter_store_circuit_open 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("quota_store_errors_total{store=\"counter\",kind=\"timeout\"} 3"),
+        "the three timeouts are counted as such: {metrics}"
+    );
+
     redis.resume();
     let mut status = StatusCode::SERVICE_UNAVAILABLE;
     for _ in 0..50 {
@@ -127,4 +137,25 @@ async fn a_hung_redis_costs_a_few_timeouts_then_fails_fast_until_it_answers_agai
         StatusCode::OK,
         "the circuit closes once Redis answers"
     );
+    let metrics = scrape(&app).await;
+    assert!(
+        metrics.contains("quota_counter_store_circuit_open 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("quota_ledger_backlog_entries "),
+        "{metrics}"
+    );
+}
+
+async fn scrape(app: &crate::helpers::TestApp) -> String {
+    let url = format!("{}/metrics", app.address);
+    app.client
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

@@ -270,12 +270,23 @@ pub enum GivenBack {
 /// Why a store could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The store is unreachable or timed out; worth retrying, mapped to 503.
+    /// The store is unreachable (refused, reset, circuit open); worth retrying, mapped to 503.
     #[error("counter store unavailable: {0}")]
     Unavailable(String),
+    /// The store did not answer in time; worth retrying, mapped to 503. The call may still
+    /// have been applied: it over-counts, never over-allows.
+    #[error("counter store timed out: {0}")]
+    Timeout(String),
     /// The store answered something we did not expect: a bug, mapped to 500.
     #[error("counter store answered unexpectedly: {0}")]
     Protocol(String),
+}
+
+impl StoreError {
+    /// Whether retrying later may succeed (unreachable or timed out), as opposed to a bug.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Timeout(_))
+    }
 }
 
 /// Where counters live. Implementations are atomic per call: all charges or none.

@@ -129,10 +129,18 @@ impl RedisCounterStore {
                 ))
             }
         };
-        self.connection
-            .get_or_try_init(|| bounded(self.timeout, connecting))
-            .await
-            .cloned()
+        // Not connected within the deadline means unreachable, whatever the reason.
+        let connect = || async {
+            bounded(self.timeout, connecting)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Timeout(why) => {
+                        StoreError::Unavailable(format!("connecting: {why}"))
+                    }
+                    other => other,
+                })
+        };
+        self.connection.get_or_try_init(connect).await.cloned()
     }
 
     /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
@@ -321,7 +329,7 @@ impl RedisCounterStore {
         }
         .await;
         match &reply {
-            Err(StoreError::Unavailable(_)) => self.breaker.failed(),
+            Err(error) if error.is_transient() => self.breaker.failed(),
             _ => self.breaker.succeeded(),
         }
         reply
@@ -514,7 +522,7 @@ async fn bounded<T>(
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(classify(&error)),
-        Err(_) => Err(StoreError::Unavailable(format!(
+        Err(_) => Err(StoreError::Timeout(format!(
             "no answer from Redis within {} ms",
             timeout.as_millis()
         ))),
@@ -539,6 +547,7 @@ fn classify(error: &RedisError) -> StoreError {
     };
     match refused {
         true => StoreError::Protocol(error.to_string()),
+        false if error.is_timeout() => StoreError::Timeout(error.to_string()),
         false => StoreError::Unavailable(error.to_string()),
     }
 }

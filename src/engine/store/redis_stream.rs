@@ -138,6 +138,14 @@ impl RedisCounterStore {
         }
     }
 
+    /// How many entries `stream` holds (all of them wait to be drained: drained ones are
+    /// deleted).
+    pub async fn stream_len(&self, stream: &str) -> Result<u64, StoreError> {
+        let mut call = redis::cmd("XLEN");
+        call.arg(stream);
+        self.query(&call).await
+    }
+
     /// Acknowledges and deletes entries that are safely in SQL.
     pub async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError> {
         if ids.is_empty() {
