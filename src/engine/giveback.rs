@@ -84,7 +84,7 @@ impl Engine {
         let subject = Subject::parse("subject", &charge.subject)
             .map_err(|_| corrupt("a charge's subject"))?;
         let keys = SubjectKeys::new(&self.prefix, &action, &subject);
-        let now = self.clock.now();
+        let now = self.now();
         let control_key = keys::refunded_total(&self.prefix, keys.shard, consumption_id);
         // The store's running total is current; the ledger may lag it (Redis drains later)
         // but outlives it. The script checks again, atomically, so this only sets defaults.
@@ -226,7 +226,7 @@ impl Engine {
         let mut expired = 0;
         for shard in 0..keys::SHARDS {
             let index = keys::holds_index(&self.prefix, shard);
-            let now_ms = self.clock.now().timestamp_millis();
+            let now_ms = self.now().timestamp_millis();
             let due = match self.counters.expired_holds(&index, now_ms, 100).await {
                 Ok(due) => due,
                 Err(error) => {
@@ -252,7 +252,7 @@ impl Engine {
         hold_id: &str,
         how: Option<Settle>,
     ) -> Result<((HoldKept, LedgerEntry), GivenBack), EngineError> {
-        let now = self.clock.now();
+        let now = self.now();
         let record_key = keys::hold_record(&self.prefix, shard, hold_id);
         let index = keys::holds_index(&self.prefix, shard);
         let text = self
@@ -373,7 +373,7 @@ impl Engine {
     ) -> LedgerEntry {
         LedgerEntry {
             id: uuid::Uuid::now_v7().to_string(),
-            at: self.clock.now(),
+            at: self.now(),
             kind,
             action: kept.action.clone(),
             subject: kept.subject.clone(),

@@ -172,9 +172,10 @@ impl Engine {
         &self.prefix
     }
 
-    /// The current time on the engine's clock.
+    /// The current time on the engine's clock, to the millisecond: the precision of every
+    /// window computation, answer and ledger entry (and of what Postgres keeps).
     pub fn now(&self) -> DateTime<Utc> {
-        self.clock.now()
+        chrono::SubsecRound::trunc_subsecs(self.clock.now(), 3)
     }
 
     /// Decides `request` without charging (a check). Consumes go through [`Engine::consume`].

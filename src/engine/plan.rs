@@ -98,7 +98,7 @@ impl Engine {
             .cache
             .action(action.as_str())
             .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
-        let now = self.clock.now();
+        let now = self.now();
         let keys = SubjectKeys::new(&self.prefix, action, subject);
         let mut charges = Vec::with_capacity(policies.enabled.len());
         let mut window_seconds = Vec::with_capacity(policies.enabled.len());
