@@ -1,30 +1,56 @@
 //! Redis (and memory-store) keys: the only place where they are formatted.
 //!
-//! Layout of the keys of one (action, subject):
-//! `<prefix>:{<shard>}:<action>|<subject>:<policy id>:<measure><window fingerprint>[:<period>]`
-//! and, for the same subject, `…|<subject>:#i:<scope>:<idempotency key>`.
-//! Per shard: `<prefix>:{<shard>}:#ledger` (the ledger stream), `#holds` (open holds by
-//! expiry), `#h:<hold id>` (a hold) and `#rf:<consumption id>` (refunded so far).
+//! Layout of the keys of one (action, subject), with `<p>` the prefix and `<s>` the shard:
 //!
-//! - `{<shard>}` is the Redis Cluster **hash tag**. The shard is a hash of (action, subject)
-//!   modulo [`SHARDS`], so every key one decision touches, including the ledger stream the
-//!   script appends to, lives in one slot. 64 shards spread over the cluster's nodes; the
-//!   ledger drain reads one stream per shard.
-//! - The encoding is injective: actions never contain `|`; the subject is percent-escaped
-//!   for `%`, `{`, `}` and `:` so it ends at the next `:`; policy ids never contain `:` or
-//!   `#`, so the `#…` keys cannot collide with counters.
-//! - The limit is not part of a counter key (raising it keeps today's usage); the window and
+//! | key | layout |
+//! |---|---|
+//! | a counter | `<p>{<s>}<policy key>[<period>]<action>\|<subject>` |
+//! | an idempotency record | `<p>{<s>}#i<scope><length>:<idempotency key><action>\|<subject>` |
+//! | the shard's ledger stream | `<p>{<s>}#ledger` |
+//! | the shard's index of open holds | `<p>{<s>}#holds` |
+//! | a hold | `<p>{<s>}#h<hold id>` |
+//! | a consumption's refunded total | `<p>{<s>}#rf<consumption id>` |
+//!
+//! - `{<s>}` is the Redis Cluster **hash tag**: one character naming one of [`SHARDS`]
+//!   shards, a hash of (action, subject). Every key one decision touches, including the
+//!   ledger stream its script appends to, lives in one slot; 64 shards spread over the
+//!   cluster's primaries, and the ledger drain reads one stream per shard.
+//! - The **policy key** is [`POLICY_KEY_LEN`] base-62 digits: a hash of the policy id, the
+//!   measure and the window ([`policy_key`]), computed once per policy when the policy cache
+//!   is built. The limit is not part of it (raising it keeps today's usage); the window and
 //!   the measure are (changing either starts counting afresh).
+//! - The **period** (calendar windows only) is the Unix second at which the period starts,
+//!   as [`PERIOD_LEN`] base-62 digits (years 1970 to 3770).
+//! - The encoding is injective: the shard and the policy key have fixed lengths, a policy
+//!   key says whether a period follows, actions never contain `|`, and the subject comes
+//!   last, so it needs no escaping. `#` is never a base-62 digit, so the `#…` keys cannot
+//!   collide with counters.
+//!
+//! Why so short: Redis 7 keeps a key's name in an allocation that jemalloc rounds up to 32
+//! bytes for names of up to 28 bytes, 48 up to 44 and 64 up to 60, besides about 85 bytes
+//! for the key itself. A calendar counter of a short action and subject (`sms`, `u12345`)
+//! has a 28-byte name.
 
-use crate::domain::{Action, Measure, Policy, Subject};
-use std::fmt::Write;
+use crate::domain::{Action, Policy, Subject};
 
 /// How many shards (hash tags) keys are spread over.
 pub const SHARDS: u16 = 64;
 
+/// Length of a [`PolicyKey`], in base-62 digits.
+pub const POLICY_KEY_LEN: usize = 7;
+
+/// Length of a calendar period in a counter key, in base-62 digits.
+pub const PERIOD_LEN: usize = 6;
+
+/// The digits of base 62, in order.
+const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// The shard names: one character each, never `{` or `}`.
+const SHARD_NAMES: &[u8; 64] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_";
+
 /// The shard of (action, subject): FNV-1a (64-bit) of both, modulo [`SHARDS`].
 ///
-/// FNV-1a is fixed forever here: changing it would move every counter to a new key.
+/// Fixed forever: changing it would move every counter to a new key.
 pub fn shard(action: &str, subject: &str) -> u16 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let bytes = action
@@ -38,41 +64,92 @@ pub fn shard(action: &str, subject: &str) -> u16 {
     (hash % u64::from(SHARDS)) as u16
 }
 
-/// `<prefix>:{<shard>}`: the start of every key of one shard.
+/// `<prefix>{<shard>}`: the start of every key of one shard.
 pub fn shard_prefix(prefix: &str, shard: u16) -> String {
-    format!("{prefix}:{{{shard}}}")
+    let name = char::from(SHARD_NAMES[usize::from(shard) % SHARD_NAMES.len()]);
+    format!("{prefix}{{{name}}}")
 }
 
 /// The ledger stream of a shard.
 pub fn ledger_stream(prefix: &str, shard: u16) -> String {
-    format!("{prefix}:{{{shard}}}:#ledger")
+    format!("{}#ledger", shard_prefix(prefix, shard))
 }
 
 /// The sorted set of a shard's open holds, scored by expiry (ms).
 pub fn holds_index(prefix: &str, shard: u16) -> String {
-    format!("{prefix}:{{{shard}}}:#holds")
+    format!("{}#holds", shard_prefix(prefix, shard))
 }
 
 /// The record of one hold.
 pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
-    format!("{prefix}:{{{shard}}}:#h:{hold_id}")
+    format!("{}#h{hold_id}", shard_prefix(prefix, shard))
 }
 
 /// How much of one consumption has been refunded so far.
 pub fn refunded_total(prefix: &str, shard: u16, consumption_id: &str) -> String {
-    format!("{prefix}:{{{shard}}}:#rf:{consumption_id}")
+    format!("{}#rf{consumption_id}", shard_prefix(prefix, shard))
 }
 
-/// Appends `subject` to `out`, escaping `%`, `{`, `}` and `:`.
-fn push_escaped(out: &mut String, subject: &str) {
-    for c in subject.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            ':' => out.push_str("%3A"),
-            _ => out.push(c),
+/// A policy's part of its counter keys: [`POLICY_KEY_LEN`] base-62 digits, kept inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyKey([u8; POLICY_KEY_LEN]);
+
+impl PolicyKey {
+    /// The digits as text.
+    pub fn as_str(&self) -> &str {
+        // Only base-62 digits (ASCII) are ever stored.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// The policy key of `policy`: a hash of its id, measure and window fingerprint.
+///
+/// FNV-1a over the three texts (separated by a 0xFF byte, which UTF-8 never contains),
+/// then MurmurHash3's 64-bit finalizer to spread FNV's weak low bits, reduced modulo 62^7.
+/// Two policies of one action share counters only if their keys collide: one chance in
+/// 3.5 trillion per pair. The result names live counters, so it must never change for an
+/// unchanged policy: `a_policy_key_never_changes_for_an_unchanged_policy` pins it.
+pub fn policy_key(policy: &Policy) -> PolicyKey {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    let window = policy.spec.window.fingerprint();
+    let parts = [
+        policy.id.as_str().as_bytes(),
+        policy.spec.measure.as_str().as_bytes(),
+        window.as_bytes(),
+    ];
+    let mut hash = FNV_OFFSET;
+    for (i, part) in parts.iter().enumerate() {
+        let separator = (i > 0).then_some(&0xff_u8);
+        for byte in separator.into_iter().chain(part.iter()) {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME);
         }
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
+    let mut digits = [b'0'; POLICY_KEY_LEN];
+    for digit in digits.iter_mut().rev() {
+        // The remainder is below 62, so the index is in range.
+        *digit = BASE62[(hash % 62) as usize];
+        hash /= 62;
+    }
+    PolicyKey(digits)
+}
+
+/// Appends `period` (Unix seconds, clamped to 0 ..= 62^6 - 1) as [`PERIOD_LEN`] digits.
+fn push_period(out: &mut String, period: i64) {
+    let max = 62_i64.pow(PERIOD_LEN as u32) - 1;
+    let mut rest = period.clamp(0, max) as u64;
+    let mut digits = [b'0'; PERIOD_LEN];
+    for digit in digits.iter_mut().rev() {
+        *digit = BASE62[(rest % 62) as usize];
+        rest /= 62;
+    }
+    for digit in digits {
+        out.push(char::from(digit));
     }
 }
 
@@ -81,76 +158,123 @@ fn push_escaped(out: &mut String, subject: &str) {
 pub struct SubjectKeys {
     /// Its shard.
     pub shard: u16,
-    /// `<prefix>:{<shard>}:<action>|<escaped subject>`.
-    base: String,
+    /// `<prefix>{<shard>}`.
+    tag: String,
+    /// `<action>|<subject>`.
+    tail: String,
 }
 
 impl SubjectKeys {
     /// The keys of `subject` doing `action` under `prefix`.
     pub fn new(prefix: &str, action: &Action, subject: &Subject) -> Self {
         let shard = shard(action.as_str(), subject.as_str());
-        let mut base = String::with_capacity(
-            prefix.len() + action.as_str().len() + subject.as_str().len() + 8,
-        );
-        // Writing to a String cannot fail.
-        let _ = write!(base, "{prefix}:{{{shard}}}:{}|", action.as_str());
-        push_escaped(&mut base, subject.as_str());
-        Self { shard, base }
+        let mut tail = String::with_capacity(action.as_str().len() + 1 + subject.as_str().len());
+        tail.push_str(action.as_str());
+        tail.push('|');
+        tail.push_str(subject.as_str());
+        Self {
+            shard,
+            tag: shard_prefix(prefix, shard),
+            tail,
+        }
     }
 
-    /// The counter key of `policy`; `period` names a calendar period (its start, Unix s).
-    pub fn counter(&self, policy: &Policy, period: Option<i64>) -> String {
-        let mut key = String::with_capacity(self.base.len() + 48);
-        key.push_str(&self.base);
-        key.push(':');
-        key.push_str(policy.id.as_str());
-        key.push(':');
-        key.push(match policy.spec.measure {
-            Measure::Count => 'n',
-            Measure::Amount => 'a',
-        });
-        key.push_str(&policy.spec.window.fingerprint());
+    /// The counter key of the policy with `policy_key`; `period` is the start (Unix s) of
+    /// its calendar period.
+    pub fn counter(&self, policy_key: &PolicyKey, period: Option<i64>) -> String {
+        let mut key =
+            String::with_capacity(self.tag.len() + POLICY_KEY_LEN + PERIOD_LEN + self.tail.len());
+        key.push_str(&self.tag);
+        key.push_str(policy_key.as_str());
         if let Some(period) = period {
-            let _ = write!(key, ":{period}");
+            push_period(&mut key, period);
         }
+        key.push_str(&self.tail);
         key
     }
 
-    /// The record of an idempotency key; `scope` separates consumes (`c`) from holds (`h`).
+    /// The record of an idempotency key; `scope` separates consumes (`c`), holds (`h`) and
+    /// refunds (`r`).
     pub fn idempotency(&self, scope: char, key: &str) -> String {
-        format!("{}:#i:{scope}:{key}", self.base)
+        format!("{}#i{scope}{}:{key}{}", self.tag, key.len(), self.tail)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{
+        CalendarPeriod, Measure, Mode, PolicyId, PolicySpec, Quantity, Window, MAX_SAFE,
+    };
+    use chrono::DateTime;
 
-    fn keys_of(subject: &str) -> SubjectKeys {
-        let action = Action::parse("action", "sms.send").expect("valid");
+    fn keys_of(action: &str, subject: &str) -> SubjectKeys {
+        let action = Action::parse("action", action).expect("valid");
         SubjectKeys::new("ql", &action, &Subject::parse("s", subject).expect("valid"))
+    }
+
+    fn policy(id: &str, measure: Measure, window: Window, limit: u64) -> Policy {
+        Policy {
+            id: PolicyId::parse("id", id).expect("valid"),
+            spec: PolicySpec {
+                action: Action::parse("action", "sms").expect("valid"),
+                measure,
+                unit: None,
+                limit: Quantity::saturating(limit),
+                window,
+                mode: Mode::Enforce,
+                enabled: true,
+                ledger_denials: false,
+                description: String::new(),
+            },
+            created_at: DateTime::UNIX_EPOCH,
+            updated_at: DateTime::UNIX_EPOCH,
+            version: 1,
+        }
+    }
+
+    fn day_in(timezone: &str) -> Window {
+        Window::calendar(CalendarPeriod::Day, timezone).expect("valid")
     }
 
     #[test]
     fn the_hash_tag_is_the_shard_whatever_the_subject_contains() {
+        let pk = PolicyKey(*b"abcdefg");
         for subject in ["user-42", "{evil}", "a}b{c", "50%", "x:y|z", "Zoë ünïcode"] {
-            let keys = keys_of(subject);
-            let key = &keys.base;
+            let keys = keys_of("sms.send", subject);
+            let key = keys.counter(&pk, Some(1_795_237_200));
             let open = key.find('{').expect("has a tag");
             let close = key[open..].find('}').expect("tag closes") + open;
-            assert_eq!(&key[open + 1..close], keys.shard.to_string(), "{key}");
-            assert!(keys.shard < SHARDS);
+            assert_eq!(close, open + 2, "a one-character tag: {key}");
+            assert_eq!(key[..close + 1], shard_prefix("ql", keys.shard), "{key}");
         }
     }
 
     #[test]
-    fn different_subjects_never_share_a_key() {
-        let subjects = [
-            "a", "a%7D", "a}", "a%", "a%25", "{a", "%7Ba", "a|b", "a b", "a:b", "a%3Ab",
-        ];
-        let keys: std::collections::HashSet<String> =
-            subjects.iter().map(|s| keys_of(s).base).collect();
-        assert_eq!(keys.len(), subjects.len());
+    fn different_subjects_actions_periods_and_policies_never_share_a_key() {
+        let pks = [PolicyKey(*b"abcdefg"), PolicyKey(*b"abcdefh")];
+        let mut seen = std::collections::HashSet::new();
+        let mut count = 0;
+        for (action, subject) in [
+            ("a", "b|c"),
+            ("a", "b"),
+            ("a.b", "c"),
+            ("ab", "c"),
+            ("a", "bc"),
+        ] {
+            let keys = keys_of(action, subject);
+            for pk in &pks {
+                for period in [None, Some(0), Some(61), Some(62), Some(1_795_237_200)] {
+                    seen.insert(keys.counter(pk, period));
+                    count += 1;
+                }
+            }
+            for idem in ["k", "k1", "1:k"] {
+                seen.insert(keys.idempotency('c', idem));
+                count += 1;
+            }
+        }
+        assert_eq!(seen.len(), count);
     }
 
     #[test]
@@ -161,5 +285,47 @@ mod tests {
         }
         let (min, max) = (counts.iter().min(), counts.iter().max());
         assert!(min > Some(&800) && max < Some(&1200), "{min:?}..{max:?}");
+    }
+
+    #[test]
+    fn a_policy_key_never_changes_for_an_unchanged_policy() {
+        // These digits name live counters in Redis: a change here resets every quota.
+        let daily = policy("sms-per-day", Measure::Count, day_in("UTC"), 10);
+        assert_eq!(policy_key(&daily).as_str(), "3Cp9NPI");
+        let rolling = Window::rolling(86_400, 3_600).expect("valid");
+        let usd = policy("transfer-usd-24h", Measure::Amount, rolling, 200_000);
+        assert_eq!(policy_key(&usd).as_str(), "MVxSPdL");
+    }
+
+    #[test]
+    fn the_policy_key_follows_id_measure_and_window_but_not_the_limit() {
+        let base = policy("sms-per-day", Measure::Count, day_in("UTC"), 10);
+        let key = policy_key(&base);
+        assert_eq!(key.as_str().len(), POLICY_KEY_LEN);
+        let higher = policy("sms-per-day", Measure::Count, day_in("UTC"), MAX_SAFE);
+        assert_eq!(policy_key(&higher), key, "raising the limit keeps usage");
+        let changed = [
+            policy("sms-per-day-2", Measure::Count, day_in("UTC"), 10),
+            policy("sms-per-day", Measure::Amount, day_in("UTC"), 10),
+            policy("sms-per-day", Measure::Count, day_in("Europe/Berlin"), 10),
+            policy(
+                "sms-per-day",
+                Measure::Count,
+                Window::token_bucket(86_400).expect("valid"),
+                10,
+            ),
+        ];
+        let mut keys: std::collections::HashSet<PolicyKey> =
+            changed.iter().map(policy_key).collect();
+        keys.insert(key);
+        assert_eq!(keys.len(), changed.len() + 1, "each change starts afresh");
+    }
+
+    #[test]
+    fn a_calendar_key_of_a_short_action_and_subject_fits_in_28_bytes() {
+        // Redis keeps such a name in a 32-byte allocation (see the module documentation).
+        let daily = policy_key(&policy("sms-per-day", Measure::Count, day_in("UTC"), 10));
+        let key = keys_of("sms", "u12345").counter(&daily, Some(1_795_237_200));
+        assert_eq!(key.len(), 28, "{key}");
     }
 }

@@ -102,14 +102,14 @@ impl Engine {
         let keys = SubjectKeys::new(&self.prefix, action, subject);
         let mut charges = Vec::with_capacity(policies.enabled.len());
         let mut window_seconds = Vec::with_capacity(policies.enabled.len());
-        for policy in &policies.enabled {
+        for (policy, policy_key) in policies.enabled.iter().zip(&policies.keys) {
             let (algorithm, period, seconds) = algorithm_for(policy, now);
             let cost = match amount.get() {
                 0 => 0,
                 _ => policy.spec.measure.cost(amount).get(),
             };
             charges.push(Charge {
-                key: keys.counter(policy, period),
+                key: keys.counter(policy_key, period),
                 algorithm,
                 limit: policies.limit_for(policy, subject.as_str(), now),
                 cost,

@@ -2,6 +2,7 @@
 
 use super::{PolicyStore, StoreResult};
 use crate::domain::{Action, OverrideSpec, Policy, PolicyId};
+use crate::engine::keys::{self, PolicyKey};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -11,6 +12,8 @@ use std::sync::{Arc, RwLock};
 pub struct ActionPolicies {
     /// Enabled policies, ordered by id (the order of answers and of counter keys).
     pub enabled: Vec<Arc<Policy>>,
+    /// Each enabled policy's part of its counter keys, computed once here (same order).
+    pub keys: Vec<PolicyKey>,
     /// Overrides by policy id, then subject.
     overrides: HashMap<PolicyId, HashMap<String, OverrideSpec>>,
 }
@@ -111,6 +114,7 @@ impl PolicyCache {
             action_of.insert(policy.id.clone(), policy.spec.action.clone());
             let entry = building.entry(policy.spec.action.clone()).or_default();
             if policy.spec.enabled {
+                entry.keys.push(keys::policy_key(&policy));
                 entry.enabled.push(Arc::new(policy));
             }
         }
