@@ -10,7 +10,16 @@
 //! handles that every call clones, so requests never wait on a lock of ours. Every call is
 //! bounded by the configured timeout: a slow or absent Redis is `StoreError::Unavailable`
 //! (the engine answers 503 or fails open), never a hung request.
+//!
+//! Each thread that uses the store gets its own connection, made on its first call. An actix
+//! worker is one thread with its own runtime, so the task that drives its connection runs on
+//! the same thread as the requests it carries: a decision and its reply never cross threads
+//! (with one shared connection, every call woke the thread that drove it and was woken back,
+//! two cross-thread wake-ups per decision), and the concurrent decisions of one worker are
+//! pipelined on its connection.
 
+use std::cell::RefCell;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,13 +42,22 @@ const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
 /// The give-back script (refunds, hold settlement); its header documents KEYS and ARGV.
 const GIVEBACK_LUA: &str = include_str!("scripts/giveback.lua");
 
+/// A connection made on first use, then cloned for each call.
+type Slot = Arc<tokio::sync::OnceCell<Connection>>;
+
+thread_local! {
+    /// This thread's connection to each live store, by the store's `id`. A store that is
+    /// dropped leaves a dead entry, removed when this thread next adds one.
+    static SLOTS: RefCell<Vec<(Weak<()>, Slot)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Counters in Redis (standalone or cluster), one script call per decision.
 #[derive(Clone)]
 pub struct RedisCounterStore {
-    /// The connection handle, made on first use and then cloned for each call.
-    connection: std::sync::Arc<tokio::sync::OnceCell<Connection>>,
+    /// Names this store and its clones in every thread's [`SLOTS`].
+    id: Arc<()>,
     /// How to connect: the node URLs and whether they form a cluster.
-    urls: std::sync::Arc<[String]>,
+    urls: Arc<[String]>,
     /// Redis Cluster mode.
     cluster: bool,
     /// Fails calls fast while Redis is down (shared by clones).
@@ -96,7 +114,7 @@ impl RedisCounterStore {
             redis::Client::open(url.as_str()).map_err(|e| classify(&e))?;
         }
         let store = Self {
-            connection: std::sync::Arc::new(tokio::sync::OnceCell::new()),
+            id: Arc::new(()),
             urls: urls.into(),
             cluster,
             breaker: std::sync::Arc::default(),
@@ -110,7 +128,22 @@ impl RedisCounterStore {
         Ok(store)
     }
 
-    /// The shared connection, made now if it was not yet.
+    /// This thread's slot for its connection to this store.
+    fn slot(&self) -> Slot {
+        SLOTS.with(|slots| {
+            let mut slots = slots.borrow_mut();
+            let id = Arc::as_ptr(&self.id);
+            if let Some((_, slot)) = slots.iter().find(|(owner, _)| owner.as_ptr() == id) {
+                return slot.clone();
+            }
+            slots.retain(|(owner, _)| owner.strong_count() > 0);
+            let slot = Slot::default();
+            slots.push((Arc::downgrade(&self.id), slot.clone()));
+            slot
+        })
+    }
+
+    /// This thread's connection, made now if it was not yet.
     async fn connection(&self) -> Result<Connection, StoreError> {
         let connecting = async {
             if self.cluster {
@@ -140,7 +173,7 @@ impl RedisCounterStore {
                     other => other,
                 })
         };
-        self.connection.get_or_try_init(connect).await.cloned()
+        self.slot().get_or_try_init(connect).await.cloned()
     }
 
     /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
