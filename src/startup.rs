@@ -69,7 +69,8 @@ fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()>
     })
 }
 
-/// A fresh random token: 256 bits from the operating system's generator, as hex.
+/// A fresh random token, as hex: two v4 UUIDs, 244 random bits from rand's thread-local
+/// generator (a CSPRNG seeded by the operating system; uuid's `fast-rng` feature).
 fn random_token() -> Secret {
     let a = uuid::Uuid::new_v4().simple().to_string();
     let b = uuid::Uuid::new_v4().simple().to_string();

@@ -15,6 +15,7 @@ pub mod problem;
 pub mod quota;
 pub mod request_id;
 pub mod routing;
+mod timestamp;
 pub mod wire;
 
 use crate::engine::clock::Clock;

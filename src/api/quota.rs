@@ -52,6 +52,7 @@ pub struct PolicyUsage {
     /// `limit - used`, never below zero.
     pub remaining: u64,
     /// When usage would be back to zero with no further consumption (UTC).
+    #[serde(serialize_with = "super::timestamp::serialize")]
     pub resets_at: DateTime<Utc>,
     /// Whether this policy alone allows the request (shadow policies report, never deny).
     pub allowed: bool,
@@ -104,7 +105,7 @@ pub struct UsageQuery {
 
 pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
     PolicyUsage {
-        policy_id: p.policy_id.to_string(),
+        policy_id: p.policy_id.as_str().to_owned(),
         measure: match p.measure {
             Measure::Count => MeasureDto::Count,
             Measure::Amount => MeasureDto::Amount,
@@ -201,6 +202,17 @@ pub(super) fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> 
     })
 }
 
+/// `"<policy>";<a>=<x>;<b>=<y>`: one IETF RateLimit field value, written without `format!`.
+fn rate_limit_field(policy: &str, (a, x): (&str, u64), (b, y): (&str, u64)) -> String {
+    let mut numbers = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (x, y) = (numbers.0.format(x), numbers.1.format(y));
+    let mut field = String::with_capacity(policy.len() + x.len() + y.len() + 10);
+    for part in ["\"", policy, "\";", a, "=", x, ";", b, "=", y] {
+        field.push_str(part);
+    }
+    field
+}
+
 /// Writes the answer with its status and the `RateLimit-Policy` / `RateLimit` fields
 /// (IETF httpapi draft: `"<policy>";q=<limit>;w=<seconds>` and `"<policy>";r=<remaining>;t=<seconds>`).
 pub(super) fn respond(
@@ -209,20 +221,27 @@ pub(super) fn respond(
     consumption_id: Option<String>,
     replayed: bool,
 ) -> (actix_web::HttpResponseBuilder, ConsumeAnswer) {
+    const RATELIMIT_POLICY: header::HeaderName =
+        header::HeaderName::from_static("ratelimit-policy");
+    const RATELIMIT: header::HeaderName = header::HeaderName::from_static("ratelimit");
     let status = match decision.allowed {
         true => StatusCode::OK,
         false => StatusCode::TOO_MANY_REQUESTS,
     };
     let mut response = HttpResponse::build(status);
     if let Some(p) = most_constraining(&decision) {
-        let reset = (p.resets_at - decision.at).num_seconds().max(0);
+        let reset = (p.resets_at - decision.at)
+            .num_seconds()
+            .max(0)
+            .unsigned_abs();
+        let id = p.policy_id.as_str();
         response.insert_header((
-            "RateLimit-Policy",
-            format!("\"{}\";q={};w={}", p.policy_id, p.limit, p.window_seconds),
+            RATELIMIT_POLICY,
+            rate_limit_field(id, ("q", p.limit), ("w", p.window_seconds)),
         ));
         response.insert_header((
-            "RateLimit",
-            format!("\"{}\";r={};t={reset}", p.policy_id, p.remaining),
+            RATELIMIT,
+            rate_limit_field(id, ("r", p.remaining), ("t", reset)),
         ));
     }
     if let Some(seconds) = decision.retry_after_seconds {
@@ -230,8 +249,8 @@ pub(super) fn respond(
     }
     let answer = ConsumeAnswer {
         allowed: decision.allowed,
-        action: request.action.to_string(),
-        subject: request.subject.to_string(),
+        action: request.action.as_str().to_owned(),
+        subject: request.subject.as_str().to_owned(),
         amount: request.amount.get(),
         consumption_id,
         replayed,
