@@ -1,0 +1,437 @@
+#!/usr/bin/env bash
+# scripts/bench.sh: the consume path's throughput, latency and memory, in one table.
+#
+# On this machine, all on loopback, in one run:
+#   1. a baseline: redis-benchmark running a minimal atomic check-and-charge Lua script
+#      (scripts/bench/baseline.lua) with 50 clients over 100k keys, against a private Redis;
+#   2. the service in release mode on that Redis, then on its embedded default (no Redis):
+#      POST /quota/consume with wrk at 50 connections, for a calendar-day policy, a rolling
+#      24 h policy in 24 buckets, a token bucket and a two-policy action (count + amount),
+#      each with 1k, 100k and 1M distinct subjects (scripts/bench/consume.lua);
+#   3. Redis memory per subject per policy for each window type: the used_memory delta after
+#      charging 100k distinct subjects through the service (scripts/bench/fill.lua), and the
+#      service's resident memory;
+# then prints one table with the targets of issue 6 beside the measured figures.
+#
+# Installs what is missing (wrk, redis-server, redis-tools, curl) with apt-get, builds
+# the release binary with cargo (incrementally), and stops everything it started on exit.
+# Timings are noisy on a shared machine: compare the ratios within one run.
+#
+# Knobs (environment):
+#   BENCH_DURATION=10          seconds measured per wrk run (after the warm-up)
+#   BENCH_WARMUP=2             seconds of warm-up before each measured run
+#   BENCH_CONNECTIONS=50       wrk connections and redis-benchmark clients
+#   BENCH_THREADS=2            wrk threads
+#   BENCH_SUBJECTS="1000 100000 1000000"   distinct subjects per run
+#   BENCH_MEMORY_SUBJECTS=100000           subjects charged for the memory figures
+#   BENCH_MODES="redis embedded"           which service modes to run
+#   BENCH_NO_BUILD=1           use target/release/quota-ledger as it is
+#   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
+#   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
+#   BENCH_OUT=FILE             also write the table to FILE
+set -euo pipefail
+
+cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
+readonly ROOT=$PWD
+readonly DURATION=${BENCH_DURATION:-10}
+readonly WARMUP=${BENCH_WARMUP:-2}
+readonly CONNECTIONS=${BENCH_CONNECTIONS:-50}
+readonly THREADS=${BENCH_THREADS:-2}
+read -r -a SUBJECT_COUNTS <<<"${BENCH_SUBJECTS:-1000 100000 1000000}"
+readonly SUBJECT_COUNTS
+readonly MEMORY_SUBJECTS=${BENCH_MEMORY_SUBJECTS:-100000}
+read -r -a MODES <<<"${BENCH_MODES:-redis embedded}"
+readonly MODES
+readonly ADMIN_TOKEN=bench-admin-token
+readonly LIMIT=1000000000 # high enough that nothing is denied: every consume writes
+BINARY=${BENCH_BINARY:-$ROOT/target/release/quota-ledger}
+
+log() { printf 'bench: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+# ---------------------------------------------------------------------------
+# Tools
+# ---------------------------------------------------------------------------
+ensure_tools() {
+	local need=()
+	command -v wrk >/dev/null || need+=(wrk)
+	command -v redis-server >/dev/null || need+=(redis-server)
+	{ command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null; } || need+=(redis-tools)
+	command -v curl >/dev/null || need+=(curl)
+	command -v cargo >/dev/null || die "cargo is needed to build the service (https://rustup.rs)"
+	((${#need[@]})) || return 0
+	[[ ${BENCH_NO_INSTALL:-0} != 1 ]] || die "missing: ${need[*]} (BENCH_NO_INSTALL=1)"
+	command -v apt-get >/dev/null || die "missing: ${need[*]}, and no apt-get to install them"
+	local sudo=()
+	[[ $(id -u) == 0 ]] || sudo=(sudo)
+	log "installing ${need[*]}"
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -q
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 \
+		install -y -q --no-install-recommends "${need[@]}"
+}
+
+# ---------------------------------------------------------------------------
+# Processes (stopped on exit, whatever happens)
+# ---------------------------------------------------------------------------
+TMP=""
+REDIS_PID=""
+SERVICE_PID=""
+
+stop_pid() {
+	local pid=$1 i
+	[[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	for ((i = 0; i < 100; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	stop_pid "$SERVICE_PID"
+	stop_pid "$REDIS_PID"
+	[[ -n $TMP && -d $TMP ]] && rm -rf -- "$TMP"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A free loopback port (bind-tested with python3 when it is there).
+free_port() {
+	local p i
+	for ((i = 0; i < 200; i++)); do
+		p=$((20000 + RANDOM % 35000))
+		if command -v python3 >/dev/null; then
+			python3 -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' \
+				"$p" 2>/dev/null || continue
+		elif (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			continue
+		fi
+		echo "$p"
+		return 0
+	done
+	die "no free port"
+}
+
+REDIS_PORT=""
+rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+
+start_redis() {
+	REDIS_PORT=$(free_port)
+	mkdir -p "$TMP/redis"
+	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --protected-mode yes --save '' \
+		--appendonly no --dir "$TMP/redis" --logfile "$TMP/redis/redis.log" &
+	REDIS_PID=$!
+	local i
+	for ((i = 0; i < 100; i++)); do
+		[[ $(rcli ping 2>/dev/null) == PONG ]] && return 0
+		sleep 0.1
+	done
+	die "redis-server did not start (see $TMP/redis/redis.log)"
+}
+
+SERVICE_PORT=""
+SERVICE_STARTS=0
+BASE=""
+
+# start_service MODE: the release binary on a fresh SQLite policy store, on Redis or embedded.
+start_service() {
+	local mode=$1 i
+	SERVICE_PORT=$(free_port)
+	SERVICE_STARTS=$((SERVICE_STARTS + 1))
+	BASE="http://127.0.0.1:$SERVICE_PORT"
+	local env=(
+		QUOTA_LISTEN="127.0.0.1:$SERVICE_PORT"
+		DATABASE_URL="sqlite://$TMP/policies-$SERVICE_STARTS.db"
+		QUOTA_ADMIN_TOKEN="$ADMIN_TOKEN"
+		RUST_LOG=warn
+	)
+	if [[ $mode == redis ]]; then
+		env+=(REDIS_URL="redis://127.0.0.1:$REDIS_PORT/")
+	fi
+	env "${env[@]}" "$BINARY" >"$TMP/service-$SERVICE_STARTS.log" 2>&1 &
+	SERVICE_PID=$!
+	for ((i = 0; i < 200; i++)); do
+		curl -sf "$BASE/readyz" >/dev/null 2>&1 && return 0
+		kill -0 "$SERVICE_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	cat "$TMP/service-$SERVICE_STARTS.log" >&2
+	die "the service did not become ready"
+}
+
+stop_service() {
+	stop_pid "$SERVICE_PID"
+	SERVICE_PID=""
+}
+
+create_policy() {
+	local status
+	status=$(curl -s -o "$TMP/policy.out" -w '%{http_code}' -X POST "$BASE/admin/policies" \
+		-H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' -d "$1")
+	[[ $status == 201 ]] || die "creating a policy answered $status: $(cat "$TMP/policy.out")"
+}
+
+# The benchmark's policies, after the contract's examples. Limits are high enough that
+# nothing is denied, so every consume takes the writing path.
+create_policies() {
+	create_policy '{"id":"sms-per-day","action":"sms","measure":"count","limit":'$LIMIT',
+		"window":{"type":"calendar","period":"day","timezone":"America/New_York"}}'
+	create_policy '{"id":"upload-24h","action":"upload","measure":"count","limit":'$LIMIT',
+		"window":{"type":"rolling","seconds":86400,"bucket_seconds":3600}}'
+	create_policy '{"id":"api-hourly","action":"api","measure":"count","limit":'$LIMIT',
+		"window":{"type":"token_bucket","seconds":3600}}'
+	create_policy '{"id":"transfers-per-day","action":"transfer","measure":"count","limit":'$LIMIT',
+		"window":{"type":"calendar","period":"day","timezone":"UTC"}}'
+	create_policy '{"id":"transfer-usd-24h","action":"transfer","measure":"amount",
+		"unit":"USD cents","limit":1000000000000000,
+		"window":{"type":"rolling","seconds":86400,"bucket_seconds":3600}}'
+}
+
+# Scenarios: label, action, amount ("" for the default 1).
+readonly SCENARIOS=(
+	"calendar day|sms|"
+	"rolling 24h/24|upload|"
+	"token bucket|api|"
+	"count+amount|transfer|2500"
+)
+
+# ---------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------
+# Results: one line per row, "key value..." in $TMP/results.
+record() { printf '%s\n' "$*" >>"$TMP/results"; }
+result() { awk -v k="$1" '$1 == k { $1 = ""; sub(/^ /, ""); print; exit }' "$TMP/results"; }
+
+# field NAME LINE: the value of NAME=... in a BENCH line.
+field() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
+
+# run_wrk ACTION SUBJECTS AMOUNT: warm-up, then one measured run; prints the BENCH line.
+run_wrk() {
+	local action=$1 subjects=$2 amount=$3 line
+	local args=(-t"$THREADS" -c"$CONNECTIONS" --timeout 5s -s "$ROOT/scripts/bench/consume.lua"
+		"$BASE/quota/consume" -- "$action" "$subjects")
+	[[ -n $amount ]] && args+=("$amount")
+	if ((WARMUP > 0)); then
+		wrk -d"${WARMUP}s" "${args[@]}" >/dev/null
+	fi
+	line=$(wrk -d"${DURATION}s" "${args[@]}" | grep '^BENCH ') || die "wrk printed no result"
+	printf '%s\n' "$line"
+}
+
+rss_kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
+
+bench_mode() {
+	local mode=$1 scenario label action amount subjects line
+	if [[ $mode == redis ]]; then
+		rcli flushall >/dev/null
+	fi
+	start_service "$mode"
+	create_policies
+	for scenario in "${SCENARIOS[@]}"; do
+		IFS='|' read -r label action amount <<<"$scenario"
+		for subjects in "${SUBJECT_COUNTS[@]}"; do
+			log "$mode: $label, $subjects subjects"
+			line=$(run_wrk "$action" "$subjects" "$amount")
+			record "run:$mode:$action:$subjects $line"
+		done
+	done
+	record "rss:$mode $(rss_kib "$SERVICE_PID" VmRSS) $(rss_kib "$SERVICE_PID" VmHWM)"
+	if [[ $mode == redis ]]; then
+		record "keys:redis $(rcli dbsize)"
+	fi
+	stop_service
+}
+
+used_memory() { rcli info memory | tr -d '\r' | sed -n 's/^used_memory://p'; }
+
+# fill ACTION: charges u1..u$MEMORY_SUBJECTS once each through the service.
+fill() {
+	local action=$1 rps seconds line
+	# The calendar rate at 100k subjects (or 1000/s) sets a generous duration; the wrk
+	# threads stop as soon as every subject has been sent.
+	rps=$(field rps "$(result "run:redis:sms:100000")")
+	rps=${rps%.*}
+	((${rps:-0} > 1000)) || rps=1000
+	seconds=$((2 * MEMORY_SUBJECTS / rps + 2))
+	line=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"${seconds}s" --timeout 5s \
+		-s "$ROOT/scripts/bench/fill.lua" "$BASE/quota/consume" -- \
+		"$action" "$MEMORY_SUBJECTS" "$THREADS" | grep '^FILL ') || die "wrk printed no fill result"
+	[[ $(field non2xx "$line") == 0 ]] || log "warning: filling $action: $line (errors are not charged)"
+}
+
+# memory_row LABEL ACTION: used_memory per key after charging every subject once.
+bench_memory() {
+	local label action before after keys sample
+	start_service redis
+	create_policies
+	for label in calendar rolling token_bucket; do
+		case $label in
+		calendar) action=sms ;;
+		rolling) action=upload ;;
+		token_bucket) action=api ;;
+		esac
+		log "memory: $label, $MEMORY_SUBJECTS subjects"
+		rcli flushall >/dev/null
+		before=$(used_memory)
+		fill "$action"
+		sleep 0.5
+		after=$(used_memory)
+		keys=$(rcli dbsize)
+		sample=$(rcli --scan --pattern "*{$action|u12345}*" | head -n1)
+		record "mem:$label $((after - before)) $keys ${#sample} $sample"
+		if [[ $label == rolling ]]; then
+			# Every bucket in use: the 24 older buckets of a subject active all day.
+			rcli --eval "$ROOT/scripts/bench/fill-buckets.lua" , "*{$action|*" 24 >/dev/null
+			after=$(used_memory)
+			record "mem:rolling-full $((after - before)) $keys ${#sample} $sample"
+		fi
+	done
+	record "rss:redis-fill $(rss_kib "$SERVICE_PID" VmRSS) $(rss_kib "$SERVICE_PID" VmHWM)"
+	stop_service
+	rcli flushall >/dev/null
+}
+
+# The baseline: redis-benchmark, EVALSHA of a minimal check-and-charge script.
+bench_baseline() {
+	local sha n csv
+	sha=$(rcli script load "$(cat "$ROOT/scripts/bench/baseline.lua")")
+	local args=(-h 127.0.0.1 -p "$REDIS_PORT" -c "$CONNECTIONS" -r 100000 --csv
+		EVALSHA "$sha" 1 "counter:__rand_int__" "$LIMIT" 1 90000000)
+	log "baseline: redis-benchmark EVALSHA, $CONNECTIONS clients, 100k keys"
+	# A short run to warm up and size the measured one to about BENCH_DURATION seconds.
+	csv=$(redis-benchmark -n 50000 "${args[@]}" | tail -n1)
+	n=$(awk -F'"' -v d="$DURATION" '{ printf "%d", $4 * d }' <<<"$csv")
+	((n >= 10000)) || n=10000
+	csv=$(redis-benchmark -n "$n" "${args[@]}" | tail -n1)
+	# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",...
+	record "baseline $(awk -F'"' '{ print $4, $10, $14 }' <<<"$csv") $n"
+	rcli flushall >/dev/null
+}
+
+# ---------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------
+verdict() { if awk "BEGIN { exit !($1) }"; then echo met; else echo MISSED; fi; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+print_table() {
+	local mode scenario label action amount subjects line rps p50 p99 bad first_p99
+	local base_rps base_p50 base_p99
+	read -r base_rps base_p50 base_p99 _ <<<"$(result baseline)"
+	echo "quota-ledger consume benchmark, $(date -u +%Y-%m-%dT%H:%MZ)"
+	echo "$(nproc) cores, $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk $THREADS threads x $CONNECTIONS connections, ${WARMUP}s warm-up + ${DURATION}s per row, loopback"
+	echo
+	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s\n' mode scenario subjects req/s p50_ms p99_ms errors "p99/p99@1k"
+	for mode in "${MODES[@]}"; do
+		for scenario in "${SCENARIOS[@]}"; do
+			IFS='|' read -r label action amount <<<"$scenario"
+			first_p99=""
+			for subjects in "${SUBJECT_COUNTS[@]}"; do
+				line=$(result "run:$mode:$action:$subjects")
+				[[ -n $line ]] || continue
+				rps=$(field rps "$line")
+				p50=$(field p50_ms "$line")
+				p99=$(field p99_ms "$line")
+				bad=$(($(field socket_errors "$line") + $(field non2xx "$line")))
+				[[ -n $first_p99 ]] || first_p99=$p99
+				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s\n' "$mode" "$label" "$subjects" \
+					"$rps" "$p50" "$p99" "$bad" "$(ratio "$p99" "$first_p99")"
+			done
+		done
+	done
+	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s\n' baseline "redis-benchmark" 100000 \
+		"$base_rps" "$base_p50" "$base_p99" 0
+	echo
+	echo "Redis memory per subject per policy ($MEMORY_SUBJECTS subjects charged once each through the service):"
+	local kind delta keys len sample
+	for kind in calendar rolling rolling-full token_bucket; do
+		read -r delta keys len sample <<<"$(result "mem:$kind")"
+		[[ -n ${delta:-} ]] || continue
+		printf '  %-13s %6.0f bytes  (%s keys; key of %s bytes, e.g. %s)\n' "$kind" \
+			"$(awk -v d="$delta" -v k="$keys" 'BEGIN { print (k > 0 ? d / k : 0) }')" \
+			"$keys" "$len" "$sample"
+	done
+	echo "  (rolling: one bucket per subject; rolling-full: all 25 buckets that count in use)"
+	echo
+	echo "Service memory (VmRSS / peak VmHWM):"
+	for kind in redis redis-fill embedded; do
+		read -r rss hwm <<<"$(result "rss:$kind")"
+		[[ -n ${rss:-} ]] || continue
+		printf '  %-11s %7.1f MiB / %7.1f MiB\n' "$kind" "$(awk -v r="$rss" 'BEGIN { print r / 1024 }')" \
+			"$(awk -v r="$hwm" 'BEGIN { print r / 1024 }')"
+	done
+	echo "  (embedded holds every counter written by its runs in process: see its key count below)"
+	echo "  redis keys after the redis runs: $(result keys:redis)"
+	echo
+	echo "Targets (issue 6):"
+	local cal100 cal1k cal1m emb100 v
+	cal100=$(result "run:redis:sms:100000")
+	cal1k=$(result "run:redis:sms:1000")
+	cal1m=$(result "run:redis:sms:1000000")
+	emb100=$(result "run:embedded:sms:100000")
+	if [[ -n $cal100 && -n $base_rps ]]; then
+		v=$(ratio "$(field rps "$cal100")" "$base_rps")
+		printf '  %-58s %8s  %-16s %s\n' "redis calendar 100k throughput / redis-benchmark" "${v}x" ">= 0.6x (1.0x)" "$(verdict "$v >= 0.6")"
+		v=$(field p99_ms "$cal100")
+		printf '  %-58s %8s  %-16s %s\n' "redis calendar 100k p99" "${v} ms" "< 5 ms" "$(verdict "$v < 5")"
+	fi
+	for mode in "${MODES[@]}"; do
+		for scenario in "${SCENARIOS[@]}"; do
+			IFS='|' read -r label action amount <<<"$scenario"
+			cal1k=$(result "run:$mode:$action:${SUBJECT_COUNTS[0]}")
+			cal1m=$(result "run:$mode:$action:${SUBJECT_COUNTS[${#SUBJECT_COUNTS[@]} - 1]}")
+			[[ -n $cal1k && -n $cal1m ]] || continue
+			v=$(ratio "$(field p99_ms "$cal1m")" "$(field p99_ms "$cal1k")")
+			printf '  %-58s %8s  %-16s %s\n' "$mode $label p99 @${SUBJECT_COUNTS[${#SUBJECT_COUNTS[@]} - 1]} / p99 @${SUBJECT_COUNTS[0]}" \
+				"${v}x" "<= 1.25x" "$(verdict "$v <= 1.25")"
+		done
+	done
+	for kind in calendar rolling-full; do
+		read -r delta keys len sample <<<"$(result "mem:$kind")"
+		[[ -n ${delta:-} ]] || continue
+		v=$(awk -v d="$delta" -v k="$keys" 'BEGIN { printf "%.0f", (k > 0 ? d / k : 0) }')
+		case $kind in
+		calendar) printf '  %-58s %8s  %-16s %s\n' "redis memory, calendar policy" "$v B" "< 120 B" "$(verdict "$v < 120")" ;;
+		*) printf '  %-58s %8s  %-16s %s\n' "redis memory, rolling 24 buckets (all in use)" "$v B" "< 600 B" "$(verdict "$v < 600")" ;;
+		esac
+	done
+	if [[ -n $cal100 && -n $emb100 ]]; then
+		v=$(ratio "$(field rps "$emb100")" "$(field rps "$cal100")")
+		printf '  %-58s %8s  %-16s %s\n' "embedded / redis throughput (calendar, 100k)" "${v}x" ">= 1.5x" "$(verdict "$v >= 1.5")"
+	fi
+}
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+ensure_tools
+if [[ ${BENCH_NO_BUILD:-0} != 1 && -z ${BENCH_BINARY:-} ]]; then
+	log "cargo build --release"
+	cargo build --release --locked --quiet
+fi
+[[ -x $BINARY ]] || die "$BINARY is missing: build it with cargo build --release"
+readonly BINARY
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-bench.XXXXXXXX")
+: >"$TMP/results"
+start_redis
+bench_baseline
+for mode in "${MODES[@]}"; do
+	bench_mode "$mode"
+	if [[ $mode == redis ]]; then
+		bench_memory
+	fi
+done
+if [[ -n ${BENCH_OUT:-} ]]; then
+	print_table | tee "$BENCH_OUT"
+else
+	print_table
+fi

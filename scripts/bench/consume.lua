@@ -1,0 +1,39 @@
+-- wrk script: POST /quota/consume for a random subject "u<n>", n uniform in [1, SUBJECTS].
+--
+--   wrk -t2 -c50 -d10s -s consume.lua http://127.0.0.1:PORT/quota/consume -- ACTION SUBJECTS [AMOUNT]
+--
+-- done() prints one machine-readable line (latencies in milliseconds):
+--   BENCH requests=N seconds=S rps=R p50_ms=X p99_ms=Y socket_errors=E non2xx=M
+-- A 429 counts as non-2xx: the benchmark's limits are set so that nothing is denied.
+
+local count = 0
+
+function setup(thread)
+  count = count + 1
+  thread:set("id", count)
+end
+
+function init(args)
+  local action, subjects, amount = args[1], tonumber(args[2]), args[3]
+  assert(action and subjects, "usage: -- ACTION SUBJECTS [AMOUNT]")
+  n_subjects = subjects
+  math.randomseed(os.time() * 1000 + id)
+  head = '{"action":"' .. action .. '","subject":"u'
+  tail = amount and ('","amount":' .. amount .. '}') or '"}'
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+end
+
+function request()
+  return wrk.format(nil, nil, nil, head .. math.random(1, n_subjects) .. tail)
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  local seconds = summary.duration / 1e6
+  io.write(string.format(
+    "BENCH requests=%d seconds=%.3f rps=%.1f p50_ms=%.3f p99_ms=%.3f socket_errors=%d non2xx=%d\n",
+    summary.requests, seconds, summary.requests / seconds,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
