@@ -19,7 +19,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use quota_ledger::domain::{
     Action, CalendarPeriod, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Subject, Window,
 };
-use quota_ledger::engine::keys::{counter_key, policy_key, subject_prefix};
+use quota_ledger::engine::keys::{policy_key, SubjectKeys};
 use quota_ledger::engine::store::memory::MemoryCounterStore;
 use quota_ledger::engine::store::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
 use quota_ledger::engine::window::calendar_bounds;
@@ -74,25 +74,19 @@ fn key_encoding(c: &mut Criterion) {
     let window = Window::calendar(CalendarPeriod::Day, "America/New_York").expect("valid");
     let daily = policy("transfers-per-day", Measure::Count, window);
     let key = policy_key(&daily);
-    let tag = subject_prefix("ql", &action, &subject);
+    let keys = SubjectKeys::new("ql", &action, &subject);
     let mut group = c.benchmark_group("keys");
-    group.bench_function("subject_prefix", |b| {
-        b.iter(|| subject_prefix(black_box("ql"), black_box(&action), black_box(&subject)))
+    group.bench_function("subject_keys", |b| {
+        b.iter(|| SubjectKeys::new(black_box("ql"), black_box(&action), black_box(&subject)))
     });
-    group.bench_function("subject_prefix/escaped", |b| {
-        b.iter(|| subject_prefix(black_box("ql"), black_box(&action), black_box(&awkward)))
+    group.bench_function("subject_keys/awkward_subject", |b| {
+        b.iter(|| SubjectKeys::new(black_box("ql"), black_box(&action), black_box(&awkward)))
     });
     group.bench_function("counter_key/calendar", |b| {
-        b.iter(|| {
-            counter_key(
-                black_box(&tag),
-                black_box(&key),
-                black_box(Some(1_795_237_200)),
-            )
-        })
+        b.iter(|| black_box(&keys).counter(black_box(&key), black_box(Some(1_795_237_200))))
     });
     group.bench_function("counter_key/rolling", |b| {
-        b.iter(|| counter_key(black_box(&tag), black_box(&key), black_box(None)))
+        b.iter(|| black_box(&keys).counter(black_box(&key), black_box(None)))
     });
     // Done once per policy when the cache is built, not per request; measured to show why.
     group.bench_function("policy_key", |b| b.iter(|| policy_key(black_box(&daily))));
