@@ -213,17 +213,31 @@ result() { awk -v k="$1" '$1 == k { $1 = ""; sub(/^ /, ""); print; exit }' "$TMP
 # field NAME LINE: the value of NAME=... in a BENCH line.
 field() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
 
-# run_wrk ACTION SUBJECTS AMOUNT: warm-up, then one measured run; prints the BENCH line.
+# cpu_ticks PID: user + system CPU time of a process so far, in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# run_wrk ACTION SUBJECTS AMOUNT: warm-up, then one measured run; prints the BENCH line
+# with the CPU time per request of the service and of Redis (in microseconds) and the
+# machine's load average appended: on a shared machine they tell a slow run from a busy one.
 run_wrk() {
-	local action=$1 subjects=$2 amount=$3 line
+	local action=$1 subjects=$2 amount=$3 line s0 s1 r0=0 r1=0
 	local args=(-t"$THREADS" -c"$CONNECTIONS" --timeout 5s -s "$ROOT/scripts/bench/consume.lua"
 		"$BASE/quota/consume" -- "$action" "$subjects")
 	[[ -n $amount ]] && args+=("$amount")
 	if ((WARMUP > 0)); then
 		wrk -d"${WARMUP}s" "${args[@]}" >/dev/null
 	fi
+	s0=$(cpu_ticks "$SERVICE_PID")
+	[[ -z $REDIS_PID ]] || r0=$(cpu_ticks "$REDIS_PID")
 	line=$(wrk -d"${DURATION}s" "${args[@]}" | grep '^BENCH ') || die "wrk printed no result"
-	printf '%s\n' "$line"
+	s1=$(cpu_ticks "$SERVICE_PID")
+	[[ -z $REDIS_PID ]] || r1=$(cpu_ticks "$REDIS_PID")
+	awk -v line="$line" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" \
+		-v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+			split(line, parts, "requests="); split(parts[2], n, " ")
+			us = 1e6 / hz / (n[1] > 0 ? n[1] : 1)
+			printf "%s svc_us=%.1f redis_us=%.1f load=%s\n", line, s * us, r * us, load
+		}'
 }
 
 rss_kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
@@ -329,7 +343,8 @@ print_table() {
 	echo "quota-ledger consume benchmark, $(date -u +%Y-%m-%dT%H:%MZ)"
 	echo "$(nproc) cores, $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk $THREADS threads x $CONNECTIONS connections, ${WARMUP}s warm-up + ${DURATION}s per row, loopback"
 	echo
-	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s\n' mode scenario subjects req/s p50_ms p99_ms errors "p99/p99@1k"
+	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s %8s %8s %5s\n' mode scenario subjects req/s p50_ms p99_ms \
+		errors "p99/p99@1k" svc_us rds_us load
 	for mode in "${MODES[@]}"; do
 		for scenario in "${SCENARIOS[@]}"; do
 			IFS='|' read -r label action amount <<<"$scenario"
@@ -342,13 +357,16 @@ print_table() {
 				p99=$(field p99_ms "$line")
 				bad=$(($(field socket_errors "$line") + $(field non2xx "$line")))
 				[[ -n $first_p99 ]] || first_p99=$p99
-				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s\n' "$mode" "$label" "$subjects" \
-					"$rps" "$p50" "$p99" "$bad" "$(ratio "$p99" "$first_p99")"
+				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %8s %8s %5s\n' "$mode" "$label" \
+					"$subjects" "$rps" "$p50" "$p99" "$bad" "$(ratio "$p99" "$first_p99")" \
+					"$(field svc_us "$line")" "$(field redis_us "$line")" "$(field load "$line")"
 			done
 		done
 	done
 	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s\n' baseline "redis-benchmark" 100000 \
 		"$base_rps" "$base_p50" "$base_p99" 0
+	echo "(errors: socket errors + non-2xx answers; svc_us / rds_us: CPU microseconds per request"
+	echo " of the service / of Redis during the row; load: 1-minute load average at its end)"
 	echo
 	echo "Redis memory per subject per policy ($MEMORY_SUBJECTS subjects charged once each through the service):"
 	local kind delta keys len sample

@@ -20,12 +20,15 @@ function init(args)
   math.randomseed(os.time() * 1000 + id)
   head = '{"action":"' .. action .. '","subject":"u'
   tail = amount and ('","amount":' .. amount .. '}') or '"}'
-  wrk.method = "POST"
-  wrk.headers["Content-Type"] = "application/json"
+  -- The request line and headers are written once: wrk.format per request (a table of
+  -- headers, string.format per line) would cost the load generator more CPU than the body.
+  prefix = "POST " .. wrk.path .. " HTTP/1.1\r\nHost: " .. wrk.host .. ":" .. wrk.port
+    .. "\r\nContent-Type: application/json\r\nContent-Length: "
 end
 
 function request()
-  return wrk.format(nil, nil, nil, head .. math.random(1, n_subjects) .. tail)
+  local body = head .. math.random(1, n_subjects) .. tail
+  return prefix .. #body .. "\r\n\r\n" .. body
 end
 
 function done(summary, latency, requests)
