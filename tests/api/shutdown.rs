@@ -66,6 +66,8 @@ async fn sigterm_under_load_loses_no_accepted_request() {
 
     // Every charge the service made was answered: Redis holds exactly the 200s clients saw.
     let reader = spawn_with(settings).await;
+    // The binary ran on the system clock: read the same calendar day it charged.
+    reader.clock.set(chrono::Utc::now());
     let usage = reader.usage("sms.send", "user-42").await;
     assert_eq!(
         usage.body["policies"][0]["used"], answered_ok,
