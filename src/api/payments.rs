@@ -133,7 +133,7 @@ pub async fn refund(
     let mut errors = FieldErrors::default();
     let amount = optional_amount(&mut errors, input.amount);
     let key = errors.take(idempotency_key(input.idempotency_key));
-    if input.consumption_id.is_empty() || input.consumption_id.len() > 64 {
+    if input.consumption_id.is_empty() || input.consumption_id.chars().count() > 64 {
         errors.push(crate::domain::FieldError::new(
             "consumption_id",
             "must be a consumption_id",
