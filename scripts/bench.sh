@@ -44,6 +44,7 @@ read -r -a MODES <<<"${BENCH_MODES:-redis embedded}"
 readonly MODES
 readonly ADMIN_TOKEN=bench-admin-token
 readonly LIMIT=1000000000 # high enough that nothing is denied: every consume writes
+TIMEFORMAT='%U %S'        # what bash's `time` prints: user and system CPU seconds
 BINARY=${BENCH_BINARY:-$ROOT/target/release/quota-ledger}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -229,14 +230,19 @@ run_wrk() {
 	fi
 	s0=$(cpu_ticks "$SERVICE_PID")
 	[[ -z $REDIS_PID ]] || r0=$(cpu_ticks "$REDIS_PID")
-	line=$(wrk -d"${DURATION}s" "${args[@]}" | grep '^BENCH ') || die "wrk printed no result"
+	# bash's `time` gives wrk's own CPU time (user + system seconds) on stderr.
+	{ time wrk -d"${DURATION}s" "${args[@]}" >"$TMP/wrk.out"; } 2>"$TMP/wrk.time"
+	line=$(grep '^BENCH ' "$TMP/wrk.out") || die "wrk printed no result"
 	s1=$(cpu_ticks "$SERVICE_PID")
 	[[ -z $REDIS_PID ]] || r1=$(cpu_ticks "$REDIS_PID")
 	awk -v line="$line" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" \
-		-v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+		-v w="$(tail -n1 "$TMP/wrk.time")" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
 			split(line, parts, "requests="); split(parts[2], n, " ")
-			us = 1e6 / hz / (n[1] > 0 ? n[1] : 1)
-			printf "%s svc_us=%.1f redis_us=%.1f load=%s\n", line, s * us, r * us, load
+			count = n[1] > 0 ? n[1] : 1
+			us = 1e6 / hz / count
+			split(w, t, " ")
+			printf "%s svc_us=%.1f redis_us=%.1f wrk_us=%.1f load=%s\n", line, s * us, r * us,
+				(t[1] + t[2]) * 1e6 / count, load
 		}'
 }
 
@@ -324,9 +330,16 @@ bench_baseline() {
 	csv=$(redis-benchmark -n 50000 "${args[@]}" | tail -n1)
 	n=$(awk -F'"' -v d="$DURATION" '{ printf "%d", $4 * d }' <<<"$csv")
 	((n >= 10000)) || n=10000
-	csv=$(redis-benchmark -n "$n" "${args[@]}" | tail -n1)
+	local r0 r1
+	r0=$(cpu_ticks "$REDIS_PID")
+	{ time redis-benchmark -n "$n" "${args[@]}" >"$TMP/baseline.csv"; } 2>"$TMP/baseline.time"
+	r1=$(cpu_ticks "$REDIS_PID")
+	csv=$(tail -n1 "$TMP/baseline.csv")
 	# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",...
-	record "baseline $(awk -F'"' '{ print $4, $10, $14 }' <<<"$csv") $n"
+	# then Redis's and redis-benchmark's CPU microseconds per call.
+	record "baseline $(awk -F'"' '{ print $4, $10, $14 }' <<<"$csv") $n $(awk -v n="$n" \
+		-v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" -v t="$(tail -n1 "$TMP/baseline.time")" \
+		'BEGIN { split(t, c, " "); printf "%.1f %.1f", r * 1e6 / hz / n, (c[1] + c[2]) * 1e6 / n }')"
 	rcli flushall >/dev/null
 }
 
@@ -338,13 +351,13 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 
 print_table() {
 	local mode scenario label action amount subjects line rps p50 p99 bad first_p99
-	local base_rps base_p50 base_p99
-	read -r base_rps base_p50 base_p99 _ <<<"$(result baseline)"
+	local base_rps base_p50 base_p99 base_redis_us base_client_us
+	read -r base_rps base_p50 base_p99 _ base_redis_us base_client_us <<<"$(result baseline)"
 	echo "quota-ledger consume benchmark, $(date -u +%Y-%m-%dT%H:%MZ)"
 	echo "$(nproc) cores, $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk $THREADS threads x $CONNECTIONS connections, ${WARMUP}s warm-up + ${DURATION}s per row, loopback"
 	echo
-	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s %8s %8s %5s\n' mode scenario subjects req/s p50_ms p99_ms \
-		errors "p99/p99@1k" svc_us rds_us load
+	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s %7s %7s %7s %5s\n' mode scenario subjects req/s p50_ms \
+		p99_ms errors "p99/p99@1k" svc_us rds_us wrk_us load
 	for mode in "${MODES[@]}"; do
 		for scenario in "${SCENARIOS[@]}"; do
 			IFS='|' read -r label action amount <<<"$scenario"
@@ -357,16 +370,18 @@ print_table() {
 				p99=$(field p99_ms "$line")
 				bad=$(($(field socket_errors "$line") + $(field non2xx "$line")))
 				[[ -n $first_p99 ]] || first_p99=$p99
-				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %8s %8s %5s\n' "$mode" "$label" \
+				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %7s %7s %5s\n' "$mode" "$label" \
 					"$subjects" "$rps" "$p50" "$p99" "$bad" "$(ratio "$p99" "$first_p99")" \
-					"$(field svc_us "$line")" "$(field redis_us "$line")" "$(field load "$line")"
+					"$(field svc_us "$line")" "$(field redis_us "$line")" "$(field wrk_us "$line")" \
+					"$(field load "$line")"
 			done
 		done
 	done
-	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s\n' baseline "redis-benchmark" 100000 \
-		"$base_rps" "$base_p50" "$base_p99" 0
-	echo "(errors: socket errors + non-2xx answers; svc_us / rds_us: CPU microseconds per request"
-	echo " of the service / of Redis during the row; load: 1-minute load average at its end)"
+	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %7s %7s\n' baseline "redis-benchmark" 100000 \
+		"$base_rps" "$base_p50" "$base_p99" 0 "" - "$base_redis_us" "$base_client_us"
+	echo "(errors: socket errors + non-2xx answers; svc_us / rds_us / wrk_us: CPU microseconds per"
+	echo " request of the service / Redis / the load generator (redis-benchmark in the baseline row)"
+	echo " during the row; load: 1-minute load average at its end)"
 	echo
 	echo "Redis memory per subject per policy ($MEMORY_SUBJECTS subjects charged once each through the service):"
 	local kind delta keys len sample
@@ -398,6 +413,11 @@ print_table() {
 	if [[ -n $cal100 && -n $base_rps ]]; then
 		v=$(ratio "$(field rps "$cal100")" "$base_rps")
 		printf '  %-58s %8s  %-16s %s\n' "redis calendar 100k throughput / redis-benchmark" "${v}x" ">= 0.6x (1.0x)" "$(verdict "$v >= 0.6")"
+		printf '  %-58s %8s\n' "  CPU per call, baseline / service path (svc+rds+wrk)" "$(awk -v l="$cal100" \
+			-v b="$base_redis_us" -v c="$base_client_us" 'BEGIN {
+				n = split(l, f, " "); for (i = 1; i <= n; i++) { split(f[i], kv, "="); v[kv[1]] = kv[2] }
+				t = v["svc_us"] + v["redis_us"] + v["wrk_us"]
+				if (t > 0) printf "%.2fx", (b + c) / t; else print "n/a" }')"
 		v=$(field p99_ms "$cal100")
 		printf '  %-58s %8s  %-16s %s\n' "redis calendar 100k p99" "${v} ms" "< 5 ms" "$(verdict "$v < 5")"
 	fi
