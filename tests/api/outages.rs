@@ -69,14 +69,7 @@ async fn when_redis_comes_back_consumes_resume_without_a_restart() {
     app.consume("a", "s", 1).await.assert_problem(503);
 
     let _again = PrivateRedis::start_on(port).await;
-    let mut status = StatusCode::SERVICE_UNAVAILABLE;
-    for _ in 0..50 {
-        status = app.consume("a", "s", 1).await.status;
-        if status == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let status = consume_until_ok(&app).await;
     assert_eq!(
         status,
         StatusCode::OK,
@@ -124,14 +117,7 @@ async fn a_hung_redis_costs_a_few_timeouts_then_fails_fast_until_it_answers_agai
     );
 
     redis.resume();
-    let mut status = StatusCode::SERVICE_UNAVAILABLE;
-    for _ in 0..50 {
-        status = app.consume("a", "s", 1).await.status;
-        if status == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let status = consume_until_ok(&app).await;
     assert_eq!(
         status,
         StatusCode::OK,
@@ -158,4 +144,17 @@ async fn scrape(app: &crate::helpers::TestApp) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// Consumes until one is allowed (at most 5 s); returns the last status.
+async fn consume_until_ok(app: &crate::helpers::TestApp) -> StatusCode {
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..50 {
+        status = app.consume("a", "s", 1).await.status;
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    status
 }
