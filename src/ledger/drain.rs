@@ -19,6 +19,15 @@ use std::time::{Duration, Instant};
 /// Entries read per command.
 const BATCH: usize = 500;
 
+/// Entries per SQL transaction, at most (a pass commits whenever it has gathered this many).
+const FLUSH_AT: usize = 5_000;
+
+/// The wait after a pass that moved something but filled no transaction.
+const BUSY_PAUSE: Duration = Duration::from_millis(100);
+
+/// The wait after a pass that found nothing.
+const IDLE_PAUSE: Duration = Duration::from_millis(200);
+
 /// The drain of one instance.
 pub struct Drainer {
     redis: Arc<RedisCounterStore>,
@@ -52,7 +61,10 @@ impl Drainer {
         }
     }
 
-    /// One pass over every shard; returns how many entries were moved.
+    /// One pass over every shard, until each is empty; returns how many entries were moved.
+    ///
+    /// Entries from all shards share transactions of up to [`FLUSH_AT`] entries: one
+    /// commit (and one fsync) per few thousand entries rather than per shard and batch.
     pub async fn drain_once(&self) -> usize {
         let mut last_claim = self.pass.lock().await;
         let claim = last_claim.elapsed() >= self.claim_idle / 2;
@@ -60,85 +72,125 @@ impl Drainer {
             *last_claim = Instant::now();
         }
         let pending = self.retry_pending.swap(false, Ordering::AcqRel);
-        let mut moved = 0;
+        let mut sources = Vec::with_capacity(3);
+        if pending {
+            sources.push(Some(Read::Pending));
+        }
+        sources.push(Some(Read::New));
+        if claim {
+            sources.push(None);
+        }
+        let mut pass = Pass::default();
+        match self.run_pass(&sources, &mut pass).await {
+            Ok(()) => pass.moved,
+            Err(error) => {
+                tracing::warn!(error = %error, "draining the ledger streams failed; will retry");
+                self.retry_pending.store(true, Ordering::Release);
+                pass.moved
+            }
+        }
+    }
+
+    async fn run_pass(&self, sources: &[Option<Read>], pass: &mut Pass) -> anyhow::Result<()> {
         for shard in 0..SHARDS {
             let stream = ledger_stream(&self.prefix, shard);
-            let mut sources = Vec::with_capacity(3);
-            if pending {
-                sources.push(Some(Read::Pending));
-            }
-            sources.push(Some(Read::New));
-            if claim {
-                sources.push(None);
-            }
-            for source in sources {
-                match self.move_all(&stream, source).await {
-                    Ok(n) => moved += n,
-                    Err(error) => {
-                        tracing::warn!(error = %error, stream, "draining the ledger stream failed; will retry");
-                        self.retry_pending.store(true, Ordering::Release);
-                        return moved;
+            for &source in sources {
+                loop {
+                    let batch = self.read(&stream, source).await?;
+                    let more = batch.len() == BATCH && source != Some(Read::Pending);
+                    pass.add(&stream, batch);
+                    if pass.entries.len() >= FLUSH_AT {
+                        self.flush(pass).await?;
+                    }
+                    if !more {
+                        break;
                     }
                 }
             }
         }
-        moved
+        self.flush(pass).await
     }
 
-    /// Moves batches from one source until it is empty.
-    async fn move_all(&self, stream: &str, source: Option<Read>) -> anyhow::Result<usize> {
-        let mut moved = 0;
-        loop {
-            let batch: Vec<StreamEntry> = match source {
-                Some(read) => {
-                    self.redis
-                        .read_group(stream, &self.consumer, BATCH, read)
-                        .await?
-                }
-                None => {
-                    let idle = u64::try_from(self.claim_idle.as_millis()).unwrap_or(u64::MAX);
-                    self.redis
-                        .claim_idle(stream, &self.consumer, idle, BATCH)
-                        .await?
-                }
-            };
-            if batch.is_empty() {
-                return Ok(moved);
+    /// Up to [`BATCH`] entries of `stream` from `source` (`None`: idle ones to claim).
+    async fn read(
+        &self,
+        stream: &str,
+        source: Option<Read>,
+    ) -> Result<Vec<StreamEntry>, crate::engine::store::StoreError> {
+        match source {
+            Some(read) => {
+                self.redis
+                    .read_group(stream, &self.consumer, BATCH, read)
+                    .await
             }
-            let mut entries = Vec::with_capacity(batch.len());
-            for (id, text) in &batch {
-                match serde_json::from_str::<LedgerEntry>(text) {
-                    Ok(entry) => entries.push(entry),
-                    // Written by our own script from our own JSON: a bug. Keep it in Redis,
-                    // pending, for an operator, rather than losing it.
-                    Err(error) => {
-                        tracing::error!(error = %error, stream, id, "unreadable ledger entry left pending");
-                    }
-                }
-            }
-            self.ledger.append(&entries).await?;
-            let readable: Vec<String> = batch
-                .iter()
-                .filter(|(_, text)| serde_json::from_str::<LedgerEntry>(text).is_ok())
-                .map(|(id, _)| id.clone())
-                .collect();
-            self.redis.ack(stream, &readable).await?;
-            moved += readable.len();
-            if batch.len() < BATCH || source == Some(Read::Pending) {
-                return Ok(moved);
+            None => {
+                let idle = u64::try_from(self.claim_idle.as_millis()).unwrap_or(u64::MAX);
+                self.redis
+                    .claim_idle(stream, &self.consumer, idle, BATCH)
+                    .await
             }
         }
     }
 
-    /// Runs passes forever: back to back while there is work, every 200 ms otherwise.
+    /// Inserts what `pass` holds in one transaction, then acknowledges and deletes it.
+    async fn flush(&self, pass: &mut Pass) -> anyhow::Result<()> {
+        if pass.entries.is_empty() {
+            return Ok(());
+        }
+        self.ledger.append(&pass.entries).await?;
+        pass.entries.clear();
+        for (stream, ids) in pass.acks.drain(..) {
+            self.redis.ack(&stream, &ids).await?;
+            pass.moved += ids.len();
+        }
+        Ok(())
+    }
+
+    /// Runs passes forever. After a pass that filled a transaction the next starts at
+    /// once; otherwise it waits a little, so that entries gather into larger transactions
+    /// (a refund that needs its charge in SQL drains at once, through [`DrainNow`]).
     pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
-                if self.drain_once().await == 0 {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                let pause = match self.drain_once().await {
+                    0 => IDLE_PAUSE,
+                    n if n < FLUSH_AT => BUSY_PAUSE,
+                    _ => Duration::ZERO,
+                };
+                tokio::time::sleep(pause).await;
             }
         })
+    }
+}
+
+/// What a pass has read and not yet moved.
+#[derive(Default)]
+struct Pass {
+    entries: Vec<LedgerEntry>,
+    /// Per stream, the ids of the entries in `entries` (acknowledged once they are in SQL).
+    acks: Vec<(String, Vec<String>)>,
+    moved: usize,
+}
+
+impl Pass {
+    fn add(&mut self, stream: &str, batch: Vec<StreamEntry>) {
+        let mut ids = Vec::with_capacity(batch.len());
+        for (id, text) in batch {
+            match serde_json::from_str::<LedgerEntry>(&text) {
+                Ok(entry) => {
+                    self.entries.push(entry);
+                    ids.push(id);
+                }
+                // Written by our own script from our own JSON: a bug. Keep it in Redis,
+                // pending, for an operator, rather than losing it.
+                Err(error) => {
+                    tracing::error!(error = %error, stream, id, "unreadable ledger entry left pending");
+                }
+            }
+        }
+        if !ids.is_empty() {
+            self.acks.push((stream.to_owned(), ids));
+        }
     }
 }
 
