@@ -46,6 +46,13 @@ pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>>
 /// parameter limits (Postgres 65,535; SQLite 32,766).
 const ROWS_PER_INSERT: usize = 500;
 
+/// Retention's statement: the oldest `$2` entries from before `$1`, found through the
+/// `at` index. (Ordered by `seq` instead, both databases walked the whole table in `seq`
+/// order whenever nothing was old enough, and SQLite held its write lock, stalling every
+/// embedded consume, for as long: 60 ms at a million entries.)
+pub const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq IN \
+     (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY at LIMIT $2)";
+
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
      idempotency_key, policies, detail";
 
@@ -266,15 +273,12 @@ macro_rules! sql_ledger_store {
                 batch: u32,
             ) -> Result<u64, LedgerError> {
                 // One short statement per batch: locks only the rows it deletes, briefly.
-                let done = sqlx::query(
-                    "DELETE FROM ledger_entries WHERE seq IN \
-                     (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY seq LIMIT $2)",
-                )
-                .bind(cutoff)
-                .bind(i64::from(batch))
-                .execute(&self.pool)
-                .await
-                .map_err(db_error)?;
+                let done = sqlx::query(RETENTION_DELETE)
+                    .bind(cutoff)
+                    .bind(i64::from(batch))
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db_error)?;
                 Ok(done.rows_affected())
             }
         }
@@ -283,3 +287,47 @@ macro_rules! sql_ledger_store {
 
 sql_ledger_store!(PostgresLedgerStore, sqlx::Postgres, sqlx::postgres::PgRow);
 sql_ledger_store!(SqliteLedgerStore, sqlx::Sqlite, sqlx::sqlite::SqliteRow);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Retention must find its rows through the `at` index, never by scanning the table.
+    #[tokio::test]
+    async fn retention_searches_the_at_index_on_sqlite() {
+        let file = std::env::temp_dir().join(format!(
+            "quota-ledger-retention-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        let store = crate::policy::connect(&url)
+            .await
+            .expect("opening a SQLite file");
+        store.migrate().await.expect("migrating");
+        let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
+            panic!("a SQLite URL opens a SQLite pool");
+        };
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {RETENTION_DELETE}"))
+            .bind("2026-01-01T00:00:00+00:00")
+            .bind(1_000_i64)
+            .fetch_all(&pool)
+            .await
+            .expect("explaining")
+            .iter()
+            .map(|row| row.get::<String, _>("detail"))
+            .collect();
+        pool.close().await;
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("ledger_entries_at_idx")),
+            "{plan:?}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|step| step.starts_with("SCAN ledger_entries")),
+            "{plan:?}"
+        );
+    }
+}
