@@ -217,11 +217,29 @@ field() { sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<" $2"; }
 # cpu_ticks PID: user + system CPU time of a process so far, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
+# thread_ticks PID: the service's CPU ticks so far by kind of thread, "http sql bg":
+# the actix workers (HTTP, JSON, the engine, the Redis client), SQLite's worker threads
+# (the ledger's inserts), and the rest (the main runtime: the ledger drain or group-commit
+# task, policy refresh, the listener).
+thread_ticks() {
+	local t comm http=0 sql=0 bg=0 ticks
+	for t in /proc/"$1"/task/*; do
+		comm=$(cat "$t/comm" 2>/dev/null) || continue
+		ticks=$(awk '{ print $14 + $15 }' "$t/stat" 2>/dev/null) || continue
+		case $comm in
+		actix-rt*) http=$((http + ticks)) ;;
+		sqlx-sqlite*) sql=$((sql + ticks)) ;;
+		*) bg=$((bg + ticks)) ;;
+		esac
+	done
+	echo "$http $sql $bg"
+}
+
 # run_wrk ACTION SUBJECTS AMOUNT: warm-up, then one measured run; prints the BENCH line
 # with the CPU time per request of the service and of Redis (in microseconds) and the
 # machine's load average appended: on a shared machine they tell a slow run from a busy one.
 run_wrk() {
-	local action=$1 subjects=$2 amount=$3 line s0 s1 r0=0 r1=0
+	local action=$1 subjects=$2 amount=$3 line s0 s1 t0 t1 r0=0 r1=0
 	local args=(-t"$THREADS" -c"$CONNECTIONS" --timeout 5s -s "$ROOT/scripts/bench/consume.lua"
 		"$BASE/quota/consume" -- "$action" "$subjects")
 	[[ -n $amount ]] && args+=("$amount")
@@ -229,19 +247,24 @@ run_wrk() {
 		wrk -d"${WARMUP}s" "${args[@]}" >/dev/null
 	fi
 	s0=$(cpu_ticks "$SERVICE_PID")
+	t0=$(thread_ticks "$SERVICE_PID")
 	[[ -z $REDIS_PID ]] || r0=$(cpu_ticks "$REDIS_PID")
 	# bash's `time` gives wrk's own CPU time (user + system seconds) on stderr.
 	{ time wrk -d"${DURATION}s" "${args[@]}" >"$TMP/wrk.out"; } 2>"$TMP/wrk.time"
 	line=$(grep '^BENCH ' "$TMP/wrk.out") || die "wrk printed no result"
 	s1=$(cpu_ticks "$SERVICE_PID")
+	t1=$(thread_ticks "$SERVICE_PID")
 	[[ -z $REDIS_PID ]] || r1=$(cpu_ticks "$REDIS_PID")
 	awk -v line="$line" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" \
+		-v t0="$t0" -v t1="$t1" \
 		-v w="$(tail -n1 "$TMP/wrk.time")" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
 			split(line, parts, "requests="); split(parts[2], n, " ")
 			count = n[1] > 0 ? n[1] : 1
 			us = 1e6 / hz / count
 			split(w, t, " ")
-			printf "%s svc_us=%.1f redis_us=%.1f wrk_us=%.1f load=%s\n", line, s * us, r * us,
+			split(t0, a, " "); split(t1, b, " ")
+			printf "%s svc_us=%.1f http_us=%.1f sql_us=%.1f bg_us=%.1f redis_us=%.1f wrk_us=%.1f load=%s\n",
+				line, s * us, (b[1] - a[1]) * us, (b[2] - a[2]) * us, (b[3] - a[3]) * us, r * us,
 				(t[1] + t[2]) * 1e6 / count, load
 		}'
 }
@@ -305,11 +328,11 @@ bench_memory() {
 		sleep 0.5
 		after=$(used_memory)
 		keys=$(rcli dbsize)
-		sample=$(rcli --scan --pattern "*{$action|u12345}*" | head -n1)
+		sample=$(rcli --scan --pattern "*$action|u12345" | head -n1)
 		record "mem:$label $((after - before)) $keys ${#sample} $sample"
 		if [[ $label == rolling ]]; then
 			# Every bucket in use: the 24 older buckets of a subject active all day.
-			rcli --eval "$ROOT/scripts/bench/fill-buckets.lua" , "*{$action|*" 24 >/dev/null
+			rcli --eval "$ROOT/scripts/bench/fill-buckets.lua" , "*$action|*" 24 >/dev/null
 			after=$(used_memory)
 			record "mem:rolling-full $((after - before)) $keys ${#sample} $sample"
 		fi
@@ -356,8 +379,8 @@ print_table() {
 	echo "quota-ledger consume benchmark, $(date -u +%Y-%m-%dT%H:%MZ)"
 	echo "$(nproc) cores, $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk $THREADS threads x $CONNECTIONS connections, ${WARMUP}s warm-up + ${DURATION}s per row, loopback"
 	echo
-	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s %7s %7s %7s %5s\n' mode scenario subjects req/s p50_ms \
-		p99_ms errors "p99/p99@1k" svc_us rds_us wrk_us load
+	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' mode scenario subjects \
+		req/s p50_ms p99_ms errors "p99/p99@1k" svc_us http sql bg rds_us wrk_us load
 	for mode in "${MODES[@]}"; do
 		for scenario in "${SCENARIOS[@]}"; do
 			IFS='|' read -r label action amount <<<"$scenario"
@@ -370,18 +393,22 @@ print_table() {
 				p99=$(field p99_ms "$line")
 				bad=$(($(field socket_errors "$line") + $(field non2xx "$line")))
 				[[ -n $first_p99 ]] || first_p99=$p99
-				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %7s %7s %5s\n' "$mode" "$label" \
-					"$subjects" "$rps" "$p50" "$p99" "$bad" "$(ratio "$p99" "$first_p99")" \
-					"$(field svc_us "$line")" "$(field redis_us "$line")" "$(field wrk_us "$line")" \
-					"$(field load "$line")"
+				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
+					"$mode" "$label" "$subjects" "$rps" "$p50" "$p99" "$bad" \
+					"$(ratio "$p99" "$first_p99")" "$(field svc_us "$line")" "$(field http_us "$line")" \
+					"$(field sql_us "$line")" "$(field bg_us "$line")" "$(field redis_us "$line")" \
+					"$(field wrk_us "$line")" "$(field load "$line")"
 			done
 		done
 	done
-	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %7s %7s\n' baseline "redis-benchmark" 100000 \
-		"$base_rps" "$base_p50" "$base_p99" 0 "" - "$base_redis_us" "$base_client_us"
+	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s\n' baseline \
+		"redis-benchmark" 100000 "$base_rps" "$base_p50" "$base_p99" 0 "" - "" "" "" \
+		"$base_redis_us" "$base_client_us"
 	echo "(errors: socket errors + non-2xx answers; svc_us / rds_us / wrk_us: CPU microseconds per"
 	echo " request of the service / Redis / the load generator (redis-benchmark in the baseline row)"
-	echo " during the row; load: 1-minute load average at its end)"
+	echo " during the row; the service's split by thread: http = the actix workers (HTTP, JSON,"
+	echo " the engine, the Redis client), sql = SQLite inserting ledger entries, bg = the rest"
+	echo " (the ledger drain or group-commit task); load: 1-minute load average at its end)"
 	echo
 	echo "Redis memory per subject per policy ($MEMORY_SUBJECTS subjects charged once each through the service):"
 	local kind delta keys len sample
