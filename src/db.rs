@@ -23,6 +23,15 @@ const ACQUIRE: Duration = Duration::from_secs(3);
 /// Postgres connects lazily, so the service starts (and reports not-ready) while the
 /// database is down; a SQLite file is created on first start.
 pub async fn open(database_url: &str, max_postgres: u32) -> anyhow::Result<Pool> {
+    open_with(database_url, max_postgres, &[]).await
+}
+
+/// [`open`], with `sqlite_pragmas` set on every connection when the database is SQLite.
+pub async fn open_with(
+    database_url: &str,
+    max_postgres: u32,
+    sqlite_pragmas: &[(&'static str, &'static str)],
+) -> anyhow::Result<Pool> {
     if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
         let pool = PgPoolOptions::new()
             .max_connections(max_postgres)
@@ -36,6 +45,9 @@ pub async fn open(database_url: &str, max_postgres: u32) -> anyhow::Result<Pool>
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(5));
+        let options = sqlite_pragmas
+            .iter()
+            .fold(options, |options, &(key, value)| options.pragma(key, value));
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(ACQUIRE)

@@ -36,11 +36,19 @@ pub struct SqliteLedgerStore {
 /// Does not migrate: the schema comes with the policy store's migrations
 /// ([`crate::policy::PolicyStore::migrate`]), which must have run first.
 pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>> {
-    Ok(match crate::db::open(database_url, 8).await? {
-        crate::db::Pool::Postgres(pool) => Arc::new(PostgresLedgerStore { pool }),
-        crate::db::Pool::Sqlite(pool) => Arc::new(SqliteLedgerStore { pool }),
-    })
+    Ok(
+        match crate::db::open_with(database_url, 8, &SQLITE_PRAGMAS).await? {
+            crate::db::Pool::Postgres(pool) => Arc::new(PostgresLedgerStore { pool }),
+            crate::db::Pool::Sqlite(pool) => Arc::new(SqliteLedgerStore { pool }),
+        },
+    )
 }
+
+/// The SQLite ledger connections' page cache: 32 MiB (SQLite's default is 2 MiB), so that
+/// the indexes' pages an insert touches stay in memory as the ledger grows. Each entry
+/// lands on a random page of the subject index: with the default cache the drain's cost
+/// per entry rose by half over the first million entries.
+const SQLITE_PRAGMAS: [(&str, &str); 1] = [("cache_size", "-32768")];
 
 /// Rows per `INSERT` statement: 11 parameters each stays far below both databases'
 /// parameter limits (Postgres 65,535; SQLite 32,766).
