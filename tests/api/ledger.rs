@@ -1,6 +1,7 @@
 //! The SQL ledger stores, their writer and retention, against real SQLite and Postgres.
 
 mod background;
+mod drain;
 mod http;
 mod paging;
 

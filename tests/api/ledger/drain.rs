@@ -1,0 +1,64 @@
+//! The Redis-stream drain against a real Redis and a real SQL ledger.
+
+use super::{entry, everything, ledger_on};
+use crate::helpers::{fresh_settings, CounterBackend, PolicyBackend};
+use crate::on_policy_stores;
+use quota_ledger::engine::keys::{ledger_stream, SHARDS};
+use quota_ledger::engine::store::redis::RedisCounterStore;
+use quota_ledger::engine::DrainNow;
+use quota_ledger::ledger::drain::Drainer;
+use quota_ledger::ledger::LedgerFilter;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// More entries than one transaction takes (5,000), spread over every shard's stream: one
+/// pass moves each into SQL exactly once, in several transactions, and empties the streams.
+async fn a_pass_moves_every_shards_entries_across_several_transactions(backend: PolicyBackend) {
+    let settings = fresh_settings(backend, CounterBackend::Redis).await;
+    let ledger = ledger_on(backend).await;
+    let redis = Arc::new(
+        RedisCounterStore::connect(&settings.redis_urls, false, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    let drainer = Drainer::new(
+        redis,
+        ledger.clone(),
+        settings.redis_prefix.clone(),
+        Duration::from_secs(30),
+    );
+    // As at startup: the first pass creates each stream's consumer group.
+    assert_eq!(drainer.drain_once().await, 0);
+
+    let total = 6_100;
+    let client = redis::Client::open(settings.redis_urls[0].as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..total {
+        let shard = u16::try_from(i % usize::from(SHARDS)).unwrap();
+        let stream = ledger_stream(&settings.redis_prefix, shard);
+        let text = serde_json::to_string(&entry(&format!("e{i}"), &format!("s{i}"), 0)).unwrap();
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("e")
+            .arg(text)
+            .ignore();
+    }
+    let () = pipe.query_async(&mut conn).await.unwrap();
+
+    assert_eq!(drainer.drain_once().await, total);
+    let stored = everything(ledger.as_ref(), &LedgerFilter::default()).await;
+    let unique: HashSet<&str> = stored.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(stored.len(), total);
+    assert_eq!(unique.len(), total);
+    assert_eq!(
+        drainer.backlog().await,
+        Some(0),
+        "drained entries are deleted"
+    );
+    assert_eq!(drainer.drain_once().await, 0, "nothing is moved twice");
+}
+
+on_policy_stores!(a_pass_moves_every_shards_entries_across_several_transactions,);
