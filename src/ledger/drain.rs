@@ -74,11 +74,11 @@ impl Drainer {
         let pending = self.retry_pending.swap(false, Ordering::AcqRel);
         let mut sources = Vec::with_capacity(3);
         if pending {
-            sources.push(Some(Read::Pending));
+            sources.push(Source::Pending);
         }
-        sources.push(Some(Read::New));
+        sources.push(Source::New);
         if claim {
-            sources.push(None);
+            sources.push(Source::Idle);
         }
         let mut pass = Pass::default();
         match self.run_pass(&sources, &mut pass).await {
@@ -91,13 +91,18 @@ impl Drainer {
         }
     }
 
-    async fn run_pass(&self, sources: &[Option<Read>], pass: &mut Pass) -> anyhow::Result<()> {
+    async fn run_pass(&self, sources: &[Source], pass: &mut Pass) -> anyhow::Result<()> {
         for shard in 0..SHARDS {
             let stream = ledger_stream(&self.prefix, shard);
             for &source in sources {
+                // Pending entries stay pending until flushed: page through them by id.
+                let mut after = String::from("0");
                 loop {
-                    let batch = self.read(&stream, source).await?;
-                    let more = batch.len() == BATCH && source != Some(Read::Pending);
+                    let batch = self.read(&stream, source, &after).await?;
+                    let more = batch.len() == BATCH;
+                    if let Some((last, _)) = batch.last() {
+                        after.clone_from(last);
+                    }
                     pass.add(&stream, batch);
                     if pass.entries.len() >= FLUSH_AT {
                         self.flush(pass).await?;
@@ -111,23 +116,28 @@ impl Drainer {
         self.flush(pass).await
     }
 
-    /// Up to [`BATCH`] entries of `stream` from `source` (`None`: idle ones to claim).
+    /// Up to [`BATCH`] entries of `stream` from `source`; pending ones with ids after
+    /// `after`.
     async fn read(
         &self,
         stream: &str,
-        source: Option<Read>,
+        source: Source,
+        after: &str,
     ) -> Result<Vec<StreamEntry>, crate::engine::store::StoreError> {
+        let consumer = &self.consumer;
         match source {
-            Some(read) => {
+            Source::Pending => {
+                let read = Read::PendingAfter(after);
+                self.redis.read_group(stream, consumer, BATCH, read).await
+            }
+            Source::New => {
                 self.redis
-                    .read_group(stream, &self.consumer, BATCH, read)
+                    .read_group(stream, consumer, BATCH, Read::New)
                     .await
             }
-            None => {
+            Source::Idle => {
                 let idle = u64::try_from(self.claim_idle.as_millis()).unwrap_or(u64::MAX);
-                self.redis
-                    .claim_idle(stream, &self.consumer, idle, BATCH)
-                    .await
+                self.redis.claim_idle(stream, consumer, idle, BATCH).await
             }
         }
     }
@@ -161,6 +171,17 @@ impl Drainer {
             }
         })
     }
+}
+
+/// Where a pass reads a stream's entries from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// This consumer's entries left unacknowledged by a failed pass.
+    Pending,
+    /// Entries never delivered.
+    New,
+    /// Entries another (dead) consumer left idle for `claim_idle`.
+    Idle,
 }
 
 /// What a pass has read and not yet moved.

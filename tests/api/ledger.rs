@@ -18,13 +18,18 @@ pub async fn ledger_on(backend: PolicyBackend) -> Arc<dyn LedgerStore> {
     let url = fresh_settings(backend, CounterBackend::Memory)
         .await
         .database_url;
-    quota_ledger::policy::connect(&url)
+    ledger_at(&url).await
+}
+
+/// A ledger store on the fresh database at `url`, migrated.
+pub async fn ledger_at(url: &str) -> Arc<dyn LedgerStore> {
+    quota_ledger::policy::connect(url)
         .await
         .unwrap()
         .migrate()
         .await
         .unwrap();
-    quota_ledger::ledger::sql::connect(&url).await.unwrap()
+    quota_ledger::ledger::sql::connect(url).await.unwrap()
 }
 
 /// A charge of 500 by `subject` on `transfer`, `seconds` after the start instant.

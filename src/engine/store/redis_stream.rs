@@ -10,9 +10,10 @@ pub const GROUP: &str = "ledger";
 
 /// Which entries to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Read {
-    /// Entries delivered to this consumer but not acknowledged (after a failed insert).
-    Pending,
+pub enum Read<'a> {
+    /// Entries delivered to this consumer but not acknowledged (after a failed insert),
+    /// with ids after this one (`"0"`: from the first).
+    PendingAfter(&'a str),
     /// Entries never delivered to anyone.
     New,
 }
@@ -74,7 +75,7 @@ impl RedisCounterStore {
         stream: &str,
         consumer: &str,
         count: usize,
-        read: Read,
+        read: Read<'_>,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         let mut call = redis::cmd("XREADGROUP");
         call.arg("GROUP")
@@ -85,7 +86,7 @@ impl RedisCounterStore {
             .arg("STREAMS")
             .arg(stream)
             .arg(match read {
-                Read::Pending => "0",
+                Read::PendingAfter(id) => id,
                 Read::New => ">",
             });
         let reply = match self.query::<Value>(&call).await {
