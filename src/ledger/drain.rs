@@ -7,7 +7,7 @@
 //! which the insert ignores; entries a dead instance had read but not acknowledged are
 //! claimed by a living one once idle for `claim_idle`. Nothing is lost, nothing duplicated.
 
-use super::{LedgerEntry, LedgerStore};
+use super::{LedgerEntry, LedgerError, LedgerStore};
 use crate::engine::keys::{ledger_stream, SHARDS};
 use crate::engine::store::redis::RedisCounterStore;
 use crate::engine::store::redis_stream::{Read, StreamEntry};
@@ -147,13 +147,47 @@ impl Drainer {
         if pass.entries.is_empty() {
             return Ok(());
         }
-        self.ledger.append(&pass.entries).await?;
+        let refused = match self.ledger.append(&pass.entries).await {
+            Ok(_) => Vec::new(),
+            // One entry breaking a constraint must not hold back the others.
+            Err(LedgerError::Corrupt(why)) => self.insert_one_by_one(&pass.entries, &why).await?,
+            Err(error) => return Err(error.into()),
+        };
         pass.entries.clear();
-        for (stream, ids) in pass.acks.drain(..) {
+        let mut acks: Vec<Vec<String>> = vec![Vec::new(); pass.streams.len()];
+        for (i, (stream, id)) in pass.origins.drain(..).enumerate() {
+            if !refused.contains(&i) {
+                acks[stream].push(id);
+            }
+        }
+        for (stream, ids) in pass.streams.drain(..).zip(acks) {
             self.redis.ack(&stream, &ids).await?;
             pass.moved += ids.len();
         }
         Ok(())
+    }
+
+    /// After a refused batch: inserts each entry on its own (ids make a repeat harmless)
+    /// and returns the positions of those refused again. They stay pending in Redis, for
+    /// an operator, rather than being lost.
+    async fn insert_one_by_one(
+        &self,
+        entries: &[LedgerEntry],
+        why: &str,
+    ) -> Result<Vec<usize>, LedgerError> {
+        tracing::warn!(error = %why, entries = entries.len(), "a ledger batch was refused; inserting its entries one by one");
+        let mut refused = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            match self.ledger.append(std::slice::from_ref(entry)).await {
+                Ok(_) => {}
+                Err(LedgerError::Corrupt(why)) => {
+                    tracing::error!(error = %why, id = entry.id, "the SQL ledger refused an entry; it is left pending in Redis");
+                    refused.push(i);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(refused)
     }
 
     /// Runs passes forever. After a pass that filled a transaction the next starts at
@@ -188,19 +222,23 @@ enum Source {
 #[derive(Default)]
 struct Pass {
     entries: Vec<LedgerEntry>,
-    /// Per stream, the ids of the entries in `entries` (acknowledged once they are in SQL).
-    acks: Vec<(String, Vec<String>)>,
+    /// For each of `entries`, its stream (an index into `streams`) and its id there.
+    origins: Vec<(usize, String)>,
+    streams: Vec<String>,
     moved: usize,
 }
 
 impl Pass {
     fn add(&mut self, stream: &str, batch: Vec<StreamEntry>) {
-        let mut ids = Vec::with_capacity(batch.len());
+        if self.streams.last().map(String::as_str) != Some(stream) {
+            self.streams.push(stream.to_owned());
+        }
+        let at = self.streams.len() - 1;
         for (id, text) in batch {
             match serde_json::from_str::<LedgerEntry>(&text) {
                 Ok(entry) => {
                     self.entries.push(entry);
-                    ids.push(id);
+                    self.origins.push((at, id));
                 }
                 // Written by our own script from our own JSON: a bug. Keep it in Redis,
                 // pending, for an operator, rather than losing it.
@@ -208,9 +246,6 @@ impl Pass {
                     tracing::error!(error = %error, stream, id, "unreadable ledger entry left pending");
                 }
             }
-        }
-        if !ids.is_empty() {
-            self.acks.push((stream.to_owned(), ids));
         }
     }
 }

@@ -126,7 +126,56 @@ async fn entries_of_a_failed_pass_are_all_moved_by_the_next(backend: PolicyBacke
     assert_eq!(drainer.backlog().await, Some(0));
 }
 
+/// An entry the database refuses (here an action of 65 characters, past the table's
+/// CHECK) stays pending in Redis; every other entry of its transaction is moved.
+async fn an_entry_the_database_refuses_holds_back_no_other(backend: PolicyBackend) {
+    let settings = fresh_settings(backend, CounterBackend::Redis).await;
+    let ledger = ledger_at(&settings.database_url).await;
+    let redis = Arc::new(
+        RedisCounterStore::connect(&settings.redis_urls, false, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    let drainer = Drainer::new(
+        redis,
+        ledger.clone(),
+        settings.redis_prefix.clone(),
+        Duration::from_secs(30),
+    );
+    assert_eq!(drainer.drain_once().await, 0);
+    let client = redis::Client::open(settings.redis_urls[0].as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..30 {
+        let mut e = entry(&format!("e{i}"), "alice", 0);
+        if i == 17 {
+            e.action = "a".repeat(65);
+        }
+        let stream = ledger_stream(&settings.redis_prefix, (i % 3) as u16);
+        let text = serde_json::to_string(&e).unwrap();
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("e")
+            .arg(text)
+            .ignore();
+    }
+    let () = pipe.query_async(&mut conn).await.unwrap();
+
+    assert_eq!(drainer.drain_once().await, 29);
+    let stored = everything(ledger.as_ref(), &LedgerFilter::default()).await;
+    let ids: HashSet<&str> = stored.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids.len(), 29);
+    assert!(!ids.contains("e17"));
+    assert_eq!(
+        drainer.backlog().await,
+        Some(1),
+        "the refused entry is kept"
+    );
+}
+
 on_policy_stores!(
     a_pass_moves_every_shards_entries_across_several_transactions,
     entries_of_a_failed_pass_are_all_moved_by_the_next,
+    an_entry_the_database_refuses_holds_back_no_other,
 );
