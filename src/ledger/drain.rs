@@ -150,7 +150,7 @@ impl Drainer {
         let refused = match self.ledger.append(&pass.entries).await {
             Ok(_) => Vec::new(),
             // One entry breaking a constraint must not hold back the others.
-            Err(LedgerError::Corrupt(why)) => self.insert_one_by_one(&pass.entries, &why).await?,
+            Err(LedgerError::Corrupt(why)) => self.insert_in_parts(&pass.entries, &why).await?,
             Err(error) => return Err(error.into()),
         };
         pass.entries.clear();
@@ -167,22 +167,33 @@ impl Drainer {
         Ok(())
     }
 
-    /// After a refused batch: inserts each entry on its own (ids make a repeat harmless)
-    /// and returns the positions of those refused again. They stay pending in Redis, for
-    /// an operator, rather than being lost.
-    async fn insert_one_by_one(
+    /// After a refused batch: inserts it in halves, and halves of halves, down to the
+    /// entries refused on their own (ids make a repeat harmless), and returns their
+    /// positions. A few bad entries cost a few transactions each, not one per entry. The
+    /// refused ones stay pending in Redis, for an operator, rather than being lost.
+    async fn insert_in_parts(
         &self,
         entries: &[LedgerEntry],
         why: &str,
     ) -> Result<Vec<usize>, LedgerError> {
-        tracing::warn!(error = %why, entries = entries.len(), "a ledger batch was refused; inserting its entries one by one");
+        tracing::warn!(error = %why, entries = entries.len(), "a ledger batch was refused; inserting it in parts");
         let mut refused = Vec::new();
-        for (i, entry) in entries.iter().enumerate() {
-            match self.ledger.append(std::slice::from_ref(entry)).await {
+        let half = entries.len() / 2;
+        let mut parts = vec![(half, entries.len()), (0, half)];
+        while let Some((start, end)) = parts.pop() {
+            if start == end {
+                continue;
+            }
+            match self.ledger.append(&entries[start..end]).await {
                 Ok(_) => {}
-                Err(LedgerError::Corrupt(why)) => {
-                    tracing::error!(error = %why, id = entry.id, "the SQL ledger refused an entry; it is left pending in Redis");
-                    refused.push(i);
+                Err(LedgerError::Corrupt(why)) if end - start == 1 => {
+                    tracing::error!(error = %why, id = entries[start].id, "the SQL ledger refused an entry; it is left pending in Redis");
+                    refused.push(start);
+                }
+                Err(LedgerError::Corrupt(_)) => {
+                    let mid = start + (end - start) / 2;
+                    parts.push((mid, end));
+                    parts.push((start, mid));
                 }
                 Err(error) => return Err(error),
             }
