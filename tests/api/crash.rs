@@ -2,9 +2,8 @@
 //! in the Postgres ledger exactly once.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, start_binary, CounterBackend, PolicyBackend, ADMIN_TOKEN,
+    create_sms_policy, fresh_settings, start_binary, CounterBackend, PolicyBackend,
 };
-use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::Connection;
 use std::time::Duration;
@@ -21,14 +20,7 @@ async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
     for round in 0..2 {
         let (mut child, base) = start_binary(&settings, &client).await;
         if round == 0 {
-            let created = client
-                .post(format!("{base}/admin/policies"))
-                .bearer_auth(ADMIN_TOKEN)
-                .json(&calendar_policy("p", "sms.send", 1_000_000, "day", "UTC"))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(created.status(), StatusCode::CREATED);
+            create_sms_policy(&client, &base).await;
         }
         let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = JoinSet::new();

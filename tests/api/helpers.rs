@@ -483,3 +483,16 @@ pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Ser
     }
     panic!("the binary did not start");
 }
+
+/// Creates the binary-level tests' policy `p` (`sms.send`, 1,000,000 a day in UTC) on the
+/// service at `base`.
+pub async fn create_sms_policy(client: &reqwest::Client, base: &str) {
+    let created = client
+        .post(format!("{base}/admin/policies"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&calendar_policy("p", "sms.send", 1_000_000, "day", "UTC"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+}

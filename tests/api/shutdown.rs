@@ -2,8 +2,7 @@
 //! and every charge it made was answered.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, spawn_with, start_binary, CounterBackend, PolicyBackend,
-    ADMIN_TOKEN,
+    create_sms_policy, fresh_settings, spawn_with, start_binary, CounterBackend, PolicyBackend,
 };
 use reqwest::StatusCode;
 use serde_json::json;
@@ -18,14 +17,7 @@ async fn sigterm_under_load_loses_no_accepted_request() {
         .build()
         .unwrap();
     let (child, base) = start_binary(&settings, &client).await;
-    let created = client
-        .post(format!("{base}/admin/policies"))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&calendar_policy("p", "sms.send", 1_000_000, "day", "UTC"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), StatusCode::CREATED);
+    create_sms_policy(&client, &base).await;
 
     // A stream of requests over ~0.5 s; SIGTERM once 100 of them have been answered.
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
