@@ -16,13 +16,13 @@ use chrono_tz::Asia::Kathmandu;
 use chrono_tz::Europe::Berlin;
 use chrono_tz::Tz;
 use criterion::{criterion_group, criterion_main, Criterion};
+use quota_ledger::counters::memory::MemoryCounterStore;
 use quota_ledger::domain::{
     Action, CalendarPeriod, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Subject, Window,
 };
-use quota_ledger::engine::keys::{policy_key, SubjectKeys};
-use quota_ledger::engine::store::memory::MemoryCounterStore;
 use quota_ledger::engine::store::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
 use quota_ledger::engine::window::calendar_bounds;
+use quota_ledger::keys::{policy_key, SubjectKeys};
 
 /// Saturday 2026-11-21 15:30:00 UTC.
 fn now() -> DateTime<Utc> {

@@ -5,15 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// What to do with a consume when the counter store cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnStoreError {
-    /// Answer 503 (fail closed): the default, right for money.
-    #[default]
-    Deny,
-    /// Answer allowed with `degraded: true` (fail open).
-    Allow,
-}
+pub use crate::engine::OnStoreError;
 
 /// A secret that never shows in logs or `Debug` output.
 #[derive(Clone, PartialEq, Eq)]

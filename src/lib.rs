@@ -2,19 +2,29 @@
 //! rolling windows, token buckets) enforced atomically over HTTP.
 //!
 //! - [`domain`]: valid-by-construction types (ids, quantities, windows, policies).
-//! - [`engine`]: the decision: window math, counter keys, and the counter stores
-//!   (Redis with one Lua script per decision, or in-process memory).
-//! - [`ledger`]: the durable record of every charge, refund and hold.
-//! - [`policy`]: policy persistence (Postgres or SQLite) and the in-process cache.
+//! - [`clock`], [`keys`]: the time source, and the one place keys are formatted.
+//! - [`engine`]: the decision (window math, plans, consumes, refunds, holds, the ledger
+//!   drain) and the ports it needs: counter store, ledger store, ledger stream.
+//! - [`counters`]: the counter-store adapters (in-process memory; Redis with one Lua
+//!   script per decision).
+//! - [`ledger`]: the SQL ledger adapter (Postgres or SQLite) and retention.
+//! - [`policy`]: policy persistence (Postgres or SQLite) and the cache refresher.
+//!
+//! `ARCHITECTURE.md` at the repository root maps the modules and their boundaries.
 //! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document.
 //! - [`metrics`]: Prometheus counters, histograms and gauges, recorded by the API.
 //! - [`startup`]: wiring, shared by the binary and the tests.
 
 pub mod api;
+#[cfg(test)]
+mod architecture;
+pub mod clock;
 pub mod config;
+pub mod counters;
 pub mod db;
 pub mod domain;
 pub mod engine;
+pub mod keys;
 pub mod ledger;
 pub mod metrics;
 pub mod policy;

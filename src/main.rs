@@ -49,8 +49,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::from_env().context("reading the configuration")?;
     init_logging(settings.log_json);
     if let Some(Command::Migrate) = cli.command {
-        let store = quota_ledger::policy::connect(&settings.database_url).await?;
-        store.migrate().await.context("applying migrations")?;
+        quota_ledger::db::migrate_url(&settings.database_url).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

@@ -14,9 +14,9 @@
 mod text;
 
 use crate::domain::Mode;
+use crate::engine::policies::PolicyCache;
 use crate::engine::store::StoreError;
 use crate::engine::{Decision, EngineError, PolicyDecision};
-use crate::policy::PolicyCache;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};

@@ -3,16 +3,18 @@
 use crate::api::extract::{problem_for_bare_errors, Tokens, MAX_BODY_BYTES};
 use crate::api::problem::ApiError;
 use crate::api::{self, AppState};
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Secret, Settings};
-use crate::engine::clock::{Clock, SystemClock};
-use crate::engine::store::memory::MemoryCounterStore;
-use crate::engine::store::redis::RedisCounterStore;
+use crate::counters::memory::MemoryCounterStore;
+use crate::counters::redis::RedisCounterStore;
+use crate::engine::drain::Drainer;
+use crate::engine::policies::PolicyCache;
 use crate::engine::store::CounterStore;
-use crate::engine::Engine;
-use crate::ledger::drain::Drainer;
+use crate::engine::writer::LedgerWriter;
+use crate::engine::{Engine, Ports};
 use crate::ledger::retention::{Retention, RetentionTask};
 use crate::metrics::Metrics;
-use crate::policy::{self, PolicyCache, Refresher};
+use crate::policy::{self, Refresher};
 use actix_web::middleware::{from_fn, ErrorHandlers};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
@@ -88,17 +90,13 @@ impl Application {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
+        crate::db::migrate_url(&settings.database_url).await?;
         let policies = policy::connect(&settings.database_url).await?;
-        policies
-            .migrate()
-            .await
-            .context("applying the policy store's migrations")?;
         let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
         let retention =
             Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
         let cache = Arc::new(PolicyCache::new());
-        cache
-            .reload(policies.as_ref())
+        policy::reload(&cache, policies.as_ref())
             .await
             .context("loading policies into the cache")?;
         let mut tasks = BackgroundTasks::default();
@@ -125,18 +123,22 @@ impl Application {
                 ));
                 (store, Some(drainer))
             };
-        let engine = Engine::new(
-            counters,
-            cache.clone(),
-            clock.clone(),
-            settings.redis_prefix.clone(),
-            settings.on_store_error,
-            ledger.clone(),
-        );
         if let Some(drainer) = &drainer {
-            engine.set_drain(drainer.clone());
             tasks.0.push(drainer.clone().spawn());
         }
+        let ports = Ports {
+            counters,
+            ledger: ledger.clone(),
+            writer: LedgerWriter::spawn(ledger.clone()),
+            drain: drainer,
+            cache: cache.clone(),
+            clock: clock.clone(),
+        };
+        let engine = Engine::new(
+            ports,
+            settings.redis_prefix.clone(),
+            settings.on_store_error,
+        );
         let state = web::Data::new(AppState {
             engine,
             policies,

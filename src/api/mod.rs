@@ -18,11 +18,12 @@ pub mod routing;
 mod timestamp;
 pub mod wire;
 
-use crate::engine::clock::Clock;
+use crate::clock::Clock;
+use crate::engine::ledger::LedgerStore;
+use crate::engine::policies::PolicyCache;
 use crate::engine::Engine;
-use crate::ledger::LedgerStore;
 use crate::metrics::Metrics;
-use crate::policy::{PolicyCache, PolicyStore};
+use crate::policy::PolicyStore;
 use std::sync::Arc;
 
 /// What every handler shares.
@@ -47,7 +48,7 @@ impl AppState {
     /// Rebuilds the policy cache after a change; a failure is logged, not returned,
     /// because the change itself is already stored and the next reload will pick it up.
     pub async fn reload_policies(&self) {
-        if let Err(error) = self.cache.reload(self.policies.as_ref()).await {
+        if let Err(error) = crate::policy::reload(&self.cache, self.policies.as_ref()).await {
             tracing::error!(
                 error = format!("{error:#}"),
                 "reloading the policy cache failed"

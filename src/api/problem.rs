@@ -1,8 +1,8 @@
 //! Errors as `application/problem+json` (RFC 9457): one enum, one status mapping.
 
 use crate::domain::{FieldError, FieldErrors};
+use crate::engine::ledger::LedgerError;
 use crate::engine::{store::StoreError, EngineError};
-use crate::ledger::LedgerError;
 use crate::policy::PolicyStoreError;
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};

@@ -5,12 +5,14 @@
 
 mod error;
 mod ids;
+mod ledger;
 mod policy;
 mod quantity;
 mod window;
 
 pub use error::{FieldError, FieldErrors};
 pub use ids::{Action, PolicyId, Subject};
+pub use ledger::{EntryKind, LedgerEntry, PolicyAmount};
 pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
 pub use quantity::{Quantity, MAX_SAFE};
 pub use window::{CalendarPeriod, Window, MAX_BUCKETS, MAX_WINDOW_SECONDS};

@@ -1,11 +1,11 @@
 //! Consumes and holds: the charge, its idempotency record, its ledger entry and (for a
 //! hold) its record, all in one atomic counter-store call.
 
-use super::keys;
 use super::plan::{replayed_decision, CounterDetail, KeptPolicy, Plan};
 use super::store::{Decided, Effects, HoldOpen, IdempotencyRecord, LedgerAppend};
 use super::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
-use crate::ledger::{EntryKind, LedgerEntry};
+use crate::domain::{EntryKind, LedgerEntry};
+use crate::keys;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 

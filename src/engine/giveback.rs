@@ -3,12 +3,12 @@
 //! (where they still count), checks and updates the bookkeeping, and appends the ledger entry.
 
 use super::consume::HoldKept;
-use super::keys::{self, SubjectKeys};
 use super::plan::CounterDetail;
 use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord};
 use super::{Decision, Engine, EngineError};
 use crate::domain::{Action, Quantity, Subject};
-use crate::ledger::{EntryKind, LedgerEntry, PolicyAmount};
+use crate::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use crate::keys::{self, SubjectKeys};
 
 /// Refund idempotency records are kept a day.
 const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
@@ -184,8 +184,8 @@ impl Engine {
         if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
             return Ok(entry);
         }
-        if let Some(drain) = self.drain.get() {
-            drain.drain_now().await;
+        if let Some(drain) = &self.drain {
+            drain.drain_once().await;
             if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
                 return Ok(entry);
             }

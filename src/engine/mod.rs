@@ -7,23 +7,27 @@
 //! Consumes and holds ([`consume`]) also keep idempotency records and ledger entries in
 //! that same atomic step; refunds and hold settlement live in [`giveback`].
 
-pub mod clock;
+pub mod codec;
 pub mod consume;
+pub mod drain;
 pub mod giveback;
-pub mod keys;
+pub mod ledger;
 mod plan;
+pub mod policies;
 pub mod store;
+pub mod stream;
 pub mod window;
+pub mod writer;
 
-use crate::config::OnStoreError;
+use crate::clock::Clock;
 use crate::domain::{Action, Measure, Mode, PolicyId, Quantity, Subject};
-use crate::ledger::writer::LedgerWriter;
-use crate::ledger::{LedgerError, LedgerStore};
-use crate::policy::PolicyCache;
 use chrono::{DateTime, TimeZone, Utc};
-use clock::Clock;
+use drain::Drainer;
+use ledger::{LedgerError, LedgerStore};
+use policies::PolicyCache;
 use std::sync::Arc;
 use store::{CounterStore, StoreError};
+use writer::LedgerWriter;
 
 pub use consume::{Consumed, HoldTicket};
 pub use giveback::Settled;
@@ -99,14 +103,32 @@ pub enum EngineError {
     Ledger(#[from] LedgerError),
 }
 
-/// Empties the Redis ledger streams into SQL on demand (see `ledger::drain`).
-#[async_trait::async_trait]
-pub trait DrainNow: Send + Sync {
-    /// Moves everything the streams hold into the SQL ledger now.
-    async fn drain_now(&self);
+/// What to do with a consume when the counter store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnStoreError {
+    /// Answer 503 (fail closed): the default, right for money.
+    #[default]
+    Deny,
+    /// Answer allowed with `degraded: true` (fail open).
+    Allow,
+}
 
-    /// How many entries wait in the streams; `None` if Redis did not answer.
-    async fn backlog(&self) -> Option<u64>;
+/// The adapters the engine works through, wired by `startup`.
+pub struct Ports {
+    /// Where counters live (in-process, or Redis).
+    pub counters: Arc<dyn CounterStore>,
+    /// The durable ledger (SQL): read by refunds and holds.
+    pub ledger: Arc<dyn LedgerStore>,
+    /// Writes entries to the ledger before the answer when the counter store does not
+    /// stream them (the embedded default), and for degraded allows.
+    pub writer: LedgerWriter,
+    /// Moves streamed entries into SQL (Redis only); refunds ask it to run at once when
+    /// their charge is not in SQL yet.
+    pub drain: Option<Arc<Drainer>>,
+    /// The policies, in memory.
+    pub cache: Arc<PolicyCache>,
+    /// The time source.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The quota engine; shared by every request.
@@ -118,45 +140,41 @@ pub struct Engine {
     on_store_error: OnStoreError,
     ledger: Arc<dyn LedgerStore>,
     writer: LedgerWriter,
-    drain: std::sync::OnceLock<Arc<dyn DrainNow>>,
+    drain: Option<Arc<Drainer>>,
 }
 
 impl Engine {
-    /// Builds the engine over its stores.
-    pub fn new(
-        counters: Arc<dyn CounterStore>,
-        cache: Arc<PolicyCache>,
-        clock: Arc<dyn Clock>,
-        prefix: String,
-        on_store_error: OnStoreError,
-        ledger: Arc<dyn LedgerStore>,
-    ) -> Self {
+    /// Builds the engine over its ports; `prefix` starts every counter-store key.
+    pub fn new(ports: Ports, prefix: String, on_store_error: OnStoreError) -> Self {
+        let Ports {
+            counters,
+            ledger,
+            writer,
+            drain,
+            cache,
+            clock,
+        } = ports;
         Self {
             counters,
             cache,
             clock,
             prefix,
             on_store_error,
-            writer: LedgerWriter::spawn(ledger.clone()),
             ledger,
-            drain: std::sync::OnceLock::new(),
+            writer,
+            drain,
         }
     }
 
     /// Writes ledger entries durably (group commit) before the caller answers; used when
     /// the counter store does not stream them (the embedded default), and for degraded allows.
-    async fn record(&self, entries: Vec<crate::ledger::LedgerEntry>) -> Result<(), EngineError> {
+    async fn record(&self, entries: Vec<crate::domain::LedgerEntry>) -> Result<(), EngineError> {
         self.writer.append(entries).await.map_err(EngineError::from)
-    }
-
-    /// Registers the drain that refunds use when a charge is not in SQL yet (Redis mode).
-    pub fn set_drain(&self, drain: Arc<dyn DrainNow>) {
-        let _ = self.drain.set(drain);
     }
 
     /// Ledger entries waiting in the Redis streams (`None` without Redis).
     pub async fn ledger_backlog(&self) -> Option<u64> {
-        match self.drain.get() {
+        match &self.drain {
             Some(drain) => drain.backlog().await,
             None => None,
         }

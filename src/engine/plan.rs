@@ -1,12 +1,12 @@
 //! A decision's plan: the policies that apply, their counters and window parameters at `now`,
 //! and how a store's [`Evaluation`] becomes a [`Decision`].
 
-use super::keys::SubjectKeys;
 use super::store::{Algorithm, Charge, CounterBack, Evaluation, Outcome, Restore};
 use super::{from_millis, seconds_until, window, Decision, Engine, EngineError, PolicyDecision};
+use crate::domain::PolicyAmount;
 use crate::domain::{Action, Mode, Policy, Quantity, Subject, Window};
-use crate::ledger::PolicyAmount;
-use crate::policy::ActionPolicies;
+use crate::engine::policies::ActionPolicies;
+use crate::keys::SubjectKeys;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

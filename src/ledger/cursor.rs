@@ -3,7 +3,7 @@
 //! A cursor is a version prefix and a hexadecimal `seq`; anything else is refused, so a
 //! client cannot page with a value we did not hand out, and a future format can coexist.
 
-use super::LedgerError;
+use crate::engine::ledger::LedgerError;
 
 /// The cursor's version prefix; the rest is the last `seq` served, in hex.
 const CURSOR_PREFIX: &str = "s1.";

@@ -6,8 +6,8 @@
 //! batches, so it never holds long locks or starves the writers. A failed sweep is logged
 //! and simply tried again at the next tick.
 
-use super::{LedgerError, LedgerStore};
-use crate::engine::clock::Clock;
+use crate::clock::Clock;
+use crate::engine::ledger::{LedgerError, LedgerStore};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;

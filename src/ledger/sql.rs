@@ -9,8 +9,8 @@
 //! can never shift a later page (no duplicates, no gaps among the entries that were there).
 
 use super::cursor::{decode_cursor, encode_cursor};
-use super::{EntryKind, LedgerEntry, LedgerError, LedgerFilter, LedgerPage, LedgerStore};
-use super::{PolicyAmount, MAX_PAGE};
+use crate::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use crate::engine::ledger::{LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::error::ErrorKind;
@@ -33,8 +33,7 @@ pub struct SqliteLedgerStore {
 
 /// Opens the ledger that `database_url` names: `postgres://…` or `sqlite://…`.
 ///
-/// Does not migrate: the schema comes with the policy store's migrations
-/// ([`crate::policy::PolicyStore::migrate`]), which must have run first.
+/// Does not migrate: `crate::db::migrate` must have run first.
 pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>> {
     Ok(
         match crate::db::open_with(database_url, 8, &SQLITE_PRAGMAS).await? {
@@ -74,7 +73,7 @@ fn db_error(error: sqlx::Error) -> LedgerError {
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
             LedgerError::Corrupt(error.to_string())
         }
-        _ => LedgerError::Unavailable(error),
+        _ => LedgerError::unavailable(error),
     }
 }
 
@@ -308,10 +307,7 @@ mod tests {
             uuid::Uuid::new_v4().simple()
         ));
         let url = format!("sqlite://{}", file.display());
-        let store = crate::policy::connect(&url)
-            .await
-            .expect("opening a SQLite file");
-        store.migrate().await.expect("migrating");
+        crate::db::migrate_url(&url).await.expect("migrating");
         let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
             panic!("a SQLite URL opens a SQLite pool");
         };

@@ -4,7 +4,7 @@
 //! series (latency, store errors, cache gauges, build info) are always present.
 
 use super::{Endpoint, Metrics, RequestResult, BUCKETS, MODES, OUTCOMES};
-use crate::policy::PolicyCache;
+use crate::engine::policies::PolicyCache;
 use std::fmt::{Display, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::PoisonError;

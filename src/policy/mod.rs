@@ -1,24 +1,24 @@
-//! Policy persistence (Postgres or SQLite behind one trait) and the in-process cache.
+//! Policy persistence (Postgres or SQLite behind one trait), and what keeps the engine's
+//! in-process cache in step with it.
 //!
-//! The consume path never reads from here directly: it reads [`PolicyCache`], which is
+//! The consume path never reads from here directly: it reads the engine's
+//! [`PolicyCache`](crate::engine::policies::PolicyCache), which is
 //! rebuilt from the store after every change made through this instance, and kept in step
 //! with changes made through other instances by [`Refresher`] (Postgres notifications,
 //! and polling the shared change marker).
 
-mod cache;
 mod codec;
-mod migrations;
 mod notify;
 mod refresh;
 mod sql;
 mod writes;
 
-pub use cache::{ActionPolicies, PolicyCache};
 pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
 pub use refresh::Refresher;
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
 
 use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::engine::policies::PolicyCache;
 use async_trait::async_trait;
 
 /// Why the policy store could not do what was asked.
@@ -33,9 +33,6 @@ pub enum PolicyStoreError {
     /// A stored row no longer parses: a bug or a hand edit (500).
     #[error("stored row is invalid: {0}")]
     Corrupt(String),
-    /// Applying migrations failed.
-    #[error("migrating the policy store failed")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
 impl From<sqlx::Error> for PolicyStoreError {
@@ -53,8 +50,6 @@ pub type StoreResult<T> = Result<T, PolicyStoreError>;
 /// Where policies and overrides are kept.
 #[async_trait]
 pub trait PolicyStore: Send + Sync + 'static {
-    /// Applies the embedded migrations (idempotent).
-    async fn migrate(&self) -> StoreResult<()>;
     /// Checks that the database answers.
     async fn ping(&self) -> StoreResult<()>;
     /// Every policy, ordered by id.
@@ -86,4 +81,106 @@ pub trait PolicyStore: Send + Sync + 'static {
     /// Subscribes to the changes announced by every instance; `None` when the store
     /// cannot announce them (SQLite), which leaves polling [`Self::change_version`].
     async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>>;
+}
+
+/// Rebuilds `cache` from `store`.
+pub async fn reload(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult<()> {
+    let _one_at_a_time = cache.reload_lock().await;
+    let version = store.change_version().await?;
+    install(cache, store, version).await
+}
+
+/// Rebuilds `cache` only if the store's change marker moved since the last load; true if
+/// it did. One cheap query when nothing changed.
+pub async fn refresh_if_changed(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult<bool> {
+    let _one_at_a_time = cache.reload_lock().await;
+    let version = store.change_version().await?;
+    if cache.version() == Some(version) {
+        return Ok(false);
+    }
+    install(cache, store, version).await?;
+    Ok(true)
+}
+
+/// Reads every row and swaps the new snapshot in; the caller holds the reload lock and
+/// read `version` before calling.
+async fn install(cache: &PolicyCache, store: &dyn PolicyStore, version: i64) -> StoreResult<()> {
+    let policies = store.list_policies().await?;
+    let overrides = store.list_overrides(None).await?;
+    cache.install(version, policies, overrides);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{refresh_if_changed, reload};
+    use crate::domain::{Action, Policy, PolicyId};
+    use crate::domain::{Measure, Mode, PolicySpec, Quantity, Window};
+    use crate::engine::policies::PolicyCache;
+    use chrono::TimeZone;
+    use chrono::Utc;
+
+    fn policy(id: &str) -> Policy {
+        let at = Utc
+            .with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
+            .single()
+            .expect("valid instant");
+        Policy {
+            id: PolicyId::parse("id", id).expect("valid id"),
+            spec: PolicySpec {
+                action: Action::parse("action", "a").expect("valid action"),
+                measure: Measure::Count,
+                unit: None,
+                limit: Quantity::parse("limit", 10).expect("valid limit"),
+                window: Window::token_bucket(60).expect("valid window"),
+                mode: Mode::Enforce,
+                enabled: true,
+                ledger_denials: false,
+                description: String::new(),
+            },
+            created_at: at,
+            updated_at: at,
+            version: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refresh_reloads_only_when_a_write_moved_the_change_marker() {
+        let file = std::env::temp_dir().join(format!(
+            "quota-ledger-cache-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        crate::db::migrate_url(&url).await.expect("migrating");
+        let store = crate::policy::connect(&url)
+            .await
+            .expect("opening a SQLite file");
+        let cache = PolicyCache::new();
+        reload(&cache, store.as_ref()).await.expect("loading");
+        assert!(!refresh_if_changed(&cache, store.as_ref())
+            .await
+            .expect("reading the marker"));
+
+        // Another instance's write: this cache did not reload after it.
+        store.insert_policy(&policy("p")).await.expect("inserting");
+        assert_eq!(cache.sizes(), (0, 0));
+        assert!(refresh_if_changed(&cache, store.as_ref())
+            .await
+            .expect("reading the marker"));
+        assert_eq!(cache.sizes(), (1, 0));
+        assert!(cache.action("a").is_some());
+        assert!(!refresh_if_changed(&cache, store.as_ref())
+            .await
+            .expect("reading the marker"));
+
+        // A write that changes nothing (a stale version) leaves the marker alone.
+        assert!(!store
+            .update_policy(&policy("p"), 7)
+            .await
+            .expect("updating"));
+        assert!(!refresh_if_changed(&cache, store.as_ref())
+            .await
+            .expect("reading the marker"));
+        drop(std::fs::remove_file(file));
+    }
 }

@@ -12,7 +12,8 @@
 //! A failure leaves the cache serving its last good snapshot. Each task logs a run of
 //! failures twice: when it begins and when it ends, not on every attempt.
 
-use super::{FeedEvent, PolicyCache, PolicyStore, PolicyStoreError, StoreResult};
+use super::{FeedEvent, PolicyStore, PolicyStoreError, StoreResult};
+use crate::engine::policies::PolicyCache;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -64,11 +65,11 @@ async fn listen(store: Arc<dyn PolicyStore>, cache: Arc<PolicyCache>) {
             };
             retry = RETRY_FIRST;
             // Whatever was announced while nobody listened is lost: catch up first.
-            outage.record(cache.refresh_if_changed(store.as_ref()).await);
+            outage.record(super::refresh_if_changed(&cache, store.as_ref()).await);
             loop {
                 match feed.next().await {
                     Ok(FeedEvent::Changed) => {
-                        outage.record(cache.refresh_if_changed(store.as_ref()).await);
+                        outage.record(super::refresh_if_changed(&cache, store.as_ref()).await);
                     }
                     Ok(FeedEvent::Lost) => {
                         tracing::debug!("the policy change subscription lost its connection");
@@ -98,11 +99,14 @@ async fn poll_changes(store: Arc<dyn PolicyStore>, cache: Arc<PolicyCache>, ever
     loop {
         ticks.tick().await;
         if loaded_at.elapsed() >= FULL_RELOAD_EVERY {
-            if outage.record(cache.reload(store.as_ref()).await).is_some() {
+            if outage
+                .record(super::reload(&cache, store.as_ref()).await)
+                .is_some()
+            {
                 loaded_at = Instant::now();
             }
         } else {
-            outage.record(cache.refresh_if_changed(store.as_ref()).await);
+            outage.record(super::refresh_if_changed(&cache, store.as_ref()).await);
         }
     }
 }
@@ -170,12 +174,15 @@ mod tests {
             "quota-ledger-refresh-{}.db",
             uuid::Uuid::new_v4().simple()
         ));
-        let store = crate::policy::connect(&format!("sqlite://{}", file.display()))
+        let url = format!("sqlite://{}", file.display());
+        crate::db::migrate_url(&url).await.expect("migrating");
+        let store = crate::policy::connect(&url)
             .await
             .expect("opening a SQLite file");
-        store.migrate().await.expect("migrating");
         let cache = Arc::new(PolicyCache::new());
-        cache.reload(store.as_ref()).await.expect("loading");
+        crate::policy::reload(&cache, store.as_ref())
+            .await
+            .expect("loading");
         let refresher = Refresher::start(store.clone(), cache, Duration::from_millis(5));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(Arc::strong_count(&store) > 1, "the poller holds the store");

@@ -1,12 +1,12 @@
 //! The SQL policy stores: Postgres in production, SQLite as the embedded default.
 //!
 //! Both speak the same SQL (numbered `$n` parameters, `ON CONFLICT` upserts), so one
-//! macro writes both implementations; only the pool type, the migrations and the way a
+//! macro writes both implementations; only the pool type and the way a
 //! change is announced (`notify.rs`) differ. Every write bumps the one-row
 //! `policy_changes` marker in its own transaction, so other instances can see it.
 
 use super::codec::window_from_json;
-use super::{migrations, ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
+use super::{ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
 use crate::domain::{
     Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
 };
@@ -51,7 +51,7 @@ const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
 
 macro_rules! sql_policy_store {
-    ($store:ident, $row:ty, $files:expr) => {
+    ($store:ident, $row:ty) => {
         impl $store {
             fn policy_from_row(row: &$row) -> StoreResult<Policy> {
                 let text = |name: &str| -> StoreResult<String> { Ok(row.try_get(name)?) };
@@ -104,11 +104,6 @@ macro_rules! sql_policy_store {
 
         #[async_trait]
         impl PolicyStore for $store {
-            async fn migrate(&self) -> StoreResult<()> {
-                migrations::migrator($files).await?.run(&self.pool).await?;
-                Ok(())
-            }
-
             async fn ping(&self) -> StoreResult<()> {
                 sqlx::query("SELECT 1").execute(&self.pool).await?;
                 Ok(())
@@ -222,13 +217,5 @@ macro_rules! sql_policy_store {
     };
 }
 
-sql_policy_store!(
-    PostgresPolicyStore,
-    sqlx::postgres::PgRow,
-    migrations::POSTGRES
-);
-sql_policy_store!(
-    SqlitePolicyStore,
-    sqlx::sqlite::SqliteRow,
-    migrations::SQLITE
-);
+sql_policy_store!(PostgresPolicyStore, sqlx::postgres::PgRow);
+sql_policy_store!(SqlitePolicyStore, sqlx::sqlite::SqliteRow);

@@ -1,8 +1,8 @@
 //! Spawning the real application on port 0 with fresh stores, and typed request helpers.
 
 use chrono::{DateTime, TimeZone, Utc};
+use quota_ledger::clock::FakeClock;
 use quota_ledger::config::{OnStoreError, Secret, Settings};
-use quota_ledger::engine::clock::FakeClock;
 use quota_ledger::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};

@@ -8,9 +8,8 @@ mod paging;
 use crate::helpers::{fresh_settings, start_instant, CounterBackend, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
-use quota_ledger::ledger::{
-    EntryKind, LedgerEntry, LedgerError, LedgerFilter, LedgerStore, PolicyAmount,
-};
+use quota_ledger::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use quota_ledger::engine::ledger::{LedgerError, LedgerFilter, LedgerStore};
 use std::sync::Arc;
 
 /// A fresh, migrated database of `backend` and a ledger store on it.
@@ -23,12 +22,7 @@ pub async fn ledger_on(backend: PolicyBackend) -> Arc<dyn LedgerStore> {
 
 /// A ledger store on the fresh database at `url`, migrated.
 pub async fn ledger_at(url: &str) -> Arc<dyn LedgerStore> {
-    quota_ledger::policy::connect(url)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+    quota_ledger::db::migrate_url(url).await.unwrap();
     quota_ledger::ledger::sql::connect(url).await.unwrap()
 }
 

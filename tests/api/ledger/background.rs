@@ -4,10 +4,10 @@ use super::{entry, everything, ids, ledger_on};
 use crate::helpers::{start_instant, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
-use quota_ledger::engine::clock::FakeClock;
+use quota_ledger::clock::FakeClock;
+use quota_ledger::engine::ledger::LedgerFilter;
+use quota_ledger::engine::writer::LedgerWriter;
 use quota_ledger::ledger::retention::Retention;
-use quota_ledger::ledger::writer::LedgerWriter;
-use quota_ledger::ledger::LedgerFilter;
 use std::collections::HashSet;
 use std::sync::Arc;
 

@@ -6,7 +6,8 @@ use crate::helpers::{
 };
 use crate::on_policy_stores;
 use quota_ledger::config::Secret;
-use quota_ledger::ledger::{EntryKind, LedgerEntry, LedgerStore};
+use quota_ledger::domain::{EntryKind, LedgerEntry};
+use quota_ledger::engine::ledger::LedgerStore;
 use serde_json::{json, Value};
 use std::sync::Arc;
 

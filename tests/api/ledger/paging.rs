@@ -3,7 +3,7 @@
 use super::{entry, ids, ledger_on};
 use crate::helpers::PolicyBackend;
 use crate::on_policy_stores;
-use quota_ledger::ledger::{LedgerError, LedgerFilter};
+use quota_ledger::engine::ledger::{LedgerError, LedgerFilter};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -18,18 +18,13 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::{
-    Algorithm, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
+use crate::engine::codec;
+use crate::engine::store::{
+    check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
     GivenBack, StoreError,
 };
+use crate::keys::hash_tag;
 use counting::Entry;
-
-/// The largest quantity (limit, cost, usage) a store accepts or reports: 2^53 - 1.
-pub(super) const MAX_UNITS: u64 = (1 << 53) - 1;
-
-/// The largest magnitude of a time (`now_ms`, a period end) the stores accept: 2^51 ms, about
-/// 71,000 years, so that sums of times and windows stay exact in Lua's doubles.
-pub(super) const MAX_TIME_MS: i64 = 1 << 51;
 
 /// Number of independently locked shards; a power of two well above the core count.
 const SHARDS: usize = 64;
@@ -165,21 +160,6 @@ fn evaluate_in(
     Ok(Evaluation { allowed, outcomes })
 }
 
-/// The reply numbers of an evaluation, as the script formats them for an idempotency record.
-fn reply_numbers(evaluation: &Evaluation) -> String {
-    let mut numbers = vec![i64::from(evaluation.allowed)];
-    for o in &evaluation.outcomes {
-        numbers.extend([
-            i64::try_from(o.used).unwrap_or(i64::MAX),
-            i64::from(o.allowed),
-            o.resets_at_ms,
-            o.retry_at_ms.unwrap_or(-1),
-        ]);
-    }
-    let text: Vec<String> = numbers.iter().map(i64::to_string).collect();
-    text.join(",")
-}
-
 #[async_trait]
 impl CounterStore for MemoryCounterStore {
     async fn evaluate(
@@ -217,13 +197,13 @@ impl CounterStore for MemoryCounterStore {
         let shard = &mut *guard;
         if let Some(idem) = &effects.idempotency {
             if let Some(kept) = counting::text(shard.entries.get(&idem.key), now_ms) {
-                return super::redis::parse_replay(kept);
+                return codec::decode_replay(kept);
             }
         }
         let evaluation = evaluate_in(shard, now_ms, charges, commit)?;
         if commit && evaluation.allowed {
             if let Some(idem) = &effects.idempotency {
-                let kept = format!("{}\n{}", idem.record, reply_numbers(&evaluation));
+                let kept = codec::encode_replay(&idem.record, &evaluation);
                 counting::set_text(&mut shard.entries, &idem.key, kept, now_ms + idem.ttl_ms);
             }
             if let Some(hold) = &effects.hold {
@@ -362,72 +342,10 @@ impl CounterStore for MemoryCounterStore {
 /// How long a refunded total is kept (30 days), as in giveback.lua.
 const REFUNDED_TTL_MS: i64 = 2_592_000_000;
 
-/// The part of `key` that Redis Cluster hashes: the text between the first `{` and the next
-/// `}` if it is not empty, else the whole key (the same rule as Redis).
-pub(super) fn hash_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        let rest = &key[open + 1..];
-        if let Some(len) = rest.find('}').filter(|&len| len > 0) {
-            return &rest[..len];
-        }
-    }
-    key
-}
-
-/// Rejects arguments outside what both stores compute exactly; both backends call it first,
-/// so they fail identically. Such arguments are the caller's bug, hence `Protocol`.
-///
-/// Checked: quantities within 2^53 - 1, times within ±2^51 ms, positive window parameters,
-/// `limit × period_ms <= 2^53 - 1` for token buckets, `buckets × bucket_ms <= 2^51` for
-/// rolling windows, distinct keys and one hash tag for all keys (one cluster slot, one shard).
-pub(super) fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
-    let invalid =
-        |i: usize, what: &str| StoreError::Protocol(format!("invalid charge {i}: {what}"));
-    if now_ms.unsigned_abs() > MAX_TIME_MS.unsigned_abs() {
-        return Err(StoreError::Protocol(format!(
-            "time {now_ms} ms is out of range"
-        )));
-    }
-    let tag = charges.first().map(|c| hash_tag(&c.key));
-    for (i, charge) in charges.iter().enumerate() {
-        if charge.limit > MAX_UNITS || charge.cost > MAX_UNITS {
-            return Err(invalid(i, "limit and cost must be at most 2^53 - 1"));
-        }
-        let window_ok = match charge.algorithm {
-            Algorithm::Calendar { period_end_ms } => {
-                period_end_ms.unsigned_abs() <= MAX_TIME_MS.unsigned_abs()
-            }
-            Algorithm::Rolling { bucket_ms, buckets } => {
-                bucket_ms > 0
-                    && buckets > 0
-                    && bucket_ms
-                        .checked_mul(buckets)
-                        .is_some_and(|w| w <= MAX_TIME_MS)
-            }
-            Algorithm::TokenBucket { period_ms } => {
-                period_ms > 0
-                    && u64::try_from(period_ms)
-                        .ok()
-                        .and_then(|p| p.checked_mul(charge.limit.max(1)))
-                        .is_some_and(|product| product <= MAX_UNITS)
-            }
-        };
-        if !window_ok {
-            return Err(invalid(i, "window parameters out of range"));
-        }
-        if tag != Some(hash_tag(&charge.key)) {
-            return Err(invalid(i, "all keys of one decision must share a hash tag"));
-        }
-        if charges[..i].iter().any(|other| other.key == charge.key) {
-            return Err(invalid(i, "the same key appears twice"));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::store::Algorithm;
 
     fn rolling_charge(key: String, cost: u64) -> Charge {
         Charge {

@@ -1,7 +1,8 @@
 //! The writer against an in-memory store that records every `append` call.
 
 use super::*;
-use crate::ledger::{EntryKind, LedgerFilter, LedgerPage};
+use crate::domain::EntryKind;
+use crate::engine::ledger::{LedgerFilter, LedgerPage};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::collections::HashSet;
@@ -62,7 +63,11 @@ impl LedgerStore for FakeStore {
             .expect("not poisoned")
             .push(entries.len());
         match self.mode {
-            Mode::Down => return Err(LedgerError::Unavailable(sqlx::Error::PoolTimedOut)),
+            Mode::Down => {
+                return Err(LedgerError::unavailable(std::io::Error::other(
+                    "pool timed out",
+                )))
+            }
             Mode::RefuseBad if entries.iter().any(|e| e.id.starts_with("bad")) => {
                 return Err(LedgerError::Corrupt("amount out of range".to_owned()))
             }

@@ -1,4 +1,8 @@
-//! Opening the SQL database that `DATABASE_URL` names (Postgres, or the SQLite default).
+//! Opening the SQL database that `DATABASE_URL` names (Postgres, or the SQLite default),
+//! and its schema: the migrations of every table (policies and the ledger), embedded in
+//! the binary so a deployment is one file.
+
+mod migrations;
 
 use anyhow::Context;
 use sqlx::postgres::PgPoolOptions;
@@ -61,4 +65,35 @@ pub async fn open_with(
     } else {
         anyhow::bail!("DATABASE_URL must start with postgres:// or sqlite:")
     }
+}
+
+/// Applies the embedded migrations of `pool`'s kind of database (idempotent; forward only).
+pub async fn migrate(pool: &Pool) -> Result<(), sqlx::migrate::MigrateError> {
+    match pool {
+        Pool::Postgres(pool) => {
+            migrations::migrator(migrations::POSTGRES)
+                .await?
+                .run(pool)
+                .await
+        }
+        Pool::Sqlite(pool) => {
+            migrations::migrator(migrations::SQLITE)
+                .await?
+                .run(pool)
+                .await
+        }
+    }
+}
+
+/// Opens `database_url` with one connection, applies the migrations, and closes it.
+pub async fn migrate_url(database_url: &str) -> anyhow::Result<()> {
+    let pool = open(database_url, 1).await?;
+    migrate(&pool)
+        .await
+        .context("applying the database migrations")?;
+    match pool {
+        Pool::Postgres(pool) => pool.close().await,
+        Pool::Sqlite(pool) => pool.close().await,
+    }
+    Ok(())
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use super::memory::MemoryCounterStore;
 use super::redis::RedisCounterStore;
-use super::{Algorithm, Charge, CounterStore, Evaluation, Outcome, StoreError};
+use crate::engine::store::{Algorithm, Charge, CounterStore, Evaluation, Outcome, StoreError};
 
 /// Runs each named scenario (an `async fn(&Harness)`) once per backend, as
 /// `<scenario>::on_memory`, `<scenario>::on_redis` and `<scenario>::on_cluster`.
@@ -32,14 +32,14 @@ macro_rules! scenarios {
         mod $scenario {
             #[tokio::test]
             async fn on_memory() {
-                let harness = $crate::engine::store::conformance::Harness::memory();
+                let harness = $crate::counters::conformance::Harness::memory();
                 super::$scenario(&harness).await;
             }
 
             #[tokio::test]
             async fn on_redis() {
                 let harness =
-                    $crate::engine::store::conformance::Harness::redis(stringify!($scenario)).await;
+                    $crate::counters::conformance::Harness::redis(stringify!($scenario)).await;
                 super::$scenario(&harness).await;
                 harness.clean_up().await;
             }
@@ -47,7 +47,7 @@ macro_rules! scenarios {
             #[tokio::test]
             async fn on_cluster() {
                 let harness =
-                    $crate::engine::store::conformance::Harness::cluster(stringify!($scenario)).await;
+                    $crate::counters::conformance::Harness::cluster(stringify!($scenario)).await;
                 super::$scenario(&harness).await;
                 harness.clean_up().await;
             }

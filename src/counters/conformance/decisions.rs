@@ -1,8 +1,8 @@
 //! Whole decisions: all or nothing, shadow charges, peeks, zero costs, lowered limits, TTLs
 //! and the argument checks.
 
-use super::super::{Charge, StoreError, KEY_GRACE_MS};
 use super::{calendar, charge, outcome, rolling, shadow, token_bucket, Harness, DAY, MAX, T0};
+use crate::engine::store::{Charge, StoreError, KEY_GRACE_MS};
 
 scenarios!(
     one_denied_enforced_charge_applies_no_charge_at_all,

@@ -30,10 +30,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, ServerErrorKind, Value};
 
 use super::circuit::CircuitBreaker;
-use super::memory::check_charges;
-use super::{
-    Algorithm, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
-    GivenBack, Outcome, Restore, StoreError,
+use crate::engine::codec;
+use crate::engine::store::{
+    check_charges, Algorithm, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack,
+    GiveBackKind, GivenBack, Outcome, Restore, StoreError,
 };
 
 /// The decision script; its header documents KEYS, ARGV and the reply.
@@ -492,37 +492,10 @@ fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided, StoreError
                     ))
                 }
             };
-            return parse_replay(&text);
+            return codec::decode_replay(&text);
         }
     }
     parse_reply(reply, charges).map(Decided::Fresh)
-}
-
-/// Splits a kept idempotency record into the caller's record and the original reply.
-pub(super) fn parse_replay(text: &str) -> Result<Decided, StoreError> {
-    let unexpected = || StoreError::Protocol("an idempotency record is malformed".to_owned());
-    let (record, numbers) = text.rsplit_once('\n').ok_or_else(unexpected)?;
-    let numbers: Vec<i64> = numbers
-        .split(',')
-        .map(|n| n.parse().map_err(|_| unexpected()))
-        .collect::<Result<_, _>>()?;
-    let (&allowed, rest) = numbers.split_first().ok_or_else(unexpected)?;
-    let outcomes = rest
-        .chunks_exact(4)
-        .map(|c| Outcome {
-            used: u64::try_from(c[0]).unwrap_or(0),
-            allowed: c[1] == 1,
-            resets_at_ms: c[2],
-            retry_at_ms: (c[3] >= 0 && c[1] == 0).then_some(c[3]),
-        })
-        .collect();
-    Ok(Decided::Replayed {
-        record: record.to_owned(),
-        evaluation: Evaluation {
-            allowed: allowed == 1,
-            outcomes,
-        },
-    })
 }
 
 /// Reads the give-back script's reply `[status, value]`.

@@ -2,24 +2,13 @@
 //! consumer group, claiming what dead consumers left pending, and acknowledging.
 
 use super::redis::RedisCounterStore;
-use super::StoreError;
+use crate::engine::store::StoreError;
+use crate::engine::stream::{LedgerStream, Read, StreamEntry};
+use async_trait::async_trait;
 use redis::Value;
 
 /// The consumer group every instance's drain reads through.
 pub const GROUP: &str = "ledger";
-
-/// Which entries to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Read<'a> {
-    /// Entries delivered to this consumer but not acknowledged (after a failed insert),
-    /// with ids after this one (`"0"`: from the first).
-    PendingAfter(&'a str),
-    /// Entries never delivered to anyone.
-    New,
-}
-
-/// One stream entry: its id and the serialized ledger entry.
-pub type StreamEntry = (String, String);
 
 fn text(value: &Value) -> Option<String> {
     match value {
@@ -68,9 +57,12 @@ impl RedisCounterStore {
             Err(error) => Err(error),
         }
     }
+}
 
+#[async_trait]
+impl LedgerStream for RedisCounterStore {
     /// Up to `count` entries of `stream` for `consumer`.
-    pub async fn read_group(
+    async fn read_group(
         &self,
         stream: &str,
         consumer: &str,
@@ -110,7 +102,7 @@ impl RedisCounterStore {
     }
 
     /// Takes over up to `count` entries idle for at least `min_idle_ms` (their consumer died).
-    pub async fn claim_idle(
+    async fn claim_idle(
         &self,
         stream: &str,
         consumer: &str,
@@ -141,14 +133,14 @@ impl RedisCounterStore {
 
     /// How many entries `stream` holds (all of them wait to be drained: drained ones are
     /// deleted).
-    pub async fn stream_len(&self, stream: &str) -> Result<u64, StoreError> {
+    async fn stream_len(&self, stream: &str) -> Result<u64, StoreError> {
         let mut call = redis::cmd("XLEN");
         call.arg(stream);
         self.query(&call).await
     }
 
     /// Acknowledges and deletes entries that are safely in SQL.
-    pub async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError> {
+    async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }

@@ -7,11 +7,12 @@
 //! which the insert ignores; entries a dead instance had read but not acknowledged are
 //! claimed by a living one once idle for `claim_idle`. Nothing is lost, nothing duplicated.
 
-use super::{LedgerEntry, LedgerError, LedgerStore};
-use crate::engine::keys::{ledger_stream, SHARDS};
-use crate::engine::store::redis::RedisCounterStore;
-use crate::engine::store::redis_stream::{Read, StreamEntry};
-use crate::engine::DrainNow;
+use super::codec;
+use super::ledger::{LedgerError, LedgerStore};
+use super::store::StoreError;
+use super::stream::{LedgerStream, Read, StreamEntry};
+use crate::domain::LedgerEntry;
+use crate::keys::{ledger_stream, SHARDS};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ const IDLE_PAUSE: Duration = Duration::from_millis(200);
 
 /// The drain of one instance.
 pub struct Drainer {
-    redis: Arc<RedisCounterStore>,
+    streams: Arc<dyn LedgerStream>,
     ledger: Arc<dyn LedgerStore>,
     prefix: String,
     consumer: String,
@@ -42,15 +43,15 @@ pub struct Drainer {
 }
 
 impl Drainer {
-    /// A drain over `redis`'s streams into `ledger`.
+    /// A drain over the ledger `streams` into `ledger`.
     pub fn new(
-        redis: Arc<RedisCounterStore>,
+        streams: Arc<dyn LedgerStream>,
         ledger: Arc<dyn LedgerStore>,
         prefix: String,
         claim_idle: Duration,
     ) -> Self {
         Self {
-            redis,
+            streams,
             ledger,
             prefix,
             consumer: format!("drain-{}", uuid::Uuid::new_v4().simple()),
@@ -123,21 +124,21 @@ impl Drainer {
         stream: &str,
         source: Source,
         after: &str,
-    ) -> Result<Vec<StreamEntry>, crate::engine::store::StoreError> {
+    ) -> Result<Vec<StreamEntry>, StoreError> {
         let consumer = &self.consumer;
         match source {
             Source::Pending => {
                 let read = Read::PendingAfter(after);
-                self.redis.read_group(stream, consumer, BATCH, read).await
+                self.streams.read_group(stream, consumer, BATCH, read).await
             }
             Source::New => {
-                self.redis
+                self.streams
                     .read_group(stream, consumer, BATCH, Read::New)
                     .await
             }
             Source::Idle => {
                 let idle = u64::try_from(self.claim_idle.as_millis()).unwrap_or(u64::MAX);
-                self.redis.claim_idle(stream, consumer, idle, BATCH).await
+                self.streams.claim_idle(stream, consumer, idle, BATCH).await
             }
         }
     }
@@ -161,7 +162,7 @@ impl Drainer {
             }
         }
         for (stream, ids) in pass.streams.drain(..).zip(acks) {
-            self.redis.ack(&stream, &ids).await?;
+            self.streams.ack(&stream, &ids).await?;
             pass.moved += ids.len();
         }
         Ok(())
@@ -203,7 +204,7 @@ impl Drainer {
 
     /// Runs passes forever. After a pass that filled a transaction the next starts at
     /// once; otherwise it waits a little, so that entries gather into larger transactions
-    /// (a refund that needs its charge in SQL drains at once, through [`DrainNow`]).
+    /// (a refund that needs its charge in SQL drains at once, through [`Drainer::drain_once`]).
     pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
@@ -246,7 +247,7 @@ impl Pass {
         }
         let at = self.streams.len() - 1;
         for (id, text) in batch {
-            match serde_json::from_str::<LedgerEntry>(&text) {
+            match codec::decode_entry(&text) {
                 Ok(entry) => {
                     self.entries.push(entry);
                     self.origins.push((at, id));
@@ -261,17 +262,13 @@ impl Pass {
     }
 }
 
-#[async_trait::async_trait]
-impl DrainNow for Drainer {
-    async fn drain_now(&self) {
-        self.drain_once().await;
-    }
-
-    async fn backlog(&self) -> Option<u64> {
+impl Drainer {
+    /// How many entries wait in the streams; `None` if the stream store did not answer.
+    pub async fn backlog(&self) -> Option<u64> {
         let mut total = 0;
         for shard in 0..SHARDS {
             total += self
-                .redis
+                .streams
                 .stream_len(&ledger_stream(&self.prefix, shard))
                 .await
                 .ok()?;

@@ -200,6 +200,18 @@ impl SubjectKeys {
     }
 }
 
+/// The part of `key` that Redis Cluster hashes: the text between the first `{` and the next
+/// `}` if it is not empty, else the whole key (the same rule as Redis).
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        let rest = &key[open + 1..];
+        if let Some(len) = rest.find('}').filter(|&len| len > 0) {
+            return &rest[..len];
+        }
+    }
+    key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@
 //! batch. While a batch commits, the next one queues up, so the busier the service, the
 //! larger the batches and the fewer the fsyncs per entry.
 
-use super::{LedgerEntry, LedgerError, LedgerStore};
+use super::ledger::{LedgerError, LedgerStore};
+use crate::domain::LedgerEntry;
 use std::ops::Range;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -64,7 +65,7 @@ impl LedgerWriter {
 /// The error of a caller whose writer task is gone (it panicked, or the runtime is
 /// shutting down): the entries may not be written, so this is a failure (503).
 fn gone() -> LedgerError {
-    LedgerError::Unavailable(sqlx::Error::WorkerCrashed)
+    LedgerError::unavailable(std::io::Error::other("the ledger writer is gone"))
 }
 
 /// The writer task: batches of whatever is queued, until every handle is dropped and
@@ -127,25 +128,9 @@ async fn commit(store: &dyn LedgerStore, batch: Vec<Job>) {
                 "writing a ledger batch failed; its callers are told so"
             );
             for (_, done) in waiters {
-                let _ = done.send(Err(copy_of(&error)));
+                let _ = done.send(Err(error.clone()));
             }
         }
-    }
-}
-
-/// The same error for another waiter of the batch (`sqlx::Error` is not `Clone`; the
-/// cause's text is kept).
-fn copy_of(error: &LedgerError) -> LedgerError {
-    match error {
-        LedgerError::Unavailable(sqlx::Error::PoolTimedOut) => {
-            LedgerError::Unavailable(sqlx::Error::PoolTimedOut)
-        }
-        LedgerError::Unavailable(sqlx::Error::WorkerCrashed) => gone(),
-        LedgerError::Unavailable(cause) => {
-            LedgerError::Unavailable(sqlx::Error::Io(std::io::Error::other(cause.to_string())))
-        }
-        LedgerError::BadCursor => LedgerError::BadCursor,
-        LedgerError::Corrupt(why) => LedgerError::Corrupt(why.clone()),
     }
 }
 

@@ -6,10 +6,10 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-use super::super::{Algorithm, Charge, CounterStore, Evaluation};
 use super::{
     clean_up_tag, redis_store, unique_tag, Harness, MemoryCounterStore, RedisProbe, MAX, T0,
 };
+use crate::engine::store::{Algorithm, Charge, CounterStore, Evaluation};
 
 /// A current-thread runtime for driving the async stores from proptest's sync closures.
 fn runtime() -> tokio::runtime::Runtime {
@@ -227,7 +227,7 @@ fn case() -> impl Strategy<Value = Case> {
     )
 }
 
-/// The charges of `step` at `now`; calendar keys name their period like `engine::keys` does.
+/// The charges of `step` at `now`; calendar keys name their period like `crate::keys` does.
 fn charges(h: &Harness, case: &Case, step: &Step, now: i64) -> Vec<Charge> {
     let mut charges = Vec::with_capacity(3);
     for (i, policy) in case.policies.iter().enumerate() {

@@ -8,8 +8,9 @@
 
 use std::collections::HashMap;
 
-use super::super::{Algorithm, Charge, Outcome, Restore, StoreError, KEY_GRACE_MS};
-use super::MAX_UNITS;
+use crate::engine::store::{
+    Algorithm, Charge, Outcome, Restore, StoreError, KEY_GRACE_MS, MAX_UNITS,
+};
 
 /// 2^53 - 1 as a time: reported times of a saturated shadow token bucket are clamped to it,
 /// as in the script.

@@ -1,8 +1,7 @@
 //! The in-process policy cache: what the consume path reads instead of the database.
 
-use super::{PolicyStore, StoreResult};
-use crate::domain::{Action, OverrideSpec, Policy, PolicyId};
-use crate::engine::keys::{self, PolicyKey};
+use crate::domain::{Action, Override, OverrideSpec, Policy, PolicyId};
+use crate::keys::{self, PolicyKey};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -41,7 +40,8 @@ struct Snapshot {
     version: Option<i64>,
 }
 
-/// Policies and overrides held in memory, rebuilt from the [`PolicyStore`] on change.
+/// Policies and overrides held in memory, rebuilt from the policy store on change
+/// (`crate::policy::reload`).
 ///
 /// Readers take a short read lock to clone one `Arc`; a reload builds the new snapshot
 /// without that lock and swaps it in, so consumes never wait on the database.
@@ -55,7 +55,7 @@ pub struct PolicyCache {
 }
 
 impl PolicyCache {
-    /// An empty cache; call [`PolicyCache::reload`] before serving.
+    /// An empty cache; fill it ([`PolicyCache::install`]) before serving.
     pub fn new() -> Self {
         Self::default()
     }
@@ -77,30 +77,21 @@ impl PolicyCache {
         self.current().loaded_at
     }
 
-    /// Rebuilds the cache from the store.
-    pub async fn reload(&self, store: &dyn PolicyStore) -> StoreResult<()> {
-        let _one_at_a_time = self.reloading.lock().await;
-        let version = store.change_version().await?;
-        self.rebuild(store, version).await
+    /// Takes the reload lock. Reloads run one at a time: hold the guard across reading
+    /// the change marker, reading the rows and [`PolicyCache::install`], so that a reload
+    /// that read older rows can never swap its snapshot in after a later one.
+    pub async fn reload_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.reloading.lock().await
     }
 
-    /// Rebuilds the cache only if the store's change marker moved since the last load;
-    /// true if it did. One cheap query when nothing changed.
-    pub async fn refresh_if_changed(&self, store: &dyn PolicyStore) -> StoreResult<bool> {
-        let _one_at_a_time = self.reloading.lock().await;
-        let version = store.change_version().await?;
-        if self.current().version == Some(version) {
-            return Ok(false);
-        }
-        self.rebuild(store, version).await?;
-        Ok(true)
+    /// The store's change marker the current snapshot was read at; `None` before the first.
+    pub fn version(&self) -> Option<i64> {
+        self.current().version
     }
 
-    /// Reads every row and swaps the new snapshot in; the caller holds `reloading` and
-    /// read `version` before calling, so the rows are at least as new as the marker.
-    async fn rebuild(&self, store: &dyn PolicyStore, version: i64) -> StoreResult<()> {
-        let policies = store.list_policies().await?;
-        let overrides = store.list_overrides(None).await?;
+    /// Swaps in a snapshot of `policies` and `overrides`, read after the change marker was
+    /// `version` (so the rows are at least as new as the marker).
+    pub fn install(&self, version: i64, policies: Vec<Policy>, overrides: Vec<Override>) {
         let mut snapshot = Snapshot {
             policies: policies.len(),
             overrides: overrides.len(),
@@ -140,7 +131,6 @@ impl PolicyCache {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *guard = Arc::new(snapshot);
-        Ok(())
     }
 
     fn current(&self) -> Arc<Snapshot> {
@@ -149,79 +139,5 @@ impl PolicyCache {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::{Measure, Mode, PolicySpec, Quantity, Window};
-    use chrono::TimeZone;
-
-    fn policy(id: &str) -> Policy {
-        let at = Utc
-            .with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
-            .single()
-            .expect("valid instant");
-        Policy {
-            id: PolicyId::parse("id", id).expect("valid id"),
-            spec: PolicySpec {
-                action: Action::parse("action", "a").expect("valid action"),
-                measure: Measure::Count,
-                unit: None,
-                limit: Quantity::parse("limit", 10).expect("valid limit"),
-                window: Window::token_bucket(60).expect("valid window"),
-                mode: Mode::Enforce,
-                enabled: true,
-                ledger_denials: false,
-                description: String::new(),
-            },
-            created_at: at,
-            updated_at: at,
-            version: 1,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_refresh_reloads_only_when_a_write_moved_the_change_marker() {
-        let file = std::env::temp_dir().join(format!(
-            "quota-ledger-cache-{}.db",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let store = crate::policy::connect(&format!("sqlite://{}", file.display()))
-            .await
-            .expect("opening a SQLite file");
-        store.migrate().await.expect("migrating");
-        let cache = PolicyCache::new();
-        cache.reload(store.as_ref()).await.expect("loading");
-        assert!(!cache
-            .refresh_if_changed(store.as_ref())
-            .await
-            .expect("reading the marker"));
-
-        // Another instance's write: this cache did not reload after it.
-        store.insert_policy(&policy("p")).await.expect("inserting");
-        assert_eq!(cache.sizes(), (0, 0));
-        assert!(cache
-            .refresh_if_changed(store.as_ref())
-            .await
-            .expect("reading the marker"));
-        assert_eq!(cache.sizes(), (1, 0));
-        assert!(cache.action("a").is_some());
-        assert!(!cache
-            .refresh_if_changed(store.as_ref())
-            .await
-            .expect("reading the marker"));
-
-        // A write that changes nothing (a stale version) leaves the marker alone.
-        assert!(!store
-            .update_policy(&policy("p"), 7)
-            .await
-            .expect("updating"));
-        assert!(!cache
-            .refresh_if_changed(store.as_ref())
-            .await
-            .expect("reading the marker"));
-        drop(std::fs::remove_file(file));
     }
 }

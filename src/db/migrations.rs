@@ -1,4 +1,8 @@
-//! The SQL migrations, embedded in the binary so a deployment is one file.
+//! The SQL migrations (`migrations/{postgres,sqlite}`), embedded in the binary.
+//!
+//! A hand-made [`MigrationSource`] over `include_str!`ed files: `sqlx::migrate!` does the
+//! same, but only with sqlx's `macros` feature, which compiles sqlx's whole proc-macro
+//! stack (and its database drivers a second time, for the host) into every build.
 
 use sqlx::error::BoxDynError;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
@@ -10,7 +14,7 @@ use std::pin::Pin;
 type Files = &'static [(&'static str, &'static str)];
 
 /// Postgres migrations, oldest first.
-pub const POSTGRES: Files = &[
+pub(super) const POSTGRES: Files = &[
     (
         "20261121220000_create_policies.sql",
         include_str!("../../migrations/postgres/20261121220000_create_policies.sql"),
@@ -26,7 +30,7 @@ pub const POSTGRES: Files = &[
 ];
 
 /// SQLite migrations, oldest first.
-pub const SQLITE: Files = &[
+pub(super) const SQLITE: Files = &[
     (
         "20261121220000_create_policies.sql",
         include_str!("../../migrations/sqlite/20261121220000_create_policies.sql"),
@@ -70,6 +74,6 @@ impl MigrationSource<'static> for Embedded {
 }
 
 /// The migrator for one set of embedded files.
-pub async fn migrator(files: Files) -> Result<Migrator, sqlx::migrate::MigrateError> {
+pub(super) async fn migrator(files: Files) -> Result<Migrator, sqlx::migrate::MigrateError> {
     Migrator::new(Embedded(files)).await
 }

@@ -11,15 +11,9 @@
 //! | `Rolling` | a hash of bucket index → units | `HINCRBY` on the current bucket |
 //! | `TokenBucket` | `used × period_ms` and the time it was computed | GCRA in integers |
 //!
-//! The same semantics are implemented twice, in Lua for Redis (`scripts/consume.lua`)
-//! and in Rust for the in-process store (`memory.rs`); one conformance suite runs both.
-
-pub mod circuit;
-#[cfg(test)]
-mod conformance;
-pub mod memory;
-pub mod redis;
-pub mod redis_stream;
+//! The same semantics are implemented twice, in Lua for Redis (`crate::counters::redis`)
+//! and in Rust for the in-process store (`crate::counters::memory`); one conformance
+//! suite runs both.
 
 use async_trait::async_trait;
 
@@ -59,7 +53,7 @@ pub enum Algorithm {
 /// What one policy asks of the store in one decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Charge {
-    /// The counter's full key (prefix and hash tag included); see `engine::keys`.
+    /// The counter's full key (prefix and hash tag included); see `crate::keys`.
     pub key: String,
     /// How to count.
     pub algorithm: Algorithm,
@@ -339,4 +333,62 @@ pub trait CounterStore: Send + Sync + 'static {
     fn circuit_open(&self) -> bool {
         false
     }
+}
+
+/// The largest quantity (limit, cost, usage) a store accepts or reports: 2^53 - 1.
+pub const MAX_UNITS: u64 = (1 << 53) - 1;
+
+/// The largest magnitude of a time (`now_ms`, a period end) the stores accept: 2^51 ms, about
+/// 71,000 years, so that sums of times and windows stay exact in Lua's doubles.
+pub const MAX_TIME_MS: i64 = 1 << 51;
+
+/// Rejects arguments outside what both stores compute exactly; both backends call it first,
+/// so they fail identically. Such arguments are the caller's bug, hence `Protocol`.
+///
+/// Checked: quantities within 2^53 - 1, times within ±2^51 ms, positive window parameters,
+/// `limit × period_ms <= 2^53 - 1` for token buckets, `buckets × bucket_ms <= 2^51` for
+/// rolling windows, distinct keys and one hash tag for all keys (one cluster slot, one shard).
+pub fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
+    let invalid =
+        |i: usize, what: &str| StoreError::Protocol(format!("invalid charge {i}: {what}"));
+    if now_ms.unsigned_abs() > MAX_TIME_MS.unsigned_abs() {
+        return Err(StoreError::Protocol(format!(
+            "time {now_ms} ms is out of range"
+        )));
+    }
+    let tag = charges.first().map(|c| crate::keys::hash_tag(&c.key));
+    for (i, charge) in charges.iter().enumerate() {
+        if charge.limit > MAX_UNITS || charge.cost > MAX_UNITS {
+            return Err(invalid(i, "limit and cost must be at most 2^53 - 1"));
+        }
+        let window_ok = match charge.algorithm {
+            Algorithm::Calendar { period_end_ms } => {
+                period_end_ms.unsigned_abs() <= MAX_TIME_MS.unsigned_abs()
+            }
+            Algorithm::Rolling { bucket_ms, buckets } => {
+                bucket_ms > 0
+                    && buckets > 0
+                    && bucket_ms
+                        .checked_mul(buckets)
+                        .is_some_and(|w| w <= MAX_TIME_MS)
+            }
+            Algorithm::TokenBucket { period_ms } => {
+                period_ms > 0
+                    && u64::try_from(period_ms)
+                        .ok()
+                        .and_then(|p| p.checked_mul(charge.limit.max(1)))
+                        .is_some_and(|product| product <= MAX_UNITS)
+            }
+        };
+        if !window_ok {
+            return Err(invalid(i, "window parameters out of range"));
+        }
+        if tag != Some(crate::keys::hash_tag(&charge.key)) {
+            return Err(invalid(i, "all keys of one decision must share a hash tag"));
+        }
+        if charges[..i].iter().any(|other| other.key == charge.key) {
+            return Err(invalid(i, "the same key appears twice"));
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,85 @@
+//! The ledger port: where the engine keeps entries for good and reads them back.
+//!
+//! The SQL adapters (`crate::ledger::sql`, Postgres and SQLite) implement [`LedgerStore`];
+//! the group-commit writer and the drain write through it.
+
+use crate::domain::{EntryKind, LedgerEntry};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+/// The most entries one page may hold.
+pub const MAX_PAGE: u32 = 1_000;
+
+/// Which entries a page holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerFilter {
+    /// Only this subject.
+    pub subject: Option<String>,
+    /// Only this action.
+    pub action: Option<String>,
+    /// Only this kind.
+    pub kind: Option<EntryKind>,
+    /// Only entries at or after this instant.
+    pub from: Option<DateTime<Utc>>,
+    /// Only entries before this instant.
+    pub to: Option<DateTime<Utc>>,
+}
+
+/// A page of entries, newest first, and the cursor of the next (older) page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerPage {
+    /// The entries.
+    pub items: Vec<LedgerEntry>,
+    /// Pass back to get the next page; `None` at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// Why the ledger could not do what was asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LedgerError {
+    /// The database is unreachable or failed; worth retrying (503).
+    #[error("ledger store unavailable")]
+    Unavailable(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// A cursor the client sent is not one we made (400/422).
+    #[error("invalid cursor")]
+    BadCursor,
+    /// A stored row no longer parses, or an entry to store breaks a constraint of the
+    /// table (e.g. an amount above 2^53 - 1): a bug, retrying cannot help (500).
+    #[error("invalid ledger row: {0}")]
+    Corrupt(String),
+}
+
+/// Where entries are kept for good: Postgres or SQLite.
+#[async_trait]
+pub trait LedgerStore: Send + Sync + 'static {
+    /// Inserts entries in one transaction, ignoring ids already present; returns how many
+    /// were new.
+    async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError>;
+    /// A page of entries matching `filter`, newest first (in insertion order), `limit`
+    /// at most 1,000, after `cursor` (from an earlier page).
+    async fn page(
+        &self,
+        filter: &LedgerFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<LedgerPage, LedgerError>;
+    /// The `charge` entry of a consumption.
+    async fn charge_of(&self, consumption_id: &str) -> Result<Option<LedgerEntry>, LedgerError>;
+    /// The `hold` entry of a hold.
+    async fn hold_of(&self, hold_id: &str) -> Result<Option<LedgerEntry>, LedgerError>;
+    /// The sum of the `refund` entries of a consumption.
+    async fn refunded(&self, consumption_id: &str) -> Result<u64, LedgerError>;
+    /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
+    async fn delete_older_than(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64, LedgerError>;
+}
+
+impl LedgerError {
+    /// The database is unavailable because of `cause`.
+    pub fn unavailable(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Unavailable(std::sync::Arc::new(cause))
+    }
+}

@@ -1,0 +1,51 @@
+//! The ledger-stream port: where the Redis consume script appends ledger entries, in the
+//! same atomic step as the charge, for the [drain](super::drain) to move into SQL.
+//!
+//! The Redis adapter (`crate::counters::redis`) implements it over one stream per shard
+//! and a consumer group; the drain only needs these four operations, so it can be tested
+//! without Redis.
+
+use super::store::StoreError;
+use async_trait::async_trait;
+
+/// One stream entry: its id in the stream and the encoded ledger entry
+/// (see [`codec::decode_entry`](super::codec::decode_entry)).
+pub type StreamEntry = (String, String);
+
+/// Which entries to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read<'a> {
+    /// Entries delivered to this consumer but not acknowledged (after a failed insert),
+    /// with ids after this one (`"0"`: from the first).
+    PendingAfter(&'a str),
+    /// Entries never delivered to anyone.
+    New,
+}
+
+/// The per-shard ledger streams, read through one consumer group shared by every instance.
+#[async_trait]
+pub trait LedgerStream: Send + Sync + 'static {
+    /// Up to `count` entries of `stream` for `consumer`.
+    async fn read_group(
+        &self,
+        stream: &str,
+        consumer: &str,
+        count: usize,
+        read: Read<'_>,
+    ) -> Result<Vec<StreamEntry>, StoreError>;
+
+    /// Takes over up to `count` entries idle for at least `min_idle_ms` (their consumer died).
+    async fn claim_idle(
+        &self,
+        stream: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError>;
+
+    /// How many entries `stream` holds; all of them wait to be moved (moved ones are deleted).
+    async fn stream_len(&self, stream: &str) -> Result<u64, StoreError>;
+
+    /// Acknowledges and deletes entries that are safely in SQL.
+    async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError>;
+}
