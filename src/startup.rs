@@ -40,6 +40,8 @@ pub struct Application {
     _retention: RetentionTask,
     /// The ledger drain and the hold sweeper; stopped when the application is.
     _tasks: BackgroundTasks,
+    /// What the handlers share; kept so that tests can drive background work themselves.
+    state: web::Data<AppState>,
 }
 
 /// Background tasks that end with the application (tests run many apps in one process).
@@ -140,7 +142,7 @@ impl Application {
             settings.on_store_error,
         );
         let state = web::Data::new(AppState {
-            engine,
+            engine: Arc::new(engine),
             policies,
             ledger,
             cache,
@@ -162,6 +164,7 @@ impl Application {
             .context("reading the bound address")?
             .port();
         let spec = api::openapi::spec();
+        let shared = state.clone();
         let server = HttpServer::new(move || {
             let (app, _) = App::new()
                 .into_utoipa_app()
@@ -199,6 +202,7 @@ impl Application {
             _retention: retention,
             _tasks: tasks,
             refresher,
+            state: shared,
         })
     }
 
@@ -222,6 +226,12 @@ impl Application {
         let served = self.server.await;
         drop(self.refresher); // the background tasks end with the server
         served
+    }
+
+    /// The engine, so that tests can run background work now (`expire_due_holds`, the
+    /// drain) instead of waiting for its timer.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.state.engine.clone()
     }
 
     /// A handle to stop the server from elsewhere.

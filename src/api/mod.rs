@@ -29,7 +29,7 @@ use std::sync::Arc;
 /// What every handler shares.
 pub struct AppState {
     /// The quota engine.
-    pub engine: Engine,
+    pub engine: Arc<Engine>,
     /// Policy persistence (admin reads and writes go here).
     pub policies: Arc<dyn PolicyStore>,
     /// The durable ledger (queries; refunds and holds look up their charge here).

@@ -172,6 +172,14 @@ impl Engine {
         self.writer.append(entries).await.map_err(EngineError::from)
     }
 
+    /// Moves everything the Redis ledger streams hold into SQL now; 0 without Redis.
+    pub async fn drain_ledger_now(&self) -> usize {
+        match &self.drain {
+            Some(drain) => drain.drain_once().await,
+            None => 0,
+        }
+    }
+
     /// Ledger entries waiting in the Redis streams (`None` without Redis).
     pub async fn ledger_backlog(&self) -> Option<u64> {
         match &self.drain {

@@ -80,6 +80,8 @@ pub struct TestApp {
     pub clock: Arc<FakeClock>,
     /// The settings it was built with (to start a sibling instance).
     pub settings: Settings,
+    /// The app's engine, to run background work (hold expiry, the drain) when a test says.
+    pub engine: Arc<quota_ledger::engine::Engine>,
     handle: actix_web::dev::ServerHandle,
 }
 
@@ -150,6 +152,7 @@ pub async fn spawn_with(settings: Settings) -> TestApp {
         .expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
     let handle = app.handle();
+    let engine = app.engine();
     tokio::spawn(app.run_until_stopped());
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -160,6 +163,7 @@ pub async fn spawn_with(settings: Settings) -> TestApp {
         client,
         clock,
         settings,
+        engine,
         handle,
     }
 }
