@@ -91,15 +91,15 @@ pub struct LedgerEntryOut {
 impl From<&LedgerEntry> for LedgerEntryOut {
     fn from(e: &LedgerEntry) -> Self {
         Self {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             at: e.at,
             kind: e.kind.into(),
-            action: e.action.clone(),
-            subject: e.subject.clone(),
+            action: e.action.to_string(),
+            subject: e.subject.to_string(),
             amount: e.amount,
-            consumption_id: e.consumption_id.clone(),
-            hold_id: e.hold_id.clone(),
-            idempotency_key: e.idempotency_key.clone(),
+            consumption_id: e.consumption_id.map(|id| id.to_string()),
+            hold_id: e.hold_id.map(|id| id.to_string()),
+            idempotency_key: e.idempotency_key.as_ref().map(ToString::to_string),
             policies: e.policies.iter().map(PolicyAmountOut::from).collect(),
         }
     }
@@ -108,7 +108,7 @@ impl From<&LedgerEntry> for LedgerEntryOut {
 impl From<&PolicyAmount> for PolicyAmountOut {
     fn from(p: &PolicyAmount) -> Self {
         Self {
-            policy_id: p.policy_id.clone(),
+            policy_id: p.policy_id.to_string(),
             amount: p.amount,
         }
     }

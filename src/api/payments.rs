@@ -6,7 +6,7 @@ use super::problem::{ApiError, Problem};
 use super::quota::{idempotency_key, parse, respond, usage_of, ConsumeAnswer, PolicyUsage};
 use super::wire::{optional_whole_number, whole_number, IdempotencyKey, Slug, SubjectText};
 use super::AppState;
-use crate::domain::{FieldErrors, Quantity};
+use crate::domain::{ConsumptionId, FieldErrors, HoldId, Quantity};
 use crate::engine::giveback::Settle;
 use crate::engine::Settled;
 use actix_web::{post, web, HttpRequest, HttpResponse};
@@ -142,10 +142,9 @@ pub async fn refund(
     let Some(key) = key.filter(|_| errors.0.is_empty()) else {
         return Err(errors.into());
     };
-    let settled = state
-        .engine
-        .refund(&input.consumption_id, amount, key)
-        .await?;
+    let consumption_id = ConsumptionId::parse(&input.consumption_id)
+        .map_err(|_| ApiError::NotFound(format!("no consumption '{}'", input.consumption_id)))?;
+    let settled = state.engine.refund(consumption_id, amount, key).await?;
     Ok(answer(settled))
 }
 
@@ -197,7 +196,7 @@ pub async fn create_hold(
     let (mut response, decision) = respond(&request, held.decision, None, held.replayed);
     Ok(response.json(HoldAnswer {
         decision,
-        hold_id: held.hold.as_ref().map(|h| h.hold_id.clone()),
+        hold_id: held.hold.as_ref().map(|h| h.hold_id.to_string()),
         expires_at: held.hold.map(|h| h.expires_at),
     }))
 }
@@ -241,7 +240,10 @@ pub async fn commit_hold(
     if !errors.0.is_empty() {
         return Err(errors.into());
     }
-    let settled = state.engine.settle(&id, Settle::Commit(amount)).await?;
+    let settled = state
+        .engine
+        .settle(hold_id(&id)?, Settle::Commit(amount))
+        .await?;
     Ok(answer(settled))
 }
 
@@ -264,7 +266,7 @@ pub async fn release_hold(
     state: web::Data<AppState>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let settled = state.engine.settle(&id, Settle::Release).await?;
+    let settled = state.engine.settle(hold_id(&id)?, Settle::Release).await?;
     Ok(answer(settled))
 }
 
@@ -276,4 +278,10 @@ impl<T: serde::de::DeserializeOwned> ApiJson<T> {
         }
         parse_json(body).map(ApiJson)
     }
+}
+
+/// The hold a path names; one that cannot be a hold id is unknown (404), like a hold
+/// that never existed.
+fn hold_id(text: &str) -> Result<HoldId, ApiError> {
+    HoldId::parse(text).map_err(|_| ApiError::NotFound(format!("no hold '{text}'")))
 }

@@ -125,18 +125,16 @@ pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
 /// Parses an idempotency key: 1-128 printable characters.
 pub(super) fn idempotency_key(
     value: Option<String>,
-) -> Result<Option<String>, crate::domain::FieldError> {
-    match value {
-        Some(key)
-            if key.is_empty() || key.chars().count() > 128 || key.chars().any(char::is_control) =>
-        {
-            Err(crate::domain::FieldError::new(
+) -> Result<Option<crate::domain::IdempotencyKey>, crate::domain::FieldError> {
+    value
+        .map(|key| crate::domain::IdempotencyKey::parse(&key))
+        .transpose()
+        .map_err(|_| {
+            crate::domain::FieldError::new(
                 "idempotency_key",
                 "must be 1 to 128 printable characters",
-            ))
-        }
-        other => Ok(other),
-    }
+            )
+        })
 }
 
 /// Validates a consume (or hold) body into an engine request, collecting field errors.
@@ -294,7 +292,7 @@ pub async fn consume(
     let (mut response, answer) = respond(
         &request,
         consumed.decision,
-        consumed.consumption_id,
+        consumed.consumption_id.map(|id| id.to_string()),
         consumed.replayed,
     );
     Ok(response.json(answer))

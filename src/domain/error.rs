@@ -27,6 +27,12 @@ impl FieldError {
     }
 }
 
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
 /// Every invalid field of one input, collected so the client sees them all at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldErrors(pub Vec<FieldError>);

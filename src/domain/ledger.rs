@@ -1,14 +1,15 @@
 //! The ledger's record: what one entry says happened to which policies.
 //!
-//! These are domain data, written by the engine and kept by the ledger adapters; the
-//! persisted formats (stream entries, SQL rows) are produced by their codecs from these.
+//! These are domain data, written by the engine and kept by the ledger adapters. They
+//! know no format: stream entries and SQL columns are written and read by
+//! `engine::codec`, the one codec of every persisted record.
 
+use super::{Action, PolicyId, Subject};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use std::fmt;
 
 /// What a ledger entry records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EntryKind {
     /// An allowed consume charged its policies.
     Charge,
@@ -58,40 +59,255 @@ impl EntryKind {
 }
 
 /// One policy's part of an entry: the units it was charged (or given back).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyAmount {
     /// The policy.
-    pub policy_id: String,
+    pub policy_id: PolicyId,
     /// Units charged (charge, hold) or given back (refund, commit, release, expire); for a
     /// deny, the units that were asked for.
     pub amount: u64,
 }
 
+/// How one counter gets units back, as it was when the charge was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restore {
+    /// A calendar counter (its key names the period).
+    Calendar,
+    /// A rolling counter's bucket, if it still counts.
+    Rolling {
+        /// The bucket the units went to.
+        bucket: i64,
+        /// Bucket length, ms.
+        bucket_ms: i64,
+        /// W / B.
+        buckets: i64,
+    },
+    /// A token bucket.
+    TokenBucket {
+        /// Refill period, ms.
+        period_ms: i64,
+        /// The policy's limit when charged (the drain rate).
+        limit: u64,
+    },
+}
+
+/// One counter a charge or hold went to, with what it takes to give the units back later
+/// (refunds, and the settlement, release or expiry of holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterCharge {
+    /// The policy the counter belongs to.
+    pub policy_id: PolicyId,
+    /// The counter's key in the counter store.
+    pub key: String,
+    /// How to give units back to it.
+    pub restore: Restore,
+    /// Amount policies get amounts back; count policies get their 1 back only when the
+    /// whole charge is.
+    pub by_amount: bool,
+    /// What the charge put on the counter.
+    pub charged: u64,
+}
+
 /// One ledger entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerEntry {
-    /// Unique per entry (a UUIDv7 string); the idempotency key of the drain.
-    pub id: String,
+    /// Unique per entry; the key that makes the drain's and the writer's inserts idempotent.
+    pub id: EntryId,
     /// When the decision was made (the service clock).
     pub at: DateTime<Utc>,
     /// What happened.
     pub kind: EntryKind,
     /// The action.
-    pub action: String,
+    pub action: Action,
     /// The subject.
-    pub subject: String,
+    pub subject: Subject,
     /// The request's amount: charged, refunded, held, settled or released.
     pub amount: u64,
     /// The consume this entry belongs to (charges, refunds, denials).
-    pub consumption_id: Option<String>,
+    pub consumption_id: Option<ConsumptionId>,
     /// The hold this entry belongs to (holds and their settlement).
-    pub hold_id: Option<String>,
+    pub hold_id: Option<HoldId>,
     /// The caller's idempotency key, if any.
-    pub idempotency_key: Option<String>,
+    pub idempotency_key: Option<IdempotencyKey>,
     /// Per policy amounts.
     pub policies: Vec<PolicyAmount>,
-    /// Internal: how to give a charge or hold back (its counter keys and buckets), as JSON.
-    /// Not part of the public API.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    /// Charges and holds: the counters charged, so that they can be given back. Empty for
+    /// every other kind. Internal: not part of the public API.
+    pub counters: Vec<CounterCharge>,
+}
+
+/// Why an identifier's text was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{text}' is not a valid {what}")]
+pub struct BadId {
+    what: &'static str,
+    text: String,
+}
+
+impl BadId {
+    fn new(what: &'static str, text: &str) -> Self {
+        let text = text.chars().take(80).collect();
+        Self { what, text }
+    }
+}
+
+macro_rules! uuid_id {
+    ($(#[$meta:meta])* $name:ident, $what:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(uuid::Uuid);
+
+        impl $name {
+            /// A new id: a UUIDv7, so ids sort roughly by creation time.
+            pub fn new() -> Self {
+                Self(uuid::Uuid::now_v7())
+            }
+
+            /// Parses the hyphenated form [`fmt::Display`] writes.
+            pub fn parse(text: &str) -> Result<Self, BadId> {
+                uuid::Uuid::try_parse(text)
+                    .map(Self)
+                    .map_err(|_| BadId::new($what, text))
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.hyphenated().fmt(f)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// A ledger entry's id.
+    EntryId,
+    "ledger entry id"
+);
+uuid_id!(
+    /// A consume's id: what refunds name.
+    ConsumptionId,
+    "consumption id"
+);
+
+/// A hold's id, `<uuid>.<shard>`: it names the hold and the counter-store shard where its
+/// record lives, so settling a hold needs no lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HoldId {
+    uuid: uuid::Uuid,
+    shard: u16,
+}
+
+impl HoldId {
+    /// A new hold id whose record lives in `shard`.
+    pub fn new(shard: u16) -> Self {
+        Self {
+            uuid: uuid::Uuid::now_v7(),
+            shard,
+        }
+    }
+
+    /// The shard the hold's record lives in.
+    pub fn shard(&self) -> u16 {
+        self.shard
+    }
+
+    /// Parses `<uuid>.<shard>` as [`fmt::Display`] writes it.
+    pub fn parse(text: &str) -> Result<Self, BadId> {
+        let bad = || BadId::new("hold id", text);
+        let (uuid, shard) = text.rsplit_once('.').ok_or_else(bad)?;
+        let uuid = uuid::Uuid::try_parse(uuid).map_err(|_| bad())?;
+        let shard = shard
+            .parse()
+            .ok()
+            .filter(|_| shard.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(bad)?;
+        Ok(Self { uuid, shard })
+    }
+}
+
+impl fmt::Display for HoldId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.uuid.hyphenated(), self.shard)
+    }
+}
+
+/// A caller's idempotency key: 1-128 printable characters, scoped to action + subject.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The longest key, in characters.
+    pub const MAX_CHARS: usize = 128;
+
+    /// Parses a key: 1-128 characters, none of them control characters.
+    pub fn parse(text: &str) -> Result<Self, BadId> {
+        let chars = text.chars().count();
+        if chars == 0 || chars > Self::MAX_CHARS || text.chars().any(char::is_control) {
+            return Err(BadId::new("idempotency key", text));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_read_back_what_they_write() {
+        let entry = EntryId::new();
+        assert_eq!(EntryId::parse(&entry.to_string()), Ok(entry));
+        let consumption = ConsumptionId::new();
+        assert_eq!(
+            ConsumptionId::parse(&consumption.to_string()),
+            Ok(consumption)
+        );
+        let hold = HoldId::new(63);
+        assert_eq!(HoldId::parse(&hold.to_string()), Ok(hold));
+        assert_eq!(hold.shard(), 63);
+    }
+
+    #[test]
+    fn malformed_ids_are_refused() {
+        for bad in ["", "x", "0193a3c4-0000-7000-8000-00000000000"] {
+            assert!(ConsumptionId::parse(bad).is_err(), "{bad}");
+        }
+        let uuid = "0193a3c4-0000-7000-8000-000000000000";
+        assert!(HoldId::parse(uuid).is_err(), "no shard");
+        for bad in ["", ".1", "x.1", "+1", "-1", "70000"] {
+            let text = if bad.starts_with('.') || bad.starts_with('x') {
+                bad.to_owned()
+            } else {
+                format!("{uuid}.{bad}")
+            };
+            assert!(HoldId::parse(&text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn idempotency_keys_are_1_to_128_printable_characters() {
+        assert!(IdempotencyKey::parse("order-1").is_ok());
+        assert!(IdempotencyKey::parse(&"é".repeat(128)).is_ok());
+        for bad in [String::new(), "é".repeat(129), "a\nb".to_owned()] {
+            assert!(IdempotencyKey::parse(&bad).is_err(), "{bad:?}");
+        }
+    }
 }

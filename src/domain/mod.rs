@@ -1,4 +1,5 @@
-//! Pure domain types with their invariants: identifiers, quantities, windows, policies.
+//! Pure domain types with their invariants: identifiers, quantities, windows, policies,
+//! and the ledger's entries.
 //!
 //! Everything here is parsed once at the edge (the API or a store row) and is valid by
 //! construction afterwards. Nothing in this module knows HTTP, SQL or Redis.
@@ -12,7 +13,10 @@ mod window;
 
 pub use error::{FieldError, FieldErrors};
 pub use ids::{Action, PolicyId, Subject};
-pub use ledger::{EntryKind, LedgerEntry, PolicyAmount};
+pub use ledger::{
+    BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
+    PolicyAmount, Restore,
+};
 pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
 pub use quantity::{Quantity, MAX_SAFE};
 pub use window::{CalendarPeriod, Window, MAX_BUCKETS, MAX_WINDOW_SECONDS};

@@ -1,13 +1,64 @@
-//! The one codec of every record the engine persists outside SQL.
+//! The one codec of every record the engine persists, besides the counters themselves.
 //!
-//! | record | where | format |
+//! | record | kept in | format |
 //! |---|---|---|
-//! | an idempotency record | the counter store, under `keys::SubjectKeys::idempotency` | the engine's record, `\n`, then the evaluation's numbers (written by `consume.lua` or the memory store through [`encode_replay`]) |
+//! | a consume's idempotency record | the counter store (`keys::SubjectKeys::idempotency`) | [`ConsumeRecord`] as JSON, then `\n` and the evaluation's numbers ([`encode_replay`]) |
+//! | a hold's record | the counter store (`keys::hold_record`) | its state (`open`, `committed`, …), `\n`, then [`HoldRecord`] as JSON |
+//! | a refund's idempotency record | the counter store | the refund's [`LedgerEntry`] as JSON |
+//! | a ledger entry | the shard's Redis stream (field `e`) | [`LedgerEntry`] as JSON ([`encode_entry`]) |
+//! | an entry's policies and counters | the SQL ledger's `policies` and `detail` columns | JSON arrays ([`encode_policies`], [`encode_counters`]) |
 //!
-//! The Lua scripts write the same formats; a change here is a change there.
+//! The Lua scripts (`crate::counters`) and the memory store write the envelopes (the state
+//! line, the evaluation's numbers) the same way; a change here is a change there. Readers
+//! accept what earlier versions wrote: an entry's counters used to be a JSON string inside
+//! the entry (`"detail": "[…]"`); they are now an array.
 
 use super::store::{Decided, Evaluation, Outcome, StoreError};
-use crate::domain::LedgerEntry;
+use crate::domain::{
+    Action, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
+    Measure, Mode, PolicyAmount, PolicyId, Restore, Subject,
+};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// A persisted record that does not read as the format it should have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed {what}: {why}")]
+pub struct CodecError {
+    what: &'static str,
+    why: String,
+}
+
+impl CodecError {
+    fn new(what: &'static str, why: impl std::fmt::Display) -> Self {
+        Self {
+            what,
+            why: why.to_string(),
+        }
+    }
+}
+
+impl From<CodecError> for StoreError {
+    fn from(error: CodecError) -> Self {
+        StoreError::Protocol(error.to_string())
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    // Plain structs of strings and numbers always serialize.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn from_json<'a, T: Deserialize<'a>>(what: &'static str, text: &'a str) -> Result<T, CodecError> {
+    serde_json::from_str(text).map_err(|e| CodecError::new(what, e))
+}
+
+fn field<T, E: std::fmt::Display>(
+    what: &'static str,
+    parsed: Result<T, E>,
+) -> Result<T, CodecError> {
+    parsed.map_err(|e| CodecError::new(what, e))
+}
 
 /// A kept idempotency record: the engine's record and the evaluation it was answered with,
 /// as `consume.lua` keeps them (`record\nallowed,used,allowed,resets_at,retry_at,…`).
@@ -57,13 +108,563 @@ pub fn decode_replay(text: &str) -> Result<Decided, StoreError> {
     })
 }
 
-/// A ledger entry as the consume and give-back scripts append it to a stream.
-pub fn encode_entry(entry: &LedgerEntry) -> String {
-    // Serializing plain structs of strings and numbers cannot fail.
-    serde_json::to_string(entry).unwrap_or_default()
+/// What a consume's idempotency record keeps to rebuild the original answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeRecord {
+    /// The consume's id (consumes).
+    pub consumption_id: Option<ConsumptionId>,
+    /// The hold and its expiry, Unix ms (holds).
+    pub hold: Option<(HoldId, i64)>,
+    /// The amount asked for: a retry with another amount is a conflict.
+    pub amount: u64,
+    /// When the original decision was made, Unix ms.
+    pub at_ms: i64,
+    /// The static part of each policy's answer.
+    pub policies: Vec<KeptPolicy>,
 }
 
-/// Reads a stream entry written by [`encode_entry`].
-pub fn decode_entry(text: &str) -> Result<LedgerEntry, serde_json::Error> {
-    serde_json::from_str(text)
+/// The static part of one policy's answer, kept with an idempotency record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptPolicy {
+    /// The policy.
+    pub policy_id: PolicyId,
+    /// Count or amount.
+    pub measure: Measure,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// The limit that applied.
+    pub limit: u64,
+    /// The window's length, seconds.
+    pub window_seconds: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ConsumeWire {
+    consumption_id: Option<String>,
+    hold_id: Option<String>,
+    hold_expires_at_ms: Option<i64>,
+    amount: u64,
+    at_ms: i64,
+    policies: Vec<KeptPolicyWire>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeptPolicyWire {
+    policy_id: String,
+    amount_measure: bool,
+    shadow: bool,
+    limit: u64,
+    window_seconds: u64,
+}
+
+/// A consume's idempotency record, before the store appends the evaluation's numbers.
+pub fn encode_consume_record(record: &ConsumeRecord) -> String {
+    to_json(&ConsumeWire {
+        consumption_id: record.consumption_id.map(|id| id.to_string()),
+        hold_id: record.hold.map(|(id, _)| id.to_string()),
+        hold_expires_at_ms: record.hold.map(|(_, at)| at),
+        amount: record.amount,
+        at_ms: record.at_ms,
+        policies: record
+            .policies
+            .iter()
+            .map(|p| KeptPolicyWire {
+                policy_id: p.policy_id.to_string(),
+                amount_measure: p.measure == Measure::Amount,
+                shadow: p.mode == Mode::Shadow,
+                limit: p.limit,
+                window_seconds: p.window_seconds,
+            })
+            .collect(),
+    })
+}
+
+/// Reads what [`encode_consume_record`] wrote.
+pub fn decode_consume_record(text: &str) -> Result<ConsumeRecord, CodecError> {
+    const WHAT: &str = "idempotency record";
+    let wire: ConsumeWire = from_json(WHAT, text)?;
+    let hold = match (wire.hold_id, wire.hold_expires_at_ms) {
+        (Some(id), Some(at)) => Some((field(WHAT, HoldId::parse(&id))?, at)),
+        _ => None,
+    };
+    Ok(ConsumeRecord {
+        consumption_id: wire
+            .consumption_id
+            .map(|id| field(WHAT, ConsumptionId::parse(&id)))
+            .transpose()?,
+        hold,
+        amount: wire.amount,
+        at_ms: wire.at_ms,
+        policies: wire
+            .policies
+            .into_iter()
+            .map(|p| {
+                Ok(KeptPolicy {
+                    policy_id: field(WHAT, PolicyId::parse("policy_id", &p.policy_id))?,
+                    measure: if p.amount_measure {
+                        Measure::Amount
+                    } else {
+                        Measure::Count
+                    },
+                    mode: if p.shadow {
+                        Mode::Shadow
+                    } else {
+                        Mode::Enforce
+                    },
+                    limit: p.limit,
+                    window_seconds: p.window_seconds,
+                })
+            })
+            .collect::<Result<_, CodecError>>()?,
+    })
+}
+
+/// A hold's record in the counter store: everything needed to settle or expire it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldRecord {
+    /// The held action.
+    pub action: Action,
+    /// The subject that holds.
+    pub subject: Subject,
+    /// The held amount.
+    pub amount: u64,
+    /// When it is released unless settled, Unix ms.
+    pub expires_at_ms: i64,
+    /// The counters it was charged to.
+    pub counters: Vec<CounterCharge>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct HoldWire {
+    action: String,
+    subject: String,
+    amount: u64,
+    expires_at_ms: i64,
+    counters: Vec<CounterWire>,
+}
+
+/// A hold's record, without the state line the store keeps before it.
+pub fn encode_hold_record(record: &HoldRecord) -> String {
+    to_json(&HoldWire {
+        action: record.action.to_string(),
+        subject: record.subject.to_string(),
+        amount: record.amount,
+        expires_at_ms: record.expires_at_ms,
+        counters: record.counters.iter().map(CounterWire::from).collect(),
+    })
+}
+
+/// Reads a hold's record as the store keeps it: `<state>\n<record>`.
+pub fn decode_hold_record(text: &str) -> Result<HoldRecord, CodecError> {
+    const WHAT: &str = "hold record";
+    let (_state, json) = text
+        .split_once('\n')
+        .ok_or_else(|| CodecError::new(WHAT, "no state line"))?;
+    let wire: HoldWire = from_json(WHAT, json)?;
+    Ok(HoldRecord {
+        action: field(WHAT, Action::parse("action", &wire.action))?,
+        subject: field(WHAT, Subject::parse("subject", &wire.subject))?,
+        amount: wire.amount,
+        expires_at_ms: wire.expires_at_ms,
+        counters: decode_counter_wires(wire.counters)?,
+    })
+}
+
+/// One counter of a charge, flat, as every version has written it (`kind` 1 calendar,
+/// 2 rolling, 3 token bucket; `span_ms` the bucket length or the refill period).
+#[derive(Serialize, Deserialize)]
+struct CounterWire {
+    policy_id: String,
+    key: String,
+    kind: u8,
+    #[serde(default)]
+    bucket: i64,
+    #[serde(default)]
+    span_ms: i64,
+    #[serde(default)]
+    buckets: i64,
+    #[serde(default)]
+    limit: u64,
+    by_amount: bool,
+    charged: u64,
+}
+
+impl From<&CounterCharge> for CounterWire {
+    fn from(c: &CounterCharge) -> Self {
+        let (kind, bucket, span_ms, buckets, limit) = match c.restore {
+            Restore::Calendar => (1, 0, 0, 0, 0),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            } => (2, bucket, bucket_ms, buckets, 0),
+            Restore::TokenBucket { period_ms, limit } => (3, 0, period_ms, 0, limit),
+        };
+        Self {
+            policy_id: c.policy_id.to_string(),
+            key: c.key.clone(),
+            kind,
+            bucket,
+            span_ms,
+            buckets,
+            limit,
+            by_amount: c.by_amount,
+            charged: c.charged,
+        }
+    }
+}
+
+fn decode_counter_wires(wires: Vec<CounterWire>) -> Result<Vec<CounterCharge>, CodecError> {
+    const WHAT: &str = "counter of a charge";
+    wires
+        .into_iter()
+        .map(|w| {
+            let restore = match w.kind {
+                1 => Restore::Calendar,
+                2 if w.span_ms > 0 && w.buckets > 0 => Restore::Rolling {
+                    bucket: w.bucket,
+                    bucket_ms: w.span_ms,
+                    buckets: w.buckets,
+                },
+                3 if w.span_ms > 0 => Restore::TokenBucket {
+                    period_ms: w.span_ms,
+                    limit: w.limit,
+                },
+                kind => {
+                    return Err(CodecError::new(
+                        WHAT,
+                        format!(
+                            "kind {kind} with span {} ms and {} buckets",
+                            w.span_ms, w.buckets
+                        ),
+                    ))
+                }
+            };
+            Ok(CounterCharge {
+                policy_id: field(WHAT, PolicyId::parse("policy_id", &w.policy_id))?,
+                key: w.key,
+                restore,
+                by_amount: w.by_amount,
+                charged: w.charged,
+            })
+        })
+        .collect()
+}
+
+/// The counters of a charge, for the SQL ledger's `detail` column (`None` when empty).
+pub fn encode_counters(counters: &[CounterCharge]) -> Option<String> {
+    (!counters.is_empty())
+        .then(|| to_json(&counters.iter().map(CounterWire::from).collect::<Vec<_>>()))
+}
+
+/// Reads the `detail` column [`encode_counters`] wrote.
+pub fn decode_counters(text: Option<&str>) -> Result<Vec<CounterCharge>, CodecError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => decode_counter_wires(from_json("counters of a charge", text)?),
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct PolicyAmountWire {
+    policy_id: String,
+    amount: u64,
+}
+
+/// An entry's per-policy amounts, for the SQL ledger's `policies` column.
+pub fn encode_policies(policies: &[PolicyAmount]) -> String {
+    to_json(&policies_wire(policies))
+}
+
+fn policies_wire(policies: &[PolicyAmount]) -> Vec<PolicyAmountWire> {
+    policies
+        .iter()
+        .map(|p| PolicyAmountWire {
+            policy_id: p.policy_id.to_string(),
+            amount: p.amount,
+        })
+        .collect()
+}
+
+/// Reads the `policies` column [`encode_policies`] wrote.
+pub fn decode_policies(text: &str) -> Result<Vec<PolicyAmount>, CodecError> {
+    policies_from_wire(from_json("policies of an entry", text)?)
+}
+
+fn policies_from_wire(wires: Vec<PolicyAmountWire>) -> Result<Vec<PolicyAmount>, CodecError> {
+    wires
+        .into_iter()
+        .map(|p| {
+            Ok(PolicyAmount {
+                policy_id: field(
+                    "policies of an entry",
+                    PolicyId::parse("policy_id", &p.policy_id),
+                )?,
+                amount: p.amount,
+            })
+        })
+        .collect()
+}
+
+#[derive(Serialize, Deserialize)]
+struct EntryWire {
+    id: String,
+    at: DateTime<Utc>,
+    kind: String,
+    action: String,
+    subject: String,
+    amount: u64,
+    consumption_id: Option<String>,
+    hold_id: Option<String>,
+    idempotency_key: Option<String>,
+    policies: Vec<PolicyAmountWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    detail: Option<DetailWire>,
+}
+
+/// An entry's counters: an array; earlier versions wrote the array as a JSON string.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum DetailWire {
+    Counters(Vec<CounterWire>),
+    Text(String),
+}
+
+/// A ledger entry as a stream entry or a refund's idempotency record.
+pub fn encode_entry(entry: &LedgerEntry) -> String {
+    to_json(&EntryWire {
+        id: entry.id.to_string(),
+        at: entry.at,
+        kind: entry.kind.as_str().to_owned(),
+        action: entry.action.to_string(),
+        subject: entry.subject.to_string(),
+        amount: entry.amount,
+        consumption_id: entry.consumption_id.map(|id| id.to_string()),
+        hold_id: entry.hold_id.map(|id| id.to_string()),
+        idempotency_key: entry.idempotency_key.as_ref().map(ToString::to_string),
+        policies: policies_wire(&entry.policies),
+        detail: (!entry.counters.is_empty())
+            .then(|| DetailWire::Counters(entry.counters.iter().map(CounterWire::from).collect())),
+    })
+}
+
+/// Reads what [`encode_entry`] (or an earlier version) wrote.
+pub fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
+    const WHAT: &str = "ledger entry";
+    let wire: EntryWire = from_json(WHAT, text)?;
+    let counters = match wire.detail {
+        None => Vec::new(),
+        Some(DetailWire::Counters(wires)) => decode_counter_wires(wires)?,
+        Some(DetailWire::Text(text)) => decode_counters(Some(&text))?,
+    };
+    entry_from_parts(
+        EntryParts {
+            id: &wire.id,
+            at: wire.at,
+            kind: &wire.kind,
+            action: &wire.action,
+            subject: &wire.subject,
+            amount: wire.amount,
+            consumption_id: wire.consumption_id.as_deref(),
+            hold_id: wire.hold_id.as_deref(),
+            idempotency_key: wire.idempotency_key.as_deref(),
+        },
+        policies_from_wire(wire.policies)?,
+        counters,
+    )
+}
+
+/// The scalar fields of an entry as text, as a stream entry or an SQL row holds them.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryParts<'a> {
+    /// The entry id.
+    pub id: &'a str,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// The kind's spelling ([`EntryKind::as_str`]).
+    pub kind: &'a str,
+    /// The action.
+    pub action: &'a str,
+    /// The subject.
+    pub subject: &'a str,
+    /// The amount.
+    pub amount: u64,
+    /// The consumption id, if any.
+    pub consumption_id: Option<&'a str>,
+    /// The hold id, if any.
+    pub hold_id: Option<&'a str>,
+    /// The idempotency key, if any.
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// Builds an entry from its fields as text, checking each.
+pub fn entry_from_parts(
+    parts: EntryParts<'_>,
+    policies: Vec<PolicyAmount>,
+    counters: Vec<CounterCharge>,
+) -> Result<LedgerEntry, CodecError> {
+    const WHAT: &str = "ledger entry";
+    Ok(LedgerEntry {
+        id: field(WHAT, EntryId::parse(parts.id))?,
+        at: parts.at,
+        kind: EntryKind::parse(parts.kind)
+            .ok_or_else(|| CodecError::new(WHAT, format!("unknown kind '{}'", parts.kind)))?,
+        action: field(WHAT, Action::parse("action", parts.action))?,
+        subject: field(WHAT, Subject::parse("subject", parts.subject))?,
+        amount: parts.amount,
+        consumption_id: parts
+            .consumption_id
+            .map(|id| field(WHAT, ConsumptionId::parse(id)))
+            .transpose()?,
+        hold_id: parts
+            .hold_id
+            .map(|id| field(WHAT, HoldId::parse(id)))
+            .transpose()?,
+        idempotency_key: parts
+            .idempotency_key
+            .map(|key| field(WHAT, IdempotencyKey::parse(key)))
+            .transpose()?,
+        policies,
+        counters,
+    })
+}
+
+/// Reads a refund's idempotency record: its entry (anything after a last `\n` is the
+/// store's).
+pub fn decode_refund_record(text: &str) -> Result<LedgerEntry, CodecError> {
+    let record = text.rsplit_once('\n').map_or(text, |(record, _)| record);
+    decode_entry(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn counter(restore: Restore) -> CounterCharge {
+        CounterCharge {
+            policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
+            key: "t{5}k".to_owned(),
+            restore,
+            by_amount: true,
+            charged: 40,
+        }
+    }
+
+    fn hold_entry() -> LedgerEntry {
+        LedgerEntry {
+            id: EntryId::new(),
+            at: Utc
+                .with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
+                .single()
+                .expect("a valid instant"),
+            kind: EntryKind::Hold,
+            action: Action::parse("action", "transfer").expect("a valid action"),
+            subject: Subject::parse("subject", "user \"42\" {x}|y").expect("a valid subject"),
+            amount: 40,
+            consumption_id: None,
+            hold_id: Some(HoldId::new(9)),
+            idempotency_key: Some(IdempotencyKey::parse("k-1").expect("a valid key")),
+            policies: vec![PolicyAmount {
+                policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
+                amount: 40,
+            }],
+            counters: vec![
+                counter(Restore::Calendar),
+                counter(Restore::Rolling {
+                    bucket: 12,
+                    bucket_ms: 60_000,
+                    buckets: 60,
+                }),
+                counter(Restore::TokenBucket {
+                    period_ms: 1_000,
+                    limit: 5,
+                }),
+            ],
+        }
+    }
+
+    #[test]
+    fn every_record_reads_back_what_was_written() {
+        let entry = hold_entry();
+        assert_eq!(decode_entry(&encode_entry(&entry)), Ok(entry.clone()));
+        assert_eq!(
+            decode_refund_record(&encode_entry(&entry)),
+            Ok(entry.clone())
+        );
+        assert_eq!(
+            decode_counters(encode_counters(&entry.counters).as_deref()),
+            Ok(entry.counters.clone())
+        );
+        assert_eq!(
+            decode_counters(encode_counters(&[]).as_deref()),
+            Ok(Vec::new())
+        );
+        assert_eq!(
+            decode_policies(&encode_policies(&entry.policies)),
+            Ok(entry.policies.clone())
+        );
+        let hold = HoldRecord {
+            action: entry.action.clone(),
+            subject: entry.subject.clone(),
+            amount: 40,
+            expires_at_ms: 1_234,
+            counters: entry.counters.clone(),
+        };
+        let kept = format!("open\n{}", encode_hold_record(&hold));
+        assert_eq!(decode_hold_record(&kept), Ok(hold));
+        let consume = ConsumeRecord {
+            consumption_id: None,
+            hold: entry.hold_id.map(|id| (id, 99)),
+            amount: 40,
+            at_ms: 7,
+            policies: vec![KeptPolicy {
+                policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
+                measure: Measure::Amount,
+                mode: Mode::Shadow,
+                limit: 100,
+                window_seconds: 86_400,
+            }],
+        };
+        assert_eq!(
+            decode_consume_record(&encode_consume_record(&consume)),
+            Ok(consume)
+        );
+    }
+
+    #[test]
+    fn an_entry_keeps_its_counters_as_an_array_and_reads_the_earlier_string_form() {
+        let entry = hold_entry();
+        let written: serde_json::Value = serde_json::from_str(&encode_entry(&entry)).expect("JSON");
+        assert!(written["detail"].is_array(), "{written}");
+        // What earlier versions appended: the counters as a JSON string inside the entry.
+        let mut earlier = written.clone();
+        earlier["detail"] = serde_json::Value::String(written["detail"].to_string());
+        assert_eq!(decode_entry(&earlier.to_string()), Ok(entry));
+    }
+
+    #[test]
+    fn a_counter_of_an_unknown_kind_is_an_error_not_a_calendar_counter() {
+        let text = r#"[{"policy_id":"p","key":"k","kind":4,"by_amount":true,"charged":1}]"#;
+        assert!(decode_counters(Some(text)).is_err());
+        let rolling_without_buckets =
+            r#"[{"policy_id":"p","key":"k","kind":2,"span_ms":1000,"by_amount":true,"charged":1}]"#;
+        assert!(decode_counters(Some(rolling_without_buckets)).is_err());
+    }
+
+    #[test]
+    fn malformed_records_are_errors() {
+        for text in ["", "open", "open\n{", "open\n{}"] {
+            assert!(decode_hold_record(text).is_err(), "{text:?}");
+        }
+        let mut wire: serde_json::Value =
+            serde_json::from_str(&encode_entry(&hold_entry())).expect("JSON");
+        wire["hold_id"] = "h-1".into();
+        assert!(
+            decode_entry(&wire.to_string()).is_err(),
+            "a hold id must be <uuid>.<shard>"
+        );
+        assert!(decode_replay("{}").is_err(), "no numbers");
+        assert!(decode_replay("{}\n1,x").is_err(), "numbers that are not");
+    }
 }

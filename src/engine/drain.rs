@@ -188,7 +188,7 @@ impl Drainer {
             match self.ledger.append(&entries[start..end]).await {
                 Ok(_) => {}
                 Err(LedgerError::Corrupt(why)) if end - start == 1 => {
-                    tracing::error!(error = %why, id = entries[start].id, "the SQL ledger refused an entry; it is left pending in Redis");
+                    tracing::error!(error = %why, id = %entries[start].id, "the SQL ledger refused an entry; it is left pending in Redis");
                     refused.push(start);
                 }
                 Err(LedgerError::Corrupt(_)) => {

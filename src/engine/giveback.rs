@@ -2,13 +2,15 @@
 //! Each is one atomic counter-store call that restores the counters the charge went to
 //! (where they still count), checks and updates the bookkeeping, and appends the ledger entry.
 
-use super::consume::HoldKept;
-use super::plan::CounterDetail;
-use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord};
+use super::codec::{self, HoldRecord};
+use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
 use super::{Decision, Engine, EngineError};
-use crate::domain::{Action, Quantity, Subject};
-use crate::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use crate::domain::{
+    ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
+    PolicyAmount, Quantity,
+};
 use crate::keys::{self, SubjectKeys};
+use chrono::{DateTime, Utc};
 
 /// Refund idempotency records are kept a day.
 const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
@@ -33,19 +35,9 @@ pub enum Settle {
     Release,
 }
 
-fn corrupt(what: &str) -> EngineError {
-    EngineError::Store(super::store::StoreError::Protocol(format!(
-        "{what} is malformed"
-    )))
-}
-
-fn to_json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_default()
-}
-
 /// Per-policy amounts given back: amount policies get `by_amount` (at most what they were
 /// charged), count policies their charge when `full`.
-fn given(counters: &[CounterDetail], by_amount: u64, full: bool) -> Vec<PolicyAmount> {
+fn given(counters: &[CounterCharge], by_amount: u64, full: bool) -> Vec<PolicyAmount> {
     counters
         .iter()
         .map(|c| PolicyAmount {
@@ -60,42 +52,22 @@ fn given(counters: &[CounterDetail], by_amount: u64, full: bool) -> Vec<PolicyAm
         .collect()
 }
 
-/// The shard a hold id names (`<uuid>.<shard>`).
-fn hold_shard(hold_id: &str) -> Option<u16> {
-    let (uuid, shard) = hold_id.rsplit_once('.')?;
-    uuid::Uuid::parse_str(uuid).ok()?;
-    shard.parse().ok().filter(|s| *s < keys::SHARDS)
-}
-
 impl Engine {
     /// Gives back `amount` (default: all not yet refunded) of the consume `consumption_id`.
     pub async fn refund(
         &self,
-        consumption_id: &str,
+        consumption_id: ConsumptionId,
         amount: Option<Quantity>,
-        idempotency_key: Option<String>,
+        idempotency_key: Option<IdempotencyKey>,
     ) -> Result<Settled, EngineError> {
         let charge = self.find_charge(consumption_id).await?;
-        let counters: Vec<CounterDetail> =
-            serde_json::from_str(charge.detail.as_deref().unwrap_or("[]"))
-                .map_err(|_| corrupt("a charge's detail"))?;
-        let action =
-            Action::parse("action", &charge.action).map_err(|_| corrupt("a charge's action"))?;
-        let subject = Subject::parse("subject", &charge.subject)
-            .map_err(|_| corrupt("a charge's subject"))?;
-        let keys = SubjectKeys::new(&self.prefix, &action, &subject);
+        let keys = SubjectKeys::new(&self.prefix, &charge.action, &charge.subject);
         let now = self.now();
-        let control_key = keys::refunded_total(&self.prefix, keys.shard, consumption_id);
-        // The store's running total is current; the ledger may lag it (Redis drains later)
-        // but outlives it. The script checks again, atomically, so this only sets defaults.
-        let kept = self
-            .counters
-            .record(&control_key, now.timestamp_millis())
+        let control_key =
+            keys::refunded_total(&self.prefix, keys.shard, &consumption_id.to_string());
+        let refunded = self
+            .refunded_so_far(&control_key, consumption_id, now)
             .await?;
-        let refunded = match kept.and_then(|t| t.parse::<u64>().ok()) {
-            Some(total) => total,
-            None => self.ledger.refunded(consumption_id).await?,
-        };
         let total = charge.amount;
         let amount = amount.map_or(total.saturating_sub(refunded), Quantity::get);
         if amount == 0 {
@@ -104,17 +76,17 @@ impl Engine {
             )));
         }
         let entry = LedgerEntry {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: EntryId::new(),
             at: now,
             kind: EntryKind::Refund,
             action: charge.action.clone(),
             subject: charge.subject.clone(),
             amount,
-            consumption_id: Some(consumption_id.to_owned()),
+            consumption_id: Some(consumption_id),
             hold_id: None,
             idempotency_key: idempotency_key.clone(),
-            policies: given(&counters, amount, refunded + amount == total),
-            detail: None,
+            policies: given(&charge.counters, amount, refunded + amount == total),
+            counters: Vec::new(),
         };
         let request = GiveBack {
             kind: GiveBackKind::Refund {
@@ -124,17 +96,12 @@ impl Engine {
             },
             control_key,
             hold_index: None,
-            counters: counters.iter().map(CounterDetail::counter_back).collect(),
-            ledger: self.counters.streams_ledger().then(|| {
-                (
-                    keys::ledger_stream(&self.prefix, keys.shard),
-                    to_json(&entry),
-                )
-            }),
-            idempotency: idempotency_key.as_ref().map(|key| IdempotencyRecord {
+            counters: charge.counters,
+            ledger: self.stream_entry(keys.shard, &entry),
+            idempotency: idempotency_key.map(|key| IdempotencyRecord {
                 key: keys.idempotency('r', &format!("{consumption_id}:{key}")),
                 ttl_ms: REFUND_IDEMPOTENCY_MS,
-                record: to_json(&entry),
+                record: codec::encode_entry(&entry),
             }),
         };
         match self
@@ -143,35 +110,21 @@ impl Engine {
             .await?
         {
             GivenBack::Done { .. } => {
-                if !self.counters.streams_ledger() {
-                    self.record(vec![entry.clone()]).await?;
-                }
-                let usage = self.usage(&action, &subject).await.ok();
-                Ok(Settled {
-                    entry,
-                    usage,
-                    replayed: false,
-                })
+                self.record_unless_streamed(&entry).await?;
+                Ok(self.settled(entry, false).await)
             }
             GivenBack::Conflict(before) => Err(EngineError::Conflict(format!(
                 "refunding {amount} would exceed the charge of {total}: {before} refunded already"
             ))),
             GivenBack::Replayed(kept) => {
-                let record = kept.rsplit_once('\n').map_or(kept.as_str(), |(r, _)| r);
-                let earlier: LedgerEntry =
-                    serde_json::from_str(record).map_err(|_| corrupt("a refund record"))?;
+                let earlier = codec::decode_refund_record(&kept).map_err(StoreError::from)?;
                 if earlier.amount != amount {
                     return Err(EngineError::Conflict(format!(
                         "idempotency key was used for a refund of {}, not {amount}",
                         earlier.amount
                     )));
                 }
-                let usage = self.usage(&action, &subject).await.ok();
-                Ok(Settled {
-                    entry: earlier,
-                    usage,
-                    replayed: true,
-                })
+                Ok(self.settled(earlier, true).await)
             }
             GivenBack::Unknown => Err(EngineError::NotFound(format!(
                 "no consumption '{consumption_id}'"
@@ -179,8 +132,27 @@ impl Engine {
         }
     }
 
+    /// What was refunded of a consumption before now. The store's running total is
+    /// current; the ledger may lag it (Redis drains later) but outlives it. The script
+    /// checks again, atomically, so this only sets defaults.
+    async fn refunded_so_far(
+        &self,
+        control_key: &str,
+        consumption_id: ConsumptionId,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EngineError> {
+        let kept = self
+            .counters
+            .record(control_key, now.timestamp_millis())
+            .await?;
+        match kept.and_then(|t| t.parse::<u64>().ok()) {
+            Some(total) => Ok(total),
+            None => Ok(self.ledger.refunded(consumption_id).await?),
+        }
+    }
+
     /// The charge entry of a consumption; drains the Redis streams first if it is not in SQL.
-    async fn find_charge(&self, consumption_id: &str) -> Result<LedgerEntry, EngineError> {
+    async fn find_charge(&self, consumption_id: ConsumptionId) -> Result<LedgerEntry, EngineError> {
         if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
             return Ok(entry);
         }
@@ -196,29 +168,19 @@ impl Engine {
     }
 
     /// Commits or releases the hold `hold_id`.
-    pub async fn settle(&self, hold_id: &str, how: Settle) -> Result<Settled, EngineError> {
+    pub async fn settle(&self, hold_id: HoldId, how: Settle) -> Result<Settled, EngineError> {
         let not_found = || EngineError::NotFound(format!("no hold '{hold_id}'"));
-        let shard = hold_shard(hold_id).ok_or_else(not_found)?;
-        let (kept, done) = self.give_hold_back(shard, hold_id, Some(how)).await?;
-        match done {
-            GivenBack::Done { .. } => {}
-            GivenBack::Conflict(state) => {
-                return Err(EngineError::Conflict(format!(
-                    "hold '{hold_id}' is {state}"
-                )))
-            }
-            _ => return Err(not_found()),
+        if hold_id.shard() >= keys::SHARDS {
+            return Err(not_found());
         }
-        let (action, subject) = (
-            Action::parse("action", &kept.0.action).map_err(|_| corrupt("a hold record"))?,
-            Subject::parse("subject", &kept.0.subject).map_err(|_| corrupt("a hold record"))?,
-        );
-        let usage = self.usage(&action, &subject).await.ok();
-        Ok(Settled {
-            entry: kept.1,
-            usage,
-            replayed: false,
-        })
+        let record = self.hold_record(hold_id).await?.ok_or_else(not_found)?;
+        match self.give_hold_back(hold_id, &record, Some(how)).await? {
+            (entry, GivenBack::Done { .. }) => Ok(self.settled(entry, false).await),
+            (_, GivenBack::Conflict(state)) => Err(EngineError::Conflict(format!(
+                "hold '{hold_id}' is {state}"
+            ))),
+            _ => Err(not_found()),
+        }
     }
 
     /// Releases every expired hold of every shard; returns how many.
@@ -234,71 +196,76 @@ impl Engine {
                     return expired;
                 }
             };
-            for hold_id in due {
-                match self.give_hold_back(shard, &hold_id, None).await {
-                    Ok((_, GivenBack::Done { .. })) => expired += 1,
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!(error = %error, hold_id, "expiring a hold failed"),
+            for member in due {
+                match self.expire_hold(shard, &member).await {
+                    Ok(true) => expired += 1,
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(error = %error, hold_id = member, "expiring a hold failed");
+                    }
                 }
             }
         }
         expired
     }
 
-    /// Settles (`how`) or expires (`None`) a hold; returns its record, the entry and the result.
+    /// Gives back the hold `member` of `shard`'s index; false if it was settled already,
+    /// or is unknown (then its index entry is dropped).
+    async fn expire_hold(&self, shard: u16, member: &str) -> Result<bool, EngineError> {
+        let record = match HoldId::parse(member) {
+            Ok(hold_id) => self
+                .hold_record(hold_id)
+                .await?
+                .map(|record| (hold_id, record)),
+            Err(_) => None,
+        };
+        let Some((hold_id, record)) = record else {
+            self.forget_hold(shard, member).await?;
+            return Ok(false);
+        };
+        let (_, done) = self.give_hold_back(hold_id, &record, None).await?;
+        Ok(matches!(done, GivenBack::Done { .. }))
+    }
+
+    /// The hold's record, if the store has it. One that does not parse is an error (500),
+    /// never taken for a missing hold: that would keep its quota charged for good.
+    async fn hold_record(&self, hold_id: HoldId) -> Result<Option<HoldRecord>, EngineError> {
+        let key = keys::hold_record(&self.prefix, hold_id.shard(), &hold_id.to_string());
+        let now_ms = self.now().timestamp_millis();
+        match self.counters.record(&key, now_ms).await? {
+            None => Ok(None),
+            Some(text) => Ok(Some(
+                codec::decode_hold_record(&text).map_err(StoreError::from)?,
+            )),
+        }
+    }
+
+    /// Drops `member` from `shard`'s index of open holds: it has no record (long gone).
+    async fn forget_hold(&self, shard: u16, member: &str) -> Result<(), EngineError> {
+        let request = GiveBack {
+            kind: GiveBackKind::Expire {
+                total: 0,
+                expires_at_ms: 0,
+            },
+            control_key: keys::hold_record(&self.prefix, shard, member),
+            hold_index: Some((keys::holds_index(&self.prefix, shard), member.to_owned())),
+            counters: Vec::new(),
+            ledger: None,
+            idempotency: None,
+        };
+        let now_ms = self.now().timestamp_millis();
+        self.counters.give_back(now_ms, &request).await?;
+        Ok(())
+    }
+
+    /// Settles (`how`) or expires (`None`) a hold; returns the entry and the result.
     async fn give_hold_back(
         &self,
-        shard: u16,
-        hold_id: &str,
+        hold_id: HoldId,
+        record: &HoldRecord,
         how: Option<Settle>,
-    ) -> Result<((HoldKept, LedgerEntry), GivenBack), EngineError> {
-        let now = self.now();
-        let record_key = keys::hold_record(&self.prefix, shard, hold_id);
-        let index = keys::holds_index(&self.prefix, shard);
-        let text = self
-            .counters
-            .record(&record_key, now.timestamp_millis())
-            .await?;
-        let kept: Option<HoldKept> = text
-            .as_deref()
-            .and_then(|t| t.split_once('\n'))
-            .and_then(|(_, json)| serde_json::from_str(json).ok());
-        let Some(kept) = kept else {
-            // No record: drop the index entry (if any) and report an unknown hold.
-            let request = GiveBack {
-                kind: GiveBackKind::Expire {
-                    total: 0,
-                    expires_at_ms: 0,
-                },
-                control_key: record_key,
-                hold_index: Some((index, hold_id.to_owned())),
-                counters: Vec::new(),
-                ledger: None,
-                idempotency: None,
-            };
-            let done = self
-                .counters
-                .give_back(now.timestamp_millis(), &request)
-                .await?;
-            let placeholder = HoldKept {
-                action: String::new(),
-                subject: String::new(),
-                amount: 0,
-                expires_at_ms: 0,
-                counters: Vec::new(),
-            };
-            let entry = self.hold_entry(&placeholder, hold_id, EntryKind::Expire, 0, Vec::new());
-            return Ok((
-                (placeholder, entry),
-                if done == GivenBack::Unknown {
-                    done
-                } else {
-                    GivenBack::Unknown
-                },
-            ));
-        };
-        let total = kept.amount;
-        let expires_at_ms = kept.expires_at_ms;
+    ) -> Result<(LedgerEntry, GivenBack), EngineError> {
+        let (total, expires_at_ms) = (record.amount, record.expires_at_ms);
         let (kind, entry_kind, entry_amount, policies) = match how {
             Some(Settle::Commit(amount)) => {
                 let settle = amount.map_or(total, Quantity::get);
@@ -307,16 +274,13 @@ impl Engine {
                         "hold '{hold_id}' holds {total}; cannot commit {settle}"
                     )));
                 }
-                (
-                    GiveBackKind::Commit {
-                        settle,
-                        total,
-                        expires_at_ms,
-                    },
-                    EntryKind::Commit,
+                let kind = GiveBackKind::Commit {
                     settle,
-                    given(&kept.counters, total - settle, false),
-                )
+                    total,
+                    expires_at_ms,
+                };
+                let policies = given(&record.counters, total - settle, false);
+                (kind, EntryKind::Commit, settle, policies)
             }
             Some(Settle::Release) => (
                 GiveBackKind::Release {
@@ -325,7 +289,7 @@ impl Engine {
                 },
                 EntryKind::Release,
                 total,
-                given(&kept.counters, total, true),
+                given(&record.counters, total, true),
             ),
             None => (
                 GiveBackKind::Expire {
@@ -334,55 +298,67 @@ impl Engine {
                 },
                 EntryKind::Expire,
                 total,
-                given(&kept.counters, total, true),
+                given(&record.counters, total, true),
             ),
         };
-        let entry = self.hold_entry(&kept, hold_id, entry_kind, entry_amount, policies);
+        let now = self.now();
+        let entry = LedgerEntry {
+            id: EntryId::new(),
+            at: now,
+            kind: entry_kind,
+            action: record.action.clone(),
+            subject: record.subject.clone(),
+            amount: entry_amount,
+            consumption_id: None,
+            hold_id: Some(hold_id),
+            idempotency_key: None,
+            policies,
+            counters: Vec::new(),
+        };
+        let (shard, member) = (hold_id.shard(), hold_id.to_string());
         let request = GiveBack {
             kind,
-            control_key: record_key,
-            hold_index: Some((index, hold_id.to_owned())),
-            counters: kept
-                .counters
-                .iter()
-                .map(CounterDetail::counter_back)
-                .collect(),
-            ledger: self
-                .counters
-                .streams_ledger()
-                .then(|| (keys::ledger_stream(&self.prefix, shard), to_json(&entry))),
+            control_key: keys::hold_record(&self.prefix, shard, &member),
+            hold_index: Some((keys::holds_index(&self.prefix, shard), member)),
+            counters: record.counters.clone(),
+            ledger: self.stream_entry(shard, &entry),
             idempotency: None,
         };
         let done = self
             .counters
             .give_back(now.timestamp_millis(), &request)
             .await?;
-        if matches!(done, GivenBack::Done { .. }) && !self.counters.streams_ledger() {
-            self.record(vec![entry.clone()]).await?;
+        if matches!(done, GivenBack::Done { .. }) {
+            self.record_unless_streamed(&entry).await?;
         }
-        Ok(((kept, entry), done))
+        Ok((entry, done))
     }
 
-    fn hold_entry(
-        &self,
-        kept: &HoldKept,
-        hold_id: &str,
-        kind: EntryKind,
-        amount: u64,
-        policies: Vec<PolicyAmount>,
-    ) -> LedgerEntry {
-        LedgerEntry {
-            id: uuid::Uuid::now_v7().to_string(),
-            at: self.now(),
-            kind,
-            action: kept.action.clone(),
-            subject: kept.subject.clone(),
-            amount,
-            consumption_id: None,
-            hold_id: Some(hold_id.to_owned()),
-            idempotency_key: None,
-            policies,
-            detail: None,
+    /// `entry` as the give-back script appends it to `shard`'s stream (Redis only).
+    fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
+        self.counters.streams_ledger().then(|| {
+            (
+                keys::ledger_stream(&self.prefix, shard),
+                codec::encode_entry(entry),
+            )
+        })
+    }
+
+    /// Writes `entry` to the SQL ledger before the answer, unless the store streamed it.
+    async fn record_unless_streamed(&self, entry: &LedgerEntry) -> Result<(), EngineError> {
+        match self.counters.streams_ledger() {
+            true => Ok(()),
+            false => self.record(vec![entry.clone()]).await,
+        }
+    }
+
+    /// The answer to a give-back: its entry, with the subject's usage after it.
+    async fn settled(&self, entry: LedgerEntry, replayed: bool) -> Settled {
+        let usage = self.usage(&entry.action, &entry.subject).await.ok();
+        Settled {
+            entry,
+            usage,
+            replayed,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! The SQL adapters (`crate::ledger::sql`, Postgres and SQLite) implement [`LedgerStore`];
 //! the group-commit writer and the drain write through it.
 
-use crate::domain::{EntryKind, LedgerEntry};
+use crate::domain::{ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
@@ -64,11 +64,14 @@ pub trait LedgerStore: Send + Sync + 'static {
         cursor: Option<&str>,
     ) -> Result<LedgerPage, LedgerError>;
     /// The `charge` entry of a consumption.
-    async fn charge_of(&self, consumption_id: &str) -> Result<Option<LedgerEntry>, LedgerError>;
+    async fn charge_of(
+        &self,
+        consumption_id: ConsumptionId,
+    ) -> Result<Option<LedgerEntry>, LedgerError>;
     /// The `hold` entry of a hold.
-    async fn hold_of(&self, hold_id: &str) -> Result<Option<LedgerEntry>, LedgerError>;
+    async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError>;
     /// The sum of the `refund` entries of a consumption.
-    async fn refunded(&self, consumption_id: &str) -> Result<u64, LedgerError>;
+    async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError>;
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

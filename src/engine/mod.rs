@@ -20,7 +20,7 @@ pub mod window;
 pub mod writer;
 
 use crate::clock::Clock;
-use crate::domain::{Action, Measure, Mode, PolicyId, Quantity, Subject};
+use crate::domain::{Action, IdempotencyKey, Measure, Mode, PolicyId, Quantity, Subject};
 use chrono::{DateTime, TimeZone, Utc};
 use drain::Drainer;
 use ledger::{LedgerError, LedgerStore};
@@ -42,7 +42,7 @@ pub struct ConsumeRequest {
     /// How much, in minor units (count policies charge 1 regardless).
     pub amount: Quantity,
     /// Makes retries safe: scoped to action + subject.
-    pub idempotency_key: Option<String>,
+    pub idempotency_key: Option<IdempotencyKey>,
 }
 
 /// One policy's part of a decision.

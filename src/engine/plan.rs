@@ -1,14 +1,15 @@
 //! A decision's plan: the policies that apply, their counters and window parameters at `now`,
 //! and how a store's [`Evaluation`] becomes a [`Decision`].
 
-use super::store::{Algorithm, Charge, CounterBack, Evaluation, Outcome, Restore};
+use super::codec::KeptPolicy;
+use super::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
 use super::{from_millis, seconds_until, window, Decision, Engine, EngineError, PolicyDecision};
-use crate::domain::PolicyAmount;
-use crate::domain::{Action, Mode, Policy, Quantity, Subject, Window};
+use crate::domain::{
+    Action, CounterCharge, Measure, Mode, Policy, PolicyAmount, Quantity, Subject, Window,
+};
 use crate::engine::policies::ActionPolicies;
 use crate::keys::SubjectKeys;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// Everything one decision needs, computed once.
@@ -23,67 +24,6 @@ pub(super) struct Plan {
     pub window_seconds: Vec<u64>,
     /// When.
     pub now: DateTime<Utc>,
-}
-
-/// How a charge can be given back: one per counter, kept in the ledger entry's `detail`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(super) struct CounterDetail {
-    /// The policy.
-    pub policy_id: String,
-    /// The counter key.
-    pub key: String,
-    /// 1 calendar, 2 rolling, 3 token bucket.
-    pub kind: u8,
-    /// Rolling: the bucket charged.
-    #[serde(default)]
-    pub bucket: i64,
-    /// Rolling: bucket length, ms; token bucket: period, ms.
-    #[serde(default)]
-    pub span_ms: i64,
-    /// Rolling: W / B.
-    #[serde(default)]
-    pub buckets: i64,
-    /// Token bucket: the limit when charged (the drain rate).
-    #[serde(default)]
-    pub limit: u64,
-    /// Amount policy (gets amounts back) or count policy (gets its 1 back when all is).
-    pub by_amount: bool,
-    /// What the charge put on the counter.
-    pub charged: u64,
-}
-
-impl CounterDetail {
-    /// The store's form.
-    pub fn counter_back(&self) -> CounterBack {
-        let restore = match self.kind {
-            2 => Restore::Rolling {
-                bucket: self.bucket,
-                bucket_ms: self.span_ms.max(1),
-                buckets: self.buckets,
-            },
-            3 => Restore::TokenBucket {
-                period_ms: self.span_ms.max(1),
-                limit: self.limit,
-            },
-            _ => Restore::Calendar,
-        };
-        CounterBack {
-            key: self.key.clone(),
-            restore,
-            by_amount: self.by_amount,
-            charged: self.charged,
-        }
-    }
-}
-
-/// The static part of one policy's answer, kept with an idempotency record.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub(super) struct KeptPolicy {
-    pub policy_id: String,
-    pub amount_measure: bool,
-    pub shadow: bool,
-    pub limit: u64,
-    pub window_seconds: u64,
 }
 
 impl Engine {
@@ -214,7 +154,7 @@ impl Plan {
             .zip(&self.charges)
             .filter(|(p, _)| !only_ledger_denials || p.spec.ledger_denials)
             .map(|(p, c)| PolicyAmount {
-                policy_id: p.id.to_string(),
+                policy_id: p.id.clone(),
                 amount: c.cost,
             })
             .collect()
@@ -225,32 +165,30 @@ impl Plan {
         self.policies.enabled.iter().any(|p| p.spec.ledger_denials)
     }
 
-    /// How to give this plan's charges back later.
-    pub fn details(&self) -> Vec<CounterDetail> {
+    /// The counters this plan charges, with how to give each charge back later.
+    pub fn counter_charges(&self) -> Vec<CounterCharge> {
         let now_ms = self.now_ms();
         self.policies
             .enabled
             .iter()
             .zip(&self.charges)
-            .map(|(policy, charge)| {
-                let (kind, bucket, span_ms, buckets) = match charge.algorithm {
-                    Algorithm::Calendar { .. } => (1, 0, 0, 0),
-                    Algorithm::Rolling { bucket_ms, buckets } => {
-                        (2, now_ms.div_euclid(bucket_ms), bucket_ms, buckets)
-                    }
-                    Algorithm::TokenBucket { period_ms } => (3, 0, period_ms, 0),
-                };
-                CounterDetail {
-                    policy_id: policy.id.to_string(),
-                    key: charge.key.clone(),
-                    kind,
-                    bucket,
-                    span_ms,
-                    buckets,
-                    limit: charge.limit,
-                    by_amount: policy.spec.measure == crate::domain::Measure::Amount,
-                    charged: charge.cost,
-                }
+            .map(|(policy, charge)| CounterCharge {
+                policy_id: policy.id.clone(),
+                key: charge.key.clone(),
+                restore: match charge.algorithm {
+                    Algorithm::Calendar { .. } => Restore::Calendar,
+                    Algorithm::Rolling { bucket_ms, buckets } => Restore::Rolling {
+                        bucket: now_ms.div_euclid(bucket_ms),
+                        bucket_ms,
+                        buckets,
+                    },
+                    Algorithm::TokenBucket { period_ms } => Restore::TokenBucket {
+                        period_ms,
+                        limit: charge.limit,
+                    },
+                },
+                by_amount: policy.spec.measure == Measure::Amount,
+                charged: charge.cost,
             })
             .collect()
     }
@@ -263,9 +201,9 @@ impl Plan {
             .zip(&self.charges)
             .zip(&self.window_seconds)
             .map(|((p, c), seconds)| KeptPolicy {
-                policy_id: p.id.to_string(),
-                amount_measure: p.spec.measure == crate::domain::Measure::Amount,
-                shadow: p.spec.mode == Mode::Shadow,
+                policy_id: p.id.clone(),
+                measure: p.spec.measure,
+                mode: p.spec.mode,
                 limit: c.limit,
                 window_seconds: *seconds,
             })
@@ -288,27 +226,16 @@ pub(super) fn replayed_decision(
     let policies = kept
         .iter()
         .zip(&evaluation.outcomes)
-        .filter_map(|(k, o)| {
-            let policy_id = crate::domain::PolicyId::parse("policy_id", &k.policy_id).ok()?;
-            Some(PolicyDecision {
-                policy_id,
-                measure: if k.amount_measure {
-                    crate::domain::Measure::Amount
-                } else {
-                    crate::domain::Measure::Count
-                },
-                mode: if k.shadow {
-                    Mode::Shadow
-                } else {
-                    Mode::Enforce
-                },
-                limit: k.limit,
-                used: o.used,
-                remaining: k.limit.saturating_sub(o.used),
-                resets_at: from_millis(o.resets_at_ms),
-                allowed: o.allowed,
-                window_seconds: k.window_seconds,
-            })
+        .map(|(k, o)| PolicyDecision {
+            policy_id: k.policy_id.clone(),
+            measure: k.measure,
+            mode: k.mode,
+            limit: k.limit,
+            used: o.used,
+            remaining: k.limit.saturating_sub(o.used),
+            resets_at: from_millis(o.resets_at_ms),
+            allowed: o.allowed,
+            window_seconds: k.window_seconds,
         })
         .collect();
     Decision {

@@ -15,6 +15,8 @@
 //! and in Rust for the in-process store (`crate::counters::memory`); one conformance
 //! suite runs both.
 
+use crate::domain::CounterCharge;
+pub use crate::domain::Restore;
 use async_trait::async_trait;
 
 /// How long a key outlives the moment its usage would reach zero, in milliseconds.
@@ -153,43 +155,6 @@ pub enum Decided {
     },
 }
 
-/// How one counter gets units back.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Restore {
-    /// A calendar counter (its key names the period).
-    Calendar,
-    /// A rolling counter's bucket, if it still counts.
-    Rolling {
-        /// The bucket the units went to.
-        bucket: i64,
-        /// Bucket length, ms.
-        bucket_ms: i64,
-        /// W / B.
-        buckets: i64,
-    },
-    /// A token bucket.
-    TokenBucket {
-        /// Refill period, ms.
-        period_ms: i64,
-        /// The policy's current limit (the drain rate).
-        limit: u64,
-    },
-}
-
-/// One counter to give units back to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CounterBack {
-    /// The counter's key.
-    pub key: String,
-    /// How to restore it.
-    pub restore: Restore,
-    /// `true` for amount policies (they get the amount back), `false` for count policies
-    /// (they get their 1 back only when the whole charge is given back).
-    pub by_amount: bool,
-    /// What the charge put on this counter.
-    pub charged: u64,
-}
-
 /// What is being given back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GiveBackKind {
@@ -238,7 +203,7 @@ pub struct GiveBack {
     /// Hold: the shard's index of open holds and the hold id.
     pub hold_index: Option<(String, String)>,
     /// The counters the charge went to.
-    pub counters: Vec<CounterBack>,
+    pub counters: Vec<CounterCharge>,
     /// The ledger entry to append on success (Redis).
     pub ledger: Option<(String, String)>,
     /// For refunds with an idempotency key: the record to keep (and replay).

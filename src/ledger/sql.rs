@@ -9,7 +9,8 @@
 //! can never shift a later page (no duplicates, no gaps among the entries that were there).
 
 use super::cursor::{decode_cursor, encode_cursor};
-use crate::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use crate::domain::{ConsumptionId, EntryKind, HoldId, LedgerEntry};
+use crate::engine::codec::{self, EntryParts};
 use crate::engine::ledger::{LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -91,23 +92,32 @@ macro_rules! sql_ledger_store {
         impl $store {
             fn entry_from_row(row: &$row) -> Result<LedgerEntry, LedgerError> {
                 let id: String = row.try_get("id").map_err(db_error)?;
-                let kind: String = row.try_get("kind").map_err(db_error)?;
                 let amount: i64 = row.try_get("amount").map_err(db_error)?;
                 let policies: String = row.try_get("policies").map_err(db_error)?;
-                Ok(LedgerEntry {
-                    kind: EntryKind::parse(&kind).ok_or_else(|| corrupt(&id, "unknown kind"))?,
-                    amount: u64::try_from(amount).map_err(|e| corrupt(&id, e))?,
-                    policies: serde_json::from_str::<Vec<PolicyAmount>>(&policies)
-                        .map_err(|e| corrupt(&id, e))?,
+                let detail: Option<String> = row.try_get("detail").map_err(db_error)?;
+                let kind: String = row.try_get("kind").map_err(db_error)?;
+                let action: String = row.try_get("action").map_err(db_error)?;
+                let subject: String = row.try_get("subject").map_err(db_error)?;
+                let consumption_id: Option<String> =
+                    row.try_get("consumption_id").map_err(db_error)?;
+                let hold_id: Option<String> = row.try_get("hold_id").map_err(db_error)?;
+                let idempotency_key: Option<String> =
+                    row.try_get("idempotency_key").map_err(db_error)?;
+                let parts = EntryParts {
+                    id: &id,
                     at: row.try_get("at").map_err(db_error)?,
-                    action: row.try_get("action").map_err(db_error)?,
-                    subject: row.try_get("subject").map_err(db_error)?,
-                    consumption_id: row.try_get("consumption_id").map_err(db_error)?,
-                    hold_id: row.try_get("hold_id").map_err(db_error)?,
-                    idempotency_key: row.try_get("idempotency_key").map_err(db_error)?,
-                    detail: row.try_get("detail").map_err(db_error)?,
-                    id,
-                })
+                    kind: &kind,
+                    action: &action,
+                    subject: &subject,
+                    amount: u64::try_from(amount).map_err(|e| corrupt(&id, e))?,
+                    consumption_id: consumption_id.as_deref(),
+                    hold_id: hold_id.as_deref(),
+                    idempotency_key: idempotency_key.as_deref(),
+                };
+                let policies = codec::decode_policies(&policies).map_err(|e| corrupt(&id, e))?;
+                let counters =
+                    codec::decode_counters(detail.as_deref()).map_err(|e| corrupt(&id, e))?;
+                codec::entry_from_parts(parts, policies, counters).map_err(|e| corrupt(&id, e))
             }
 
             /// Inserts one chunk of entries in one statement; returns how many were new.
@@ -117,25 +127,25 @@ macro_rules! sql_ledger_store {
             ) -> Result<u64, LedgerError> {
                 let mut rows = Vec::with_capacity(chunk.len());
                 for e in chunk {
-                    let policies =
-                        serde_json::to_string(&e.policies).map_err(|x| corrupt(&e.id, x))?;
-                    rows.push((e, column_amount(&e.id, e.amount)?, policies));
+                    let id = e.id.to_string();
+                    let amount = column_amount(&id, e.amount)?;
+                    rows.push((e, id, amount));
                 }
                 let mut sql = QueryBuilder::<$db>::new(format!(
                     "INSERT INTO ledger_entries ({ENTRY_COLUMNS}) "
                 ));
-                sql.push_values(rows, |mut b, (e, amount, policies)| {
-                    b.push_bind(e.id.as_str())
+                sql.push_values(rows, |mut b, (e, id, amount)| {
+                    b.push_bind(id)
                         .push_bind(e.at)
                         .push_bind(e.kind.as_str())
-                        .push_bind(e.action.as_str())
-                        .push_bind(e.subject.as_str())
+                        .push_bind(e.action.to_string())
+                        .push_bind(e.subject.to_string())
                         .push_bind(amount)
-                        .push_bind(e.consumption_id.as_deref())
-                        .push_bind(e.hold_id.as_deref())
-                        .push_bind(e.idempotency_key.as_deref())
-                        .push_bind(policies)
-                        .push_bind(e.detail.as_deref());
+                        .push_bind(e.consumption_id.map(|id| id.to_string()))
+                        .push_bind(e.hold_id.map(|id| id.to_string()))
+                        .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
+                        .push_bind(codec::encode_policies(&e.policies))
+                        .push_bind(codec::encode_counters(&e.counters));
                 });
                 sql.push(" ON CONFLICT (id) DO NOTHING");
                 let done = sql.build().execute(conn).await.map_err(db_error)?;
@@ -250,28 +260,31 @@ macro_rules! sql_ledger_store {
 
             async fn charge_of(
                 &self,
-                consumption_id: &str,
+                consumption_id: ConsumptionId,
             ) -> Result<Option<LedgerEntry>, LedgerError> {
-                self.first_of("consumption_id", consumption_id, EntryKind::Charge)
+                let id = consumption_id.to_string();
+                self.first_of("consumption_id", &id, EntryKind::Charge)
                     .await
             }
 
-            async fn hold_of(&self, hold_id: &str) -> Result<Option<LedgerEntry>, LedgerError> {
-                self.first_of("hold_id", hold_id, EntryKind::Hold).await
+            async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError> {
+                self.first_of("hold_id", &hold_id.to_string(), EntryKind::Hold)
+                    .await
             }
 
-            async fn refunded(&self, consumption_id: &str) -> Result<u64, LedgerError> {
+            async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError> {
+                let consumption_id = consumption_id.to_string();
                 // Postgres sums BIGINT as NUMERIC: cast back (refunds never exceed the
                 // charge, itself at most 2^53 - 1).
                 let total: i64 = sqlx::query_scalar(
                     "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
                      WHERE consumption_id = $1 AND kind = 'refund'",
                 )
-                .bind(consumption_id)
+                .bind(&consumption_id)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(db_error)?;
-                u64::try_from(total).map_err(|e| corrupt(consumption_id, e))
+                u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
             }
 
             async fn delete_older_than(

@@ -8,7 +8,10 @@ mod paging;
 use crate::helpers::{fresh_settings, start_instant, CounterBackend, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
-use quota_ledger::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use quota_ledger::domain::{
+    Action, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
+    PolicyAmount, PolicyId, Restore, Subject,
+};
 use quota_ledger::engine::ledger::{LedgerError, LedgerFilter, LedgerStore};
 use std::sync::Arc;
 
@@ -26,23 +29,71 @@ pub async fn ledger_at(url: &str) -> Arc<dyn LedgerStore> {
     quota_ledger::ledger::sql::connect(url).await.unwrap()
 }
 
+/// The UUID whose bytes are `label`'s (at most 16 ASCII bytes), so that tests can name
+/// ids with short labels and read them back ([`label`]).
+fn label_uuid(label: &str) -> String {
+    assert!(
+        label.is_ascii() && label.len() <= 16,
+        "label {label:?} too long"
+    );
+    let mut bytes = [0u8; 16];
+    bytes[..label.len()].copy_from_slice(label.as_bytes());
+    uuid::Uuid::from_bytes(bytes).to_string()
+}
+
+/// The entry id labelled `label`.
+pub fn entry_id(label: &str) -> EntryId {
+    EntryId::parse(&label_uuid(label)).unwrap()
+}
+
+/// The consumption id labelled `label`.
+pub fn consumption_id(label: &str) -> ConsumptionId {
+    ConsumptionId::parse(&label_uuid(label)).unwrap()
+}
+
+/// The hold id (in shard 1) labelled `label`.
+pub fn hold_id(label: &str) -> HoldId {
+    HoldId::parse(&format!("{}.1", label_uuid(label))).unwrap()
+}
+
+/// The label of an id made by [`entry_id`].
+pub fn label(id: &EntryId) -> String {
+    let uuid = uuid::Uuid::parse_str(&id.to_string()).unwrap();
+    uuid.as_bytes()
+        .iter()
+        .filter(|b| **b != 0)
+        .map(|b| char::from(*b))
+        .collect()
+}
+
 /// A charge of 500 by `subject` on `transfer`, `seconds` after the start instant.
 pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
+    let policy_id = PolicyId::parse("policy_id", "transfer-daily").unwrap();
     LedgerEntry {
-        id: id.to_owned(),
+        id: entry_id(id),
         at: start_instant() + Duration::seconds(seconds),
         kind: EntryKind::Charge,
-        action: "transfer".to_owned(),
-        subject: subject.to_owned(),
+        action: Action::parse("action", "transfer").unwrap(),
+        subject: Subject::parse("subject", subject).unwrap(),
         amount: 500,
-        consumption_id: Some(format!("c-{id}")),
+        consumption_id: Some(consumption_id(&format!("c-{id}"))),
         hold_id: None,
         idempotency_key: None,
         policies: vec![PolicyAmount {
-            policy_id: "transfer-daily".to_owned(),
+            policy_id: policy_id.clone(),
             amount: 500,
         }],
-        detail: Some(r#"{"keys":["k1"]}"#.to_owned()),
+        counters: vec![CounterCharge {
+            policy_id,
+            key: "k1".to_owned(),
+            restore: Restore::Rolling {
+                bucket: 7,
+                bucket_ms: 3_600_000,
+                buckets: 24,
+            },
+            by_amount: true,
+            charged: 500,
+        }],
     }
 }
 
@@ -60,20 +111,21 @@ pub async fn everything(store: &dyn LedgerStore, filter: &LedgerFilter) -> Vec<L
     }
 }
 
-pub fn ids(entries: &[LedgerEntry]) -> Vec<&str> {
-    entries.iter().map(|e| e.id.as_str()).collect()
+/// The labels of `entries`' ids.
+pub fn ids(entries: &[LedgerEntry]) -> Vec<String> {
+    entries.iter().map(|e| label(&e.id)).collect()
 }
 
 async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
     let store = ledger_on(backend).await;
     let mut a = entry("a", "alice", 0);
     a.at += Duration::milliseconds(123);
-    a.idempotency_key = Some("key-1".to_owned());
+    a.idempotency_key = Some(IdempotencyKey::parse("key-1").unwrap());
     let b = LedgerEntry {
         kind: EntryKind::Hold,
-        hold_id: Some("h-1".to_owned()),
+        hold_id: Some(hold_id("h-1")),
         consumption_id: None,
-        detail: None,
+        counters: Vec::new(),
         policies: Vec::new(),
         ..entry("b", "bob", 1)
     };
@@ -113,11 +165,11 @@ async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
     let store = ledger_on(backend).await;
     let refund = LedgerEntry {
         kind: EntryKind::Refund,
-        consumption_id: Some("c-1".to_owned()),
+        consumption_id: Some(consumption_id("c-1")),
         ..entry("2", "alice", 60)
     };
     let sms = LedgerEntry {
-        action: "sms.send".to_owned(),
+        action: Action::parse("action", "sms.send").unwrap(),
         ..entry("3", "bob", 120)
     };
     let entries = [entry("1", "alice", 0), refund, sms, entry("4", "bob", 180)];
@@ -202,20 +254,20 @@ async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
 async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyBackend) {
     let store = ledger_on(backend).await;
     let charge = LedgerEntry {
-        consumption_id: Some("c-1".to_owned()),
+        consumption_id: Some(consumption_id("c-1")),
         amount: 1000,
         ..entry("charge", "alice", 0)
     };
     let refund = |id: &str, amount| LedgerEntry {
         kind: EntryKind::Refund,
-        consumption_id: Some("c-1".to_owned()),
+        consumption_id: Some(consumption_id("c-1")),
         amount,
         ..entry(id, "alice", 1)
     };
     let hold = LedgerEntry {
         kind: EntryKind::Hold,
         consumption_id: None,
-        hold_id: Some("h-1".to_owned()),
+        hold_id: Some(hold_id("h-1")),
         ..entry("hold", "bob", 2)
     };
     let commit = LedgerEntry {
@@ -228,17 +280,26 @@ async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyB
         refund("r2", 200),
         hold.clone(),
         LedgerEntry {
-            id: "commit".into(),
+            id: entry_id("commit"),
             ..commit
         },
     ];
     store.append(&entries).await.unwrap();
-    assert_eq!(store.charge_of("c-1").await.unwrap(), Some(charge));
-    assert_eq!(store.charge_of("c-unknown").await.unwrap(), None);
-    assert_eq!(store.hold_of("h-1").await.unwrap(), Some(hold));
-    assert_eq!(store.hold_of("c-1").await.unwrap(), None);
-    assert_eq!(store.refunded("c-1").await.unwrap(), 500);
-    assert_eq!(store.refunded("c-unknown").await.unwrap(), 0);
+    assert_eq!(
+        store.charge_of(consumption_id("c-1")).await.unwrap(),
+        Some(charge)
+    );
+    assert_eq!(
+        store.charge_of(consumption_id("c-unknown")).await.unwrap(),
+        None
+    );
+    assert_eq!(store.hold_of(hold_id("h-1")).await.unwrap(), Some(hold));
+    assert_eq!(store.hold_of(hold_id("c-1")).await.unwrap(), None);
+    assert_eq!(store.refunded(consumption_id("c-1")).await.unwrap(), 500);
+    assert_eq!(
+        store.refunded(consumption_id("c-unknown")).await.unwrap(),
+        0
+    );
 }
 
 on_policy_stores!(

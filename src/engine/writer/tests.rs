@@ -1,7 +1,7 @@
 //! The writer against an in-memory store that records every `append` call.
 
 use super::*;
-use crate::domain::EntryKind;
+use crate::domain::{Action, ConsumptionId, EntryId, EntryKind, HoldId, Subject};
 use crate::engine::ledger::{LedgerFilter, LedgerPage};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 enum Mode {
     /// Stores the entries (ignoring ids already present).
     Store,
-    /// Refuses a batch holding an entry whose id starts with `bad` (a broken constraint).
+    /// Refuses a batch holding an entry labelled `bad…` (a broken constraint).
     RefuseBad,
     /// The database is down.
     Down,
@@ -25,7 +25,8 @@ struct FakeStore {
     mode: Mode,
     /// Each `append` first takes a permit: none until a test opens the gate.
     gate: Semaphore,
-    ids: Mutex<Vec<String>>,
+    /// Each stored entry's id and label (its subject).
+    ids: Mutex<Vec<(EntryId, String)>>,
     batches: Mutex<Vec<usize>>,
 }
 
@@ -43,8 +44,10 @@ impl FakeStore {
         self.gate.add_permits(Semaphore::MAX_PERMITS);
     }
 
+    /// The labels of the stored entries, in the order stored.
     fn ids(&self) -> Vec<String> {
-        self.ids.lock().expect("not poisoned").clone()
+        let ids = self.ids.lock().expect("not poisoned");
+        ids.iter().map(|(_, label)| label.clone()).collect()
     }
 
     fn batches(&self) -> Vec<usize> {
@@ -68,7 +71,11 @@ impl LedgerStore for FakeStore {
                     "pool timed out",
                 )))
             }
-            Mode::RefuseBad if entries.iter().any(|e| e.id.starts_with("bad")) => {
+            Mode::RefuseBad
+                if entries
+                    .iter()
+                    .any(|e| e.subject.as_str().starts_with("bad")) =>
+            {
                 return Err(LedgerError::Corrupt("amount out of range".to_owned()))
             }
             _ => {}
@@ -76,8 +83,8 @@ impl LedgerStore for FakeStore {
         let mut ids = self.ids.lock().expect("not poisoned");
         let mut new = 0;
         for entry in entries {
-            if !ids.contains(&entry.id) {
-                ids.push(entry.id.clone());
+            if !ids.iter().any(|(id, _)| *id == entry.id) {
+                ids.push((entry.id, entry.subject.to_string()));
                 new += 1;
             }
         }
@@ -96,15 +103,15 @@ impl LedgerStore for FakeStore {
         })
     }
 
-    async fn charge_of(&self, _: &str) -> Result<Option<LedgerEntry>, LedgerError> {
+    async fn charge_of(&self, _: ConsumptionId) -> Result<Option<LedgerEntry>, LedgerError> {
         Ok(None)
     }
 
-    async fn hold_of(&self, _: &str) -> Result<Option<LedgerEntry>, LedgerError> {
+    async fn hold_of(&self, _: HoldId) -> Result<Option<LedgerEntry>, LedgerError> {
         Ok(None)
     }
 
-    async fn refunded(&self, _: &str) -> Result<u64, LedgerError> {
+    async fn refunded(&self, _: ConsumptionId) -> Result<u64, LedgerError> {
         Ok(0)
     }
 
@@ -113,19 +120,20 @@ impl LedgerStore for FakeStore {
     }
 }
 
-fn entry(id: &str) -> LedgerEntry {
+/// A charge whose subject is `label`, so that tests can tell entries apart.
+fn entry(label: &str) -> LedgerEntry {
     LedgerEntry {
-        id: id.to_owned(),
+        id: EntryId::new(),
         at: DateTime::<Utc>::UNIX_EPOCH,
         kind: EntryKind::Charge,
-        action: "sms.send".to_owned(),
-        subject: "user-42".to_owned(),
+        action: Action::parse("action", "sms.send").expect("a valid action"),
+        subject: Subject::parse("subject", label).expect("a valid subject"),
         amount: 1,
-        consumption_id: Some(id.to_owned()),
+        consumption_id: Some(ConsumptionId::new()),
         hold_id: None,
         idempotency_key: None,
         policies: Vec::new(),
-        detail: None,
+        counters: Vec::new(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The ledger's background work on real stores: the group-commit writer and retention.
 
-use super::{entry, everything, ids, ledger_on};
+use super::{entry, everything, ids, label, ledger_on};
 use crate::helpers::{start_instant, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
@@ -105,12 +105,16 @@ async fn the_writer_commits_concurrent_appends_exactly_once(backend: PolicyBacke
         task.await.unwrap();
     }
     let stored = everything(store.as_ref(), &LedgerFilter::default()).await;
-    let unique: HashSet<&str> = ids(&stored).into_iter().collect();
+    let unique: HashSet<String> = ids(&stored).into_iter().collect();
     assert_eq!(stored.len(), 800);
     assert_eq!(unique.len(), 800);
     // A request's entries are committed together, in order.
     for pair in stored.chunks(2) {
-        assert_eq!(pair[0].id.replace("-b", "-a"), pair[1].id, "{pair:?}");
+        assert_eq!(
+            label(&pair[0].id).replace("-b", "-a"),
+            label(&pair[1].id),
+            "{pair:?}"
+        );
     }
 }
 

@@ -1,6 +1,6 @@
 //! The Redis-stream drain against a real Redis and a real SQL ledger.
 
-use super::{entry, everything, ledger_at};
+use super::{entry, everything, label, ledger_at};
 use crate::helpers::{fresh_settings, CounterBackend, PolicyBackend};
 use crate::on_policy_stores;
 use quota_ledger::config::Settings;
@@ -52,7 +52,7 @@ impl Setup {
                 .arg(ledger_stream(&self.settings.redis_prefix, shard))
                 .arg("*")
                 .arg("e")
-                .arg(serde_json::to_string(&entry).unwrap())
+                .arg(quota_ledger::engine::codec::encode_entry(&entry))
                 .ignore();
         }
         let () = pipe.query_async(&mut conn).await.unwrap();
@@ -77,7 +77,7 @@ impl Setup {
         everything(self.ledger.as_ref(), &LedgerFilter::default())
             .await
             .into_iter()
-            .map(|e| e.id)
+            .map(|e| label(&e.id))
             .collect()
     }
 }
@@ -127,14 +127,14 @@ async fn entries_of_a_failed_pass_are_all_moved_by_the_next(backend: PolicyBacke
     assert_eq!(s.drainer.backlog().await, Some(0));
 }
 
-/// An entry the database refuses (here an action of 65 characters, past the table's
-/// CHECK) stays pending in Redis; every other entry of its transaction is moved.
+/// An entry the database refuses (here an amount of 2^53, past the table's CHECK) stays
+/// pending in Redis; every other entry of its transaction is moved.
 async fn an_entry_the_database_refuses_holds_back_no_other(backend: PolicyBackend) {
     let s = setup(backend).await;
     s.append((0..30_u16).map(|i| {
         let mut e = entry(&format!("e{i}"), "alice", 0);
         if i == 17 {
-            e.action = "a".repeat(65);
+            e.amount = 1 << 53;
         }
         (i % 3, e)
     }))

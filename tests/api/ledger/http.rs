@@ -1,12 +1,12 @@
 //! `GET /quota/ledger` over HTTP: shape, filters, paging and validation.
 
-use super::entry;
+use super::{entry, entry_id, hold_id, label};
 use crate::helpers::{
     fresh_settings, spawn_app, spawn_with, Answer, CounterBackend, PolicyBackend, TestApp,
 };
 use crate::on_policy_stores;
 use quota_ledger::config::Secret;
-use quota_ledger::domain::{EntryKind, LedgerEntry};
+use quota_ledger::domain::{Action, EntryId, EntryKind, IdempotencyKey, LedgerEntry};
 use quota_ledger::engine::ledger::LedgerStore;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -29,12 +29,13 @@ async fn get_ledger(app: &TestApp, query: &[(&str, &str)]) -> Answer {
     .await
 }
 
-fn item_ids(answer: &Answer) -> Vec<&str> {
+/// The labels of the ids of the answer's items.
+fn item_ids(answer: &Answer) -> Vec<String> {
     answer.body["items"]
         .as_array()
         .unwrap_or_else(|| panic!("no items in {}", answer.body))
         .iter()
-        .map(|item| item["id"].as_str().unwrap())
+        .map(|item| label(&EntryId::parse(item["id"].as_str().unwrap()).unwrap()))
         .collect()
 }
 
@@ -43,9 +44,9 @@ async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: Po
     let hold = LedgerEntry {
         kind: EntryKind::Hold,
         consumption_id: None,
-        hold_id: Some("h-1".to_owned()),
-        idempotency_key: Some("key-1".to_owned()),
-        action: "sms.send".to_owned(),
+        hold_id: Some(hold_id("h-1")),
+        idempotency_key: Some(IdempotencyKey::parse("key-1").unwrap()),
+        action: Action::parse("action", "sms.send").unwrap(),
         ..entry("hold", "bob", 120)
     };
     let refund = LedgerEntry {
@@ -64,8 +65,9 @@ async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: Po
     assert_eq!(answer.body["next_cursor"], Value::Null);
     assert_eq!(
         answer.body["items"][0],
-        json!({"id": "hold", "at": "2026-11-21T12:02:00Z", "kind": "hold", "action": "sms.send",
-               "subject": "bob", "amount": 500, "consumption_id": null, "hold_id": "h-1",
+        json!({"id": entry_id("hold").to_string(), "at": "2026-11-21T12:02:00Z", "kind": "hold",
+               "action": "sms.send", "subject": "bob", "amount": 500, "consumption_id": null,
+               "hold_id": hold_id("h-1").to_string(),
                "idempotency_key": "key-1",
                "policies": [{"policy_id": "transfer-daily", "amount": 500}]}),
         "every public field, and never the internal detail"

@@ -1,6 +1,6 @@
 //! Paging the ledger store: cursors, and walking every page while entries keep arriving.
 
-use super::{entry, ids, ledger_on};
+use super::{entry, ids, label, ledger_on};
 use crate::helpers::PolicyBackend;
 use crate::on_policy_stores;
 use quota_ledger::engine::ledger::{LedgerError, LedgerFilter};
@@ -65,7 +65,7 @@ async fn walking_the_pages_sees_every_entry_once_while_new_ones_keep_arriving(
         let mut pages = 0;
         loop {
             let page = store.page(&filter, 25, cursor.as_deref()).await.unwrap();
-            seen.extend(page.items.into_iter().map(|e| e.id));
+            seen.extend(page.items.iter().map(|e| label(&e.id)));
             pages += 1;
             // At least one new entry lands between any two pages.
             let before = inserted.load(Ordering::SeqCst);
@@ -84,11 +84,16 @@ async fn walking_the_pages_sees_every_entry_once_while_new_ones_keep_arriving(
             .map(String::as_str)
             .filter(|id| id.starts_with("old-"))
             .collect();
-        let expected: Vec<&str> = seeded
+        let expected: Vec<String> = seeded
             .iter()
             .rev()
-            .filter(|e| filter.subject.as_ref().is_none_or(|s| *s == e.subject))
-            .map(|e| e.id.as_str())
+            .filter(|e| {
+                filter
+                    .subject
+                    .as_ref()
+                    .is_none_or(|s| s == e.subject.as_str())
+            })
+            .map(|e| label(&e.id))
             .collect();
         assert_eq!(old, expected, "every old entry exactly once, newest first");
         let first_old = seen.iter().position(|id| id.starts_with("old-"));
