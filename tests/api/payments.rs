@@ -342,3 +342,46 @@ on_counter_stores!(
     an_unsettled_hold_is_released_when_it_expires,
     the_ledger_records_every_step_newest_first,
 );
+
+/// A hold record that no longer parses is a server error, never taken for an unknown
+/// hold: that would drop it and keep its quota charged for good (Redis: the record is
+/// overwritten there; the memory store keeps its records out of reach).
+#[tokio::test]
+async fn a_corrupt_hold_record_is_an_error_and_keeps_the_hold() {
+    let app = app_with(CounterBackend::Redis, &[dollars(1000)]).await;
+    let hold = app
+        .quota(
+            "/quota/holds",
+            json!({"action": "transfer", "subject": "u", "amount": 500, "ttl_seconds": 5}),
+        )
+        .await;
+    let id = hold.body["hold_id"].as_str().unwrap().to_owned();
+    let hold_id = quota_ledger::domain::HoldId::parse(&id).unwrap();
+    let key = quota_ledger::keys::hold_record(&app.settings.redis_prefix, hold_id.shard(), &id);
+    let client = redis::Client::open(app.settings.redis_urls[0].as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg("open\n{not json")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let commit = app
+        .quota(&format!("/quota/holds/{id}/commit"), json!({}))
+        .await;
+    commit.assert_problem(500);
+    app.advance(6);
+    assert_eq!(app.engine.expire_due_holds().await, 0);
+    assert_eq!(used(&app.usage("transfer", "u").await, "dollars"), 500);
+    let member: Option<f64> = redis::cmd("ZSCORE")
+        .arg(quota_ledger::keys::holds_index(
+            &app.settings.redis_prefix,
+            hold_id.shard(),
+        ))
+        .arg(&id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(member.is_some(), "the hold stays indexed, for an operator");
+}
