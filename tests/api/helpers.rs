@@ -70,6 +70,15 @@ pub fn cluster_urls() -> Vec<String> {
     urls
 }
 
+/// A loopback port that was free a moment ago (the system picked it for a listener that is
+/// closed at once): for a server the test starts on it, or an address where nothing listens.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("finding a free port")
+        .port()
+}
+
 /// A running application and what a test needs to talk to it.
 pub struct TestApp {
     /// `http://127.0.0.1:PORT`.
@@ -343,11 +352,7 @@ pub struct PrivateRedis {
 impl PrivateRedis {
     /// Starts `redis-server` without persistence on a free port and waits until it answers.
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("finding a free port")
-            .port();
-        Self::start_on(port).await
+        Self::start_on(free_port()).await
     }
 
     /// The port it listens on.
@@ -460,10 +465,7 @@ impl Drop for Service {
 /// Starts the real binary on a free port with `settings`' stores; waits until it answers
 /// and returns it with its base URL.
 pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Service, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("finding a free port")
-        .port();
+    let port = free_port();
     let service = Service(Some(
         std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
             .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))

@@ -1,18 +1,15 @@
 //! A counter store that cannot be reached gives clear answers, never a hang.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, spawn_with, CounterBackend, PolicyBackend, PrivateRedis,
+    calendar_policy, free_port, fresh_settings, spawn_with, CounterBackend, PolicyBackend,
+    PrivateRedis,
 };
 use quota_ledger::config::OnStoreError;
 use reqwest::StatusCode;
 
 /// Settings pointing Redis at a loopback port where nothing listens.
 async fn settings_with_dead_redis(on_error: OnStoreError) -> quota_ledger::config::Settings {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![format!("redis://127.0.0.1:{port}/")];
     settings.redis_timeout = std::time::Duration::from_millis(200);
