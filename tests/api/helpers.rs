@@ -153,6 +153,15 @@ pub async fn spawn_app(policy: PolicyBackend, counters: CounterBackend) -> TestA
     spawn_with(fresh_settings(policy, counters).await).await
 }
 
+/// Starts an app on a fresh SQLite policy store and `counters`, with `policies` created.
+pub async fn app_with(counters: CounterBackend, policies: &[Value]) -> TestApp {
+    let app = spawn_app(PolicyBackend::Sqlite, counters).await;
+    for policy in policies {
+        app.must_create_policy(policy.clone()).await;
+    }
+    app
+}
+
 /// Starts an app with the given settings and a fake clock at [`start_instant`].
 pub async fn spawn_with(settings: Settings) -> TestApp {
     let clock = Arc::new(FakeClock::new(start_instant()));
