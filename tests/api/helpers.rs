@@ -7,8 +7,9 @@ use quota_ledger::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
 use sqlx::Connection;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod private_postgres;
 pub use private_postgres::PrivatePostgres;
@@ -77,6 +78,30 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("finding a free port")
         .port()
+}
+
+/// How long [`eventually`] pauses between two looks.
+const POLL_PAUSE: Duration = Duration::from_millis(10);
+
+/// Waits for something the test cannot drive itself (another process, another instance,
+/// a server coming back): calls `f` until it returns `Some`, pausing briefly between calls,
+/// and returns the value; panics naming `what` once `timeout` has passed without it.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = f().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "not within {timeout:?}: {what}"
+        );
+        tokio::time::sleep(POLL_PAUSE).await;
+    }
 }
 
 /// A running application and what a test needs to talk to it.
@@ -391,16 +416,13 @@ impl PrivateRedis {
             port,
             url: format!("redis://127.0.0.1:{port}/"),
         };
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return redis;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("redis-server did not start on port {port}");
+        let what = format!("redis-server accepting connections on port {port}");
+        eventually(Duration::from_secs(5), &what, || async {
+            let connected = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            connected.is_ok().then_some(())
+        })
+        .await;
+        redis
     }
 
     /// Freezes the server (SIGSTOP): it accepts connections but answers nothing, like a hung Redis.
@@ -490,13 +512,16 @@ pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Ser
             .expect("starting the binary"),
     ));
     let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if client.get(format!("{base}/healthz")).send().await.is_ok() {
-            return (service, base);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the binary did not start");
+    eventually(
+        Duration::from_secs(10),
+        "the binary answering /healthz",
+        || async {
+            let answered = client.get(format!("{base}/healthz")).send().await;
+            answered.is_ok().then_some(())
+        },
+    )
+    .await;
+    (service, base)
 }
 
 /// Creates the binary-level tests' policy `p` (`sms.send`, 1,000,000 a day in UTC) on the

@@ -1,7 +1,7 @@
 //! Paging the ledger store: cursors, and walking every page while entries keep arriving.
 
 use super::{entry, ids, ledger_on};
-use crate::helpers::PolicyBackend;
+use crate::helpers::{eventually, PolicyBackend};
 use crate::on_policy_stores;
 use quota_ledger::engine::ledger::{LedgerError, LedgerFilter};
 use std::collections::HashSet;
@@ -69,9 +69,12 @@ async fn walking_the_pages_sees_every_entry_once_while_new_ones_keep_arriving(
             pages += 1;
             // At least one new entry lands between any two pages.
             let before = inserted.load(Ordering::SeqCst);
-            while inserted.load(Ordering::SeqCst) == before {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            }
+            eventually(
+                std::time::Duration::from_secs(10),
+                "a new entry landing before the next page",
+                || async { (inserted.load(Ordering::SeqCst) > before).then_some(()) },
+            )
+            .await;
             match page.next_cursor {
                 Some(next) => cursor = Some(next),
                 None => break,
