@@ -5,19 +5,18 @@ mod drain;
 mod http;
 mod paging;
 
-use crate::helpers::{fresh_settings, start_instant, CounterBackend, PolicyBackend};
+use crate::helpers::{fresh_settings, start_instant, CounterBackend, FreshSettings, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
 use quota_ledger::domain::{EntryKind, LedgerEntry, PolicyAmount};
 use quota_ledger::engine::ledger::{LedgerError, LedgerFilter, LedgerStore};
 use std::sync::Arc;
 
-/// A fresh, migrated database of `backend` and a ledger store on it.
-pub async fn ledger_on(backend: PolicyBackend) -> Arc<dyn LedgerStore> {
-    let url = fresh_settings(backend, CounterBackend::Memory)
-        .await
-        .database_url;
-    ledger_at(&url).await
+/// A fresh, migrated database of `backend` and a ledger store on it, with the settings that
+/// own the database: keep them while the store is in use (on SQLite they delete it).
+pub async fn ledger_on(backend: PolicyBackend) -> (Arc<dyn LedgerStore>, FreshSettings) {
+    let settings = fresh_settings(backend, CounterBackend::Memory).await;
+    (ledger_at(&settings.database_url).await, settings)
 }
 
 /// A ledger store on the fresh database at `url`, migrated.
@@ -65,7 +64,7 @@ pub fn ids(entries: &[LedgerEntry]) -> Vec<&str> {
 }
 
 async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let mut a = entry("a", "alice", 0);
     a.at += Duration::milliseconds(123);
     a.idempotency_key = Some("key-1".to_owned());
@@ -92,7 +91,7 @@ async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
 }
 
 async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let too_much = LedgerEntry {
         amount: 1 << 53,
         ..entry("too-much", "alice", 0)
@@ -110,7 +109,7 @@ async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBac
 }
 
 async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let refund = LedgerEntry {
         kind: EntryKind::Refund,
         consumption_id: Some("c-1".to_owned()),
@@ -200,7 +199,7 @@ async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
 }
 
 async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let charge = LedgerEntry {
         consumption_id: Some("c-1".to_owned()),
         amount: 1000,

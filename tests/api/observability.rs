@@ -3,7 +3,7 @@
 
 use crate::helpers::{
     calendar_policy, free_port, fresh_settings, spawn_app, spawn_with, CounterBackend,
-    PolicyBackend, TestApp,
+    FreshSettings, PolicyBackend, TestApp,
 };
 use quota_ledger::config::{OnStoreError, Secret};
 use reqwest::StatusCode;
@@ -241,7 +241,7 @@ async fn metrics_are_open_without_a_token_and_follow_the_policy_cache_without_na
 }
 
 /// Settings whose Redis is a loopback port where nothing listens.
-async fn dead_redis(on_error: OnStoreError) -> quota_ledger::config::Settings {
+async fn dead_redis(on_error: OnStoreError) -> FreshSettings {
     let port = free_port();
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![format!("redis://127.0.0.1:{port}/")];

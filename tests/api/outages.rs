@@ -2,13 +2,13 @@
 
 use crate::helpers::{
     calendar_policy, eventually, free_port, fresh_settings, spawn_with, CounterBackend,
-    PolicyBackend, PrivateRedis,
+    FreshSettings, PolicyBackend, PrivateRedis,
 };
 use quota_ledger::config::OnStoreError;
 use reqwest::StatusCode;
 
 /// Settings pointing Redis at a loopback port where nothing listens.
-async fn settings_with_dead_redis(on_error: OnStoreError) -> quota_ledger::config::Settings {
+async fn settings_with_dead_redis(on_error: OnStoreError) -> FreshSettings {
     let port = free_port();
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![format!("redis://127.0.0.1:{port}/")];

@@ -14,7 +14,7 @@ use std::sync::Arc;
 async fn deleting_old_entries_removes_only_those_before_the_cutoff_in_batches(
     backend: PolicyBackend,
 ) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let day = 86_400;
     let mut entries: Vec<_> = (0..5)
         .map(|i| entry(&format!("old-{i}"), "alice", -31 * day - i))
@@ -44,7 +44,7 @@ async fn deleting_old_entries_removes_only_those_before_the_cutoff_in_batches(
 }
 
 async fn the_retention_task_deletes_old_entries_until_it_is_dropped(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let day = 86_400;
     store
         .append(&[
@@ -88,7 +88,7 @@ async fn the_retention_task_deletes_old_entries_until_it_is_dropped(backend: Pol
 }
 
 async fn the_writer_commits_concurrent_appends_exactly_once(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let writer = LedgerWriter::spawn(store.clone());
     let tasks: Vec<_> = (0..40)
         .map(|t| {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 async fn a_full_last_page_has_no_cursor_and_a_foreign_cursor_is_refused(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let entries: Vec<_> = (0..4)
         .map(|i| entry(&format!("e{i}"), "alice", i))
         .collect();
@@ -32,7 +32,7 @@ async fn a_full_last_page_has_no_cursor_and_a_foreign_cursor_is_refused(backend:
 async fn walking_the_pages_sees_every_entry_once_while_new_ones_keep_arriving(
     backend: PolicyBackend,
 ) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let subject = |i: usize| if i.is_multiple_of(3) { "bob" } else { "alice" };
     // 600 entries in one append: more than one INSERT statement's worth.
     let seeded: Vec<_> = (0..600)
