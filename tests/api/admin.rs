@@ -1,6 +1,6 @@
 //! The admin API over real HTTP, on SQLite and on Postgres.
 
-use crate::helpers::{calendar_policy, spawn_app, spawn_with, CounterBackend, PolicyBackend};
+use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend};
 use crate::on_policy_stores;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -333,9 +333,7 @@ async fn policies_survive_a_restart(store: PolicyBackend) {
     let created = app
         .must_create_policy(calendar_policy("p", "a", 10, "week", "Europe/Berlin"))
         .await;
-    let settings = app.settings.clone();
-    drop(app);
-    let again = spawn_with(settings).await;
+    let again = app.restart().await;
     let read = again.admin_get("/admin/policies/p").await;
     assert_eq!(read.status, StatusCode::OK);
     assert_eq!(read.body, created);

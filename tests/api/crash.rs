@@ -2,10 +2,9 @@
 //! in the Postgres ledger exactly once.
 
 use crate::helpers::{
-    create_sms_policy, fresh_settings, start_binary, CounterBackend, PolicyBackend,
+    create_sms_policy, eventually, fresh_settings, start_binary, CounterBackend, PolicyBackend,
 };
 use serde_json::json;
-use sqlx::Connection;
 use std::time::Duration;
 use tokio::task::JoinSet;
 
@@ -38,12 +37,12 @@ async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
                     .then(|| body["consumption_id"].as_str().map(str::to_owned))?
             });
         }
-        for _ in 0..400 {
-            if answered.load(std::sync::atomic::Ordering::SeqCst) >= 150 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually(
+            Duration::from_secs(10),
+            "150 answers to the burst",
+            || async { (answered.load(std::sync::atomic::Ordering::SeqCst) >= 150).then_some(()) },
+        )
+        .await;
         child.kill_9();
         while let Some(result) = tasks.join_next().await {
             if let Some(id) = result.unwrap() {
@@ -58,29 +57,23 @@ async fn kill_9_during_a_burst_loses_no_ledger_entry_and_duplicates_none() {
 
     // Restart: the new instance claims what the dead ones read but never acknowledged.
     let (mut child, _) = start_binary(&settings, &client).await;
-    let mut conn = sqlx::PgConnection::connect(&settings.database_url)
-        .await
-        .unwrap();
-    let (mut found, mut rows) = (0_i64, 0_i64);
-    for _ in 0..100 {
-        (found, rows) = sqlx::query_as(
-            "SELECT count(DISTINCT consumption_id), count(*) FROM ledger_entries \
-             WHERE kind = 'charge' AND consumption_id = ANY($1)",
-        )
-        .bind(&seen)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        if found == seen.len() as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let db = sqlx::PgPool::connect(&settings.database_url).await.unwrap();
+    let rows = eventually(
+        Duration::from_secs(10),
+        "every consumption a client saw allowed is in the ledger",
+        || async {
+            let (found, rows): (i64, i64) = sqlx::query_as(
+                "SELECT count(DISTINCT consumption_id), count(*) FROM ledger_entries \
+                 WHERE kind = 'charge' AND consumption_id = ANY($1)",
+            )
+            .bind(&seen)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            (found == seen.len() as i64).then_some(rows)
+        },
+    )
+    .await;
     child.kill_9();
-    assert_eq!(
-        found,
-        seen.len() as i64,
-        "every consumption a client saw allowed is in the ledger"
-    );
-    assert_eq!(rows, found, "exactly once");
+    assert_eq!(rows, seen.len() as i64, "exactly once");
 }

@@ -7,8 +7,11 @@ use quota_ledger::startup::Application;
 use reqwest::{Response, StatusCode};
 use serde_json::{json, Value};
 use sqlx::Connection;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod private_postgres;
 pub use private_postgres::PrivatePostgres;
@@ -70,6 +73,39 @@ pub fn cluster_urls() -> Vec<String> {
     urls
 }
 
+/// A loopback port that was free a moment ago (the system picked it for a listener that is
+/// closed at once): for a server the test starts on it, or an address where nothing listens.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("finding a free port")
+        .port()
+}
+
+/// How long [`eventually`] pauses between two looks.
+const POLL_PAUSE: Duration = Duration::from_millis(10);
+
+/// Waits for something the test cannot drive itself (another process, another instance,
+/// a server coming back): calls `f` until it returns `Some`, pausing briefly between calls,
+/// and returns the value; panics naming `what` once `timeout` has passed without it.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = f().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "not within {timeout:?}: {what}"
+        );
+        tokio::time::sleep(POLL_PAUSE).await;
+    }
+}
+
 /// A running application and what a test needs to talk to it.
 pub struct TestApp {
     /// `http://127.0.0.1:PORT`.
@@ -83,21 +119,77 @@ pub struct TestApp {
     /// The app's engine, to run background work (hold expiry, the drain) when a test says.
     pub engine: Arc<quota_ledger::engine::Engine>,
     handle: actix_web::dev::ServerHandle,
+    /// The fresh SQLite database this app owns, if it does; its server task holds it too.
+    /// Declared last, so that it goes after everything else the app holds.
+    database: Option<Arc<SqliteFiles>>,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        let handle = self.handle.clone();
-        drop(handle.stop(false));
+        // The server stops in its own task, which holds the database too: the files are
+        // deleted once this app is gone and the server has stopped (or the runtime ended).
+        drop(self.handle.stop(false));
     }
 }
 
-async fn fresh_database(policy: PolicyBackend) -> String {
+/// A fresh SQLite database in the temp dir: the file and the `-wal`, `-shm` and `-journal`
+/// files SQLite makes beside it, deleted when dropped (errors ignored: a test that pointed
+/// its app elsewhere never created them).
+#[derive(Debug)]
+struct SqliteFiles(PathBuf);
+
+impl Drop for SqliteFiles {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Settings for a fresh app, and the ownership of the fresh SQLite database they name (none
+/// on Postgres): the app spawned with them deletes it once stopped. They read and change as
+/// [`Settings`]. A clone of those (`fresh.clone()`, `app.settings.clone()`) owns nothing: an
+/// instance spawned with it shares the database and leaves it to the owner.
+#[derive(Debug)]
+pub struct FreshSettings {
+    settings: Settings,
+    database: Option<SqliteFiles>,
+}
+
+impl Deref for FreshSettings {
+    type Target = Settings;
+
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+impl DerefMut for FreshSettings {
+    fn deref_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
+}
+
+impl From<Settings> for FreshSettings {
+    /// Settings of another app's database: owning nothing.
+    fn from(settings: Settings) -> Self {
+        Self {
+            settings,
+            database: None,
+        }
+    }
+}
+
+/// A fresh database's URL, and for SQLite its files to delete.
+async fn fresh_database(policy: PolicyBackend) -> (String, Option<SqliteFiles>) {
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     match policy {
         PolicyBackend::Sqlite => {
             let path = std::env::temp_dir().join(format!("quota-ledger-{name}.db"));
-            format!("sqlite://{}", path.display())
+            let url = format!("sqlite://{}", path.display());
+            (url, Some(SqliteFiles(path)))
         }
         PolicyBackend::Postgres => {
             let admin_url = env("QUOTA_TEST_DATABASE_URL");
@@ -111,16 +203,17 @@ async fn fresh_database(policy: PolicyBackend) -> String {
             let base = admin_url
                 .rsplit_once('/')
                 .map_or(admin_url.as_str(), |(b, _)| b);
-            format!("{base}/{name}")
+            (format!("{base}/{name}"), None)
         }
     }
 }
 
 /// Settings for a fresh app on port 0 with fresh stores.
-pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> Settings {
-    Settings {
+pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> FreshSettings {
+    let (database_url, database) = fresh_database(policy).await;
+    let settings = Settings {
         listen: "127.0.0.1:0".parse().expect("valid address"),
-        database_url: fresh_database(policy).await,
+        database_url,
         redis_urls: match counters {
             CounterBackend::Memory => Vec::new(),
             CounterBackend::Redis => vec![env("QUOTA_TEST_REDIS_URL")],
@@ -136,7 +229,8 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         ledger_retention_days: 400,
         ledger_claim_idle: Duration::from_millis(1_000),
         policy_poll: Duration::from_millis(500),
-    }
+    };
+    FreshSettings { settings, database }
 }
 
 /// Starts an app with fresh stores and a fake clock at [`start_instant`].
@@ -144,8 +238,25 @@ pub async fn spawn_app(policy: PolicyBackend, counters: CounterBackend) -> TestA
     spawn_with(fresh_settings(policy, counters).await).await
 }
 
-/// Starts an app with the given settings and a fake clock at [`start_instant`].
-pub async fn spawn_with(settings: Settings) -> TestApp {
+/// Starts an app on a fresh SQLite policy store and `counters`, with `policies` created.
+pub async fn app_with(counters: CounterBackend, policies: &[Value]) -> TestApp {
+    let app = spawn_app(PolicyBackend::Sqlite, counters).await;
+    for policy in policies {
+        app.must_create_policy(policy.clone()).await;
+    }
+    app
+}
+
+/// Starts an app with the given settings and a fake clock at [`start_instant`]. With
+/// [`FreshSettings`] the app owns their fresh database; with a copy of another app's
+/// [`Settings`] it is a sibling instance on that app's database.
+pub async fn spawn_with(settings: impl Into<FreshSettings>) -> TestApp {
+    let FreshSettings { settings, database } = settings.into();
+    spawn_owning(settings, database.map(Arc::new)).await
+}
+
+/// Starts an app that keeps `database` (if any) until it and its server have stopped.
+async fn spawn_owning(settings: Settings, database: Option<Arc<SqliteFiles>>) -> TestApp {
     let clock = Arc::new(FakeClock::new(start_instant()));
     let app = Application::build_with_clock(settings.clone(), clock.clone())
         .await
@@ -153,7 +264,12 @@ pub async fn spawn_with(settings: Settings) -> TestApp {
     let address = format!("http://127.0.0.1:{}", app.port());
     let handle = app.handle();
     let engine = app.engine();
-    tokio::spawn(app.run_until_stopped());
+    let server_database = database.clone();
+    tokio::spawn(async move {
+        let served = app.run_until_stopped().await;
+        drop(server_database);
+        served
+    });
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -165,6 +281,7 @@ pub async fn spawn_with(settings: Settings) -> TestApp {
         settings,
         engine,
         handle,
+        database,
     }
 }
 
@@ -219,6 +336,15 @@ impl Answer {
 }
 
 impl TestApp {
+    /// Stops this instance and starts a new one on the same settings and stores, as a
+    /// restart would; the new instance takes over the database this one owned.
+    pub async fn restart(self) -> TestApp {
+        let settings = self.settings.clone();
+        let database = self.database.clone();
+        drop(self);
+        spawn_owning(settings, database).await
+    }
+
     /// A request builder with the admin token.
     pub fn admin(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.client
@@ -343,11 +469,7 @@ pub struct PrivateRedis {
 impl PrivateRedis {
     /// Starts `redis-server` without persistence on a free port and waits until it answers.
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("finding a free port")
-            .port();
-        Self::start_on(port).await
+        Self::start_on(free_port()).await
     }
 
     /// The port it listens on.
@@ -377,16 +499,13 @@ impl PrivateRedis {
             port,
             url: format!("redis://127.0.0.1:{port}/"),
         };
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return redis;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("redis-server did not start on port {port}");
+        let what = format!("redis-server accepting connections on port {port}");
+        eventually(Duration::from_secs(5), &what, || async {
+            let connected = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            connected.is_ok().then_some(())
+        })
+        .await;
+        redis
     }
 
     /// Freezes the server (SIGSTOP): it accepts connections but answers nothing, like a hung Redis.
@@ -460,10 +579,7 @@ impl Drop for Service {
 /// Starts the real binary on a free port with `settings`' stores; waits until it answers
 /// and returns it with its base URL.
 pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Service, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("finding a free port")
-        .port();
+    let port = free_port();
     let service = Service(Some(
         std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
             .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
@@ -479,13 +595,16 @@ pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Ser
             .expect("starting the binary"),
     ));
     let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if client.get(format!("{base}/healthz")).send().await.is_ok() {
-            return (service, base);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the binary did not start");
+    eventually(
+        Duration::from_secs(10),
+        "the binary answering /healthz",
+        || async {
+            let answered = client.get(format!("{base}/healthz")).send().await;
+            answered.is_ok().then_some(())
+        },
+    )
+    .await;
+    (service, base)
 }
 
 /// Creates the binary-level tests' policy `p` (`sms.send`, 1,000,000 a day in UTC) on the

@@ -5,7 +5,7 @@ mod drain;
 mod http;
 mod paging;
 
-use crate::helpers::{fresh_settings, start_instant, CounterBackend, PolicyBackend};
+use crate::helpers::{fresh_settings, start_instant, CounterBackend, FreshSettings, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
 use quota_ledger::domain::{
@@ -15,12 +15,11 @@ use quota_ledger::domain::{
 use quota_ledger::engine::ledger::{LedgerError, LedgerFilter, LedgerStore};
 use std::sync::Arc;
 
-/// A fresh, migrated database of `backend` and a ledger store on it.
-pub async fn ledger_on(backend: PolicyBackend) -> Arc<dyn LedgerStore> {
-    let url = fresh_settings(backend, CounterBackend::Memory)
-        .await
-        .database_url;
-    ledger_at(&url).await
+/// A fresh, migrated database of `backend` and a ledger store on it, with the settings that
+/// own the database: keep them while the store is in use (on SQLite they delete it).
+pub async fn ledger_on(backend: PolicyBackend) -> (Arc<dyn LedgerStore>, FreshSettings) {
+    let settings = fresh_settings(backend, CounterBackend::Memory).await;
+    (ledger_at(&settings.database_url).await, settings)
 }
 
 /// A ledger store on the fresh database at `url`, migrated.
@@ -117,7 +116,7 @@ pub fn ids(entries: &[LedgerEntry]) -> Vec<String> {
 }
 
 async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let mut a = entry("a", "alice", 0);
     a.at += Duration::milliseconds(123);
     a.idempotency_key = Some(IdempotencyKey::parse("key-1").unwrap());
@@ -144,7 +143,7 @@ async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
 }
 
 async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let too_much = LedgerEntry {
         amount: 1 << 53,
         ..entry("too-much", "alice", 0)
@@ -162,7 +161,7 @@ async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBac
 }
 
 async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let refund = LedgerEntry {
         kind: EntryKind::Refund,
         consumption_id: Some(consumption_id("c-1")),
@@ -252,7 +251,7 @@ async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
 }
 
 async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let charge = LedgerEntry {
         consumption_id: Some(consumption_id("c-1")),
         amount: 1000,

@@ -2,7 +2,8 @@
 //! answer carries an `X-Request-Id`, and JSON logs carry it on every line of a request.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, spawn_app, spawn_with, CounterBackend, PolicyBackend, TestApp,
+    calendar_policy, free_port, fresh_settings, spawn_app, spawn_with, CounterBackend,
+    FreshSettings, PolicyBackend, TestApp,
 };
 use quota_ledger::config::{OnStoreError, Secret};
 use reqwest::StatusCode;
@@ -240,10 +241,8 @@ async fn metrics_are_open_without_a_token_and_follow_the_policy_cache_without_na
 }
 
 /// Settings whose Redis is a loopback port where nothing listens.
-async fn dead_redis(on_error: OnStoreError) -> quota_ledger::config::Settings {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+async fn dead_redis(on_error: OnStoreError) -> FreshSettings {
+    let port = free_port();
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![format!("redis://127.0.0.1:{port}/")];
     settings.redis_timeout = std::time::Duration::from_millis(200);

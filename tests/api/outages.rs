@@ -1,18 +1,15 @@
 //! A counter store that cannot be reached gives clear answers, never a hang.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, spawn_with, CounterBackend, PolicyBackend, PrivateRedis,
+    calendar_policy, eventually, free_port, fresh_settings, spawn_with, CounterBackend,
+    FreshSettings, PolicyBackend, PrivateRedis,
 };
 use quota_ledger::config::OnStoreError;
 use reqwest::StatusCode;
 
 /// Settings pointing Redis at a loopback port where nothing listens.
-async fn settings_with_dead_redis(on_error: OnStoreError) -> quota_ledger::config::Settings {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+async fn settings_with_dead_redis(on_error: OnStoreError) -> FreshSettings {
+    let port = free_port();
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![format!("redis://127.0.0.1:{port}/")];
     settings.redis_timeout = std::time::Duration::from_millis(200);
@@ -69,12 +66,7 @@ async fn when_redis_comes_back_consumes_resume_without_a_restart() {
     app.consume("a", "s", 1).await.assert_problem(503);
 
     let _again = PrivateRedis::start_on(port).await;
-    let status = consume_until_ok(&app).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "service resumed after Redis returned"
-    );
+    consumes_resume(&app, "service resumed after Redis returned").await;
 }
 
 #[tokio::test]
@@ -117,12 +109,7 @@ async fn a_hung_redis_costs_a_few_timeouts_then_fails_fast_until_it_answers_agai
     );
 
     redis.resume();
-    let status = consume_until_ok(&app).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "the circuit closes once Redis answers"
-    );
+    consumes_resume(&app, "the circuit closes once Redis answers").await;
     let metrics = scrape(&app).await;
     assert!(
         metrics.contains("quota_counter_store_circuit_open 0"),
@@ -146,15 +133,10 @@ async fn scrape(app: &crate::helpers::TestApp) -> String {
         .unwrap()
 }
 
-/// Consumes until one is allowed (at most 5 s); returns the last status.
-async fn consume_until_ok(app: &crate::helpers::TestApp) -> StatusCode {
-    let mut status = StatusCode::SERVICE_UNAVAILABLE;
-    for _ in 0..50 {
-        status = app.consume("a", "s", 1).await.status;
-        if status == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    status
+/// Consumes until one is allowed; fails with `what` if none is within 10 s.
+async fn consumes_resume(app: &crate::helpers::TestApp, what: &str) {
+    eventually(std::time::Duration::from_secs(10), what, || async {
+        (app.consume("a", "s", 1).await.status == StatusCode::OK).then_some(())
+    })
+    .await;
 }

@@ -1,18 +1,10 @@
 //! Payment-grade consumes over real HTTP on both counter stores: idempotent retries,
 //! refunds, holds, and the ledger entries they leave.
 
-use crate::helpers::{calendar_policy, spawn_app, Answer, CounterBackend, PolicyBackend, TestApp};
+use crate::helpers::{app_with, calendar_policy, Answer, CounterBackend, TestApp};
 use crate::on_counter_stores;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-async fn app_with(counters: CounterBackend, policies: &[Value]) -> TestApp {
-    let app = spawn_app(PolicyBackend::Sqlite, counters).await;
-    for policy in policies {
-        app.must_create_policy(policy.clone()).await;
-    }
-    app
-}
 
 fn dollars(limit: u64) -> Value {
     json!({"id": "dollars", "action": "transfer", "measure": "amount", "limit": limit,

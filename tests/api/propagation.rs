@@ -3,8 +3,8 @@
 //! consumes working from the cache and admin writes failing fast until it returns.
 
 use crate::helpers::{
-    calendar_policy, fresh_settings, spawn_app, spawn_with, CounterBackend, PolicyBackend,
-    PrivatePostgres, TestApp,
+    calendar_policy, eventually, fresh_settings, spawn_app, spawn_with, CounterBackend,
+    PolicyBackend, PrivatePostgres, TestApp,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -14,28 +14,20 @@ use std::time::{Duration, Instant};
 /// How soon another instance must enforce a change.
 const WITHIN: Duration = Duration::from_secs(1);
 
-/// Polls `condition` until it holds and returns how long that took; fails after `limit`.
-async fn time_until<F, Fut>(what: &str, limit: Duration, mut condition: F) -> Duration
+/// Asserts that `condition` (another instance's view of a change) holds within [`WITHIN`].
+async fn propagates<F, Fut>(what: &str, mut condition: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
     let started = Instant::now();
-    while !condition().await {
-        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    started.elapsed()
-}
-
-/// Asserts that `condition` (another instance's view of a change) holds within [`WITHIN`].
-async fn propagates<F, Fut>(what: &str, condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
     // Poll a little past the deadline, so that a slow propagation reads as "took 1.3 s".
-    let took = time_until(what, 5 * WITHIN, condition).await;
+    eventually(5 * WITHIN, what, || {
+        let holds = condition();
+        async move { holds.await.then_some(()) }
+    })
+    .await;
+    let took = started.elapsed();
     assert!(took < WITHIN, "{what} took {took:?}, more than {WITHIN:?}");
 }
 
@@ -190,29 +182,29 @@ async fn while_postgres_is_down_consumes_go_on_admin_writes_fail_fast_and_all_re
     assert_eq!(a.consume("a", "s", 1).await.status, StatusCode::OK);
 
     postgres.restart().await;
-    time_until(
-        "admin writes work again",
+    eventually(
         Duration::from_secs(20),
+        "admin writes work again",
         || async {
             let answer = a
                 .create_policy(calendar_policy("q", "b", 5, "day", "UTC"))
                 .await;
-            answer.status == StatusCode::CREATED
+            (answer.status == StatusCode::CREATED).then_some(())
         },
     )
     .await;
     assert_eq!(policy_store_status(&a).await, (StatusCode::OK, json!("ok")));
     // Right after an outage B may still be reconnecting, so allow it more than a second.
-    time_until(
-        "B enforces a change made after the outage",
+    eventually(
         5 * WITHIN,
-        || async { b.check("b", "s", 1).await.status == StatusCode::OK },
+        "B enforces a change made after the outage",
+        || async { (b.check("b", "s", 1).await.status == StatusCode::OK).then_some(()) },
     )
     .await;
     // The three consumes answered while Postgres was down reach the ledger once it is back.
-    time_until(
-        "the outage's consumes are in the ledger",
+    eventually(
         Duration::from_secs(10),
+        "the outage's consumes are in the ledger",
         || async {
             let page = a
                 .send(
@@ -220,7 +212,7 @@ async fn while_postgres_is_down_consumes_go_on_admin_writes_fail_fast_and_all_re
                         .get(format!("{}/quota/ledger?subject=s&kind=charge", a.address)),
                 )
                 .await;
-            page.body["items"].as_array().map(Vec::len) == Some(3)
+            (page.body["items"].as_array().map(Vec::len) == Some(3)).then_some(())
         },
     )
     .await;

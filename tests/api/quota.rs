@@ -1,19 +1,11 @@
 //! The engine's conformance suite over real HTTP: every scenario runs on the in-process
 //! counters, on real Redis and on a real 3-master Redis Cluster, with a fake clock.
 
-use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend, TestApp};
+use crate::helpers::{app_with, calendar_policy, CounterBackend};
 use crate::on_counter_stores;
 use chrono::{TimeZone, Utc};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-
-async fn app_with(counters: CounterBackend, policies: &[Value]) -> TestApp {
-    let app = spawn_app(PolicyBackend::Sqlite, counters).await;
-    for policy in policies {
-        app.must_create_policy(policy.clone()).await;
-    }
-    app
-}
 
 fn policy<'a>(body: &'a Value, id: &str) -> &'a Value {
     body["policies"]

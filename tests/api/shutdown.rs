@@ -2,7 +2,8 @@
 //! and every charge it made was answered.
 
 use crate::helpers::{
-    create_sms_policy, fresh_settings, spawn_with, start_binary, CounterBackend, PolicyBackend,
+    create_sms_policy, eventually, fresh_settings, spawn_with, start_binary, CounterBackend,
+    PolicyBackend,
 };
 use reqwest::StatusCode;
 use serde_json::json;
@@ -34,12 +35,12 @@ async fn sigterm_under_load_loses_no_accepted_request() {
             result
         });
     }
-    for _ in 0..200 {
-        if answered.load(std::sync::atomic::Ordering::SeqCst) >= 100 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "100 answers to the stream",
+        || async { (answered.load(std::sync::atomic::Ordering::SeqCst) >= 100).then_some(()) },
+    )
+    .await;
     let stopping = tokio::spawn(child.terminate());
 
     let mut answered_ok = 0;

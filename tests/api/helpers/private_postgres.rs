@@ -41,10 +41,7 @@ impl PrivatePostgres {
     }
 
     fn init() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("finding a free port")
-            .port();
+        let port = super::free_port();
         let root =
             std::env::temp_dir().join(format!("quota-ledger-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&root).expect("creating the Postgres temp dir");

@@ -1,7 +1,7 @@
 //! The ledger's background work on real stores: the group-commit writer and retention.
 
 use super::{entry, everything, ids, label, ledger_on};
-use crate::helpers::{start_instant, PolicyBackend};
+use crate::helpers::{eventually, start_instant, PolicyBackend};
 use crate::on_policy_stores;
 use chrono::Duration;
 use quota_ledger::clock::FakeClock;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 async fn deleting_old_entries_removes_only_those_before_the_cutoff_in_batches(
     backend: PolicyBackend,
 ) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let day = 86_400;
     let mut entries: Vec<_> = (0..5)
         .map(|i| entry(&format!("old-{i}"), "alice", -31 * day - i))
@@ -44,7 +44,7 @@ async fn deleting_old_entries_removes_only_those_before_the_cutoff_in_batches(
 }
 
 async fn the_retention_task_deletes_old_entries_until_it_is_dropped(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let day = 86_400;
     store
         .append(&[
@@ -53,29 +53,32 @@ async fn the_retention_task_deletes_old_entries_until_it_is_dropped(backend: Pol
         ])
         .await
         .unwrap();
+    let every = std::time::Duration::from_millis(20);
     let retention = Retention {
         first_sweep_after: std::time::Duration::ZERO,
-        every: std::time::Duration::from_millis(20),
+        every,
         pause: std::time::Duration::from_millis(1),
         ..Retention::days(7)
     };
     let clock: Arc<FakeClock> = Arc::new(FakeClock::new(start_instant()));
     let task = retention.spawn(store.clone(), clock);
-    let mut left = Vec::new();
-    for _ in 0..500 {
-        left = everything(store.as_ref(), &LedgerFilter::default()).await;
-        if left.len() == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let left = eventually(
+        std::time::Duration::from_secs(5),
+        "the retention task deleting the old entry",
+        || async {
+            let left = everything(store.as_ref(), &LedgerFilter::default()).await;
+            (left.len() == 1).then_some(left)
+        },
+    )
+    .await;
     assert_eq!(ids(&left), ["recent"]);
     drop(task);
     store
         .append(&[entry("old-2", "alice", -9 * day)])
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Waiting is the point: a task still running would delete old-2 within ten sweeps.
+    tokio::time::sleep(10 * every).await;
     let left = everything(store.as_ref(), &LedgerFilter::default()).await;
     assert_eq!(
         ids(&left),
@@ -85,7 +88,7 @@ async fn the_retention_task_deletes_old_entries_until_it_is_dropped(backend: Pol
 }
 
 async fn the_writer_commits_concurrent_appends_exactly_once(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let writer = LedgerWriter::spawn(store.clone());
     let tasks: Vec<_> = (0..40)
         .map(|t| {

@@ -1,9 +1,8 @@
 //! The Redis-stream drain against a real Redis and a real SQL ledger.
 
 use super::{entry, everything, label, ledger_at};
-use crate::helpers::{fresh_settings, CounterBackend, PolicyBackend};
+use crate::helpers::{fresh_settings, CounterBackend, FreshSettings, PolicyBackend};
 use crate::on_policy_stores;
-use quota_ledger::config::Settings;
 use quota_ledger::counters::redis::RedisCounterStore;
 use quota_ledger::domain::LedgerEntry;
 use quota_ledger::engine::drain::Drainer;
@@ -13,10 +12,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A fresh database and Redis prefix, the ledger on that database, and a drain over it
-/// that has made its first pass (which, as at startup, creates the consumer groups).
+/// A fresh database (deleted with the setup, on SQLite) and Redis prefix, the ledger on that
+/// database, and a drain over it that has made its first pass (which, as at startup,
+/// creates the consumer groups).
 struct Setup {
-    settings: Settings,
+    settings: FreshSettings,
     ledger: Arc<dyn LedgerStore>,
     drainer: Drainer,
 }

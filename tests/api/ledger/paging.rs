@@ -1,7 +1,7 @@
 //! Paging the ledger store: cursors, and walking every page while entries keep arriving.
 
 use super::{entry, ids, label, ledger_on};
-use crate::helpers::PolicyBackend;
+use crate::helpers::{eventually, PolicyBackend};
 use crate::on_policy_stores;
 use quota_ledger::engine::ledger::{LedgerError, LedgerFilter};
 use std::collections::HashSet;
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 async fn a_full_last_page_has_no_cursor_and_a_foreign_cursor_is_refused(backend: PolicyBackend) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let entries: Vec<_> = (0..4)
         .map(|i| entry(&format!("e{i}"), "alice", i))
         .collect();
@@ -32,7 +32,7 @@ async fn a_full_last_page_has_no_cursor_and_a_foreign_cursor_is_refused(backend:
 async fn walking_the_pages_sees_every_entry_once_while_new_ones_keep_arriving(
     backend: PolicyBackend,
 ) {
-    let store = ledger_on(backend).await;
+    let (store, _database) = ledger_on(backend).await;
     let subject = |i: usize| if i.is_multiple_of(3) { "bob" } else { "alice" };
     // 600 entries in one append: more than one INSERT statement's worth.
     let seeded: Vec<_> = (0..600)
@@ -69,9 +69,12 @@ async fn walking_the_pages_sees_every_entry_once_while_new_ones_keep_arriving(
             pages += 1;
             // At least one new entry lands between any two pages.
             let before = inserted.load(Ordering::SeqCst);
-            while inserted.load(Ordering::SeqCst) == before {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            }
+            eventually(
+                std::time::Duration::from_secs(10),
+                "a new entry landing before the next page",
+                || async { (inserted.load(Ordering::SeqCst) > before).then_some(()) },
+            )
+            .await;
             match page.next_cursor {
                 Some(next) => cursor = Some(next),
                 None => break,
