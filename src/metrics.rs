@@ -9,8 +9,9 @@
 //! unbounded and personal data. A series, once created, stays until the process exits,
 //! so the series of a deleted policy are bounded by the policies configured since.
 //!
-//! Request and decision series appear once they have counted something; the other series
-//! (latency, store errors, the gauges, build info) are always present.
+//! Request and decision series appear once they have counted something; latency, store
+//! errors and build info are always present, and so are the gauges, but for the last
+//! reload (before the first one) and the ledger backlog (without Redis).
 //!
 //! - `labels`: the label sets, and how their values are spelled.
 //! - `scrape`: the gauges built at scrape time from the policy cache and [`Live`].
