@@ -1,25 +1,35 @@
-//! Prometheus metrics: a small registry of atomic counters, rendered in the text
-//! exposition format (version 0.0.4) by [`Metrics::render`] for `GET /metrics`.
+//! Prometheus metrics: counters and histograms in a `prometheus_client` registry, and
+//! gauges read at scrape time, rendered by [`Metrics::render`] for `GET /metrics` in the
+//! Prometheus text format (version 0.0.4).
 //!
 //! Label values are bounded by configuration: `action` and `policy` only ever take the
 //! values of configured policies (a request for an action without policies is counted
 //! under the fixed label [`UNKNOWN_ACTION`], never under the raw value, so a caller
 //! cannot create series at will), and nothing is labelled by subject: subjects are
-//! unbounded and personal data.
+//! unbounded and personal data. A series, once created, stays until the process exits,
+//! so the series of a deleted policy are bounded by the policies configured since.
 //!
-//! The hot path takes one uncontended read lock and increments atomics. Series are
-//! looked up with borrowed `&str` keys; their label strings are allocated once, the
-//! first time an action or policy is seen (under the write lock).
+//! Request and decision series appear once they have counted something; latency, store
+//! errors and build info are always present, and so are the gauges, but for the last
+//! reload (before the first one) and the ledger backlog (without Redis).
+//!
+//! - `labels`: the label sets, and how their values are spelled.
+//! - `scrape`: the gauges built at scrape time from the policy cache and [`Live`].
+//! - `text`: prometheus-client writes OpenMetrics; this turns it into 0.0.4.
 
+mod labels;
+mod scrape;
 mod text;
 
-use crate::domain::Mode;
 use crate::engine::policies::PolicyCache;
 use crate::engine::store::StoreError;
 use crate::engine::{Decision, EngineError, PolicyDecision};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock};
+use labels::{DecisionLabels, EndpointLabels, RequestLabels, RequestResult, StoreErrorLabels};
+use prometheus_client::encoding::text::encode_registry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use std::time::Duration;
 
 /// The media type of [`Metrics::render`]'s output.
@@ -29,7 +39,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const UNKNOWN_ACTION: &str = "(unknown)";
 
 /// The quota endpoint a request came through (the `endpoint` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     /// `POST /quota/consume`.
     Consume,
@@ -48,91 +58,13 @@ impl Endpoint {
     }
 }
 
-/// How a consume or check ended (the `result` label); the index into the request series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RequestResult {
-    Allowed,
-    Denied,
-    Degraded,
-    UnknownAction,
-    Invalid,
-    Unavailable,
-    Error,
-}
-
-impl RequestResult {
-    const ALL: [Self; 7] = [
-        Self::Allowed,
-        Self::Denied,
-        Self::Degraded,
-        Self::UnknownAction,
-        Self::Invalid,
-        Self::Unavailable,
-        Self::Error,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Denied => "denied",
-            Self::Degraded => "degraded",
-            Self::UnknownAction => "unknown_action",
-            Self::Invalid => "invalid",
-            Self::Unavailable => "unavailable",
-            Self::Error => "error",
-        }
-    }
-}
-
-/// Per-policy decision counts, indexed `[endpoint][mode][outcome]` (see [`MODES`], [`OUTCOMES`]).
-type PolicySeries = [[[AtomicU64; 2]; 2]; 2];
-
-/// The `mode` label values, by their index in a [`PolicySeries`].
-const MODES: [&str; 2] = ["enforce", "shadow"];
-
-/// The `outcome` label values, by their index in a [`PolicySeries`].
-const OUTCOMES: [&str; 2] = ["allowed", "denied"];
-
-/// Every series of one `action` label value.
-#[derive(Debug, Default)]
-struct ActionSeries {
-    /// Requests, indexed `[endpoint][result]`.
-    requests: [[AtomicU64; RequestResult::ALL.len()]; 2],
-    /// Decisions by policy id.
-    policies: HashMap<String, PolicySeries>,
-}
-
-/// Upper bounds of the latency histogram's buckets: nanoseconds, and the `le` label.
-const BUCKETS: [(u64, &str); 11] = [
-    (500_000, "0.0005"),
-    (1_000_000, "0.001"),
-    (2_500_000, "0.0025"),
-    (5_000_000, "0.005"),
-    (10_000_000, "0.01"),
-    (25_000_000, "0.025"),
-    (50_000_000, "0.05"),
-    (100_000_000, "0.1"),
-    (250_000_000, "0.25"),
-    (500_000_000, "0.5"),
-    (1_000_000_000, "1"),
+/// Upper bounds of the latency histogram's buckets, in seconds (`+Inf` is implicit).
+const BUCKETS: [f64; 11] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
-/// A fixed-bucket latency histogram; `counts` are per bucket (the last one is `+Inf`),
-/// made cumulative when rendered.
-#[derive(Debug, Default)]
-struct Histogram {
-    counts: [AtomicU64; BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, elapsed: Duration) {
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        let bucket = BUCKETS.partition_point(|(bound, _)| *bound < nanos);
-        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-    }
-}
+/// The `kind` label values of `quota_store_errors_total`.
+const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "timeout", "protocol"];
 
 /// Gauges read from the stores at scrape time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -144,27 +76,83 @@ pub struct Live {
     pub ledger_backlog: Option<u64>,
 }
 
-/// The service's metrics; shared by every worker (all counters are atomics).
-#[derive(Debug, Default)]
+/// The service's metrics; shared by every worker.
+///
+/// The fields are handles to the families registered in `registry` (cloning one shares
+/// its series), kept to record into without looking families up by name.
+#[derive(Debug)]
 pub struct Metrics {
-    /// Request and decision series by `action` label value.
-    actions: RwLock<HashMap<String, ActionSeries>>,
-    /// Engine latency, indexed by endpoint.
-    durations: [Histogram; 2],
-    /// Counter-store failures: unreachable (refused, reset, circuit open).
-    store_unavailable: AtomicU64,
-    /// Counter-store failures: no answer within `QUOTA_REDIS_TIMEOUT_MS`.
-    store_timeouts: AtomicU64,
-    /// Counter-store failures: unexpected answers (bugs).
-    store_protocol: AtomicU64,
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    decisions: Family<DecisionLabels, Counter>,
+    durations: Family<EndpointLabels, Histogram>,
+    store_errors: Family<StoreErrorLabels, Counter>,
     /// Consumes and checks allowed only because the store was down and we fail open.
-    degraded_allows: AtomicU64,
+    degraded_allows: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let metrics = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            decisions: Family::default(),
+            durations: Family::new_with_constructor(|| Histogram::new(BUCKETS)),
+            store_errors: Family::default(),
+            degraded_allows: Counter::default(),
+        };
+        // Series that are always present, at zero until something happens.
+        for endpoint in Endpoint::ALL {
+            drop(
+                metrics
+                    .durations
+                    .get_or_create(&EndpointLabels { endpoint }),
+            );
+        }
+        for kind in STORE_ERROR_KINDS {
+            drop(metrics.store_errors.get_or_create(&store_error(kind)));
+        }
+        metrics.registered()
+    }
 }
 
 impl Metrics {
-    /// An empty registry.
+    /// An empty registry (the always-present series at zero).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Registers every family, in the order they are rendered. Counter names have no
+    /// `_total`: the encoder adds it to samples. Help texts have no final period: the
+    /// registry adds one.
+    fn registered(mut self) -> Self {
+        let registry = &mut self.registry;
+        registry.register(
+            "quota_requests",
+            "Consume and check requests by endpoint, action and result",
+            self.requests.clone(),
+        );
+        registry.register(
+            "quota_decisions",
+            "Per-policy outcomes of consume and check decisions (shadow policies over their limit count as denied)",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "quota_decision_duration_seconds",
+            "Time the engine took to answer a consume or check (every call, errors included)",
+            self.durations.clone(),
+        );
+        registry.register(
+            "quota_store_errors",
+            "Counter-store failures: unavailable (unreachable), timeout (no answer in time) or protocol (unexpected answers)",
+            self.store_errors.clone(),
+        );
+        registry.register(
+            "quota_degraded_allows",
+            "Consumes and checks allowed unchecked because the counter store was down (QUOTA_ON_STORE_ERROR=allow)",
+            self.degraded_allows.clone(),
+        );
+        self
     }
 
     /// Counts one consume or check that reached the engine: its latency, its result, one
@@ -180,11 +168,13 @@ impl Metrics {
         elapsed: Duration,
         outcome: Result<&Decision, &EngineError>,
     ) {
-        self.durations[endpoint as usize].observe(elapsed);
+        self.durations
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(elapsed.as_secs_f64());
         self.observe_store(outcome);
         let (action, result, policies) = match outcome {
             Ok(decision) if decision.degraded => {
-                self.degraded_allows.fetch_add(1, Ordering::Relaxed);
+                self.degraded_allows.inc();
                 (action, RequestResult::Degraded, &[][..])
             }
             Ok(decision) if decision.allowed => {
@@ -222,11 +212,11 @@ impl Metrics {
     /// Counts the counter-store failure behind `outcome`, if any (a degraded answer hides
     /// one); for engine calls other than consume and check, such as usage reads.
     pub fn observe_store(&self, outcome: Result<&Decision, &EngineError>) {
-        let counter = match outcome {
-            Ok(decision) if decision.degraded => &self.store_unavailable,
-            Err(EngineError::Store(StoreError::Unavailable(_))) => &self.store_unavailable,
-            Err(EngineError::Store(StoreError::Timeout(_))) => &self.store_timeouts,
-            Err(EngineError::Store(StoreError::Protocol(_))) => &self.store_protocol,
+        let kind = match outcome {
+            Ok(decision) if decision.degraded => "unavailable",
+            Err(EngineError::Store(StoreError::Unavailable(_))) => "unavailable",
+            Err(EngineError::Store(StoreError::Timeout(_))) => "timeout",
+            Err(EngineError::Store(StoreError::Protocol(_))) => "protocol",
             Ok(_)
             | Err(
                 EngineError::UnknownAction(_)
@@ -235,11 +225,24 @@ impl Metrics {
                 | EngineError::Ledger(_),
             ) => return,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.store_errors.get_or_create(&store_error(kind)).inc();
     }
 
-    /// Increments the request series and the policies' decision series of `action`,
-    /// creating the ones not seen before.
+    /// Every metric, with the policy cache's and `live` gauges, as Prometheus text (0.0.4).
+    pub fn render(&self, cache: &PolicyCache, live: &Live) -> String {
+        let mut open_metrics = String::new();
+        let scraped = scrape::registry(cache, live);
+        for registry in [&self.registry, &scraped] {
+            // Writing to a String cannot fail, and every gauge value fits the encoder's
+            // range, so an error here is a bug; the scrape still gets what was written.
+            if encode_registry(&mut open_metrics, registry).is_err() {
+                tracing::error!("encoding the metrics failed; the scrape is incomplete");
+            }
+        }
+        text::prometheus_0_0_4(&open_metrics)
+    }
+
+    /// Increments the request series of `action` and its policies' decision series.
     fn count(
         &self,
         endpoint: Endpoint,
@@ -247,36 +250,32 @@ impl Metrics {
         result: RequestResult,
         policies: &[PolicyDecision],
     ) {
-        let record = |series: &ActionSeries| {
-            let by_endpoint = endpoint as usize;
-            series.requests[by_endpoint][result as usize].fetch_add(1, Ordering::Relaxed);
-            for policy in policies {
-                if let Some(counts) = series.policies.get(policy.policy_id.as_str()) {
-                    let mode = usize::from(policy.mode == Mode::Shadow);
-                    let denied = usize::from(!policy.allowed);
-                    counts[by_endpoint][mode][denied].fetch_add(1, Ordering::Relaxed);
-                }
-            }
+        let request = RequestLabels {
+            endpoint,
+            action: action.to_owned(),
+            result,
         };
-        {
-            // A poisoned lock only means a panic elsewhere; the counters stay valid.
-            let actions = self.actions.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(series) = actions.get(action) {
-                let known = |p: &PolicyDecision| series.policies.contains_key(p.policy_id.as_str());
-                if policies.iter().all(known) {
-                    return record(series);
-                }
-            }
-        }
-        let mut actions = self.actions.write().unwrap_or_else(PoisonError::into_inner);
-        // The slow path: allocating the keys of every lookup here is fine.
-        let series = actions.entry(action.to_owned()).or_default();
+        self.requests.get_or_create(&request).inc();
         for policy in policies {
-            series
-                .policies
-                .entry(policy.policy_id.to_string())
-                .or_default();
+            let decision = DecisionLabels {
+                endpoint,
+                action: request.action.clone(),
+                policy: policy.policy_id.to_string(),
+                mode: policy.mode,
+                outcome: if policy.allowed { "allowed" } else { "denied" },
+            };
+            self.decisions.get_or_create(&decision).inc();
         }
-        record(series);
     }
 }
+
+/// The labels of one counter-store error series.
+fn store_error(kind: &'static str) -> StoreErrorLabels {
+    StoreErrorLabels {
+        store: "counter",
+        kind,
+    }
+}
+
+#[cfg(test)]
+mod tests;

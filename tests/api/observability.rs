@@ -50,8 +50,13 @@ impl Scrape {
         }
     }
 
+    /// The value of `series`, whatever order its labels were written in.
     fn value(&self, series: &str) -> Option<f64> {
-        self.samples.get(series).copied()
+        let wanted = sorted_labels(series);
+        let mut samples = self.samples.iter();
+        samples
+            .find(|(s, _)| sorted_labels(s) == wanted)
+            .map(|(_, v)| *v)
     }
 
     /// The sum of every sample whose series starts with `prefix` and contains none of `but`.
@@ -62,6 +67,21 @@ impl Scrape {
             .map(|(_, v)| v)
             .sum()
     }
+}
+
+/// `series` with its labels sorted: label order carries no meaning in the exposition,
+/// and encoders differ (prometheus-client writes a histogram's `le` first).
+fn sorted_labels(series: &str) -> (String, Vec<String>) {
+    let Some((name, labels)) = series.split_once('{') else {
+        return (series.to_owned(), Vec::new());
+    };
+    let labels = labels.strip_suffix('}').expect("labels end with `}`");
+    let mut labels: Vec<String> = labels
+        .split("\",")
+        .map(|label| label.trim_end_matches('"').to_owned())
+        .collect();
+    labels.sort_unstable();
+    (name.to_owned(), labels)
 }
 
 fn requests(endpoint: &str, action: &str, result: &str) -> String {
@@ -121,6 +141,15 @@ async fn metrics_count_requests_and_each_policys_decision_by_label_but_never_by_
         "{}",
         scrape.content_type
     );
+    for counter in ["quota_requests_total", "quota_decisions_total"] {
+        let typed = format!("\n# TYPE {counter} counter\n");
+        assert!(
+            scrape.body.contains(&typed),
+            "0.0.4 names the family after its samples:\n{}",
+            scrape.body
+        );
+    }
+    assert!(!scrape.body.contains("# EOF"), "{}", scrape.body);
     let table = [
         (requests("consume", "sms.send", "allowed"), 2.0),
         (requests("consume", "sms.send", "denied"), 1.0),

@@ -1,0 +1,55 @@
+//! The gauges read at scrape time: what the policy cache holds, the counter store's
+//! circuit breaker, the ledger backlog and the build. They are built fresh for every
+//! scrape from the values the handler passes, so nothing has to keep them up to date.
+
+use super::Live;
+use crate::engine::policies::PolicyCache;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+/// A registry of this scrape's gauges. A gauge whose value is unknown (no reload yet, no
+/// Redis) is left out rather than reported as 0.
+///
+/// Help texts have no final period: the registry adds one.
+pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
+    let mut registry = Registry::default();
+    let (policies, overrides) = cache.sizes();
+    registry.register(
+        "quota_policy_cache_policies",
+        "Policies in the in-process cache, enabled or not",
+        ConstGauge::new(policies),
+    );
+    registry.register(
+        "quota_policy_cache_overrides",
+        "Per-subject overrides in the in-process cache",
+        ConstGauge::new(overrides),
+    );
+    if let Some(at) = cache.last_reload() {
+        registry.register(
+            "quota_policy_cache_last_reload_timestamp_seconds",
+            "When the policy cache was last rebuilt (Unix time)",
+            ConstGauge::new(at.timestamp_millis() as f64 / 1e3),
+        );
+    }
+    registry.register(
+        "quota_counter_store_circuit_open",
+        "1 while the counter store's circuit breaker fails calls without trying",
+        ConstGauge::new(i64::from(live.circuit_open)),
+    );
+    if let Some(backlog) = live.ledger_backlog {
+        registry.register(
+            "quota_ledger_backlog_entries",
+            "Ledger entries waiting in the Redis streams to be moved into SQL",
+            // The text encoder refuses a u64 above i64::MAX; no backlog gets near it.
+            ConstGauge::new(i64::try_from(backlog).unwrap_or(i64::MAX)),
+        );
+    }
+    registry
+        .sub_registry_with_label(("version".into(), env!("CARGO_PKG_VERSION").into()))
+        .register(
+            "quota_build_info",
+            "Always 1; labelled with the version",
+            ConstGauge::new(1),
+        );
+    registry
+}
