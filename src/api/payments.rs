@@ -189,10 +189,8 @@ pub async fn create_hold(
         &mut errors,
     )
     .ok_or_else(|| ApiError::from(errors))?;
-    let held = state
-        .engine
-        .hold(&request, input.ttl_seconds.unsigned_abs())
-        .await?;
+    let held =
+        super::metrics::consume(&state, &request, Some(input.ttl_seconds.unsigned_abs())).await?;
     let (mut response, decision) = respond(&request, held.decision, None, held.replayed);
     Ok(response.json(HoldAnswer {
         decision,

@@ -230,6 +230,29 @@ async fn metrics_count_requests_and_each_policys_decision_by_label_but_never_by_
     }
 }
 
+/// The README promises one request per consume, hold or check: a hold is counted (and
+/// timed) as a consume.
+#[tokio::test]
+async fn a_hold_is_counted_as_a_consume() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    app.must_create_policy(calendar_policy("sms-daily", "sms.send", 2, "day", "UTC"))
+        .await;
+    let hold = app
+        .quota(
+            "/quota/holds",
+            json!({"action": "sms.send", "subject": SUBJECT, "ttl_seconds": 60}),
+        )
+        .await;
+    assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
+    let scrape = Scrape::of(&app).await;
+    assert_eq!(
+        scrape.value(&requests("consume", "sms.send", "allowed")),
+        Some(1.0),
+        "{}",
+        scrape.body
+    );
+}
+
 #[tokio::test]
 async fn metrics_are_open_without_a_token_and_follow_the_policy_cache_without_naming_subjects() {
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
