@@ -1,4 +1,4 @@
-//! The in-process counter store: the same counting as `scripts/consume.lua`, in Rust.
+//! The in-process counter store: the same counting as `redis/scripts/consume.lua`, in Rust.
 //!
 //! It is a production backend (the default when no Redis is configured), not a test double:
 //! state is sharded so that unrelated subjects do not contend, entries expire exactly like the

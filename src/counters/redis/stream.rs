@@ -1,7 +1,7 @@
 //! The Redis side of the ledger drain: reading the per-shard ledger streams through a
 //! consumer group, claiming what dead consumers left pending, and acknowledging.
 
-use super::redis::RedisCounterStore;
+use super::RedisCounterStore;
 use crate::engine::store::StoreError;
 use crate::engine::stream::{LedgerStream, Read, StreamEntry};
 use async_trait::async_trait;

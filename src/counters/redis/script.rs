@@ -1,0 +1,330 @@
+//! The two Lua scripts: building their `EVALSHA` calls and reading their replies.
+//!
+//! `scripts/consume.lua` and `scripts/giveback.lua` document their KEYS, ARGV and
+//! replies in their headers; this file is their Rust side.
+
+use crate::engine::codec;
+use crate::engine::store::{
+    Algorithm, Charge, Decided, Effects, Evaluation, GiveBack, GiveBackKind, GivenBack, Outcome,
+    Restore, StoreError,
+};
+use redis::{Cmd, Script, Value};
+
+/// The decision script; its header documents KEYS, ARGV and the reply.
+pub(super) const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
+
+/// The give-back script (refunds, hold settlement); its header documents KEYS and ARGV.
+pub(super) const GIVEBACK_LUA: &str = include_str!("scripts/giveback.lua");
+
+/// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
+/// front: two allocations per decision (a `ScriptInvocation` would make one per argument).
+pub(super) fn consume_cmd(
+    script: &Script,
+    now_ms: i64,
+    charges: &[Charge],
+    commit: bool,
+    effects: &Effects,
+) -> Cmd {
+    let keys: usize = charges.iter().map(|c| c.key.len()).sum();
+    let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
+        + effects
+            .idempotency
+            .as_ref()
+            .map_or(0, |i| i.record.len() + i.key.len())
+        + effects.hold.as_ref().map_or(0, |h| h.record.len() + 128);
+    let mut call = Cmd::with_capacity(
+        16 + 7 * charges.len(),
+        128 + keys + 64 * charges.len() + extra,
+    );
+    let extra_keys = usize::from(effects.idempotency.is_some())
+        + usize::from(effects.ledger.is_some())
+        + 2 * usize::from(effects.hold.is_some());
+    call.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(charges.len() + extra_keys);
+    for charge in charges {
+        call.arg(charge.key.as_str());
+    }
+    if let Some(idem) = &effects.idempotency {
+        call.arg(idem.key.as_str());
+    }
+    if let Some(ledger) = &effects.ledger {
+        call.arg(ledger.stream.as_str());
+    }
+    if let Some(hold) = &effects.hold {
+        call.arg(hold.record_key.as_str())
+            .arg(hold.index_key.as_str());
+    }
+    // ARGV layout (see the script's header): now, commit, six values per charge, effects.
+    call.arg(now_ms).arg(u8::from(commit));
+    for charge in charges {
+        let (kind, p1, p2) = match charge.algorithm {
+            Algorithm::Calendar { period_end_ms } => (1, period_end_ms, 0),
+            Algorithm::Rolling { bucket_ms, buckets } => (2, bucket_ms, buckets),
+            Algorithm::TokenBucket { period_ms } => (3, period_ms, 0),
+        };
+        call.arg(kind)
+            .arg(p1)
+            .arg(p2)
+            .arg(charge.limit)
+            .arg(charge.cost)
+            .arg(u8::from(charge.enforce));
+    }
+    let flag = |on: bool| if on { '1' } else { '0' };
+    let flags: String = [
+        flag(effects.idempotency.is_some()),
+        flag(effects.ledger.is_some()),
+        flag(effects.hold.is_some()),
+    ]
+    .into_iter()
+    .collect();
+    call.arg(flags);
+    match &effects.idempotency {
+        Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
+        None => call.arg("").arg(""),
+    };
+    match &effects.ledger {
+        Some(ledger) => call
+            .arg(ledger.allowed.as_str())
+            .arg(ledger.denied.as_deref().unwrap_or("")),
+        None => call.arg("").arg(""),
+    };
+    match &effects.hold {
+        Some(hold) => call
+            .arg(hold.hold_id.as_str())
+            .arg(hold.expires_at_ms)
+            .arg(hold.record.as_str())
+            .arg(hold.ttl_ms),
+        None => call.arg("").arg("").arg("").arg(""),
+    };
+    call
+}
+
+/// The EVALSHA call of the give-back script.
+pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack) -> Cmd {
+    let mut call = Cmd::with_capacity(24 + 7 * request.counters.len(), 1024);
+    let extra_keys = usize::from(request.hold_index.is_some())
+        + usize::from(request.ledger.is_some())
+        + usize::from(request.idempotency.is_some());
+    call.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(request.counters.len() + 1 + extra_keys);
+    for counter in &request.counters {
+        call.arg(counter.key.as_str());
+    }
+    call.arg(request.control_key.as_str());
+    if let Some((index, _)) = &request.hold_index {
+        call.arg(index.as_str());
+    }
+    if let Some((stream, _)) = &request.ledger {
+        call.arg(stream.as_str());
+    }
+    if let Some(idem) = &request.idempotency {
+        call.arg(idem.key.as_str());
+    }
+    let (op, total, amount, refunded, hold_expiry) = match request.kind {
+        GiveBackKind::Refund {
+            amount,
+            total,
+            refunded,
+        } => ("r", total, amount, refunded, 0),
+        GiveBackKind::Commit {
+            settle,
+            total,
+            expires_at_ms,
+        } => ("c", total, settle, 0, expires_at_ms),
+        GiveBackKind::Release {
+            total,
+            expires_at_ms,
+        } => ("l", total, 0, 0, expires_at_ms),
+        GiveBackKind::Expire {
+            total,
+            expires_at_ms,
+        } => ("x", total, 0, 0, expires_at_ms),
+    };
+    call.arg(now_ms)
+        .arg(op)
+        .arg(request.counters.len())
+        .arg(total)
+        .arg(amount)
+        .arg(refunded)
+        .arg(hold_expiry)
+        .arg(
+            request
+                .hold_index
+                .as_ref()
+                .map_or("", |(_, id)| id.as_str()),
+        )
+        .arg(
+            request
+                .ledger
+                .as_ref()
+                .map_or("", |(_, entry)| entry.as_str()),
+        );
+    match &request.idempotency {
+        Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
+        None => call.arg(0).arg(""),
+    };
+    let flag = |on: bool| u8::from(on);
+    call.arg(flag(request.hold_index.is_some()))
+        .arg(flag(request.ledger.is_some()))
+        .arg(flag(request.idempotency.is_some()));
+    for counter in &request.counters {
+        let (kind, p1, p2, p3) = match counter.restore {
+            Restore::Calendar => (1, 0, 0, 0),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            } => (2, bucket, bucket_ms, buckets),
+            Restore::TokenBucket { period_ms, limit } => (3, period_ms, limit as i64, 0),
+        };
+        call.arg(kind)
+            .arg(p1)
+            .arg(p2)
+            .arg(p3)
+            .arg(u8::from(counter.by_amount))
+            .arg(counter.charged);
+    }
+    call
+}
+
+/// Reads the consume script's reply: a replay (`[-1, record]`) or a fresh evaluation.
+pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided, StoreError> {
+    if let Value::Array(items) = &reply {
+        if let [Value::Int(-1), kept] = items.as_slice() {
+            let text = match kept {
+                Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => {
+                    return Err(StoreError::Protocol(
+                        "consume.lua replayed a non-string".into(),
+                    ))
+                }
+            };
+            return codec::decode_replay(&text);
+        }
+    }
+    parse_reply(reply, charges).map(Decided::Fresh)
+}
+
+/// Reads the give-back script's reply `[status, value]`.
+pub(super) fn parse_given_back(reply: Value) -> Result<GivenBack, StoreError> {
+    let unexpected = |what: &str| StoreError::Protocol(format!("giveback.lua replied {what}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected("something other than an array"));
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(bytes) => Ok(String::from_utf8_lossy(bytes).into_owned()),
+        Value::Int(n) => Ok(n.to_string()),
+        _ => Err(unexpected("an unexpected value")),
+    };
+    match items.as_slice() {
+        [Value::Int(1), Value::Int(total)] => Ok(GivenBack::Done {
+            refunded: u64::try_from(*total).unwrap_or(0),
+        }),
+        [Value::Int(2), value] => Ok(GivenBack::Conflict(text(value)?)),
+        [Value::Int(3), value] => Ok(GivenBack::Replayed(text(value)?)),
+        [Value::Int(4), _] => Ok(GivenBack::Unknown),
+        _ => Err(unexpected("an unknown status")),
+    }
+}
+
+/// Reads the script's reply: `[allowed_all, (used, allowed, resets_at, retry_at) per charge]`.
+fn parse_reply(reply: Value, charges: &[Charge]) -> Result<Evaluation, StoreError> {
+    let unexpected = |what: &str| StoreError::Protocol(format!("consume.lua replied {what}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected("something other than an array"));
+    };
+    if items.len() != 1 + 4 * charges.len() {
+        return Err(unexpected("an array of the wrong length"));
+    }
+    let mut numbers = items.into_iter().map(|item| match item {
+        Value::Int(n) => Ok(n),
+        _ => Err(unexpected("a non-integer element")),
+    });
+    let mut next = move || {
+        numbers
+            .next()
+            .unwrap_or_else(|| Err(unexpected("too few elements")))
+    };
+    let flag = |n: i64| match n {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(unexpected("a flag other than 0 or 1")),
+    };
+    let allowed = flag(next()?)?;
+    let mut outcomes = Vec::with_capacity(charges.len());
+    for charge in charges {
+        let used = u64::try_from(next()?).map_err(|_| unexpected("a negative usage"))?;
+        let passes = flag(next()?)?;
+        let resets_at_ms = next()?;
+        let retry_at_ms = next()?;
+        outcomes.push(Outcome {
+            used,
+            allowed: passes,
+            resets_at_ms,
+            // The -1 placeholder is never read: cost and limit tell whether there is a time.
+            retry_at_ms: (!passes && charge.cost <= charge.limit).then_some(retry_at_ms),
+        });
+    }
+    Ok(Evaluation { allowed, outcomes })
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// One calendar charge of 1 against a limit of 5.
+    pub(in crate::counters::redis) fn one_charge() -> Vec<Charge> {
+        vec![Charge {
+            key: "k".to_owned(),
+            algorithm: Algorithm::Calendar { period_end_ms: 10 },
+            limit: 5,
+            cost: 1,
+            enforce: true,
+        }]
+    }
+
+    #[test]
+    fn a_well_formed_reply_becomes_an_evaluation() {
+        let reply = Value::Array([0, 5, 0, 10, 10].map(Value::Int).to_vec());
+        let evaluation = parse_reply(reply, &one_charge()).expect("parses");
+        let denied = Outcome {
+            used: 5,
+            allowed: false,
+            resets_at_ms: 10,
+            retry_at_ms: Some(10),
+        };
+        assert_eq!(
+            evaluation,
+            Evaluation {
+                allowed: false,
+                outcomes: vec![denied]
+            }
+        );
+    }
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_protocol_errors() {
+        let replies = [
+            Value::Okay,
+            Value::Array([1, 5, 1, 10].map(Value::Int).to_vec()),
+            Value::Array([1, 5, 2, 10, -1].map(Value::Int).to_vec()),
+            Value::Array([1, -5, 1, 10, -1].map(Value::Int).to_vec()),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Nil,
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(-1),
+            ]),
+        ];
+        for reply in replies {
+            let error = parse_reply(reply.clone(), &one_charge());
+            assert!(
+                matches!(error, Err(StoreError::Protocol(_))),
+                "{reply:?}: {error:?}"
+            );
+        }
+    }
+}
