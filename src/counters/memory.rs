@@ -233,57 +233,51 @@ impl CounterStore for MemoryCounterStore {
                 return Ok(GivenBack::Replayed(kept.to_owned()));
             }
         }
-        let (full, by_amount_gets, result) = match request.kind {
+        let step = match request.kind {
             GiveBackKind::Refund {
                 amount,
                 total,
                 refunded,
-            } => {
-                let before = counting::text(entries.get(&request.control_key), now_ms)
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(refunded);
-                if before + amount > total {
-                    return Ok(GivenBack::Conflict(before.to_string()));
-                }
-                (before + amount == total, amount, before + amount)
-            }
-            GiveBackKind::Commit { expires_at_ms, .. }
-            | GiveBackKind::Release { expires_at_ms, .. }
-            | GiveBackKind::Expire { expires_at_ms, .. } => {
-                let Some(record) = counting::text(entries.get(&request.control_key), now_ms) else {
-                    if let Some((index, hold_id)) = &request.hold_index {
-                        counting::index_remove(entries, index, hold_id);
-                    }
-                    return Ok(GivenBack::Unknown);
-                };
-                let state = record.split('\n').next().unwrap_or("").to_owned();
-                if state != "open" {
-                    return Ok(GivenBack::Conflict(state));
-                }
-                let expire = matches!(request.kind, GiveBackKind::Expire { .. });
-                if !expire && now_ms >= expires_at_ms {
-                    return Ok(GivenBack::Conflict("expired".to_owned()));
-                }
-                if expire && now_ms < expires_at_ms {
-                    return Ok(GivenBack::Conflict("open".to_owned()));
-                }
-                let (new_state, full, gets) = match request.kind {
-                    GiveBackKind::Commit { settle, total, .. } => {
-                        ("committed", false, total - settle)
-                    }
-                    GiveBackKind::Release { total, .. } => ("released", true, total),
-                    GiveBackKind::Expire { total, .. } => ("expired", true, total),
-                    GiveBackKind::Refund { .. } => unreachable!("matched above"),
-                };
-                let rest = record[state.len()..].to_owned();
-                if let Some(entry) = entries.get_mut(&request.control_key) {
-                    counting::replace_text(entry, format!("{new_state}{rest}"));
-                }
-                if let Some((index, hold_id)) = &request.hold_index {
-                    counting::index_remove(entries, index, hold_id);
-                }
-                (full, gets, 0)
-            }
+            } => refund_step(
+                entries,
+                &request.control_key,
+                now_ms,
+                amount,
+                total,
+                refunded,
+            ),
+            GiveBackKind::Commit {
+                settle,
+                total,
+                expires_at_ms,
+            } => settle_step(
+                entries,
+                request,
+                now_ms,
+                ("committed", false, total - settle, expires_at_ms),
+            ),
+            GiveBackKind::Release {
+                total,
+                expires_at_ms,
+            } => settle_step(
+                entries,
+                request,
+                now_ms,
+                ("released", true, total, expires_at_ms),
+            ),
+            GiveBackKind::Expire {
+                total,
+                expires_at_ms,
+            } => settle_step(
+                entries,
+                request,
+                now_ms,
+                ("expired", true, total, expires_at_ms),
+            ),
+        };
+        let (full, by_amount_gets, result) = match step {
+            Ok(step) => step,
+            Err(answer) => return Ok(answer),
         };
         for counter in &request.counters {
             let give = match (counter.by_amount, full) {
@@ -337,6 +331,67 @@ impl CounterStore for MemoryCounterStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// What a give-back returns to its counters: whether count policies get their charge back
+/// (`full`), what amount policies get, and the refunded total after it (refunds; else 0).
+type Step = (bool, u64, u64);
+
+/// A refund of `amount` out of `total`: refused (a conflict) when it would exceed the
+/// charge, counting what the store's running total (or else the ledger) says was refunded.
+fn refund_step(
+    entries: &HashMap<String, Entry>,
+    control_key: &str,
+    now_ms: i64,
+    amount: u64,
+    total: u64,
+    refunded: u64,
+) -> Result<Step, GivenBack> {
+    let before = counting::text(entries.get(control_key), now_ms)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(refunded);
+    if before + amount > total {
+        return Err(GivenBack::Conflict(before.to_string()));
+    }
+    Ok((before + amount == total, amount, before + amount))
+}
+
+/// The settlement (commit, release) or expiry of an open hold, `settlement` being its new
+/// state, whether count policies get their charge back, what amount policies get, and the
+/// hold's expiry: moves its record to the new state and drops it from the index of open holds; refused unless the hold is open,
+/// and (for expiry) due, or (for settlement) not yet expired.
+fn settle_step(
+    entries: &mut HashMap<String, Entry>,
+    request: &GiveBack,
+    now_ms: i64,
+    settlement: (&str, bool, u64, i64),
+) -> Result<Step, GivenBack> {
+    let Some(record) = counting::text(entries.get(&request.control_key), now_ms) else {
+        if let Some((index, hold_id)) = &request.hold_index {
+            counting::index_remove(entries, index, hold_id);
+        }
+        return Err(GivenBack::Unknown);
+    };
+    let state = record.split('\n').next().unwrap_or("").to_owned();
+    if state != "open" {
+        return Err(GivenBack::Conflict(state));
+    }
+    let (new_state, full, gets, expires_at_ms) = settlement;
+    let expire = new_state == "expired";
+    if !expire && now_ms >= expires_at_ms {
+        return Err(GivenBack::Conflict("expired".to_owned()));
+    }
+    if expire && now_ms < expires_at_ms {
+        return Err(GivenBack::Conflict("open".to_owned()));
+    }
+    let rest = record[state.len()..].to_owned();
+    if let Some(entry) = entries.get_mut(&request.control_key) {
+        counting::replace_text(entry, format!("{new_state}{rest}"));
+    }
+    if let Some((index, hold_id)) = &request.hold_index {
+        counting::index_remove(entries, index, hold_id);
+    }
+    Ok((full, gets, 0))
 }
 
 /// How long a refunded total is kept (30 days), as in giveback.lua.
