@@ -9,6 +9,7 @@ use actix_web::{web, FromRequest, HttpRequest};
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::pin::Pin;
+use subtle::{Choice, ConstantTimeEq};
 
 /// The largest request body accepted, in bytes (64 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -110,13 +111,17 @@ pub struct Tokens {
     pub clients: Vec<Secret>,
 }
 
-/// Compares two byte strings in time that depends only on their lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, byte) in a.iter().enumerate() {
-        diff |= usize::from(byte ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
-    }
-    diff == 0
+/// Whether `given` equals `secret`, in time that depends only on `given`'s length.
+///
+/// `subtle`'s slice comparison returns at once when the lengths differ, which would tell
+/// a caller timing it whether it guessed the secret's length; so the lengths are compared
+/// as numbers and `given` is compared byte by byte with `secret` repeated to its length.
+fn token_matches(given: &[u8], secret: &[u8]) -> Choice {
+    let same_length = given.len().ct_eq(&secret.len());
+    given
+        .iter()
+        .zip(secret.iter().cycle())
+        .fold(same_length, |equal, (g, s)| equal & g.ct_eq(s))
 }
 
 fn bearer(req: &HttpRequest) -> Option<&str> {
@@ -141,7 +146,12 @@ impl FromRequest for AdminAuth {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let result = tokens(req).and_then(|tokens| match bearer(req) {
-            Some(given) if constant_time_eq(given.as_bytes(), tokens.admin.expose().as_bytes()) => {
+            Some(given)
+                if bool::from(token_matches(
+                    given.as_bytes(),
+                    tokens.admin.expose().as_bytes(),
+                )) =>
+            {
                 Ok(AdminAuth)
             }
             _ => Err(ApiError::Unauthorized),
@@ -164,10 +174,13 @@ impl FromRequest for ClientAuth {
                 return Ok(ClientAuth);
             }
             let given = bearer(req).ok_or(ApiError::Unauthorized)?;
-            let known = tokens.clients.iter().fold(false, |found, t| {
-                found | constant_time_eq(given.as_bytes(), t.expose().as_bytes())
+            // Every token is compared, also after a match: the time says nothing of which.
+            let known = tokens.clients.iter().fold(Choice::from(0), |found, t| {
+                found | token_matches(given.as_bytes(), t.expose().as_bytes())
             });
-            known.then_some(ClientAuth).ok_or(ApiError::Unauthorized)
+            bool::from(known)
+                .then_some(ClientAuth)
+                .ok_or(ApiError::Unauthorized)
         });
         std::future::ready(result)
     }
@@ -215,12 +228,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn constant_time_eq_compares_whole_strings() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(!constant_time_eq(b"x", b""));
+    fn a_token_matches_only_the_whole_secret() {
+        let cases: [(&[u8], &[u8], bool); 9] = [
+            (b"secret", b"secret", true),
+            (b"", b"", true),
+            (b"secret", b"secreT", false),
+            (b"secret", b"secret2", false),
+            (b"secret2", b"secret", false),
+            (b"secretsecret", b"secret", false),
+            (b"sec", b"secret", false),
+            (b"", b"x", false),
+            (b"x", b"", false),
+        ];
+        for (given, secret, expected) in cases {
+            assert_eq!(
+                bool::from(token_matches(given, secret)),
+                expected,
+                "{given:?} against {secret:?}"
+            );
+        }
     }
 
     #[test]
