@@ -3,12 +3,12 @@
 use super::dto::{
     NewPolicyInput, OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyList, PolicyOut,
 };
-use super::extract::{AdminAuth, ApiJson};
+use super::extract::{if_match, AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Override, Policy, PolicyId, PolicySpec, Subject};
-use actix_web::http::header;
+use actix_web::http::header::{self, ETag, EntityTag, IfMatch};
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
 use chrono::SubsecRound;
 use serde::Deserialize;
@@ -21,76 +21,18 @@ pub struct PolicyFilter {
     pub action: Option<String>,
 }
 
-fn etag(version: i64) -> (header::HeaderName, String) {
-    (header::ETAG, format!("\"{version}\""))
-}
-
-/// A parsed `If-Match` (RFC 9110, section 13.1.1).
-enum IfMatch {
-    /// `*`: any current representation.
-    Any,
-    /// A list of entity tags, each `(weak, opaque tag without its quotes)`.
-    Tags(Vec<(bool, String)>),
-}
-
-/// Parses `1#entity-tag`: `[W/]"<visible ASCII but '"'>"` separated by `OWS "," OWS`, with
-/// optional surrounding whitespace (the `If-Match` pattern in the spec); `None` if malformed.
-fn entity_tags(text: &str) -> Option<Vec<(bool, String)>> {
-    const OWS: [char; 2] = [' ', '\t'];
-    let mut tags = Vec::new();
-    let mut rest = text.trim_matches(OWS);
-    loop {
-        let (weak, tag) = match rest.strip_prefix("W/") {
-            Some(tag) => (true, tag),
-            None => (false, rest),
-        };
-        let tag = tag.strip_prefix('"')?;
-        let end = tag.find('"')?;
-        let opaque = &tag[..end];
-        if !opaque
-            .bytes()
-            .all(|b| b == 0x21 || (0x23..=0x7e).contains(&b))
-        {
-            return None;
-        }
-        tags.push((weak, opaque.to_owned()));
-        rest = tag[end + 1..].trim_start_matches(OWS);
-        if rest.is_empty() {
-            return Some(tags);
-        }
-        rest = rest.strip_prefix(',')?.trim_start_matches(OWS);
-    }
-}
-
-/// Reads `If-Match` strictly: a malformed one is 400, so that a request meant to be
-/// conditional never runs unconditionally.
-fn if_match(req: &HttpRequest) -> Result<Option<IfMatch>, ApiError> {
-    let mut lines = Vec::new();
-    for value in req.headers().get_all(header::IF_MATCH) {
-        lines.push(value.to_str().map_err(|_| malformed_if_match())?);
-    }
-    if lines.is_empty() {
-        return Ok(None);
-    }
-    let text = lines.join(", ");
-    if text.trim_matches([' ', '\t']) == "*" {
-        return Ok(Some(IfMatch::Any));
-    }
-    entity_tags(&text)
-        .map(|tags| Some(IfMatch::Tags(tags)))
-        .ok_or_else(malformed_if_match)
-}
-
-fn malformed_if_match() -> ApiError {
-    ApiError::Malformed("If-Match must be * or a list of entity tags such as \"3\"".to_owned())
+/// A policy's `ETag`: its version as a strong entity tag, such as `"3"`.
+fn etag(version: i64) -> ETag {
+    ETag(EntityTag::new_strong(version.to_string()))
 }
 
 /// 412 unless `If-Match` is absent, `*`, or names the current version as a strong tag (weak
-/// tags never match, per RFC 9110).
+/// tags never match: RFC 9110 compares entity tags strongly for `If-Match`); 400 if it is
+/// malformed.
 fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
-    let current_tag = current.version.to_string();
+    let current_tag = EntityTag::new_strong(current.version.to_string());
     match if_match(req)? {
-        Some(IfMatch::Tags(tags)) if !tags.iter().any(|(weak, t)| !weak && *t == current_tag) => {
+        Some(IfMatch::Items(tags)) if !tags.iter().any(|tag| tag.strong_eq(&current_tag)) => {
             Err(ApiError::PreconditionFailed(format!(
                 "policy '{}' is at version {}, which If-Match does not name",
                 current.id, current.version

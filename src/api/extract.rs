@@ -1,9 +1,10 @@
-//! Request extractors whose every failure is a problem+json answer: JSON bodies and auth.
+//! Reading requests so that every failure is a problem+json answer: JSON bodies, auth,
+//! and the `If-Match` precondition.
 
 use super::problem::{problem_response, ApiError};
 use crate::config::Secret;
 use actix_web::dev::{Payload, ServiceResponse};
-use actix_web::http::header;
+use actix_web::http::header::{self, EntityTag, IfMatch};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{web, FromRequest, HttpRequest};
 use serde::de::DeserializeOwned;
@@ -186,6 +187,66 @@ impl FromRequest for ClientAuth {
     }
 }
 
+/// Reads `If-Match` (RFC 9110, section 13.1.1) strictly: `None` when the request has none,
+/// 400 when it is malformed, so that a request meant to be conditional never runs
+/// unconditionally.
+///
+/// Not actix's `IfMatch::parse`: that one drops list members it cannot parse (`3`, `"3`) and
+/// looks for `*` on the first line only, so a typo would make a write unconditional.
+pub(super) fn if_match(req: &HttpRequest) -> Result<Option<IfMatch>, ApiError> {
+    let mut lines = Vec::new();
+    for value in req.headers().get_all(header::IF_MATCH) {
+        lines.push(value.to_str().map_err(|_| malformed_if_match())?);
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    parse_if_match(&lines)
+        .map(Some)
+        .ok_or_else(malformed_if_match)
+}
+
+fn malformed_if_match() -> ApiError {
+    ApiError::Malformed("If-Match must be * or a list of entity tags such as \"3\"".to_owned())
+}
+
+/// `"*" / 1#entity-tag`, the lines read as one list; `None` if malformed, which includes an
+/// empty list member and `*` among entity tags.
+fn parse_if_match(lines: &[&str]) -> Option<IfMatch> {
+    const OWS: [char; 2] = [' ', '\t'];
+    let members: Vec<&str> = lines
+        .iter()
+        .flat_map(|line| list_members(line))
+        .map(|member| member.trim_matches(OWS))
+        .collect();
+    if members == ["*"] {
+        return Some(IfMatch::Any);
+    }
+    members
+        .iter()
+        .map(|member| member.parse::<EntityTag>().ok())
+        .collect::<Option<Vec<_>>>()
+        .map(IfMatch::Items)
+}
+
+/// Splits a header line at the commas outside double quotes: an entity tag may hold a comma.
+fn list_members(line: &str) -> Vec<&str> {
+    let mut members = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (at, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                members.push(&line[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    members.push(&line[start..]);
+    members
+}
+
 /// Rewrites any error answer that is not problem+json yet (unknown route 404, 405, …).
 pub fn problem_for_bare_errors<B>(
     res: ServiceResponse<B>,
@@ -246,6 +307,43 @@ mod tests {
                 expected,
                 "{given:?} against {secret:?}"
             );
+        }
+    }
+
+    #[test]
+    fn if_match_is_a_star_or_a_list_of_entity_tags_and_nothing_else() {
+        // Each list as actix writes it back (`IfMatch`'s Display), `None` when malformed.
+        let cases: [(&[&str], Option<&str>); 26] = [
+            (&["*"], Some("*")),
+            (&[" \t* "], Some("*")),
+            (&["\"3\""], Some(r#""3""#)),
+            (&["W/\"3\""], Some(r#"W/"3""#)),
+            (&["\"\""], Some(r#""""#)),
+            (&["\"9\" ,\t\"3\""], Some(r#""9", "3""#)),
+            (&["\"a,b\", W/\"3\""], Some(r#""a,b", W/"3""#)),
+            (&["\"1\"", "\"2\""], Some(r#""1", "2""#)),
+            (&["3"], None),
+            (&["\"3"], None),
+            (&["3\""], None),
+            (&["W/"], None),
+            (&["W/3"], None),
+            (&["w/\"3\""], None),
+            (&[""], None),
+            (&["\"1\" \"2\""], None),
+            (&["\"1\","], None),
+            (&[",\"1\""], None),
+            (&["\"1\",,\"2\""], None),
+            (&["\"1\", garbage"], None),
+            (&["*, \"1\""], None),
+            (&["*", "*"], None),
+            (&["*", "\"1\""], None),
+            (&["\"1\"", ""], None),
+            (&["\"a\"b\""], None),
+            (&["\"a b\""], None),
+        ];
+        for (lines, expected) in cases {
+            let parsed = parse_if_match(lines).map(|m| m.to_string());
+            assert_eq!(parsed.as_deref(), expected, "If-Match: {lines:?}");
         }
     }
 

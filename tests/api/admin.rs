@@ -341,6 +341,58 @@ async fn policies_survive_a_restart(store: PolicyBackend) {
     assert_eq!(read.body, created);
 }
 
+#[tokio::test]
+async fn a_malformed_if_match_is_400_and_changes_nothing() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    let created = app
+        .must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    let malformed: [&[u8]; 14] = [
+        b"1",
+        b"3",
+        b"\"1",
+        b"1\"",
+        b"W/",
+        b"W/1",
+        b"",
+        b"\"1\" \"2\"",
+        b"\"1\",",
+        b"\"1\", garbage",
+        b"\"1\",,\"2\"",
+        b"*, \"1\"",
+        b"\"a b\"",
+        b"\"\xff\"",
+    ];
+    for value in malformed {
+        let value = reqwest::header::HeaderValue::from_bytes(value).unwrap();
+        let put = app
+            .send(
+                app.admin(Method::PUT, "/admin/policies/p")
+                    .header("if-match", value.clone())
+                    .json(&calendar_policy("p", "a", 99, "day", "UTC")),
+            )
+            .await;
+        let delete = app
+            .send(
+                app.admin(Method::DELETE, "/admin/policies/p")
+                    .header("if-match", value.clone()),
+            )
+            .await;
+        for answer in [put, delete] {
+            assert_eq!(
+                answer.assert_problem(400)["detail"],
+                "If-Match must be * or a list of entity tags such as \"3\"",
+                "If-Match: {value:?}"
+            );
+        }
+    }
+    let read = app.admin_get("/admin/policies/p").await;
+    assert_eq!(
+        read.body, created,
+        "neither a PUT nor a DELETE went through"
+    );
+}
+
 on_policy_stores!(
     a_created_policy_reads_back_with_location_and_etag,
     a_calendar_policy_defaults_to_utc,
