@@ -7,7 +7,8 @@ use super::extract::{if_match, AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
-use crate::domain::{Override, Policy, PolicyId, PolicySpec, Subject};
+use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::policy::PolicyStoreError;
 use actix_web::http::header::{self, ETag, EntityTag, IfMatch};
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
 use chrono::SubsecRound;
@@ -42,25 +43,15 @@ fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
     }
 }
 
-/// The most policies one action may have: each consume evaluates all of them in one script.
-pub const MAX_POLICIES_PER_ACTION: usize = 32;
-
-/// Refuses a write that would give `spec`'s action more than [`MAX_POLICIES_PER_ACTION`].
-async fn ensure_room(state: &AppState, id: &PolicyId, spec: &PolicySpec) -> Result<(), ApiError> {
-    let others = state
-        .policies
-        .list_policies()
-        .await?
-        .into_iter()
-        .filter(|p| p.spec.action == spec.action && p.id != *id)
-        .count();
-    if others >= MAX_POLICIES_PER_ACTION {
-        return Err(ApiError::Conflict(format!(
-            "action '{}' has {MAX_POLICIES_PER_ACTION} policies already, the most one action may have",
-            spec.action
-        )));
+/// The answer to a policy write the store refused; any other store error as usual.
+fn refused(error: PolicyStoreError, id: &PolicyId) -> ApiError {
+    match error {
+        PolicyStoreError::Conflict => {
+            ApiError::Conflict(format!("a policy with id '{id}' exists already"))
+        }
+        full @ PolicyStoreError::ActionFull { .. } => ApiError::Conflict(full.to_string()),
+        other => other.into(),
     }
-    Ok(())
 }
 
 fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {
@@ -136,7 +127,6 @@ pub async fn create_policy(
 ) -> Result<HttpResponse, ApiError> {
     let (id, spec) = body.parse()?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
-    ensure_room(&state, &id, &spec).await?;
     let now = state.clock.now().trunc_subsecs(3);
     let policy = Policy {
         id,
@@ -149,12 +139,7 @@ pub async fn create_policy(
         .policies
         .insert_policy(&policy)
         .await
-        .map_err(|e| match e {
-            crate::policy::PolicyStoreError::Conflict => {
-                ApiError::Conflict(format!("a policy with id '{}' exists already", policy.id))
-            }
-            other => other.into(),
-        })?;
+        .map_err(|e| refused(e, &policy.id))?;
     state.reload_policies().await;
     tracing::info!(policy_id = %policy.id, action = %policy.spec.action, "policy created");
     Ok(HttpResponse::Created()
@@ -227,7 +212,6 @@ pub async fn replace_policy(
         return Err(ApiError::invalid("id", "must match the id in the path"));
     }
     check_version(&req, &current)?;
-    ensure_room(&state, &current.id, &spec).await?;
     let policy = Policy {
         spec,
         updated_at: state.clock.now().trunc_subsecs(3),
@@ -237,7 +221,8 @@ pub async fn replace_policy(
     if !state
         .policies
         .update_policy(&policy, current.version)
-        .await?
+        .await
+        .map_err(|e| refused(e, &policy.id))?
     {
         return Err(ApiError::PreconditionFailed(format!(
             "policy '{}' changed concurrently; read it again",

@@ -17,9 +17,12 @@ pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
 pub use refresh::Refresher;
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
 
-use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::domain::{Action, Override, Policy, PolicyId, Subject};
 use crate::engine::policies::PolicyCache;
 use async_trait::async_trait;
+
+/// The most policies one action may have: each consume evaluates all of them in one script.
+pub const MAX_POLICIES_PER_ACTION: usize = 32;
 
 /// Why the policy store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +30,16 @@ pub enum PolicyStoreError {
     /// The row to create exists already (duplicate id).
     #[error("a row with this key exists already")]
     Conflict,
+    /// The write would give `action` more than [`MAX_POLICIES_PER_ACTION`] policies; nothing
+    /// was written (409).
+    #[error(
+        "action '{action}' has {} policies already, the most one action may have",
+        MAX_POLICIES_PER_ACTION
+    )]
+    ActionFull {
+        /// The action that has no room left.
+        action: Action,
+    },
     /// The database is unreachable or failed; worth retrying (503).
     #[error("policy store unavailable")]
     Unavailable(#[source] sqlx::Error),
@@ -56,9 +69,13 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn list_policies(&self) -> StoreResult<Vec<Policy>>;
     /// One policy.
     async fn get_policy(&self, id: &PolicyId) -> StoreResult<Option<Policy>>;
-    /// Creates a policy; [`PolicyStoreError::Conflict`] if the id is taken.
+    /// Creates a policy; [`PolicyStoreError::Conflict`] if the id is taken,
+    /// [`PolicyStoreError::ActionFull`] if its action has no room left. Writes run one at a
+    /// time across instances, so concurrent creates never overfill an action.
     async fn insert_policy(&self, policy: &Policy) -> StoreResult<()>;
     /// Replaces a policy if its stored version is still `expected_version`; false otherwise.
+    /// [`PolicyStoreError::ActionFull`] if the action it names has
+    /// [`MAX_POLICIES_PER_ACTION`] other policies.
     async fn update_policy(&self, policy: &Policy, expected_version: i64) -> StoreResult<bool>;
     /// Deletes a policy (and its overrides) if its version is `expected_version`; false otherwise.
     async fn delete_policy(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool>;
