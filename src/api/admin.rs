@@ -11,7 +11,6 @@ use crate::domain::{Override, Policy, PolicyId, Subject};
 use crate::policy::PolicyStoreError;
 use actix_web::http::header::{self, ETag, EntityTag, IfMatch};
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
-use chrono::SubsecRound;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
@@ -127,7 +126,7 @@ pub async fn create_policy(
 ) -> Result<HttpResponse, ApiError> {
     let (id, spec) = body.parse()?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
-    let now = state.clock.now().trunc_subsecs(3);
+    let now = state.engine.now();
     let policy = Policy {
         id,
         spec,
@@ -136,11 +135,10 @@ pub async fn create_policy(
         version: 1,
     };
     state
-        .policies
-        .insert_policy(&policy)
+        .policy_admin()
+        .create(&policy)
         .await
         .map_err(|e| refused(e, &policy.id))?;
-    state.reload_policies().await;
     tracing::info!(policy_id = %policy.id, action = %policy.spec.action, "policy created");
     Ok(HttpResponse::Created()
         .insert_header((header::LOCATION, format!("/admin/policies/{}", policy.id)))
@@ -214,13 +212,13 @@ pub async fn replace_policy(
     check_version(&req, &current)?;
     let policy = Policy {
         spec,
-        updated_at: state.clock.now().trunc_subsecs(3),
+        updated_at: state.engine.now(),
         version: current.version + 1,
         ..current.clone()
     };
     if !state
-        .policies
-        .update_policy(&policy, current.version)
+        .policy_admin()
+        .replace(&policy, current.version)
         .await
         .map_err(|e| refused(e, &policy.id))?
     {
@@ -229,7 +227,6 @@ pub async fn replace_policy(
             policy.id
         )));
     }
-    state.reload_policies().await;
     tracing::info!(policy_id = %policy.id, version = policy.version,
         usage_kept = current.spec.keeps_usage_of(&policy.spec), "policy replaced");
     Ok(HttpResponse::Ok()
@@ -265,8 +262,8 @@ pub async fn delete_policy(
     let current = existing(&state, &id).await?;
     check_version(&req, &current)?;
     if !state
-        .policies
-        .delete_policy(&current.id, current.version)
+        .policy_admin()
+        .delete(&current.id, current.version)
         .await?
     {
         return Err(ApiError::PreconditionFailed(format!(
@@ -274,7 +271,6 @@ pub async fn delete_policy(
             current.id
         )));
     }
-    state.reload_policies().await;
     tracing::info!(policy_id = %current.id, "policy deleted");
     Ok(HttpResponse::NoContent().finish())
 }
@@ -372,7 +368,7 @@ pub async fn put_override(
 ) -> Result<HttpResponse, ApiError> {
     let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
     let spec = body.0.parse(&policy.spec.window)?;
-    let now = state.clock.now().trunc_subsecs(3);
+    let now = state.engine.now();
     let previous = state.policies.get_override(&policy.id, &subject).await?;
     let item = Override {
         policy_id: policy.id.clone(),
@@ -381,8 +377,7 @@ pub async fn put_override(
         created_at: previous.as_ref().map_or(now, |p| p.created_at),
         updated_at: now,
     };
-    state.policies.upsert_override(&item).await?;
-    state.reload_policies().await;
+    state.policy_admin().save_override(&item).await?;
     tracing::info!(policy_id = %item.policy_id, limit = item.spec.limit.get(), "override saved");
     let mut response = match previous {
         Some(_) => HttpResponse::Ok(),
@@ -411,12 +406,15 @@ pub async fn delete_override(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
-    if !state.policies.delete_override(&policy.id, &subject).await? {
+    if !state
+        .policy_admin()
+        .delete_override(&policy.id, &subject)
+        .await?
+    {
         return Err(ApiError::NotFound(format!(
             "no override of '{}' for this subject",
             policy.id
         )));
     }
-    state.reload_policies().await;
     Ok(HttpResponse::NoContent().finish())
 }
