@@ -1,6 +1,13 @@
-//! Typed settings, read once from the environment (names as in the product contract).
+//! Typed settings, read once from the environment (names as in the product contract) or
+//! from the flags that mirror it.
+//!
+//! clap reads them ([`ConfigArgs`]), so `quota-ledger --help` lists every variable with its
+//! default; [`Settings::from_args`] then checks them and builds [`Settings`]. clap only
+//! collects text: a bad value is reported by `from_args` (naming the variable), and never
+//! stops a command that does not use the configuration, such as `openapi`.
 
 use anyhow::{bail, Context};
+use clap::{Args, FromArgMatches};
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -63,34 +70,191 @@ pub struct Settings {
     pub policy_poll: Duration,
 }
 
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_DATABASE_URL: &str = "sqlite://quota-ledger.db";
+const DEFAULT_REDIS_CLUSTER: &str = "false";
+const DEFAULT_REDIS_PREFIX: &str = "ql";
+const DEFAULT_REDIS_TIMEOUT_MS: &str = "50";
+const DEFAULT_ON_STORE_ERROR: &str = "deny";
+const DEFAULT_LOG_FORMAT: &str = "text";
+const DEFAULT_LEDGER_RETENTION_DAYS: &str = "400";
+const DEFAULT_LEDGER_CLAIM_IDLE_MS: &str = "30000";
+const DEFAULT_POLICY_POLL_MS: &str = "500";
+
+/// The configuration as given, one text per variable (or flag), defaults filled in; an
+/// empty or blank value counts as unset. [`Settings::from_args`] checks it.
+///
+/// Its arguments are global: they may follow any subcommand (`quota-ledger serve --help`
+/// lists them too). Values that may hold a secret (tokens, and URLs with a password) are
+/// never shown by `--help`, and tokens never by `Debug`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Configuration (environment variables, or these flags)")]
+pub struct ConfigArgs {
+    /// Address to serve on; port 0 picks a free one.
+    #[arg(long, env = "QUOTA_LISTEN", value_name = "ADDR", default_value = DEFAULT_LISTEN,
+        global = true)]
+    listen: String,
+    /// Policies and ledger: postgres://… in production, sqlite://FILE embedded.
+    #[arg(long, env = "DATABASE_URL", value_name = "URL", default_value = DEFAULT_DATABASE_URL,
+        hide_env_values = true, global = true)]
+    database_url: String,
+    /// Counter store: redis://…, or with --redis-cluster a comma-separated list of the
+    /// cluster's nodes. Unset: in-process counters.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        value_name = "URLS",
+        hide_env_values = true,
+        global = true
+    )]
+    redis_url: Option<String>,
+    /// true when REDIS_URL lists Redis Cluster nodes (true, false, 1 or 0).
+    #[arg(long, env = "REDIS_CLUSTER", value_name = "BOOL",
+        default_value = DEFAULT_REDIS_CLUSTER, global = true)]
+    redis_cluster: String,
+    /// Prefix of every Redis key, so several deployments can share one Redis; no { or }.
+    #[arg(long, env = "QUOTA_REDIS_PREFIX", value_name = "PREFIX",
+        default_value = DEFAULT_REDIS_PREFIX, global = true)]
+    redis_prefix: String,
+    /// Deadline of one Redis call, connection included, in milliseconds.
+    #[arg(long, env = "QUOTA_REDIS_TIMEOUT_MS", value_name = "MS",
+        default_value = DEFAULT_REDIS_TIMEOUT_MS, global = true)]
+    redis_timeout_ms: String,
+    /// Bearer token for /admin/* (prefer the variable: flags show in the process list).
+    /// Unset: a random token is generated and printed at start.
+    #[arg(long, env = "QUOTA_ADMIN_TOKEN", value_name = "TOKEN", value_parser = secret,
+        hide_env_values = true, global = true)]
+    admin_token: Option<Secret>,
+    /// Comma-separated bearer tokens for /quota/* (prefer the variable: flags show in the
+    /// process list). Unset: the quota endpoints are open.
+    #[arg(long, env = "QUOTA_CLIENT_TOKENS", value_name = "TOKENS", value_parser = secret,
+        hide_env_values = true, global = true)]
+    client_tokens: Option<Secret>,
+    /// When Redis is unreachable: deny answers 503 (fail closed), allow answers allowed
+    /// with "degraded": true (fail open).
+    #[arg(long, env = "QUOTA_ON_STORE_ERROR", value_name = "deny|allow",
+        default_value = DEFAULT_ON_STORE_ERROR, global = true)]
+    on_store_error: String,
+    /// json for one JSON object per log line; anything else is human-readable text.
+    #[arg(long, env = "QUOTA_LOG_FORMAT", value_name = "FORMAT",
+        default_value = DEFAULT_LOG_FORMAT, global = true)]
+    log_format: String,
+    /// Days ledger entries are kept (at least 1).
+    #[arg(long, env = "QUOTA_LEDGER_RETENTION_DAYS", value_name = "DAYS",
+        default_value = DEFAULT_LEDGER_RETENTION_DAYS, global = true)]
+    ledger_retention_days: String,
+    /// How long a drained but unacknowledged ledger entry waits before another instance
+    /// claims it, in milliseconds.
+    #[arg(long, env = "QUOTA_LEDGER_CLAIM_IDLE_MS", value_name = "MS",
+        default_value = DEFAULT_LEDGER_CLAIM_IDLE_MS, global = true)]
+    ledger_claim_idle_ms: String,
+    /// How often each instance checks whether the policies changed, in milliseconds.
+    #[arg(long, env = "QUOTA_POLICY_POLL_MS", value_name = "MS",
+        default_value = DEFAULT_POLICY_POLL_MS, global = true)]
+    policy_poll_ms: String,
+}
+
+/// clap's parser for secret values: any text, kept out of `Debug` output from the start.
+fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(value))
+}
+
+/// `value`, or `default` when it is empty or blank (a variable set to nothing is unset).
+fn or_default(value: String, default: &str) -> String {
+    if value.trim().is_empty() {
+        default.to_owned()
+    } else {
+        value
+    }
+}
+
+/// `value` unless it is empty or blank.
+fn non_blank(value: Option<Secret>) -> Option<Secret> {
+    value.filter(|v| !v.expose().trim().is_empty())
+}
+
+/// Parses a whole number, or fails with `message`.
+fn number<T: std::str::FromStr>(
+    value: String,
+    default: &str,
+    message: &'static str,
+) -> anyhow::Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    or_default(value, default).parse().context(message)
+}
+
+impl ConfigArgs {
+    /// The command-line definition of the configuration alone; building it reads the
+    /// process environment.
+    fn command() -> clap::Command {
+        Self::augment_args(clap::Command::new("quota-ledger"))
+    }
+
+    /// Parses flags alone (`argv` without the program name), ignoring the environment.
+    fn from_flags<I>(argv: I) -> anyhow::Result<Self>
+    where
+        I: IntoIterator,
+        I::Item: Into<std::ffi::OsString> + Clone,
+    {
+        let program = std::iter::once(std::ffi::OsString::from("quota-ledger"));
+        let matches = Self::command()
+            .mut_args(|arg| arg.env(None::<&'static str>))
+            .try_get_matches_from(program.chain(argv.into_iter().map(Into::into)))
+            .context("reading the configuration")?;
+        Ok(Self::from_arg_matches(&matches)?)
+    }
+}
+
 impl Settings {
     /// Reads the settings from the process environment.
     pub fn from_env() -> anyhow::Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        let matches = ConfigArgs::command()
+            .try_get_matches_from(["quota-ledger"])
+            .context("reading the environment")?;
+        Self::from_args(ConfigArgs::from_arg_matches(&matches)?)
     }
 
-    /// Reads the settings through `lookup` (the environment, or a map in tests).
+    /// Reads the settings through `lookup` instead of the process environment (tests use a
+    /// map), with the same defaults and checks.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let listen = get("QUOTA_LISTEN")
-            .unwrap_or_else(|| "127.0.0.1:8080".to_owned())
+        // Each variable `lookup` knows becomes its flag; the process environment is not read.
+        let mut argv = Vec::new();
+        for arg in ConfigArgs::command().get_arguments() {
+            let (Some(name), Some(flag)) = (arg.get_env().and_then(|n| n.to_str()), arg.get_long())
+            else {
+                continue;
+            };
+            if let Some(value) = lookup(name) {
+                argv.push(format!("--{flag}={value}"));
+            }
+        }
+        Self::from_args(ConfigArgs::from_flags(argv)?)
+    }
+
+    /// Checks the configuration as given and builds the settings; the error names the
+    /// variable and what it must be.
+    pub fn from_args(args: ConfigArgs) -> anyhow::Result<Self> {
+        let listen = or_default(args.listen, DEFAULT_LISTEN)
             .parse()
             .context("QUOTA_LISTEN must be an address such as 127.0.0.1:8080")?;
-        let redis_urls: Vec<String> = get("REDIS_URL").map(|v| split_list(&v)).unwrap_or_default();
-        let redis_cluster = match get("REDIS_CLUSTER").as_deref() {
-            None | Some("false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(other) => bail!("REDIS_CLUSTER must be true or false, not '{other}'"),
+        let redis_urls: Vec<String> = args.redis_url.map(|v| split_list(&v)).unwrap_or_default();
+        let redis_cluster = match or_default(args.redis_cluster, DEFAULT_REDIS_CLUSTER).as_str() {
+            "false" | "0" => false,
+            "true" | "1" => true,
+            other => bail!("REDIS_CLUSTER must be true or false, not '{other}'"),
         };
         if redis_cluster && redis_urls.is_empty() {
             bail!("REDIS_CLUSTER=true needs REDIS_URL to list the cluster's nodes");
         }
-        let on_store_error = match get("QUOTA_ON_STORE_ERROR").as_deref() {
-            None | Some("deny") => OnStoreError::Deny,
-            Some("allow") => OnStoreError::Allow,
-            Some(other) => bail!("QUOTA_ON_STORE_ERROR must be deny or allow, not '{other}'"),
+        let on_store_error = match or_default(args.on_store_error, DEFAULT_ON_STORE_ERROR).as_str()
+        {
+            "deny" => OnStoreError::Deny,
+            "allow" => OnStoreError::Allow,
+            other => bail!("QUOTA_ON_STORE_ERROR must be deny or allow, not '{other}'"),
         };
-        let redis_prefix = get("QUOTA_REDIS_PREFIX").unwrap_or_else(|| "ql".to_owned());
+        let redis_prefix = or_default(args.redis_prefix, DEFAULT_REDIS_PREFIX);
         if redis_prefix.contains(['{', '}']) {
             // Redis Cluster hashes the first `{...}` of a key: braces in the prefix would make
             // it the hash tag of every key, putting all subjects on one slot (one node).
@@ -98,43 +262,47 @@ impl Settings {
                 "QUOTA_REDIS_PREFIX must not contain '{{' or '}}': keys carry their own hash tag"
             );
         }
-        let redis_timeout_ms: u64 = get("QUOTA_REDIS_TIMEOUT_MS")
-            .map(|v| v.parse())
-            .transpose()
-            .context("QUOTA_REDIS_TIMEOUT_MS must be a whole number of milliseconds")?
-            .unwrap_or(50);
-        let ledger_retention_days: u32 = get("QUOTA_LEDGER_RETENTION_DAYS")
-            .map(|v| v.parse())
-            .transpose()
-            .context("QUOTA_LEDGER_RETENTION_DAYS must be a whole number of days")?
-            .unwrap_or(400);
-        let ledger_claim_idle_ms: u64 = get("QUOTA_LEDGER_CLAIM_IDLE_MS")
-            .map(|v| v.parse())
-            .transpose()
-            .context("QUOTA_LEDGER_CLAIM_IDLE_MS must be a whole number of milliseconds")?
-            .unwrap_or(30_000);
+        let redis_timeout_ms: u64 = number(
+            args.redis_timeout_ms,
+            DEFAULT_REDIS_TIMEOUT_MS,
+            "QUOTA_REDIS_TIMEOUT_MS must be a whole number of milliseconds",
+        )?;
+        let ledger_retention_days: u32 = number(
+            args.ledger_retention_days,
+            DEFAULT_LEDGER_RETENTION_DAYS,
+            "QUOTA_LEDGER_RETENTION_DAYS must be a whole number of days",
+        )?;
+        let ledger_claim_idle_ms: u64 = number(
+            args.ledger_claim_idle_ms,
+            DEFAULT_LEDGER_CLAIM_IDLE_MS,
+            "QUOTA_LEDGER_CLAIM_IDLE_MS must be a whole number of milliseconds",
+        )?;
         if ledger_retention_days == 0 {
             bail!("QUOTA_LEDGER_RETENTION_DAYS must be at least 1");
         }
-        let policy_poll_ms: u64 = get("QUOTA_POLICY_POLL_MS")
-            .map(|v| v.parse())
-            .transpose()
-            .context("QUOTA_POLICY_POLL_MS must be a whole number of milliseconds")?
-            .unwrap_or(500);
+        let policy_poll_ms: u64 = number(
+            args.policy_poll_ms,
+            DEFAULT_POLICY_POLL_MS,
+            "QUOTA_POLICY_POLL_MS must be a whole number of milliseconds",
+        )?;
         Ok(Self {
             listen,
-            database_url: get("DATABASE_URL")
-                .unwrap_or_else(|| "sqlite://quota-ledger.db".to_owned()),
+            database_url: or_default(args.database_url, DEFAULT_DATABASE_URL),
             redis_urls,
             redis_cluster,
             redis_prefix,
             redis_timeout: Duration::from_millis(redis_timeout_ms.max(1)),
-            admin_token: get("QUOTA_ADMIN_TOKEN").map(Secret::new),
-            client_tokens: get("QUOTA_CLIENT_TOKENS")
-                .map(|v| split_list(&v).into_iter().map(Secret::new).collect())
+            admin_token: non_blank(args.admin_token),
+            client_tokens: non_blank(args.client_tokens)
+                .map(|v| {
+                    split_list(v.expose())
+                        .into_iter()
+                        .map(Secret::new)
+                        .collect()
+                })
                 .unwrap_or_default(),
             on_store_error,
-            log_json: get("QUOTA_LOG_FORMAT").as_deref() == Some("json"),
+            log_json: args.log_format == "json",
             ledger_retention_days,
             ledger_claim_idle: Duration::from_millis(ledger_claim_idle_ms.max(1)),
             policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
@@ -231,5 +399,70 @@ mod tests {
     fn secrets_do_not_show_in_debug_output() {
         let s = settings(&[("QUOTA_ADMIN_TOKEN", "hunter2")]).expect("valid");
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn an_empty_or_blank_variable_counts_as_unset() {
+        let s = settings(&[
+            ("QUOTA_LISTEN", ""),
+            ("DATABASE_URL", "  "),
+            ("REDIS_URL", " "),
+            ("REDIS_CLUSTER", ""),
+            ("QUOTA_ADMIN_TOKEN", " \t"),
+            ("QUOTA_CLIENT_TOKENS", ""),
+            ("QUOTA_ON_STORE_ERROR", " "),
+            ("QUOTA_LEDGER_RETENTION_DAYS", ""),
+            ("QUOTA_POLICY_POLL_MS", "  "),
+        ])
+        .expect("blank values are unset, not invalid");
+        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.database_url, "sqlite://quota-ledger.db");
+        assert!(s.redis_urls.is_empty() && !s.redis_cluster);
+        assert!(s.admin_token.is_none() && s.client_tokens.is_empty());
+        assert_eq!(s.on_store_error, OnStoreError::Deny);
+        assert_eq!(s.ledger_retention_days, 400);
+        assert_eq!(s.policy_poll, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_flag_sets_what_its_variable_sets() {
+        let args = ConfigArgs::from_flags([
+            "--listen",
+            "127.0.0.1:0",
+            "--on-store-error=allow",
+            "--client-tokens=a,b",
+        ])
+        .expect("valid flags");
+        let s = Settings::from_args(args).expect("valid settings");
+        assert_eq!(s.listen.port(), 0);
+        assert_eq!(s.on_store_error, OnStoreError::Allow);
+        assert_eq!(s.client_tokens, vec![Secret::new("a"), Secret::new("b")]);
+    }
+
+    #[test]
+    fn values_that_may_hold_a_secret_are_kept_out_of_help_and_debug_output() {
+        let command = ConfigArgs::command();
+        for name in [
+            "QUOTA_ADMIN_TOKEN",
+            "QUOTA_CLIENT_TOKENS",
+            "DATABASE_URL",
+            "REDIS_URL",
+        ] {
+            let arg = command
+                .get_arguments()
+                .find(|arg| arg.get_env().is_some_and(|env| env == name))
+                .unwrap_or_else(|| panic!("{name} is read"));
+            assert!(
+                arg.is_hide_env_values_set(),
+                "--help hides the value of {name}"
+            );
+        }
+        let args = ConfigArgs::from_flags(["--admin-token=hunter2", "--client-tokens=swordfish"])
+            .expect("valid flags");
+        let shown = format!("{args:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("swordfish"),
+            "{shown}"
+        );
     }
 }

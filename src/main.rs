@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use quota_ledger::config::Settings;
+use quota_ledger::config::{ConfigArgs, Settings};
 use quota_ledger::startup::Application;
 use tracing_subscriber::EnvFilter;
 
@@ -11,17 +11,26 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Daily business limits, enforced atomically. Configuration comes from the environment.
+/// The one variable read outside the configuration (by the logger), told after `--help`.
+const LOGGING_HELP: &str =
+    "Logging: RUST_LOG filters log lines (tracing EnvFilter syntax; default: info).";
+
+/// Daily business limits, enforced atomically. Configuration comes from the environment
+/// (or the flags that mirror it).
 #[derive(Debug, Parser)]
-#[command(name = "quota-ledger", version)]
+#[command(name = "quota-ledger", version, after_help = LOGGING_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Every setting; read for `serve` and `migrate` only.
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the API (the default).
+    #[command(after_help = LOGGING_HELP)]
     Serve,
     /// Apply the policy store's migrations and exit.
     Migrate,
@@ -46,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", quota_ledger::api::openapi::spec_json());
         return Ok(());
     }
-    let settings = Settings::from_env().context("reading the configuration")?;
+    let settings = Settings::from_args(cli.config).context("reading the configuration")?;
     init_logging(settings.log_json);
     if let Some(Command::Migrate) = cli.command {
         quota_ledger::db::migrate_url(&settings.database_url).await?;
@@ -66,4 +75,102 @@ async fn main() -> anyhow::Result<()> {
         app.port()
     );
     app.run_until_stopped().await.context("serving")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Each `(variable, default)` of the README's configuration table; the default is `None`
+    /// where the table gives no literal value (`unset: …`, `text`).
+    fn documented_variables() -> Vec<(&'static str, Option<&'static str>)> {
+        let readme = include_str!("../README.md");
+        let (_, section) = readme
+            .split_once("\n## Configuration\n")
+            .expect("the README has a Configuration section");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|row| {
+                let mut cells = row.strip_prefix("| `")?.split(" | ");
+                let name = cells.next()?.strip_suffix('`')?;
+                let default = cells
+                    .next()
+                    .and_then(|d| d.strip_prefix('`')?.strip_suffix('`'));
+                Some((name, default))
+            })
+            .collect()
+    }
+
+    fn help(args: &[&str]) -> String {
+        let error = Cli::try_parse_from(args).expect_err("--help stops parsing");
+        assert_eq!(error.kind(), clap::error::ErrorKind::DisplayHelp);
+        error.render().to_string()
+    }
+
+    #[test]
+    fn help_lists_every_documented_variable_with_its_default() {
+        let variables = documented_variables();
+        for name in [
+            "QUOTA_LISTEN",
+            "DATABASE_URL",
+            "REDIS_URL",
+            "QUOTA_ADMIN_TOKEN",
+        ] {
+            assert!(
+                variables.iter().any(|(documented, _)| *documented == name),
+                "the README table lists {name}: {variables:?}"
+            );
+        }
+        for args in [
+            &["quota-ledger", "--help"][..],
+            &["quota-ledger", "-h"],
+            &["quota-ledger", "serve", "--help"],
+        ] {
+            let text = help(args);
+            for (name, default) in &variables {
+                if *name == "RUST_LOG" {
+                    assert!(text.contains("RUST_LOG"), "{args:?} mentions RUST_LOG");
+                    continue;
+                }
+                let line = text
+                    .lines()
+                    .find(|line| {
+                        line.contains(&format!("[env: {name}]"))
+                            || line.contains(&format!("[env: {name}="))
+                    })
+                    .unwrap_or_else(|| panic!("{args:?} lists {name}:\n{text}"));
+                if let Some(default) = default {
+                    assert!(
+                        line.contains(&format!("[default: {default}]")),
+                        "{args:?} gives {name} the default {default}: {line}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_variable_the_binary_reads_is_documented_in_the_readme() {
+        let documented: Vec<&str> = documented_variables().into_iter().map(|(n, _)| n).collect();
+        let command = Cli::command();
+        let read: Vec<String> = command
+            .get_arguments()
+            .filter_map(|arg| arg.get_env())
+            .map(|env| env.to_string_lossy().into_owned())
+            .collect();
+        assert!(!read.is_empty());
+        for name in &read {
+            assert!(
+                documented.contains(&name.as_str()),
+                "{name} is missing from the README's configuration table"
+            );
+        }
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

@@ -3,14 +3,14 @@
 use super::dto::{
     NewPolicyInput, OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyList, PolicyOut,
 };
-use super::extract::{AdminAuth, ApiJson};
+use super::extract::{if_match, AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
-use crate::domain::{Override, Policy, PolicyId, PolicySpec, Subject};
-use actix_web::http::header;
+use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::policy::PolicyStoreError;
+use actix_web::http::header::{self, ETag, EntityTag, IfMatch};
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
-use chrono::SubsecRound;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
@@ -21,76 +21,18 @@ pub struct PolicyFilter {
     pub action: Option<String>,
 }
 
-fn etag(version: i64) -> (header::HeaderName, String) {
-    (header::ETAG, format!("\"{version}\""))
-}
-
-/// A parsed `If-Match` (RFC 9110, section 13.1.1).
-enum IfMatch {
-    /// `*`: any current representation.
-    Any,
-    /// A list of entity tags, each `(weak, opaque tag without its quotes)`.
-    Tags(Vec<(bool, String)>),
-}
-
-/// Parses `1#entity-tag`: `[W/]"<visible ASCII but '"'>"` separated by `OWS "," OWS`, with
-/// optional surrounding whitespace (the `If-Match` pattern in the spec); `None` if malformed.
-fn entity_tags(text: &str) -> Option<Vec<(bool, String)>> {
-    const OWS: [char; 2] = [' ', '\t'];
-    let mut tags = Vec::new();
-    let mut rest = text.trim_matches(OWS);
-    loop {
-        let (weak, tag) = match rest.strip_prefix("W/") {
-            Some(tag) => (true, tag),
-            None => (false, rest),
-        };
-        let tag = tag.strip_prefix('"')?;
-        let end = tag.find('"')?;
-        let opaque = &tag[..end];
-        if !opaque
-            .bytes()
-            .all(|b| b == 0x21 || (0x23..=0x7e).contains(&b))
-        {
-            return None;
-        }
-        tags.push((weak, opaque.to_owned()));
-        rest = tag[end + 1..].trim_start_matches(OWS);
-        if rest.is_empty() {
-            return Some(tags);
-        }
-        rest = rest.strip_prefix(',')?.trim_start_matches(OWS);
-    }
-}
-
-/// Reads `If-Match` strictly: a malformed one is 400, so that a request meant to be
-/// conditional never runs unconditionally.
-fn if_match(req: &HttpRequest) -> Result<Option<IfMatch>, ApiError> {
-    let mut lines = Vec::new();
-    for value in req.headers().get_all(header::IF_MATCH) {
-        lines.push(value.to_str().map_err(|_| malformed_if_match())?);
-    }
-    if lines.is_empty() {
-        return Ok(None);
-    }
-    let text = lines.join(", ");
-    if text.trim_matches([' ', '\t']) == "*" {
-        return Ok(Some(IfMatch::Any));
-    }
-    entity_tags(&text)
-        .map(|tags| Some(IfMatch::Tags(tags)))
-        .ok_or_else(malformed_if_match)
-}
-
-fn malformed_if_match() -> ApiError {
-    ApiError::Malformed("If-Match must be * or a list of entity tags such as \"3\"".to_owned())
+/// A policy's `ETag`: its version as a strong entity tag, such as `"3"`.
+fn etag(version: i64) -> ETag {
+    ETag(EntityTag::new_strong(version.to_string()))
 }
 
 /// 412 unless `If-Match` is absent, `*`, or names the current version as a strong tag (weak
-/// tags never match, per RFC 9110).
+/// tags never match: RFC 9110 compares entity tags strongly for `If-Match`); 400 if it is
+/// malformed.
 fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
-    let current_tag = current.version.to_string();
+    let current_tag = EntityTag::new_strong(current.version.to_string());
     match if_match(req)? {
-        Some(IfMatch::Tags(tags)) if !tags.iter().any(|(weak, t)| !weak && *t == current_tag) => {
+        Some(IfMatch::Items(tags)) if !tags.iter().any(|tag| tag.strong_eq(&current_tag)) => {
             Err(ApiError::PreconditionFailed(format!(
                 "policy '{}' is at version {}, which If-Match does not name",
                 current.id, current.version
@@ -100,25 +42,15 @@ fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
     }
 }
 
-/// The most policies one action may have: each consume evaluates all of them in one script.
-pub const MAX_POLICIES_PER_ACTION: usize = 32;
-
-/// Refuses a write that would give `spec`'s action more than [`MAX_POLICIES_PER_ACTION`].
-async fn ensure_room(state: &AppState, id: &PolicyId, spec: &PolicySpec) -> Result<(), ApiError> {
-    let others = state
-        .policies
-        .list_policies()
-        .await?
-        .into_iter()
-        .filter(|p| p.spec.action == spec.action && p.id != *id)
-        .count();
-    if others >= MAX_POLICIES_PER_ACTION {
-        return Err(ApiError::Conflict(format!(
-            "action '{}' has {MAX_POLICIES_PER_ACTION} policies already, the most one action may have",
-            spec.action
-        )));
+/// The answer to a policy write the store refused; any other store error as usual.
+fn refused(error: PolicyStoreError, id: &PolicyId) -> ApiError {
+    match error {
+        PolicyStoreError::Conflict => {
+            ApiError::Conflict(format!("a policy with id '{id}' exists already"))
+        }
+        full @ PolicyStoreError::ActionFull { .. } => ApiError::Conflict(full.to_string()),
+        other => other.into(),
     }
-    Ok(())
 }
 
 fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {
@@ -194,8 +126,7 @@ pub async fn create_policy(
 ) -> Result<HttpResponse, ApiError> {
     let (id, spec) = body.parse()?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
-    ensure_room(&state, &id, &spec).await?;
-    let now = state.clock.now().trunc_subsecs(3);
+    let now = state.engine.now();
     let policy = Policy {
         id,
         spec,
@@ -204,16 +135,10 @@ pub async fn create_policy(
         version: 1,
     };
     state
-        .policies
-        .insert_policy(&policy)
+        .policy_admin()
+        .create(&policy)
         .await
-        .map_err(|e| match e {
-            crate::policy::PolicyStoreError::Conflict => {
-                ApiError::Conflict(format!("a policy with id '{}' exists already", policy.id))
-            }
-            other => other.into(),
-        })?;
-    state.reload_policies().await;
+        .map_err(|e| refused(e, &policy.id))?;
     tracing::info!(policy_id = %policy.id, action = %policy.spec.action, "policy created");
     Ok(HttpResponse::Created()
         .insert_header((header::LOCATION, format!("/admin/policies/{}", policy.id)))
@@ -285,24 +210,23 @@ pub async fn replace_policy(
         return Err(ApiError::invalid("id", "must match the id in the path"));
     }
     check_version(&req, &current)?;
-    ensure_room(&state, &current.id, &spec).await?;
     let policy = Policy {
         spec,
-        updated_at: state.clock.now().trunc_subsecs(3),
+        updated_at: state.engine.now(),
         version: current.version + 1,
         ..current.clone()
     };
     if !state
-        .policies
-        .update_policy(&policy, current.version)
-        .await?
+        .policy_admin()
+        .replace(&policy, current.version)
+        .await
+        .map_err(|e| refused(e, &policy.id))?
     {
         return Err(ApiError::PreconditionFailed(format!(
             "policy '{}' changed concurrently; read it again",
             policy.id
         )));
     }
-    state.reload_policies().await;
     tracing::info!(policy_id = %policy.id, version = policy.version,
         usage_kept = current.spec.keeps_usage_of(&policy.spec), "policy replaced");
     Ok(HttpResponse::Ok()
@@ -338,8 +262,8 @@ pub async fn delete_policy(
     let current = existing(&state, &id).await?;
     check_version(&req, &current)?;
     if !state
-        .policies
-        .delete_policy(&current.id, current.version)
+        .policy_admin()
+        .delete(&current.id, current.version)
         .await?
     {
         return Err(ApiError::PreconditionFailed(format!(
@@ -347,7 +271,6 @@ pub async fn delete_policy(
             current.id
         )));
     }
-    state.reload_policies().await;
     tracing::info!(policy_id = %current.id, "policy deleted");
     Ok(HttpResponse::NoContent().finish())
 }
@@ -445,7 +368,7 @@ pub async fn put_override(
 ) -> Result<HttpResponse, ApiError> {
     let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
     let spec = body.0.parse(&policy.spec.window)?;
-    let now = state.clock.now().trunc_subsecs(3);
+    let now = state.engine.now();
     let previous = state.policies.get_override(&policy.id, &subject).await?;
     let item = Override {
         policy_id: policy.id.clone(),
@@ -454,8 +377,7 @@ pub async fn put_override(
         created_at: previous.as_ref().map_or(now, |p| p.created_at),
         updated_at: now,
     };
-    state.policies.upsert_override(&item).await?;
-    state.reload_policies().await;
+    state.policy_admin().save_override(&item).await?;
     tracing::info!(policy_id = %item.policy_id, limit = item.spec.limit.get(), "override saved");
     let mut response = match previous {
         Some(_) => HttpResponse::Ok(),
@@ -484,12 +406,15 @@ pub async fn delete_override(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (policy, subject) = override_target(&state, &path.0, &path.1).await?;
-    if !state.policies.delete_override(&policy.id, &subject).await? {
+    if !state
+        .policy_admin()
+        .delete_override(&policy.id, &subject)
+        .await?
+    {
         return Err(ApiError::NotFound(format!(
             "no override of '{}' for this subject",
             policy.id
         )));
     }
-    state.reload_policies().await;
     Ok(HttpResponse::NoContent().finish())
 }

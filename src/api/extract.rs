@@ -1,14 +1,16 @@
-//! Request extractors whose every failure is a problem+json answer: JSON bodies and auth.
+//! Reading requests so that every failure is a problem+json answer: JSON bodies, auth,
+//! and the `If-Match` precondition.
 
 use super::problem::{problem_response, ApiError};
 use crate::config::Secret;
 use actix_web::dev::{Payload, ServiceResponse};
-use actix_web::http::header;
+use actix_web::http::header::{self, EntityTag, IfMatch};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{web, FromRequest, HttpRequest};
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::pin::Pin;
+use subtle::{Choice, ConstantTimeEq};
 
 /// The largest request body accepted, in bytes (64 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -110,13 +112,17 @@ pub struct Tokens {
     pub clients: Vec<Secret>,
 }
 
-/// Compares two byte strings in time that depends only on their lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, byte) in a.iter().enumerate() {
-        diff |= usize::from(byte ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
-    }
-    diff == 0
+/// Whether `given` equals `secret`, in time that depends only on `given`'s length.
+///
+/// `subtle`'s slice comparison returns at once when the lengths differ, which would tell
+/// a caller timing it whether it guessed the secret's length; so the lengths are compared
+/// as numbers and `given` is compared byte by byte with `secret` repeated to its length.
+fn token_matches(given: &[u8], secret: &[u8]) -> Choice {
+    let same_length = given.len().ct_eq(&secret.len());
+    given
+        .iter()
+        .zip(secret.iter().cycle())
+        .fold(same_length, |equal, (g, s)| equal & g.ct_eq(s))
 }
 
 fn bearer(req: &HttpRequest) -> Option<&str> {
@@ -141,7 +147,12 @@ impl FromRequest for AdminAuth {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let result = tokens(req).and_then(|tokens| match bearer(req) {
-            Some(given) if constant_time_eq(given.as_bytes(), tokens.admin.expose().as_bytes()) => {
+            Some(given)
+                if bool::from(token_matches(
+                    given.as_bytes(),
+                    tokens.admin.expose().as_bytes(),
+                )) =>
+            {
                 Ok(AdminAuth)
             }
             _ => Err(ApiError::Unauthorized),
@@ -164,13 +175,76 @@ impl FromRequest for ClientAuth {
                 return Ok(ClientAuth);
             }
             let given = bearer(req).ok_or(ApiError::Unauthorized)?;
-            let known = tokens.clients.iter().fold(false, |found, t| {
-                found | constant_time_eq(given.as_bytes(), t.expose().as_bytes())
+            // Every token is compared, also after a match: the time says nothing of which.
+            let known = tokens.clients.iter().fold(Choice::from(0), |found, t| {
+                found | token_matches(given.as_bytes(), t.expose().as_bytes())
             });
-            known.then_some(ClientAuth).ok_or(ApiError::Unauthorized)
+            bool::from(known)
+                .then_some(ClientAuth)
+                .ok_or(ApiError::Unauthorized)
         });
         std::future::ready(result)
     }
+}
+
+/// Reads `If-Match` (RFC 9110, section 13.1.1) strictly: `None` when the request has none,
+/// 400 when it is malformed, so that a request meant to be conditional never runs
+/// unconditionally.
+///
+/// Not actix's `IfMatch::parse`: that one drops list members it cannot parse (`3`, `"3`) and
+/// looks for `*` on the first line only, so a typo would make a write unconditional.
+pub(super) fn if_match(req: &HttpRequest) -> Result<Option<IfMatch>, ApiError> {
+    let mut lines = Vec::new();
+    for value in req.headers().get_all(header::IF_MATCH) {
+        lines.push(value.to_str().map_err(|_| malformed_if_match())?);
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    parse_if_match(&lines)
+        .map(Some)
+        .ok_or_else(malformed_if_match)
+}
+
+fn malformed_if_match() -> ApiError {
+    ApiError::Malformed("If-Match must be * or a list of entity tags such as \"3\"".to_owned())
+}
+
+/// `"*" / 1#entity-tag`, the lines read as one list; `None` if malformed, which includes an
+/// empty list member and `*` among entity tags.
+fn parse_if_match(lines: &[&str]) -> Option<IfMatch> {
+    const OWS: [char; 2] = [' ', '\t'];
+    let members: Vec<&str> = lines
+        .iter()
+        .flat_map(|line| list_members(line))
+        .map(|member| member.trim_matches(OWS))
+        .collect();
+    if members == ["*"] {
+        return Some(IfMatch::Any);
+    }
+    members
+        .iter()
+        .map(|member| member.parse::<EntityTag>().ok())
+        .collect::<Option<Vec<_>>>()
+        .map(IfMatch::Items)
+}
+
+/// Splits a header line at the commas outside double quotes: an entity tag may hold a comma.
+fn list_members(line: &str) -> Vec<&str> {
+    let mut members = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (at, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                members.push(&line[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    members.push(&line[start..]);
+    members
 }
 
 /// Rewrites any error answer that is not problem+json yet (unknown route 404, 405, …).
@@ -215,12 +289,62 @@ mod tests {
     use super::*;
 
     #[test]
-    fn constant_time_eq_compares_whole_strings() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(!constant_time_eq(b"x", b""));
+    fn a_token_matches_only_the_whole_secret() {
+        let cases: [(&[u8], &[u8], bool); 9] = [
+            (b"secret", b"secret", true),
+            (b"", b"", true),
+            (b"secret", b"secreT", false),
+            (b"secret", b"secret2", false),
+            (b"secret2", b"secret", false),
+            (b"secretsecret", b"secret", false),
+            (b"sec", b"secret", false),
+            (b"", b"x", false),
+            (b"x", b"", false),
+        ];
+        for (given, secret, expected) in cases {
+            assert_eq!(
+                bool::from(token_matches(given, secret)),
+                expected,
+                "{given:?} against {secret:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn if_match_is_a_star_or_a_list_of_entity_tags_and_nothing_else() {
+        // Each list as actix writes it back (`IfMatch`'s Display), `None` when malformed.
+        let cases: [(&[&str], Option<&str>); 26] = [
+            (&["*"], Some("*")),
+            (&[" \t* "], Some("*")),
+            (&["\"3\""], Some(r#""3""#)),
+            (&["W/\"3\""], Some(r#"W/"3""#)),
+            (&["\"\""], Some(r#""""#)),
+            (&["\"9\" ,\t\"3\""], Some(r#""9", "3""#)),
+            (&["\"a,b\", W/\"3\""], Some(r#""a,b", W/"3""#)),
+            (&["\"1\"", "\"2\""], Some(r#""1", "2""#)),
+            (&["3"], None),
+            (&["\"3"], None),
+            (&["3\""], None),
+            (&["W/"], None),
+            (&["W/3"], None),
+            (&["w/\"3\""], None),
+            (&[""], None),
+            (&["\"1\" \"2\""], None),
+            (&["\"1\","], None),
+            (&[",\"1\""], None),
+            (&["\"1\",,\"2\""], None),
+            (&["\"1\", garbage"], None),
+            (&["*, \"1\""], None),
+            (&["*", "*"], None),
+            (&["*", "\"1\""], None),
+            (&["\"1\"", ""], None),
+            (&["\"a\"b\""], None),
+            (&["\"a b\""], None),
+        ];
+        for (lines, expected) in cases {
+            let parsed = parse_if_match(lines).map(|m| m.to_string());
+            assert_eq!(parsed.as_deref(), expected, "If-Match: {lines:?}");
+        }
     }
 
     #[test]

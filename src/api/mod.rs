@@ -23,7 +23,7 @@ use crate::engine::ledger::LedgerStore;
 use crate::engine::policies::PolicyCache;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::policy::PolicyStore;
+use crate::policy::{PolicyAdmin, PolicyStore};
 use std::sync::Arc;
 
 /// What every handler shares.
@@ -45,15 +45,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Rebuilds the policy cache after a change; a failure is logged, not returned,
-    /// because the change itself is already stored and the next reload will pick it up.
-    pub async fn reload_policies(&self) {
-        if let Err(error) = crate::policy::reload(&self.cache, self.policies.as_ref()).await {
-            tracing::error!(
-                error = format!("{error:#}"),
-                "reloading the policy cache failed"
-            );
-        }
+    /// Policy and override writes, each followed by a reload of [`Self::cache`] so that
+    /// this instance enforces the change from its next request on.
+    pub fn policy_admin(&self) -> PolicyAdmin<'_> {
+        PolicyAdmin::new(self.policies.as_ref(), &self.cache)
     }
 }
 

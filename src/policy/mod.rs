@@ -3,23 +3,29 @@
 //!
 //! The consume path never reads from here directly: it reads the engine's
 //! [`PolicyCache`](crate::engine::policies::PolicyCache), which is
-//! rebuilt from the store after every change made through this instance, and kept in step
+//! rebuilt from the store after every change made through this instance ([`PolicyAdmin`]),
+//! and kept in step
 //! with changes made through other instances by [`Refresher`] (Postgres notifications,
 //! and polling the shared change marker).
 
+mod admin;
 mod codec;
 mod notify;
 mod refresh;
 mod sql;
 mod writes;
 
+pub use admin::PolicyAdmin;
 pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
 pub use refresh::Refresher;
 pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
 
-use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::domain::{Action, Override, Policy, PolicyId, Subject};
 use crate::engine::policies::PolicyCache;
 use async_trait::async_trait;
+
+/// The most policies one action may have: each consume evaluates all of them in one script.
+pub const MAX_POLICIES_PER_ACTION: usize = 32;
 
 /// Why the policy store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +33,16 @@ pub enum PolicyStoreError {
     /// The row to create exists already (duplicate id).
     #[error("a row with this key exists already")]
     Conflict,
+    /// The write would give `action` more than [`MAX_POLICIES_PER_ACTION`] policies; nothing
+    /// was written (409).
+    #[error(
+        "action '{action}' has {} policies already, the most one action may have",
+        MAX_POLICIES_PER_ACTION
+    )]
+    ActionFull {
+        /// The action that has no room left.
+        action: Action,
+    },
     /// The database is unreachable or failed; worth retrying (503).
     #[error("policy store unavailable")]
     Unavailable(#[source] sqlx::Error),
@@ -56,9 +72,13 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn list_policies(&self) -> StoreResult<Vec<Policy>>;
     /// One policy.
     async fn get_policy(&self, id: &PolicyId) -> StoreResult<Option<Policy>>;
-    /// Creates a policy; [`PolicyStoreError::Conflict`] if the id is taken.
+    /// Creates a policy; [`PolicyStoreError::Conflict`] if the id is taken,
+    /// [`PolicyStoreError::ActionFull`] if its action has no room left. Writes run one at a
+    /// time across instances, so concurrent creates never overfill an action.
     async fn insert_policy(&self, policy: &Policy) -> StoreResult<()>;
     /// Replaces a policy if its stored version is still `expected_version`; false otherwise.
+    /// [`PolicyStoreError::ActionFull`] if the action it names has
+    /// [`MAX_POLICIES_PER_ACTION`] other policies.
     async fn update_policy(&self, policy: &Policy, expected_version: i64) -> StoreResult<bool>;
     /// Deletes a policy (and its overrides) if its version is `expected_version`; false otherwise.
     async fn delete_policy(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool>;
@@ -113,12 +133,29 @@ async fn install(cache: &PolicyCache, store: &dyn PolicyStore, version: i64) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::{refresh_if_changed, reload};
+    use super::MAX_POLICIES_PER_ACTION;
+    use super::{refresh_if_changed, reload, PolicyAdmin, PolicyStore, PolicyStoreError};
     use crate::domain::{Action, Policy, PolicyId};
     use crate::domain::{Measure, Mode, PolicySpec, Quantity, Window};
     use crate::engine::policies::PolicyCache;
     use chrono::TimeZone;
     use chrono::Utc;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    /// A migrated store in a fresh SQLite file, and the file (to remove at the end).
+    async fn sqlite_store(name: &str) -> (Arc<dyn PolicyStore>, PathBuf) {
+        let file = std::env::temp_dir().join(format!(
+            "quota-ledger-{name}-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        crate::db::migrate_url(&url).await.expect("migrating");
+        let store = crate::policy::connect(&url)
+            .await
+            .expect("opening a SQLite file");
+        (store, file)
+    }
 
     fn policy(id: &str) -> Policy {
         let at = Utc
@@ -146,15 +183,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refresh_reloads_only_when_a_write_moved_the_change_marker() {
-        let file = std::env::temp_dir().join(format!(
-            "quota-ledger-cache-{}.db",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let url = format!("sqlite://{}", file.display());
-        crate::db::migrate_url(&url).await.expect("migrating");
-        let store = crate::policy::connect(&url)
-            .await
-            .expect("opening a SQLite file");
+        let (store, file) = sqlite_store("cache").await;
         let cache = PolicyCache::new();
         reload(&cache, store.as_ref()).await.expect("loading");
         assert!(!refresh_if_changed(&cache, store.as_ref())
@@ -181,6 +210,74 @@ mod tests {
         assert!(!refresh_if_changed(&cache, store.as_ref())
             .await
             .expect("reading the marker"));
+        drop(std::fs::remove_file(file));
+    }
+
+    #[tokio::test]
+    async fn the_store_refuses_a_policy_past_the_most_an_action_may_have_and_changes_nothing() {
+        let (store, file) = sqlite_store("full").await;
+        for i in 0..MAX_POLICIES_PER_ACTION {
+            store
+                .insert_policy(&policy(&format!("p{i}")))
+                .await
+                .expect("inserting");
+        }
+        let marker = store.change_version().await.expect("reading the marker");
+        let refused = store.insert_policy(&policy("one-too-many")).await;
+        assert!(
+            matches!(&refused, Err(PolicyStoreError::ActionFull { action }) if action.as_str() == "a"),
+            "{refused:?}"
+        );
+        let mut elsewhere = policy("elsewhere");
+        elsewhere.spec.action = Action::parse("action", "b").expect("valid action");
+        store.insert_policy(&elsewhere).await.expect("inserting");
+        let mut moved = elsewhere.clone();
+        moved.spec.action = Action::parse("action", "a").expect("valid action");
+        moved.version = 2;
+        let refused = store.update_policy(&moved, 1).await;
+        assert!(
+            matches!(refused, Err(PolicyStoreError::ActionFull { .. })),
+            "{refused:?}"
+        );
+        let mut same = policy("p0");
+        same.version = 2;
+        assert!(
+            store.update_policy(&same, 1).await.expect("updating"),
+            "replacing one of the policies of a full action is fine"
+        );
+
+        let policies = store.list_policies().await.expect("listing");
+        assert_eq!(policies.len(), MAX_POLICIES_PER_ACTION + 1);
+        assert!(policies.iter().all(|p| p.id.as_str() != "one-too-many"));
+        assert_eq!(
+            store.change_version().await.expect("reading the marker"),
+            marker + 2,
+            "only the two writes that went through moved the marker"
+        );
+        drop(std::fs::remove_file(file));
+    }
+
+    #[tokio::test]
+    async fn a_change_made_through_policy_admin_is_in_this_cache_at_once() {
+        let (store, file) = sqlite_store("admin").await;
+        let cache = PolicyCache::new();
+        reload(&cache, store.as_ref()).await.expect("loading");
+        let admin = PolicyAdmin::new(store.as_ref(), &cache);
+
+        admin.create(&policy("p")).await.expect("creating");
+        assert!(cache.action("a").is_some(), "created, then reloaded");
+        let mut replaced = policy("p");
+        replaced.spec.action = Action::parse("action", "b").expect("valid action");
+        replaced.version = 2;
+        assert!(admin.replace(&replaced, 1).await.expect("replacing"));
+        assert!(cache.action("a").is_none() && cache.action("b").is_some());
+        assert!(!admin.delete(&replaced.id, 1).await.expect("deleting"));
+        assert!(
+            cache.action("b").is_some(),
+            "a stale delete deletes nothing"
+        );
+        assert!(admin.delete(&replaced.id, 2).await.expect("deleting"));
+        assert!(cache.action("b").is_none());
         drop(std::fs::remove_file(file));
     }
 }

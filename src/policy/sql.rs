@@ -3,7 +3,8 @@
 //! Both speak the same SQL (numbered `$n` parameters, `ON CONFLICT` upserts), so one
 //! macro writes both implementations; only the pool type and the way a
 //! change is announced (`notify.rs`) differ. Every write bumps the one-row
-//! `policy_changes` marker in its own transaction, so other instances can see it.
+//! `policy_changes` marker first, in its own transaction, so other instances can see it
+//! and writes run one at a time (`writes.rs`).
 
 use super::codec::window_from_json;
 use super::{ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
@@ -125,18 +126,27 @@ macro_rules! sql_policy_store {
             }
 
             async fn insert_policy(&self, p: &Policy) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
-                Self::insert_policy_row(&mut tx, p).await?;
-                Self::commit_change(tx).await?;
+                let mut change = self.begin_change().await?;
+                if let Err(error) = Self::ensure_room(&mut change.tx, p).await {
+                    change.roll_back().await?;
+                    return Err(error);
+                }
+                Self::insert_policy_row(&mut change.tx, p).await?;
+                Self::commit_change(change).await?;
                 Ok(())
             }
 
             async fn update_policy(&self, p: &Policy, expected_version: i64) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
-                if !Self::update_policy_row(&mut tx, p, expected_version).await? {
-                    return Ok(false); // dropping `tx` rolls back: nothing changed
+                let mut change = self.begin_change().await?;
+                if !Self::update_policy_row(&mut change.tx, p, expected_version).await? {
+                    change.roll_back().await?; // nothing changed, the marker neither
+                    return Ok(false);
                 }
-                Self::commit_change(tx).await?;
+                if let Err(error) = Self::ensure_room(&mut change.tx, p).await {
+                    change.roll_back().await?;
+                    return Err(error);
+                }
+                Self::commit_change(change).await?;
                 Ok(true)
             }
 
@@ -145,11 +155,12 @@ macro_rules! sql_policy_store {
                 id: &PolicyId,
                 expected_version: i64,
             ) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
-                if !Self::delete_policy_row(&mut tx, id, expected_version).await? {
+                let mut change = self.begin_change().await?;
+                if !Self::delete_policy_row(&mut change.tx, id, expected_version).await? {
+                    change.roll_back().await?;
                     return Ok(false);
                 }
-                Self::commit_change(tx).await?;
+                Self::commit_change(change).await?;
                 Ok(true)
             }
 
@@ -186,9 +197,9 @@ macro_rules! sql_policy_store {
             }
 
             async fn upsert_override(&self, o: &Override) -> StoreResult<()> {
-                let mut tx = self.pool.begin().await?;
-                Self::upsert_override_row(&mut tx, o).await?;
-                Self::commit_change(tx).await?;
+                let mut change = self.begin_change().await?;
+                Self::upsert_override_row(&mut change.tx, o).await?;
+                Self::commit_change(change).await?;
                 Ok(())
             }
 
@@ -197,11 +208,12 @@ macro_rules! sql_policy_store {
                 policy: &PolicyId,
                 subject: &Subject,
             ) -> StoreResult<bool> {
-                let mut tx = self.pool.begin().await?;
-                if !Self::delete_override_row(&mut tx, policy, subject).await? {
+                let mut change = self.begin_change().await?;
+                if !Self::delete_override_row(&mut change.tx, policy, subject).await? {
+                    change.roll_back().await?;
                     return Ok(false);
                 }
-                Self::commit_change(tx).await?;
+                Self::commit_change(change).await?;
                 Ok(true)
             }
 

@@ -1,23 +1,70 @@
 //! The statements that change policies and overrides, one per function, and the shared
-//! change marker that every one of those changes bumps in the same transaction.
+//! change marker that every one of those changes bumps first, in the same transaction.
 //!
 //! Like `sql.rs`, one macro writes them for Postgres and SQLite.
 
 use super::codec::window_to_json;
 use super::sql::{PostgresPolicyStore, SqlitePolicyStore, POLICY_COLUMNS};
+use super::{PolicyStoreError, StoreResult, MAX_POLICIES_PER_ACTION};
 use crate::domain::{Override, Policy, PolicyId, Subject};
+
+/// A change in progress: a transaction whose first statement bumped the change marker.
+///
+/// That first write locks the marker's one row (Postgres) or takes the database's write
+/// lock (SQLite) until the transaction ends, so changes made through any instance run one
+/// at a time. A rule that counts rows ([`MAX_POLICIES_PER_ACTION`]) therefore sees every
+/// change committed before its count, and no other change can land between its count and
+/// its write.
+pub(super) struct Change<DB: sqlx::Database> {
+    /// The transaction the change is written in.
+    pub(super) tx: sqlx::Transaction<'static, DB>,
+    /// The marker's value once this change commits.
+    version: i64,
+}
+
+impl<DB: sqlx::Database> Change<DB> {
+    /// Undoes the change, marker included, and releases the lock now rather than when the
+    /// pool gets round to it.
+    pub(super) async fn roll_back(self) -> sqlx::Result<()> {
+        self.tx.rollback().await
+    }
+}
 
 macro_rules! sql_write_statements {
     ($store:ident, $db:ty, $conn:ty) => {
         impl $store {
-            /// Records one change in the shared marker, announces it to the other
-            /// instances (Postgres), and commits: the write and its marker land together.
-            pub(super) async fn commit_change(
-                mut tx: sqlx::Transaction<'_, $db>,
-            ) -> sqlx::Result<()> {
+            /// Opens a transaction and bumps the change marker in it first (see [`Change`]).
+            pub(super) async fn begin_change(&self) -> sqlx::Result<Change<$db>> {
+                let mut tx = self.pool.begin().await?;
                 let version = Self::bump_change_version(&mut tx).await?;
+                Ok(Change { tx, version })
+            }
+
+            /// Announces the change to the other instances (Postgres) and commits: the write
+            /// and its marker land together.
+            pub(super) async fn commit_change(change: Change<$db>) -> sqlx::Result<()> {
+                let Change { mut tx, version } = change;
                 Self::announce_change(&mut tx, version).await?;
                 tx.commit().await
+            }
+
+            /// [`PolicyStoreError::ActionFull`] if `p`'s action has
+            /// [`MAX_POLICIES_PER_ACTION`] policies besides `p`; run inside a [`Change`],
+            /// so that no concurrent write can slip between the count and the write.
+            pub(super) async fn ensure_room(conn: &mut $conn, p: &Policy) -> StoreResult<()> {
+                let others: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM policies WHERE action = $1 AND id <> $2",
+                )
+                .bind(p.spec.action.as_str())
+                .bind(p.id.as_str())
+                .fetch_one(conn)
+                .await?;
+                if others >= MAX_POLICIES_PER_ACTION as i64 {
+                    return Err(PolicyStoreError::ActionFull {
+                        action: p.spec.action.clone(),
+                    });
+                }
+                Ok(())
             }
 
             async fn bump_change_version(conn: &mut $conn) -> sqlx::Result<i64> {

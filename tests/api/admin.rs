@@ -1,6 +1,8 @@
 //! The admin API over real HTTP, on SQLite and on Postgres.
 
-use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend};
+use crate::helpers::{
+    calendar_policy, spawn_app, spawn_with, Answer, CounterBackend, PolicyBackend,
+};
 use crate::on_policy_stores;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -328,6 +330,40 @@ async fn the_admin_api_needs_the_admin_token(store: PolicyBackend) {
     );
 }
 
+/// Forty creates for one action at once, split over two instances sharing the policy
+/// database: the store refuses all but 32 of them, whatever the interleaving.
+async fn concurrent_creates_never_give_an_action_more_than_32_policies(store: PolicyBackend) {
+    let first = spawn_app(store, CounterBackend::Memory).await;
+    let second = spawn_with(first.settings.clone()).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let app = if i % 2 == 0 { &first } else { &second };
+        let request = app
+            .admin(Method::POST, "/admin/policies")
+            .json(&calendar_policy(&format!("p{i:02}"), "a", 10, "day", "UTC"));
+        tasks.spawn(async move { request.send().await });
+    }
+    let (mut created, mut refused) = (0, 0);
+    while let Some(sent) = tasks.join_next().await {
+        let answer = Answer::read(sent.unwrap().unwrap()).await;
+        if answer.status == StatusCode::CREATED {
+            created += 1;
+        } else {
+            let detail = &answer.assert_problem(409)["detail"];
+            assert_eq!(
+                detail,
+                "action 'a' has 32 policies already, the most one action may have"
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!((created, refused), (32, 8));
+    for app in [&first, &second] {
+        let listed = app.admin_get("/admin/policies?action=a").await;
+        assert_eq!(listed.body["items"].as_array().map(Vec::len), Some(32));
+    }
+}
+
 async fn policies_survive_a_restart(store: PolicyBackend) {
     let app = spawn_app(store, CounterBackend::Memory).await;
     let created = app
@@ -337,6 +373,58 @@ async fn policies_survive_a_restart(store: PolicyBackend) {
     let read = again.admin_get("/admin/policies/p").await;
     assert_eq!(read.status, StatusCode::OK);
     assert_eq!(read.body, created);
+}
+
+#[tokio::test]
+async fn a_malformed_if_match_is_400_and_changes_nothing() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    let created = app
+        .must_create_policy(calendar_policy("p", "a", 10, "day", "UTC"))
+        .await;
+    let malformed: [&[u8]; 14] = [
+        b"1",
+        b"3",
+        b"\"1",
+        b"1\"",
+        b"W/",
+        b"W/1",
+        b"",
+        b"\"1\" \"2\"",
+        b"\"1\",",
+        b"\"1\", garbage",
+        b"\"1\",,\"2\"",
+        b"*, \"1\"",
+        b"\"a b\"",
+        b"\"\xff\"",
+    ];
+    for value in malformed {
+        let value = reqwest::header::HeaderValue::from_bytes(value).unwrap();
+        let put = app
+            .send(
+                app.admin(Method::PUT, "/admin/policies/p")
+                    .header("if-match", value.clone())
+                    .json(&calendar_policy("p", "a", 99, "day", "UTC")),
+            )
+            .await;
+        let delete = app
+            .send(
+                app.admin(Method::DELETE, "/admin/policies/p")
+                    .header("if-match", value.clone()),
+            )
+            .await;
+        for answer in [put, delete] {
+            assert_eq!(
+                answer.assert_problem(400)["detail"],
+                "If-Match must be * or a list of entity tags such as \"3\"",
+                "If-Match: {value:?}"
+            );
+        }
+    }
+    let read = app.admin_get("/admin/policies/p").await;
+    assert_eq!(
+        read.body, created,
+        "neither a PUT nor a DELETE went through"
+    );
 }
 
 on_policy_stores!(
@@ -350,6 +438,7 @@ on_policy_stores!(
     invalid_policies_are_rejected_with_the_offending_field,
     the_admin_api_needs_the_admin_token,
     policies_survive_a_restart,
+    concurrent_creates_never_give_an_action_more_than_32_policies,
 );
 
 #[tokio::test]

@@ -1,0 +1,76 @@
+//! Changes to policies and overrides made through this instance: each is written to the
+//! store and, when it changed something, followed by a reload of this instance's cache, so
+//! that the next consume here already enforces it. Other instances catch up through their
+//! [`Refresher`](super::Refresher).
+
+use super::{PolicyStore, StoreResult};
+use crate::domain::{Override, Policy, PolicyId, Subject};
+use crate::engine::policies::PolicyCache;
+
+/// The write side of the policy module: the store's writes, each followed by a cache reload.
+///
+/// It borrows what it needs, so it is built per use (`AppState::policy_admin`) at no cost.
+#[derive(Clone, Copy)]
+pub struct PolicyAdmin<'a> {
+    store: &'a dyn PolicyStore,
+    cache: &'a PolicyCache,
+}
+
+impl<'a> PolicyAdmin<'a> {
+    /// Writes to `store` and reloads `cache` (the one this instance's engine reads).
+    pub fn new(store: &'a dyn PolicyStore, cache: &'a PolicyCache) -> Self {
+        Self { store, cache }
+    }
+
+    /// Creates a policy; errors as [`PolicyStore::insert_policy`] (a taken id, a full action).
+    pub async fn create(&self, policy: &Policy) -> StoreResult<()> {
+        self.store.insert_policy(policy).await?;
+        self.reload().await;
+        Ok(())
+    }
+
+    /// Replaces a policy still at `expected_version`; false (nothing written) otherwise.
+    pub async fn replace(&self, policy: &Policy, expected_version: i64) -> StoreResult<bool> {
+        let replaced = self.store.update_policy(policy, expected_version).await?;
+        if replaced {
+            self.reload().await;
+        }
+        Ok(replaced)
+    }
+
+    /// Deletes a policy still at `expected_version`, with its overrides; false otherwise.
+    pub async fn delete(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool> {
+        let deleted = self.store.delete_policy(id, expected_version).await?;
+        if deleted {
+            self.reload().await;
+        }
+        Ok(deleted)
+    }
+
+    /// Creates or replaces an override.
+    pub async fn save_override(&self, item: &Override) -> StoreResult<()> {
+        self.store.upsert_override(item).await?;
+        self.reload().await;
+        Ok(())
+    }
+
+    /// Deletes an override; false if there was none.
+    pub async fn delete_override(&self, policy: &PolicyId, subject: &Subject) -> StoreResult<bool> {
+        let deleted = self.store.delete_override(policy, subject).await?;
+        if deleted {
+            self.reload().await;
+        }
+        Ok(deleted)
+    }
+
+    /// Rebuilds the cache after a change. A failure is logged, not returned: the change is
+    /// stored already, and the refresher's next poll reloads anyway.
+    async fn reload(&self) {
+        if let Err(error) = super::reload(self.cache, self.store).await {
+            tracing::error!(
+                error = format!("{error:#}"),
+                "reloading the policy cache failed"
+            );
+        }
+    }
+}
