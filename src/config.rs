@@ -36,8 +36,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Every setting of the service.
-#[derive(Debug, Clone)]
+/// Every setting of the service. Its `Debug` output hides secrets: tokens, and the
+/// password of a database or Redis URL.
+#[derive(Clone)]
 pub struct Settings {
     /// Address to serve on (`QUOTA_LISTEN`); port 0 picks a free one.
     pub listen: SocketAddr,
@@ -68,6 +69,51 @@ pub struct Settings {
     /// How often the policy store's change marker is polled (`QUOTA_POLICY_POLL_MS`), so a
     /// change made through another instance is enforced here within about this long.
     pub policy_poll: Duration,
+}
+
+/// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let masked = if user.len() < userinfo.len() {
+                ":***"
+            } else {
+                ""
+            };
+            format!("{scheme}://{user}{masked}@{host}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redis: Vec<String> = self
+            .redis_urls
+            .iter()
+            .map(|u| without_password(u))
+            .collect();
+        f.debug_struct("Settings")
+            .field("listen", &self.listen)
+            .field("database_url", &without_password(&self.database_url))
+            .field("redis_urls", &redis)
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_prefix", &self.redis_prefix)
+            .field("redis_timeout", &self.redis_timeout)
+            .field("admin_token", &self.admin_token)
+            .field("client_tokens", &self.client_tokens)
+            .field("on_store_error", &self.on_store_error)
+            .field("log_json", &self.log_json)
+            .field("ledger_retention_days", &self.ledger_retention_days)
+            .field("ledger_claim_idle", &self.ledger_claim_idle)
+            .field("policy_poll", &self.policy_poll)
+            .finish()
+    }
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -464,5 +510,20 @@ mod tests {
             !shown.contains("hunter2") && !shown.contains("swordfish"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn debug_output_masks_the_passwords_of_urls() {
+        for (url, shown) in [
+            (
+                "postgres://quota:s3cret@db:5432/quota",
+                "postgres://quota:***@db:5432/quota",
+            ),
+            ("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
+            ("redis://user@cache:6379", "redis://user@cache:6379"),
+            ("sqlite://quota-ledger.db", "sqlite://quota-ledger.db"),
+        ] {
+            assert_eq!(without_password(url), shown, "{url}");
+        }
     }
 }

@@ -144,9 +144,6 @@ impl Application {
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
             policies,
-            ledger,
-            cache,
-            clock,
             embedded_counters,
             metrics: Arc::new(Metrics::new()),
         });

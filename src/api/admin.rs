@@ -48,7 +48,6 @@ fn refused(error: PolicyStoreError, id: &PolicyId) -> ApiError {
         PolicyStoreError::Conflict => {
             ApiError::Conflict(format!("a policy with id '{id}' exists already"))
         }
-        full @ PolicyStoreError::ActionFull { .. } => ApiError::Conflict(full.to_string()),
         other => other.into(),
     }
 }

@@ -233,7 +233,8 @@ pub async fn list_ledger(
 ) -> Result<web::Json<LedgerList>, ApiError> {
     let (filter, limit) = parse(&query)?;
     let page = state
-        .ledger
+        .engine
+        .ledger()
         .page(&filter, limit, query.cursor.as_deref())
         .await?;
     Ok(web::Json(LedgerList {

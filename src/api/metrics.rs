@@ -24,7 +24,7 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)
-        .body(state.metrics.render(&state.cache, &live))
+        .body(state.metrics.render(state.engine.policies(), &live))
 }
 
 /// Checks `request`, recording the latency and result of the decision.

@@ -18,9 +18,6 @@ pub mod routing;
 mod timestamp;
 pub mod wire;
 
-use crate::clock::Clock;
-use crate::engine::ledger::LedgerStore;
-use crate::engine::policies::PolicyCache;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyAdmin, PolicyStore};
@@ -32,12 +29,6 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Policy persistence (admin reads and writes go here).
     pub policies: Arc<dyn PolicyStore>,
-    /// The durable ledger (queries; refunds and holds look up their charge here).
-    pub ledger: Arc<dyn LedgerStore>,
-    /// The in-process policy cache the engine reads.
-    pub cache: Arc<PolicyCache>,
-    /// The time source (a fake one in tests).
-    pub clock: Arc<dyn Clock>,
     /// True when counters are in-process (no Redis configured).
     pub embedded_counters: bool,
     /// What `/metrics` reports; the quota handlers record into it.
@@ -45,10 +36,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Policy and override writes, each followed by a reload of [`Self::cache`] so that
+    /// Policy and override writes, each followed by a reload of the engine's policy cache so that
     /// this instance enforces the change from its next request on.
     pub fn policy_admin(&self) -> PolicyAdmin<'_> {
-        PolicyAdmin::new(self.policies.as_ref(), &self.cache)
+        PolicyAdmin::new(self.policies.as_ref(), self.engine.policies())
     }
 }
 

@@ -188,6 +188,7 @@ impl From<PolicyStoreError> for ApiError {
     fn from(error: PolicyStoreError) -> Self {
         match error {
             PolicyStoreError::Conflict => Self::Conflict("it exists already".to_owned()),
+            full @ PolicyStoreError::ActionFull { .. } => Self::Conflict(full.to_string()),
             PolicyStoreError::Unavailable(cause) => {
                 tracing::warn!(error = %cause, "policy store unavailable");
                 Self::Unavailable("the policy store is unavailable; retry shortly".to_owned())

@@ -186,9 +186,10 @@ fn parse_counted(
     body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<ConsumeRequest, ApiError> {
     let metrics = &state.metrics;
-    let input = body.inspect_err(|_| metrics.observe_invalid(endpoint, None, &state.cache))?;
+    let input =
+        body.inspect_err(|_| metrics.observe_invalid(endpoint, None, state.engine.policies()))?;
     parse_consume(&input.0).inspect_err(|_| {
-        metrics.observe_invalid(endpoint, Some(&input.0.action), &state.cache);
+        metrics.observe_invalid(endpoint, Some(&input.0.action), state.engine.policies());
     })
 }
 

@@ -188,6 +188,17 @@ impl Engine {
         }
     }
 
+    /// The durable ledger (the ledger query API reads it).
+    pub fn ledger(&self) -> &dyn LedgerStore {
+        self.ledger.as_ref()
+    }
+
+    /// The in-process policies the engine decides with (metrics label by them; policy
+    /// writes reload them).
+    pub fn policies(&self) -> &PolicyCache {
+        &self.cache
+    }
+
     /// The counter store (for readiness checks and background tasks).
     pub fn counters(&self) -> &dyn CounterStore {
         self.counters.as_ref()
