@@ -8,6 +8,7 @@ use crate::config::{Secret, Settings};
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
 use crate::engine::drain::Drainer;
+use crate::engine::ledger::LedgerStore;
 use crate::engine::policies::PolicyCache;
 use crate::engine::store::CounterStore;
 use crate::engine::writer::LedgerWriter;
@@ -73,6 +74,72 @@ fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()>
     })
 }
 
+/// The counter store `settings` name: in-process without `REDIS_URL`; else Redis, with
+/// the drain that moves its ledger streams into `ledger`.
+async fn counter_store(
+    settings: &Settings,
+    ledger: &Arc<dyn LedgerStore>,
+) -> anyhow::Result<(Arc<dyn CounterStore>, Option<Arc<Drainer>>)> {
+    if settings.redis_urls.is_empty() {
+        return Ok((Arc::new(MemoryCounterStore::new()), None));
+    }
+    let store = Arc::new(
+        RedisCounterStore::connect(
+            &settings.redis_urls,
+            settings.redis_cluster,
+            settings.redis_timeout,
+        )
+        .await
+        .context("connecting to Redis (REDIS_URL)")?,
+    );
+    let drain = Arc::new(Drainer::new(
+        store.clone(),
+        ledger.clone(),
+        settings.redis_prefix.clone(),
+        settings.ledger_claim_idle,
+    ));
+    Ok((store, Some(drain)))
+}
+
+/// The actix server on `listener`: every route, Swagger UI, and the problem+json rewrite
+/// of the errors actix answers by itself.
+fn http_server(
+    listener: TcpListener,
+    state: web::Data<AppState>,
+    tokens: web::Data<Tokens>,
+) -> anyhow::Result<actix_web::dev::Server> {
+    let spec = api::openapi::spec();
+    let server = HttpServer::new(move || {
+        let (app, _) = App::new()
+            .into_utoipa_app()
+            .openapi(api::openapi::ApiDoc::openapi())
+            .configure(api::routes)
+            .split_for_parts();
+        app.app_data(state.clone())
+            .app_data(tokens.clone())
+            .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
+            .app_data(web::QueryConfig::default().error_handler(|error, _| {
+                ApiError::Malformed(format!("invalid query string: {error}")).into()
+            }))
+            .app_data(web::PathConfig::default().error_handler(|error, _| {
+                ApiError::NotFound(format!("invalid path: {error}")).into()
+            }))
+            .service(
+                SwaggerUi::new("/swagger-ui/{_:.*}").url("/api-docs/openapi.json", spec.clone()),
+            )
+            .default_service(web::to(api::routing::unrouted))
+            .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
+            // Outermost, so that even the answers rewritten above carry the request id.
+            .wrap(from_fn(api::request_id::middleware))
+    })
+    // On SIGTERM/SIGINT: stop accepting, let in-flight requests finish (at most this long).
+    .shutdown_timeout(SHUTDOWN_GRACE_SECONDS)
+    .listen(listener)
+    .context("starting the HTTP server")?
+    .run();
+    Ok(server)
+}
+
 /// A fresh random token, as hex: two v4 UUIDs, 244 random bits from rand's thread-local
 /// generator (a CSPRNG seeded by the operating system; uuid's `fast-rng` feature).
 fn random_token() -> Secret {
@@ -101,40 +168,19 @@ impl Application {
         policy::reload(&cache, policies.as_ref())
             .await
             .context("loading policies into the cache")?;
-        let mut tasks = BackgroundTasks::default();
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
-        let embedded_counters = settings.redis_urls.is_empty();
-        let (counters, drainer): (Arc<dyn CounterStore>, Option<Arc<Drainer>>) =
-            if embedded_counters {
-                (Arc::new(MemoryCounterStore::new()), None)
-            } else {
-                let store = Arc::new(
-                    RedisCounterStore::connect(
-                        &settings.redis_urls,
-                        settings.redis_cluster,
-                        settings.redis_timeout,
-                    )
-                    .await
-                    .context("connecting to Redis (REDIS_URL)")?,
-                );
-                let drainer = Arc::new(Drainer::new(
-                    store.clone(),
-                    ledger.clone(),
-                    settings.redis_prefix.clone(),
-                    settings.ledger_claim_idle,
-                ));
-                (store, Some(drainer))
-            };
-        if let Some(drainer) = &drainer {
-            tasks.0.push(drainer.clone().spawn());
+        let mut tasks = BackgroundTasks::default();
+        let (counters, drain) = counter_store(&settings, &ledger).await?;
+        if let Some(drain) = &drain {
+            tasks.0.push(drain.clone().spawn());
         }
         let ports = Ports {
             counters,
-            ledger: ledger.clone(),
             writer: LedgerWriter::spawn(ledger.clone()),
-            drain: drainer,
-            cache: cache.clone(),
-            clock: clock.clone(),
+            ledger,
+            drain,
+            cache,
+            clock,
         };
         let engine = Engine::new(
             ports,
@@ -144,7 +190,7 @@ impl Application {
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
             policies,
-            embedded_counters,
+            embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),
         });
         tasks.0.push(spawn_hold_sweeper(state.clone()));
@@ -160,37 +206,7 @@ impl Application {
             .local_addr()
             .context("reading the bound address")?
             .port();
-        let spec = api::openapi::spec();
-        let shared = state.clone();
-        let server = HttpServer::new(move || {
-            let (app, _) = App::new()
-                .into_utoipa_app()
-                .openapi(api::openapi::ApiDoc::openapi())
-                .configure(api::routes)
-                .split_for_parts();
-            app.app_data(state.clone())
-                .app_data(tokens.clone())
-                .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
-                .app_data(web::QueryConfig::default().error_handler(|error, _| {
-                    ApiError::Malformed(format!("invalid query string: {error}")).into()
-                }))
-                .app_data(web::PathConfig::default().error_handler(|error, _| {
-                    ApiError::NotFound(format!("invalid path: {error}")).into()
-                }))
-                .service(
-                    SwaggerUi::new("/swagger-ui/{_:.*}")
-                        .url("/api-docs/openapi.json", spec.clone()),
-                )
-                .default_service(web::to(api::routing::unrouted))
-                .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
-                // Outermost, so that even the answers rewritten above carry the request id.
-                .wrap(from_fn(api::request_id::middleware))
-        })
-        // On SIGTERM/SIGINT: stop accepting, let in-flight requests finish (at most this long).
-        .shutdown_timeout(SHUTDOWN_GRACE_SECONDS)
-        .listen(listener)
-        .context("starting the HTTP server")?
-        .run();
+        let server = http_server(listener, state.clone(), tokens)?;
         Ok(Self {
             port,
             server,
@@ -199,7 +215,7 @@ impl Application {
             _retention: retention,
             _tasks: tasks,
             refresher,
-            state: shared,
+            state,
         })
     }
 
