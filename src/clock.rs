@@ -14,7 +14,7 @@ pub trait Clock: Send + Sync + 'static {
 /// Several instances sharing one Redis must agree on time (NTP): a clock that runs ahead
 /// or behind by `s` seconds moves that instance's period boundaries by `s`.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {

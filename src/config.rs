@@ -7,7 +7,7 @@
 //! stops a command that does not use the configuration, such as `openapi`.
 
 use anyhow::{bail, Context};
-use clap::{Args, FromArgMatches};
+use clap::Args;
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -234,11 +234,13 @@ where
 impl ConfigArgs {
     /// The command-line definition of the configuration alone; building it reads the
     /// process environment.
+    #[cfg(test)]
     fn command() -> clap::Command {
         Self::augment_args(clap::Command::new("quota-ledger"))
     }
 
     /// Parses flags alone (`argv` without the program name), ignoring the environment.
+    #[cfg(test)]
     fn from_flags<I>(argv: I) -> anyhow::Result<Self>
     where
         I: IntoIterator,
@@ -249,22 +251,15 @@ impl ConfigArgs {
             .mut_args(|arg| arg.env(None::<&'static str>))
             .try_get_matches_from(program.chain(argv.into_iter().map(Into::into)))
             .context("reading the configuration")?;
-        Ok(Self::from_arg_matches(&matches)?)
+        Ok(<Self as clap::FromArgMatches>::from_arg_matches(&matches)?)
     }
 }
 
 impl Settings {
-    /// Reads the settings from the process environment.
-    pub fn from_env() -> anyhow::Result<Self> {
-        let matches = ConfigArgs::command()
-            .try_get_matches_from(["quota-ledger"])
-            .context("reading the environment")?;
-        Self::from_args(ConfigArgs::from_arg_matches(&matches)?)
-    }
-
     /// Reads the settings through `lookup` instead of the process environment (tests use a
     /// map), with the same defaults and checks.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+    #[cfg(test)]
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         // Each variable `lookup` knows becomes its flag; the process environment is not read.
         let mut argv = Vec::new();
         for arg in ConfigArgs::command().get_arguments() {

@@ -37,10 +37,10 @@ use crate::domain::{Action, Policy, Subject};
 pub const SHARDS: u16 = 64;
 
 /// Length of a [`PolicyKey`], in base-62 digits.
-pub const POLICY_KEY_LEN: usize = 7;
+pub(crate) const POLICY_KEY_LEN: usize = 7;
 
 /// Length of a calendar period in a counter key, in base-62 digits.
-pub const PERIOD_LEN: usize = 6;
+pub(crate) const PERIOD_LEN: usize = 6;
 
 /// The digits of base 62, in order.
 const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -51,7 +51,7 @@ const SHARD_NAMES: &[u8; 64] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijk
 /// The shard of (action, subject): FNV-1a (64-bit) of both, modulo [`SHARDS`].
 ///
 /// Fixed forever: changing it would move every counter to a new key.
-pub fn shard(action: &str, subject: &str) -> u16 {
+pub(crate) fn shard(action: &str, subject: &str) -> u16 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let bytes = action
         .bytes()
@@ -65,7 +65,7 @@ pub fn shard(action: &str, subject: &str) -> u16 {
 }
 
 /// `<prefix>{<shard>}`: the start of every key of one shard.
-pub fn shard_prefix(prefix: &str, shard: u16) -> String {
+pub(crate) fn shard_prefix(prefix: &str, shard: u16) -> String {
     let name = char::from(SHARD_NAMES[usize::from(shard) % SHARD_NAMES.len()]);
     format!("{prefix}{{{name}}}")
 }
@@ -86,7 +86,7 @@ pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
 }
 
 /// How much of one consumption has been refunded so far.
-pub fn refunded_total(prefix: &str, shard: u16, consumption_id: &str) -> String {
+pub(crate) fn refunded_total(prefix: &str, shard: u16, consumption_id: &str) -> String {
     format!("{}#rf{consumption_id}", shard_prefix(prefix, shard))
 }
 
@@ -96,7 +96,7 @@ pub struct PolicyKey([u8; POLICY_KEY_LEN]);
 
 impl PolicyKey {
     /// The digits as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // Only base-62 digits (ASCII) are ever stored.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
@@ -157,7 +157,7 @@ fn push_period(out: &mut String, period: i64) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubjectKeys {
     /// Its shard.
-    pub shard: u16,
+    pub(crate) shard: u16,
     /// `<prefix>{<shard>}`.
     tag: String,
     /// `<action>|<subject>`.
@@ -195,14 +195,14 @@ impl SubjectKeys {
 
     /// The record of an idempotency key; `scope` separates consumes (`c`), holds (`h`) and
     /// refunds (`r`).
-    pub fn idempotency(&self, scope: char, key: &str) -> String {
+    pub(crate) fn idempotency(&self, scope: char, key: &str) -> String {
         format!("{}#i{scope}{}:{key}{}", self.tag, key.len(), self.tail)
     }
 }
 
 /// The part of `key` that Redis Cluster hashes: the text between the first `{` and the next
 /// `}` if it is not empty, else the whole key (the same rule as Redis).
-pub fn hash_tag(key: &str) -> &str {
+pub(crate) fn hash_tag(key: &str) -> &str {
     if let Some(open) = key.find('{') {
         let rest = &key[open + 1..];
         if let Some(len) = rest.find('}').filter(|&len| len > 0) {

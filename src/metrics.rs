@@ -33,14 +33,14 @@ use prometheus_client::registry::Registry;
 use std::time::Duration;
 
 /// The media type of [`Metrics::render`]'s output.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The `action` label of a request whose action is not configured (never the raw value).
-pub const UNKNOWN_ACTION: &str = "(unknown)";
+pub(crate) const UNKNOWN_ACTION: &str = "(unknown)";
 
 /// The quota endpoint a request came through (the `endpoint` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// `POST /quota/consume`.
     Consume,
     /// `POST /quota/check`.
@@ -68,12 +68,12 @@ const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "timeout", "protocol"];
 
 /// Gauges read from the stores at scrape time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Live {
+pub(crate) struct Live {
     /// Whether the counter store's circuit breaker is open (calls fail without trying).
-    pub circuit_open: bool,
+    pub(crate) circuit_open: bool,
     /// Ledger entries in the Redis streams not yet moved to SQL; `None` without Redis (or
     /// when Redis did not answer).
-    pub ledger_backlog: Option<u64>,
+    pub(crate) ledger_backlog: Option<u64>,
 }
 
 /// The service's metrics; shared by every worker.
@@ -81,7 +81,7 @@ pub struct Live {
 /// The fields are handles to the families registered in `registry` (cloning one shares
 /// its series), kept to record into without looking families up by name.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     decisions: Family<DecisionLabels, Counter>,
@@ -118,7 +118,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// An empty registry (the always-present series at zero).
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -161,7 +161,7 @@ impl Metrics {
     ///
     /// `action` is the request's action; it is used as a label only when the engine
     /// knew it. A degraded answer records no policy decisions: none were evaluated.
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         endpoint: Endpoint,
         action: &str,
@@ -202,7 +202,12 @@ impl Metrics {
     ///
     /// `action` is whatever the body said, if it could be read; it becomes a label only
     /// when `cache` has policies for it, else the request counts under [`UNKNOWN_ACTION`].
-    pub fn observe_invalid(&self, endpoint: Endpoint, action: Option<&str>, cache: &PolicyCache) {
+    pub(crate) fn observe_invalid(
+        &self,
+        endpoint: Endpoint,
+        action: Option<&str>,
+        cache: &PolicyCache,
+    ) {
         let action = action
             .filter(|a| cache.action(a).is_some())
             .unwrap_or(UNKNOWN_ACTION);
@@ -211,7 +216,7 @@ impl Metrics {
 
     /// Counts the counter-store failure behind `outcome`, if any (a degraded answer hides
     /// one); for engine calls other than consume and check, such as usage reads.
-    pub fn observe_store(&self, outcome: Result<&Decision, &EngineError>) {
+    pub(crate) fn observe_store(&self, outcome: Result<&Decision, &EngineError>) {
         let kind = match outcome {
             Ok(decision) if decision.degraded => "unavailable",
             Err(EngineError::Store(StoreError::Unavailable(_))) => "unavailable",
@@ -229,7 +234,7 @@ impl Metrics {
     }
 
     /// Every metric, with the policy cache's and `live` gauges, as Prometheus text (0.0.4).
-    pub fn render(&self, cache: &PolicyCache, live: &Live) -> String {
+    pub(crate) fn render(&self, cache: &PolicyCache, live: &Live) -> String {
         let mut open_metrics = String::new();
         let scraped = scrape::registry(cache, live);
         for registry in [&self.registry, &scraped] {

@@ -16,9 +16,9 @@ use utoipa::IntoParams;
 
 /// Filters of the policy list.
 #[derive(Debug, Deserialize, IntoParams)]
-pub struct PolicyFilter {
+pub(crate) struct PolicyFilter {
     /// Only policies of this action.
-    pub action: Option<String>,
+    pub(crate) action: Option<String>,
 }
 
 /// A policy's `ETag`: its version as a strong entity tag, such as `"3"`.
@@ -78,7 +78,7 @@ async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
     security(("admin_token" = []))
 )]
 #[get("/admin/policies")]
-pub async fn list_policies(
+pub(crate) async fn list_policies(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     filter: web::Query<PolicyFilter>,
@@ -118,7 +118,7 @@ pub async fn list_policies(
     security(("admin_token" = []))
 )]
 #[post("/admin/policies")]
-pub async fn create_policy(
+pub(crate) async fn create_policy(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     ApiJson(NewPolicyInput(body)): ApiJson<NewPolicyInput>,
@@ -158,7 +158,7 @@ pub async fn create_policy(
     security(("admin_token" = []))
 )]
 #[get("/admin/policies/{id}")]
-pub async fn get_policy(
+pub(crate) async fn get_policy(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     id: web::Path<String>,
@@ -196,7 +196,7 @@ pub async fn get_policy(
     security(("admin_token" = []))
 )]
 #[put("/admin/policies/{id}")]
-pub async fn replace_policy(
+pub(crate) async fn replace_policy(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -252,7 +252,7 @@ pub async fn replace_policy(
     security(("admin_token" = []))
 )]
 #[delete("/admin/policies/{id}")]
-pub async fn delete_policy(
+pub(crate) async fn delete_policy(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -287,7 +287,7 @@ pub async fn delete_policy(
     security(("admin_token" = []))
 )]
 #[get("/admin/policies/{id}/overrides")]
-pub async fn list_overrides(
+pub(crate) async fn list_overrides(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     id: web::Path<String>,
@@ -324,7 +324,7 @@ async fn override_target(
     security(("admin_token" = []))
 )]
 #[get("/admin/policies/{id}/overrides/{subject}")]
-pub async fn get_override(
+pub(crate) async fn get_override(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
@@ -359,7 +359,7 @@ pub async fn get_override(
     security(("admin_token" = []))
 )]
 #[put("/admin/policies/{id}/overrides/{subject}")]
-pub async fn put_override(
+pub(crate) async fn put_override(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
@@ -399,7 +399,7 @@ pub async fn put_override(
     security(("admin_token" = []))
 )]
 #[delete("/admin/policies/{id}/overrides/{subject}")]
-pub async fn delete_override(
+pub(crate) async fn delete_override(
     _auth: AdminAuth,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,

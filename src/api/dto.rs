@@ -14,7 +14,7 @@ use utoipa::{PartialSchema, ToSchema};
 /// A policy's time window.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum WindowDto {
+pub(crate) enum WindowDto {
     /// Usage resets at each period boundary in `timezone`.
     Calendar {
         /// minute, hour, day, week (ISO, Monday) or month.
@@ -49,7 +49,7 @@ pub enum WindowDto {
 /// A calendar period.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum PeriodDto {
+pub(crate) enum PeriodDto {
     /// Each minute.
     Minute,
     /// Each hour.
@@ -65,7 +65,7 @@ pub enum PeriodDto {
 /// What a consume charges.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum MeasureDto {
+pub(crate) enum MeasureDto {
     /// 1 per consume.
     Count,
     /// The request's `amount`.
@@ -75,7 +75,7 @@ pub enum MeasureDto {
 /// Whether a policy denies.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum ModeDto {
+pub(crate) enum ModeDto {
     /// Denies over the limit.
     Enforce,
     /// Counts and reports, never denies.
@@ -85,39 +85,39 @@ pub enum ModeDto {
 /// A policy as submitted by `POST` (with `id`) or `PUT` (id from the path).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PolicyInput {
+pub(crate) struct PolicyInput {
     /// 1-64 chars of `[a-z0-9._-]`; required on `POST`, must match the path on `PUT`.
     #[schema(value_type = Option<Slug>, example = "transfer-usd-daily")]
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
     /// The action limited; 1-64 chars of `[a-z0-9._-]`.
     #[schema(value_type = Slug, example = "transfer")]
-    pub action: String,
+    pub(crate) action: String,
     /// `count` charges 1 per consume, `amount` charges the request's amount.
-    pub measure: MeasureDto,
+    pub(crate) measure: MeasureDto,
     /// Display label of the units, e.g. `USD cents`; at most 64 characters.
     #[schema(example = "USD cents", max_length = 64)]
-    pub unit: Option<String>,
+    pub(crate) unit: Option<String>,
     /// Integer in [0, 2^53-1].
     #[serde(deserialize_with = "whole_number")]
     #[schema(example = 200000, minimum = 0, maximum = 9007199254740991_i64)]
-    pub limit: i64,
+    pub(crate) limit: i64,
     /// The time window.
-    pub window: WindowDto,
+    pub(crate) window: WindowDto,
     /// Default `enforce`.
-    pub mode: Option<ModeDto>,
+    pub(crate) mode: Option<ModeDto>,
     /// Default true.
-    pub enabled: Option<bool>,
+    pub(crate) enabled: Option<bool>,
     /// Default false: record denied attempts in the ledger too.
-    pub ledger_denials: Option<bool>,
+    pub(crate) ledger_denials: Option<bool>,
     /// Free text, at most 1,024 characters.
     #[schema(max_length = 1024)]
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
 }
 
 /// A policy as created by `POST`: a [`PolicyInput`] whose `id` is required.
 #[derive(Debug, Deserialize)]
 #[serde(transparent)]
-pub struct NewPolicyInput(pub PolicyInput);
+pub(crate) struct NewPolicyInput(pub(crate) PolicyInput);
 
 impl PartialSchema for NewPolicyInput {
     fn schema() -> RefOr<Schema> {
@@ -147,86 +147,86 @@ impl ToSchema for NewPolicyInput {
 
 /// A stored policy.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PolicyOut {
+pub(crate) struct PolicyOut {
     /// Unique id.
-    pub id: String,
+    pub(crate) id: String,
     /// The action limited.
-    pub action: String,
+    pub(crate) action: String,
     /// `count` or `amount`.
-    pub measure: MeasureDto,
+    pub(crate) measure: MeasureDto,
     /// Display label of the units.
-    pub unit: Option<String>,
+    pub(crate) unit: Option<String>,
     /// The limit per window.
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// The time window.
-    pub window: WindowDto,
+    pub(crate) window: WindowDto,
     /// `enforce` or `shadow`.
-    pub mode: ModeDto,
+    pub(crate) mode: ModeDto,
     /// Whether consumes check it.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Whether denied attempts are recorded in the ledger.
-    pub ledger_denials: bool,
+    pub(crate) ledger_denials: bool,
     /// Free text.
-    pub description: String,
+    pub(crate) description: String,
     /// When it was created.
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.
-    pub updated_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
     /// +1 on every change; also the `ETag`.
-    pub version: i64,
+    pub(crate) version: i64,
 }
 
 /// A page of policies.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PolicyList {
+pub(crate) struct PolicyList {
     /// The policies, ordered by id.
-    pub items: Vec<PolicyOut>,
+    pub(crate) items: Vec<PolicyOut>,
     /// Always null: every matching policy is in `items`.
-    pub next_cursor: Option<String>,
+    pub(crate) next_cursor: Option<String>,
 }
 
 /// An override as submitted.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct OverrideInput {
+pub(crate) struct OverrideInput {
     /// The limit for this subject, replacing the policy's; [0, 2^53-1] (a token bucket's
     /// window bounds it further, as it bounds the policy's).
     #[serde(deserialize_with = "whole_number")]
     #[schema(example = 500000, minimum = 0, maximum = 9007199254740991_i64)]
-    pub limit: i64,
+    pub(crate) limit: i64,
     /// When the override stops applying (RFC 3339); absent for never.
-    pub expires_at: Option<DateTime<Utc>>,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
     /// Why it exists, at most 1,024 characters.
     #[schema(max_length = 1024)]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 /// A stored override.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct OverrideOut {
+pub(crate) struct OverrideOut {
     /// The policy it belongs to.
-    pub policy_id: String,
+    pub(crate) policy_id: String,
     /// The subject it applies to.
-    pub subject: String,
+    pub(crate) subject: String,
     /// The limit for this subject.
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// When it stops applying; null for never.
-    pub expires_at: Option<DateTime<Utc>>,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
     /// Why it exists.
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
     /// When it was created.
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.
-    pub updated_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 /// A page of overrides.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct OverrideList {
+pub(crate) struct OverrideList {
     /// The overrides, ordered by subject.
-    pub items: Vec<OverrideOut>,
+    pub(crate) items: Vec<OverrideOut>,
     /// Always null: every override is in `items`.
-    pub next_cursor: Option<String>,
+    pub(crate) next_cursor: Option<String>,
 }
 
 const MAX_TEXT: usize = 1_024;
@@ -296,7 +296,7 @@ impl WindowDto {
 
 impl PolicyInput {
     /// Validates every field, returning the id (if given) and the spec, or all field errors.
-    pub fn parse(self) -> Result<(Option<PolicyId>, PolicySpec), FieldErrors> {
+    pub(crate) fn parse(self) -> Result<(Option<PolicyId>, PolicySpec), FieldErrors> {
         let mut errors = FieldErrors::default();
         let id = self
             .id
@@ -364,7 +364,7 @@ impl From<&Policy> for PolicyOut {
 
 impl OverrideInput {
     /// Validates the override against its policy's window.
-    pub fn parse(self, window: &Window) -> Result<OverrideSpec, FieldErrors> {
+    pub(crate) fn parse(self, window: &Window) -> Result<OverrideSpec, FieldErrors> {
         let mut errors = FieldErrors::default();
         let limit = errors.take(Quantity::parse("limit", i128::from(self.limit)));
         if let Some(limit) = limit {

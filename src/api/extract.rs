@@ -13,12 +13,12 @@ use std::pin::Pin;
 use subtle::{Choice, ConstantTimeEq};
 
 /// The largest request body accepted, in bytes (64 KiB).
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// A JSON body: 415 unless the content type is JSON, 413 past [`MAX_BODY_BYTES`],
 /// 400 when malformed, 422 (naming the field) when a field has the wrong type or is missing.
 #[derive(Debug)]
-pub struct ApiJson<T>(pub T);
+pub(crate) struct ApiJson<T>(pub(crate) T);
 
 pub(super) fn is_json(req: &HttpRequest) -> bool {
     req.headers()
@@ -59,7 +59,7 @@ fn is_well_formed(bytes: &[u8]) -> bool {
 ///
 /// A well-formed body is parsed once, directly; only a failing one is parsed again with its
 /// path tracked, to name the field in the answer (tracking costs on every field).
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Ok(value) = serde_json::from_slice(bytes) {
         return Ok(value);
     }
@@ -105,11 +105,11 @@ impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
 
 /// The bearer tokens the service accepts.
 #[derive(Debug, Clone)]
-pub struct Tokens {
+pub(crate) struct Tokens {
     /// The admin token (`/admin/*`).
-    pub admin: Secret,
+    pub(crate) admin: Secret,
     /// Client tokens (`/quota/*`); empty leaves those endpoints open.
-    pub clients: Vec<Secret>,
+    pub(crate) clients: Vec<Secret>,
 }
 
 /// Whether `given` equals `secret`, in time that depends only on `given`'s length.
@@ -139,7 +139,7 @@ fn tokens(req: &HttpRequest) -> Result<&Tokens, ApiError> {
 
 /// Proof that the request carries the admin token.
 #[derive(Debug)]
-pub struct AdminAuth;
+pub(crate) struct AdminAuth;
 
 impl FromRequest for AdminAuth {
     type Error = ApiError;
@@ -163,7 +163,7 @@ impl FromRequest for AdminAuth {
 
 /// Proof that the request may use `/quota/*` (always, when no client tokens are set).
 #[derive(Debug)]
-pub struct ClientAuth;
+pub(crate) struct ClientAuth;
 
 impl FromRequest for ClientAuth {
     type Error = ApiError;
@@ -248,7 +248,7 @@ fn list_members(line: &str) -> Vec<&str> {
 }
 
 /// Rewrites any error answer that is not problem+json yet (unknown route 404, 405, …).
-pub fn problem_for_bare_errors<B>(
+pub(crate) fn problem_for_bare_errors<B>(
     res: ServiceResponse<B>,
 ) -> actix_web::Result<ErrorHandlerResponse<B>> {
     // Our own answers (problem+json, and the JSON body of a 429) carry a content type;

@@ -7,27 +7,27 @@ use utoipa::ToSchema;
 
 /// The state of the process or of its stores.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Health {
+pub(crate) struct Health {
     /// `ok`, or `unavailable` when a store is down.
-    pub status: String,
+    pub(crate) status: String,
     /// Per store: `ok`, `down` or `embedded` (readiness only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stores: Option<StoreHealth>,
+    pub(crate) stores: Option<StoreHealth>,
 }
 
 /// Reachability of each store.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct StoreHealth {
+pub(crate) struct StoreHealth {
     /// The policy database.
-    pub policy_store: String,
+    pub(crate) policy_store: String,
     /// The counter store (Redis, or `embedded` for in-process counters).
-    pub counter_store: String,
+    pub(crate) counter_store: String,
 }
 
 /// The process is up.
 #[utoipa::path(tag = "health", responses((status = 200, description = "Alive", body = Health)))]
 #[get("/healthz")]
-pub async fn healthz() -> web::Json<Health> {
+pub(crate) async fn healthz() -> web::Json<Health> {
     web::Json(Health {
         status: "ok".to_owned(),
         stores: None,
@@ -40,7 +40,7 @@ pub async fn healthz() -> web::Json<Health> {
     (status = 503, description = "A store is down", body = Health),
 ))]
 #[get("/readyz")]
-pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let word = |ok: bool| if ok { "ok" } else { "down" }.to_owned();
     let policy_ok = state.policies.ping().await.is_ok();
     let counter_ok = state.engine.counters().ping().await.is_ok();

@@ -13,12 +13,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 /// Entries per page when `limit` is not given.
-pub const DEFAULT_PAGE: u32 = 100;
+pub(crate) const DEFAULT_PAGE: u32 = 100;
 
 /// What a ledger entry records.
 #[derive(Debug, Clone, Copy, Serialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum EntryKindDto {
+pub(crate) enum EntryKindDto {
     /// An allowed consume charged its policies.
     Charge,
     /// Part or all of a charge was given back.
@@ -51,41 +51,41 @@ impl From<EntryKind> for EntryKindDto {
 
 /// One policy's part of a ledger entry.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PolicyAmountOut {
+pub(crate) struct PolicyAmountOut {
     /// The policy.
-    pub policy_id: String,
+    pub(crate) policy_id: String,
     /// Units charged (charge, hold) or given back (refund, commit, release, expire); for
     /// a deny, the units asked for.
     #[schema(maximum = 9007199254740991_i64)]
-    pub amount: u64,
+    pub(crate) amount: u64,
 }
 
 /// A ledger entry as served.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LedgerEntryOut {
+pub(crate) struct LedgerEntryOut {
     /// Unique per entry.
-    pub id: String,
+    pub(crate) id: String,
     /// When the decision was made (UTC).
-    pub at: DateTime<Utc>,
+    pub(crate) at: DateTime<Utc>,
     /// What happened.
-    pub kind: EntryKindDto,
+    pub(crate) kind: EntryKindDto,
     /// The action.
     #[schema(example = "transfer")]
-    pub action: String,
+    pub(crate) action: String,
     /// The subject.
     #[schema(example = "user-42")]
-    pub subject: String,
+    pub(crate) subject: String,
     /// The request's amount: charged, refunded, held, settled or released.
     #[schema(maximum = 9007199254740991_i64)]
-    pub amount: u64,
+    pub(crate) amount: u64,
     /// The consume this entry belongs to (charges, refunds, denials).
-    pub consumption_id: Option<String>,
+    pub(crate) consumption_id: Option<String>,
     /// The hold this entry belongs to (holds and their settlement).
-    pub hold_id: Option<String>,
+    pub(crate) hold_id: Option<String>,
     /// The caller's idempotency key, if any.
-    pub idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
     /// Per policy amounts.
-    pub policies: Vec<PolicyAmountOut>,
+    pub(crate) policies: Vec<PolicyAmountOut>,
 }
 
 impl From<&LedgerEntry> for LedgerEntryOut {
@@ -116,38 +116,38 @@ impl From<&PolicyAmount> for PolicyAmountOut {
 
 /// A page of ledger entries, newest first.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LedgerList {
+pub(crate) struct LedgerList {
     /// The entries, newest (most recently recorded) first.
-    pub items: Vec<LedgerEntryOut>,
+    pub(crate) items: Vec<LedgerEntryOut>,
     /// Pass as `cursor` to get the next, older page; null on the last page.
-    pub next_cursor: Option<String>,
+    pub(crate) next_cursor: Option<String>,
 }
 
 /// Which entries to list. Every filter is optional; unknown parameters are refused.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-pub struct LedgerQuery {
+pub(crate) struct LedgerQuery {
     /// Only this subject.
     #[param(value_type = Option<SubjectText>)]
-    pub subject: Option<String>,
+    pub(crate) subject: Option<String>,
     /// Only this action.
     #[param(value_type = Option<Slug>)]
-    pub action: Option<String>,
+    pub(crate) action: Option<String>,
     /// Only this kind: charge, refund, hold, commit, release, expire or deny.
     #[param(value_type = Option<EntryKindDto>)]
-    pub kind: Option<String>,
+    pub(crate) kind: Option<String>,
     /// Only entries at or after this instant (RFC 3339).
     #[param(value_type = Option<String>, format = DateTime)]
-    pub from: Option<String>,
+    pub(crate) from: Option<String>,
     /// Only entries before this instant (RFC 3339).
     #[param(value_type = Option<String>, format = DateTime)]
-    pub to: Option<String>,
+    pub(crate) to: Option<String>,
     /// Entries per page: 1-1000, default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
-    pub limit: Option<String>,
+    pub(crate) limit: Option<String>,
     /// The `next_cursor` of the previous page (opaque; only values handed out are accepted).
     #[param(pattern = "^s1\\.(?:[1-9a-f][0-9a-f]{0,14}|[1-7][0-9a-f]{15})$")]
-    pub cursor: Option<String>,
+    pub(crate) cursor: Option<String>,
 }
 
 fn instant(field: &str, text: &str) -> Result<DateTime<Utc>, FieldError> {
@@ -226,7 +226,7 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
     security(("client_token" = []), ())
 )]
 #[get("/quota/ledger")]
-pub async fn list_ledger(
+pub(crate) async fn list_ledger(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     query: web::Query<LedgerQuery>,

@@ -17,7 +17,7 @@ use std::time::Instant;
         content_type = "text/plain; version=0.0.4"),
 ))]
 #[get("/metrics")]
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let live = Live {
         circuit_open: state.engine.counters().circuit_open(),
         ledger_backlog: state.engine.ledger_backlog().await,

@@ -3,20 +3,20 @@
 //! This is the only module that knows HTTP. Routes are registered through
 //! `utoipa-actix-web`, so the served routes and the documented ones cannot diverge.
 
-pub mod admin;
-pub mod dto;
-pub mod extract;
-pub mod health;
-pub mod ledger;
-pub mod metrics;
+pub(crate) mod admin;
+pub(crate) mod dto;
+pub(crate) mod extract;
+pub(crate) mod health;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
 pub mod openapi;
-pub mod payments;
-pub mod problem;
-pub mod quota;
-pub mod request_id;
-pub mod routing;
+pub(crate) mod payments;
+pub(crate) mod problem;
+pub(crate) mod quota;
+pub(crate) mod request_id;
+pub(crate) mod routing;
 mod timestamp;
-pub mod wire;
+pub(crate) mod wire;
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -24,27 +24,27 @@ use crate::policy::{PolicyAdmin, PolicyStore};
 use std::sync::Arc;
 
 /// What every handler shares.
-pub struct AppState {
+pub(crate) struct AppState {
     /// The quota engine.
-    pub engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     /// Policy persistence (admin reads and writes go here).
-    pub policies: Arc<dyn PolicyStore>,
+    pub(crate) policies: Arc<dyn PolicyStore>,
     /// True when counters are in-process (no Redis configured).
-    pub embedded_counters: bool,
+    pub(crate) embedded_counters: bool,
     /// What `/metrics` reports; the quota handlers record into it.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl AppState {
     /// Policy and override writes, each followed by a reload of the engine's policy cache so that
     /// this instance enforces the change from its next request on.
-    pub fn policy_admin(&self) -> PolicyAdmin<'_> {
+    pub(crate) fn policy_admin(&self) -> PolicyAdmin<'_> {
         PolicyAdmin::new(self.policies.as_ref(), self.engine.policies())
     }
 }
 
 /// Registers every documented route.
-pub fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfig) {
+pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfig) {
     config
         .service(quota::consume)
         .service(quota::check)

@@ -20,7 +20,7 @@ use utoipa_actix_web::AppExt;
         (name = "health", description = "Liveness, readiness and metrics (open: firewall them)"),
     )
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// Adds the two bearer-token security schemes.
 struct BearerSchemes;
@@ -72,7 +72,7 @@ impl Modify for ClosedWindowVariants {
 }
 
 /// The complete document, as served at `/api-docs/openapi.json`.
-pub fn spec() -> utoipa::openapi::OpenApi {
+pub(crate) fn spec() -> utoipa::openapi::OpenApi {
     let (_, mut api) = actix_web::App::new()
         .into_utoipa_app()
         .openapi(ApiDoc::openapi())

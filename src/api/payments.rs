@@ -15,78 +15,78 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The longest a hold may last: 30 days.
-pub const MAX_HOLD_SECONDS: i64 = 30 * 24 * 3_600;
+pub(crate) const MAX_HOLD_SECONDS: i64 = 30 * 24 * 3_600;
 
 /// A refund of all or part of an allowed consume.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RefundInput {
+pub(crate) struct RefundInput {
     /// The `consumption_id` of the consume.
     #[schema(min_length = 1, max_length = 64)]
-    pub consumption_id: String,
+    pub(crate) consumption_id: String,
     /// Minor units to give back; default: everything not refunded yet.
     #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
-    pub amount: Option<i64>,
+    pub(crate) amount: Option<i64>,
     /// Makes retries safe (scoped to the consumption).
     #[schema(value_type = Option<IdempotencyKey>)]
-    pub idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
 }
 
 /// A request to reserve quota now and settle later.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HoldInput {
+pub(crate) struct HoldInput {
     /// The action.
     #[schema(value_type = Slug, example = "transfer")]
-    pub action: String,
+    pub(crate) action: String,
     /// The subject.
     #[schema(value_type = SubjectText, example = "user-42")]
-    pub subject: String,
+    pub(crate) subject: String,
     /// Minor units to hold; default 1.
     #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
-    pub amount: Option<i64>,
+    pub(crate) amount: Option<i64>,
     /// Seconds until the hold is released unless settled; 1 to 2,592,000 (30 days).
     #[serde(deserialize_with = "whole_number")]
     #[schema(minimum = 1, maximum = 2592000)]
-    pub ttl_seconds: i64,
+    pub(crate) ttl_seconds: i64,
     /// Makes retries safe (scoped to action + subject).
     #[schema(value_type = Option<IdempotencyKey>)]
-    pub idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
 }
 
 /// The answer to a hold: the consume answer plus the hold.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct HoldAnswer {
+pub(crate) struct HoldAnswer {
     /// The decision, as for a consume.
     #[serde(flatten)]
-    pub decision: ConsumeAnswer,
+    pub(crate) decision: ConsumeAnswer,
     /// The hold's id (null when denied).
-    pub hold_id: Option<String>,
+    pub(crate) hold_id: Option<String>,
     /// When it is released unless settled (null when denied).
-    pub expires_at: Option<DateTime<Utc>>,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
 }
 
 /// Settles at most the held amount.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CommitInput {
+pub(crate) struct CommitInput {
     /// Minor units to keep (1 ..= held); default: all of it. The rest is given back.
     #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
-    pub amount: Option<i64>,
+    pub(crate) amount: Option<i64>,
 }
 
 /// The ledger entry written, and current usage.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SettleAnswer {
+pub(crate) struct SettleAnswer {
     /// The ledger entry written (or, for a replayed refund, written before).
-    pub entry: LedgerEntryOut,
+    pub(crate) entry: LedgerEntryOut,
     /// Current usage per policy of the action, after it.
-    pub policies: Vec<PolicyUsage>,
+    pub(crate) policies: Vec<PolicyUsage>,
     /// True when this replays an earlier refund with the same idempotency key.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 fn answer(settled: Settled) -> HttpResponse {
@@ -124,7 +124,7 @@ fn optional_amount(errors: &mut FieldErrors, value: Option<i64>) -> Option<Quant
     security(("client_token" = []), ())
 )]
 #[post("/quota/refund")]
-pub async fn refund(
+pub(crate) async fn refund(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     body: ApiJson<RefundInput>,
@@ -168,7 +168,7 @@ pub async fn refund(
     security(("client_token" = []), ())
 )]
 #[post("/quota/holds")]
-pub async fn create_hold(
+pub(crate) async fn create_hold(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     body: ApiJson<HoldInput>,
@@ -218,7 +218,7 @@ pub async fn create_hold(
     security(("client_token" = []), ())
 )]
 #[post("/quota/holds/{id}/commit")]
-pub async fn commit_hold(
+pub(crate) async fn commit_hold(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -259,7 +259,7 @@ pub async fn commit_hold(
     security(("client_token" = []), ())
 )]
 #[post("/quota/holds/{id}/release")]
-pub async fn release_hold(
+pub(crate) async fn release_hold(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     id: web::Path<String>,
@@ -270,7 +270,7 @@ pub async fn release_hold(
 
 impl<T: serde::de::DeserializeOwned> ApiJson<T> {
     /// Parses an already-read body with the same rules as the extractor (415, 400, 422).
-    pub fn from_bytes(req: &HttpRequest, body: &[u8]) -> Result<Self, ApiError> {
+    pub(crate) fn from_bytes(req: &HttpRequest, body: &[u8]) -> Result<Self, ApiError> {
         if !super::extract::is_json(req) {
             return Err(ApiError::UnsupportedMediaType);
         }

@@ -10,37 +10,37 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 /// The media type of every error body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An error answer, per RFC 9457.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// A stable URI naming the kind of problem, e.g. `urn:quota-ledger:problem:validation`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// A short summary of the kind of problem.
-    pub title: String,
+    pub(crate) title: String,
     /// The HTTP status code.
-    pub status: u16,
+    pub(crate) status: u16,
     /// What went wrong this time.
-    pub detail: String,
+    pub(crate) detail: String,
     /// The invalid fields (422 only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub errors: Option<Vec<ProblemField>>,
+    pub(crate) errors: Option<Vec<ProblemField>>,
 }
 
 /// One invalid field of a 422 answer.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ProblemField {
+pub(crate) struct ProblemField {
     /// The field's path, e.g. `window.timezone`.
-    pub field: String,
+    pub(crate) field: String,
     /// Why it is invalid.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Everything an API call can answer besides success.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// 400: the body is not well-formed JSON (or a query is unusable).
     #[error("{0}")]
     Malformed(String),
@@ -75,7 +75,7 @@ pub enum ApiError {
 
 impl ApiError {
     /// A 422 for one field.
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Invalid(FieldError::new(field, message).into())
     }
 
@@ -96,7 +96,7 @@ impl ApiError {
 }
 
 /// Builds a problem+json response for `status` with a `kind` slug.
-pub fn problem_response(
+pub(crate) fn problem_response(
     status: StatusCode,
     kind: &str,
     title: &str,

@@ -17,90 +17,90 @@ use utoipa::{IntoParams, ToSchema};
 /// A request to charge (or check) an amount.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ConsumeInput {
+pub(crate) struct ConsumeInput {
     /// The action, e.g. `transfer`.
     #[schema(value_type = Slug, example = "transfer")]
-    pub action: String,
+    pub(crate) action: String,
     /// Who acts: 1-256 bytes of printable UTF-8.
     #[schema(value_type = SubjectText, example = "user-42")]
-    pub subject: String,
+    pub(crate) subject: String,
     /// Minor units to charge to `amount` policies; default 1, at least 1.
     #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(example = 50000, minimum = 1, maximum = 9007199254740991_i64)]
-    pub amount: Option<i64>,
+    pub(crate) amount: Option<i64>,
     /// Makes retries safe: 1-128 characters, scoped to action + subject. A retry with the
     /// same key returns the original answer (`replayed: true`) and charges nothing more; the
     /// same key with another amount is 409. Kept at least 24 h and at least as long as the
     /// longest window charged. Only charged answers are kept: a denied consume may be retried.
     #[schema(value_type = Option<IdempotencyKey>)]
-    pub idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
 }
 
 /// One policy's part of an answer.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PolicyUsage {
+pub(crate) struct PolicyUsage {
     /// The policy.
-    pub policy_id: String,
+    pub(crate) policy_id: String,
     /// `count` or `amount`.
-    pub measure: MeasureDto,
+    pub(crate) measure: MeasureDto,
     /// `enforce` or `shadow`.
-    pub mode: ModeDto,
+    pub(crate) mode: ModeDto,
     /// The limit that applied (an override's, if any).
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// Usage after this decision.
-    pub used: u64,
+    pub(crate) used: u64,
     /// `limit - used`, never below zero.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// When usage would be back to zero with no further consumption (UTC).
     #[serde(serialize_with = "super::timestamp::serialize")]
-    pub resets_at: DateTime<Utc>,
+    pub(crate) resets_at: DateTime<Utc>,
     /// Whether this policy alone allows the request (shadow policies report, never deny).
-    pub allowed: bool,
+    pub(crate) allowed: bool,
 }
 
 /// The answer to a consume or check (the same shape for 200 and 429).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ConsumeAnswer {
+pub(crate) struct ConsumeAnswer {
     /// Whether the request is allowed (and, for consume, charged).
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// The action.
-    pub action: String,
+    pub(crate) action: String,
     /// The subject.
-    pub subject: String,
+    pub(crate) subject: String,
     /// The amount asked for.
-    pub amount: u64,
+    pub(crate) amount: u64,
     /// Identifies this consume (for refunds and the ledger); null for checks.
-    pub consumption_id: Option<String>,
+    pub(crate) consumption_id: Option<String>,
     /// True when this answer replays an earlier one with the same idempotency key.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
     /// Seconds until the same request would pass; null if allowed or if it never can.
-    pub retry_after_seconds: Option<u64>,
+    pub(crate) retry_after_seconds: Option<u64>,
     /// True when the counter store was down and the service was configured to fail open.
-    pub degraded: bool,
+    pub(crate) degraded: bool,
     /// One entry per enabled policy of the action.
-    pub policies: Vec<PolicyUsage>,
+    pub(crate) policies: Vec<PolicyUsage>,
 }
 
 /// Current usage of one subject for one action.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct UsageAnswer {
+pub(crate) struct UsageAnswer {
     /// The action.
-    pub action: String,
+    pub(crate) action: String,
     /// The subject.
-    pub subject: String,
+    pub(crate) subject: String,
     /// One entry per enabled policy.
-    pub policies: Vec<PolicyUsage>,
+    pub(crate) policies: Vec<PolicyUsage>,
 }
 
 /// Which usage to read. Both are required; a missing one is named in the 422.
 #[derive(Debug, Deserialize, IntoParams)]
-pub struct UsageQuery {
+pub(crate) struct UsageQuery {
     /// The action.
     #[param(required = true, value_type = Slug, example = "transfer")]
-    pub action: Option<String>,
+    pub(crate) action: Option<String>,
     /// The subject.
     #[param(required = true, value_type = SubjectText, example = "user-42")]
-    pub subject: Option<String>,
+    pub(crate) subject: Option<String>,
 }
 
 pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
@@ -283,7 +283,7 @@ pub(super) fn respond(
     security(("client_token" = []), ())
 )]
 #[post("/quota/consume")]
-pub async fn consume(
+pub(crate) async fn consume(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     body: Result<ApiJson<ConsumeInput>, ApiError>,
@@ -320,7 +320,7 @@ pub async fn consume(
     security(("client_token" = []), ())
 )]
 #[post("/quota/check")]
-pub async fn check(
+pub(crate) async fn check(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     body: Result<ApiJson<ConsumeInput>, ApiError>,
@@ -346,7 +346,7 @@ pub async fn check(
     security(("client_token" = []), ())
 )]
 #[get("/quota/usage")]
-pub async fn usage(
+pub(crate) async fn usage(
     _auth: ClientAuth,
     state: web::Data<AppState>,
     query: web::Query<UsageQuery>,

@@ -9,7 +9,7 @@ use std::time::Instant;
 use tracing::Instrument;
 
 /// The header carrying the request id, in both directions.
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The longest request id taken from a caller.
 const MAX_LEN: usize = 128;
@@ -34,7 +34,7 @@ fn request_id(req: &ServiceRequest) -> String {
 /// The line names the route pattern (`/admin/policies/{id}/overrides/{subject}`), never
 /// the path as sent nor the query string, since either may hold a subject; headers (and
 /// so tokens) are never logged.
-pub async fn middleware(
+pub(crate) async fn middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {

@@ -75,7 +75,7 @@ fn allowed_on(path: &str) -> Option<&'static HeaderValue> {
 }
 
 /// The default service: 405 (with `Allow`) or 404.
-pub async fn unrouted(req: HttpRequest) -> HttpResponse {
+pub(crate) async fn unrouted(req: HttpRequest) -> HttpResponse {
     let (method, path) = (req.method(), req.path());
     match allowed_on(path) {
         Some(allow) => {

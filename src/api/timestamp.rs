@@ -11,7 +11,10 @@ use serde::{Serialize, Serializer};
 
 /// Serializes `at` as chrono does: `YYYY-MM-DDTHH:MM:SS`, then `.mmm`, `.uuuuuu` or
 /// `.nnnnnnnnn` when the second has a fraction (the shortest exact one), then `Z`.
-pub fn serialize<S: Serializer>(at: &DateTime<Utc>, serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize<S: Serializer>(
+    at: &DateTime<Utc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     let year = at.year();
     if !(0..=9999).contains(&year) {
         return at.serialize(serializer);

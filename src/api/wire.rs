@@ -13,7 +13,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 /// Schema of policy ids and actions: 1-64 characters of `[a-z0-9._-]` (see `domain::ids`).
 #[derive(Debug)]
-pub struct Slug;
+pub(crate) struct Slug;
 
 impl PartialSchema for Slug {
     fn schema() -> RefOr<Schema> {
@@ -36,7 +36,7 @@ impl ToSchema for Slug {}
 /// JSON Schema counts characters, not bytes: `maxLength` is exact for ASCII, and a longer
 /// UTF-8 encoding is answered 422 like any other rule the schema cannot state.
 #[derive(Debug)]
-pub struct SubjectText;
+pub(crate) struct SubjectText;
 
 impl PartialSchema for SubjectText {
     fn schema() -> RefOr<Schema> {
@@ -79,7 +79,7 @@ impl ToSchema for IdempotencyKey {}
 
 /// Schema of IANA time zone names: every name the server knows (chrono-tz's database).
 #[derive(Debug)]
-pub struct TimeZoneName;
+pub(crate) struct TimeZoneName;
 
 impl PartialSchema for TimeZoneName {
     fn schema() -> RefOr<Schema> {
@@ -134,12 +134,12 @@ impl Visitor<'_> for WholeNumber {
 }
 
 /// `deserialize_with` for integer fields: see [`WholeNumber`].
-pub fn whole_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+pub(crate) fn whole_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     deserializer.deserialize_any(WholeNumber)
 }
 
 /// `deserialize_with` for optional integer fields (absent or `null` is `None`).
-pub fn optional_whole_number<'de, D: Deserializer<'de>>(
+pub(crate) fn optional_whole_number<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<i64>, D::Error> {
     struct Optional;

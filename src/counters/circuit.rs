@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// Trips after repeated transient failures; see the module docs.
 #[derive(Debug)]
-pub struct CircuitBreaker {
+pub(crate) struct CircuitBreaker {
     failures: AtomicU32,
     /// Milliseconds since `epoch` until which the circuit stays open.
     open_until_ms: AtomicI64,
@@ -29,16 +29,16 @@ impl Default for CircuitBreaker {
 
 impl CircuitBreaker {
     /// Transient failures in a row that open the circuit.
-    pub const THRESHOLD: u32 = 3;
+    pub(crate) const THRESHOLD: u32 = 3;
     /// How long an open circuit fails calls before letting a trial through.
-    pub const COOLDOWN: Duration = Duration::from_millis(500);
+    pub(crate) const COOLDOWN: Duration = Duration::from_millis(500);
 
     fn now_ms(&self) -> i64 {
         i64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Whether a call may go ahead now (closed, or this call is the one trial of an open circuit).
-    pub fn allow(&self) -> bool {
+    pub(crate) fn allow(&self) -> bool {
         if self.failures.load(Ordering::Acquire) < Self::THRESHOLD {
             return true;
         }
@@ -55,14 +55,14 @@ impl CircuitBreaker {
     }
 
     /// Records a call that reached the store and got an answer.
-    pub fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         if self.failures.swap(0, Ordering::AcqRel) >= Self::THRESHOLD {
             tracing::info!("counter store answers again; circuit closed");
         }
     }
 
     /// Records a transient failure (unreachable, timed out).
-    pub fn failed(&self) {
+    pub(crate) fn failed(&self) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures == Self::THRESHOLD {
             let until = self.now_ms() + Self::COOLDOWN.as_millis() as i64;
@@ -72,7 +72,7 @@ impl CircuitBreaker {
     }
 
     /// Whether calls are currently being refused.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.failures.load(Ordering::Acquire) >= Self::THRESHOLD
     }
 }

@@ -65,8 +65,9 @@ impl MemoryCounterStore {
         }
     }
 
-    /// Number of entries held, including expired ones not yet purged (for tests and metrics).
-    pub fn key_count(&self) -> usize {
+    /// Number of entries held, including expired ones not yet purged.
+    #[cfg(test)]
+    fn key_count(&self) -> usize {
         self.shards
             .iter()
             .map(|shard| lock(shard).entries.len())

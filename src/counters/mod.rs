@@ -8,7 +8,7 @@
 //!
 //! One conformance suite (`conformance`, tests only) runs the same scenarios on both.
 
-pub mod circuit;
+pub(crate) mod circuit;
 #[cfg(test)]
 mod conformance;
 pub mod memory;

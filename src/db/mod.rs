@@ -31,7 +31,7 @@ pub async fn open(database_url: &str, max_postgres: u32) -> anyhow::Result<Pool>
 }
 
 /// [`open`], with `sqlite_pragmas` set on every connection when the database is SQLite.
-pub async fn open_with(
+pub(crate) async fn open_with(
     database_url: &str,
     max_postgres: u32,
     sqlite_pragmas: &[(&'static str, &'static str)],
@@ -68,7 +68,7 @@ pub async fn open_with(
 }
 
 /// Applies the embedded migrations of `pool`'s kind of database (idempotent; forward only).
-pub async fn migrate(pool: &Pool) -> Result<(), sqlx::migrate::MigrateError> {
+pub(crate) async fn migrate(pool: &Pool) -> Result<(), sqlx::migrate::MigrateError> {
     match pool {
         Pool::Postgres(pool) => {
             migrations::migrator(migrations::POSTGRES)

@@ -6,14 +6,14 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
     /// The field's path in the request body or query, e.g. `window.bucket_seconds`.
-    pub field: String,
+    pub(crate) field: String,
     /// A sentence a person can act on.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl FieldError {
     /// Builds a field error.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -21,7 +21,7 @@ impl FieldError {
     }
 
     /// Prefixes the field path, e.g. `timezone` becomes `window.timezone`.
-    pub fn within(mut self, parent: &str) -> Self {
+    pub(crate) fn within(mut self, parent: &str) -> Self {
         self.field = format!("{parent}.{}", self.field);
         self
     }
@@ -35,11 +35,11 @@ impl fmt::Display for FieldError {
 
 /// Every invalid field of one input, collected so the client sees them all at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FieldErrors(pub Vec<FieldError>);
+pub(crate) struct FieldErrors(pub(crate) Vec<FieldError>);
 
 impl FieldErrors {
     /// Records the error of `result` (if any) and returns its value.
-    pub fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
+    pub(crate) fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
         match result {
             Ok(value) => Some(value),
             Err(error) => {
@@ -50,12 +50,12 @@ impl FieldErrors {
     }
 
     /// Records one error.
-    pub fn push(&mut self, error: FieldError) {
+    pub(crate) fn push(&mut self, error: FieldError) {
         self.0.push(error);
     }
 
     /// `Ok(value)` when nothing was recorded, the collected errors otherwise.
-    pub fn finish<T>(self, value: impl FnOnce() -> T) -> Result<T, FieldErrors> {
+    pub(crate) fn finish<T>(self, value: impl FnOnce() -> T) -> Result<T, FieldErrors> {
         if self.0.is_empty() {
             Ok(value())
         } else {

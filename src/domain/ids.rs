@@ -82,7 +82,7 @@ impl Action {
 
 impl Subject {
     /// Longest subject accepted, in bytes of UTF-8.
-    pub const MAX_BYTES: usize = 256;
+    pub(crate) const MAX_BYTES: usize = 256;
 
     /// Parses a subject: 1-256 bytes, no control characters.
     pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {

@@ -29,7 +29,7 @@ pub enum EntryKind {
 
 impl EntryKind {
     /// Every kind, in wire spelling order.
-    pub const ALL: [EntryKind; 7] = [
+    pub(crate) const ALL: [EntryKind; 7] = [
         Self::Charge,
         Self::Refund,
         Self::Hold,
@@ -40,7 +40,7 @@ impl EntryKind {
     ];
 
     /// The wire and column spelling.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Charge => "charge",
             Self::Refund => "refund",
@@ -53,7 +53,7 @@ impl EntryKind {
     }
 
     /// Parses the spelling of [`EntryKind::as_str`].
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == text)
     }
 }
@@ -159,7 +159,7 @@ macro_rules! uuid_id {
 
         impl $name {
             /// A new id: a UUIDv7, so ids sort roughly by creation time.
-            pub fn new() -> Self {
+            pub(crate) fn new() -> Self {
                 Self(uuid::Uuid::now_v7())
             }
 
@@ -206,7 +206,7 @@ pub struct HoldId {
 
 impl HoldId {
     /// A new hold id whose record lives in `shard`.
-    pub fn new(shard: u16) -> Self {
+    pub(crate) fn new(shard: u16) -> Self {
         Self {
             uuid: uuid::Uuid::now_v7(),
             shard,
@@ -244,7 +244,7 @@ pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
     /// The longest key, in characters.
-    pub const MAX_CHARS: usize = 128;
+    pub(crate) const MAX_CHARS: usize = 128;
 
     /// Parses a key: 1-128 characters, none of them control characters.
     pub fn parse(text: &str) -> Result<Self, BadId> {
@@ -256,7 +256,7 @@ impl IdempotencyKey {
     }
 
     /// The key as text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

@@ -11,7 +11,7 @@ mod policy;
 mod quantity;
 mod window;
 
-pub use error::{FieldError, FieldErrors};
+pub(crate) use error::{FieldError, FieldErrors};
 pub use ids::{Action, PolicyId, Subject};
 pub use ledger::{
     BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,

@@ -14,7 +14,7 @@ pub enum Measure {
 
 impl Measure {
     /// Parses the wire name.
-    pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
+    pub(crate) fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
         match value {
             "count" => Ok(Self::Count),
             "amount" => Ok(Self::Amount),
@@ -23,7 +23,7 @@ impl Measure {
     }
 
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Count => "count",
             Self::Amount => "amount",
@@ -31,7 +31,7 @@ impl Measure {
     }
 
     /// The units a consume of `amount` charges under this measure.
-    pub fn cost(self, amount: Quantity) -> Quantity {
+    pub(crate) fn cost(self, amount: Quantity) -> Quantity {
         match self {
             Self::Count => Quantity::saturating(1),
             Self::Amount => amount,
@@ -51,7 +51,7 @@ pub enum Mode {
 
 impl Mode {
     /// Parses the wire name.
-    pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
+    pub(crate) fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
         match value {
             "enforce" => Ok(Self::Enforce),
             "shadow" => Ok(Self::Shadow),
@@ -60,7 +60,7 @@ impl Mode {
     }
 
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Enforce => "enforce",
             Self::Shadow => "shadow",
@@ -96,7 +96,7 @@ impl PolicySpec {
     ///
     /// Usage is kept when only the limit, mode, description or switches change; a new
     /// window or measure starts counting afresh (counter keys include both).
-    pub fn keeps_usage_of(&self, next: &PolicySpec) -> bool {
+    pub(crate) fn keeps_usage_of(&self, next: &PolicySpec) -> bool {
         self.window == next.window && self.measure == next.measure
     }
 }
@@ -120,31 +120,24 @@ pub struct Policy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverrideSpec {
     /// The limit that replaces the policy's for this subject.
-    pub limit: Quantity,
+    pub(crate) limit: Quantity,
     /// When the override stops applying; `None` for never.
-    pub expires_at: Option<DateTime<Utc>>,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
     /// Why it exists.
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 /// A per-subject limit replacing a policy's limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Override {
     /// The policy it belongs to.
-    pub policy_id: PolicyId,
+    pub(crate) policy_id: PolicyId,
     /// The subject it applies to.
-    pub subject: Subject,
+    pub(crate) subject: Subject,
     /// The operator-controlled fields.
-    pub spec: OverrideSpec,
+    pub(crate) spec: OverrideSpec,
     /// When it was created.
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.
-    pub updated_at: DateTime<Utc>,
-}
-
-impl Override {
-    /// Whether it applies at `now`.
-    pub fn is_active(&self, now: DateTime<Utc>) -> bool {
-        self.spec.expires_at.is_none_or(|at| now < at)
-    }
+    pub(crate) updated_at: DateTime<Utc>,
 }

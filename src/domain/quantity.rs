@@ -12,10 +12,10 @@ pub struct Quantity(u64);
 
 impl Quantity {
     /// Zero units.
-    pub const ZERO: Quantity = Quantity(0);
+    pub(crate) const ZERO: Quantity = Quantity(0);
 
     /// Parses any integer, naming `field` in the error when it is out of range.
-    pub fn parse(field: &str, value: i128) -> Result<Self, FieldError> {
+    pub(crate) fn parse(field: &str, value: i128) -> Result<Self, FieldError> {
         if (0..=i128::from(MAX_SAFE)).contains(&value) {
             Ok(Self(value as u64))
         } else {
@@ -27,7 +27,7 @@ impl Quantity {
     }
 
     /// Parses an amount to charge: like [`Quantity::parse`] but at least 1.
-    pub fn parse_amount(field: &str, value: i128) -> Result<Self, FieldError> {
+    pub(crate) fn parse_amount(field: &str, value: i128) -> Result<Self, FieldError> {
         if value < 1 {
             return Err(FieldError::new(field, "must be at least 1"));
         }
@@ -40,7 +40,7 @@ impl Quantity {
     }
 
     /// The number of units.
-    pub fn get(self) -> u64 {
+    pub(crate) fn get(self) -> u64 {
         self.0
     }
 }

@@ -27,7 +27,7 @@ pub enum CalendarPeriod {
 
 impl CalendarPeriod {
     /// Parses the wire name (`minute`, `hour`, `day`, `week`, `month`).
-    pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
+    pub(crate) fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
         Ok(match value {
             "minute" => Self::Minute,
             "hour" => Self::Hour,
@@ -44,7 +44,7 @@ impl CalendarPeriod {
     }
 
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Minute => "minute",
             Self::Hour => "hour",
@@ -109,7 +109,7 @@ impl Window {
     }
 
     /// A rolling window of `seconds` in buckets of `bucket_seconds` (which must divide it).
-    pub fn rolling(seconds: i128, bucket_seconds: i128) -> Result<Self, FieldError> {
+    pub(crate) fn rolling(seconds: i128, bucket_seconds: i128) -> Result<Self, FieldError> {
         let seconds = positive_seconds("seconds", seconds)?;
         let bucket_seconds = positive_seconds("bucket_seconds", bucket_seconds)?;
         if seconds % bucket_seconds != 0 {
@@ -131,26 +131,17 @@ impl Window {
     }
 
     /// A token bucket refilling `limit` units every `seconds`.
-    pub fn token_bucket(seconds: i128) -> Result<Self, FieldError> {
+    pub(crate) fn token_bucket(seconds: i128) -> Result<Self, FieldError> {
         Ok(Self::TokenBucket {
             seconds: positive_seconds("seconds", seconds)?,
         })
-    }
-
-    /// The wire name of the window type.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Self::Calendar { .. } => "calendar",
-            Self::Rolling { .. } => "rolling",
-            Self::TokenBucket { .. } => "token_bucket",
-        }
     }
 
     /// Checks that `limit` can be counted exactly in this window.
     ///
     /// A token bucket keeps its state as `used × period_ms`, which must stay below 2^53 so
     /// that Redis Lua (doubles) computes it exactly.
-    pub fn check_limit(&self, field: &str, limit: u64) -> Result<(), FieldError> {
+    pub(crate) fn check_limit(&self, field: &str, limit: u64) -> Result<(), FieldError> {
         if let Self::TokenBucket { seconds } = self {
             let max = super::MAX_SAFE / (seconds * 1_000);
             if limit > max {
@@ -164,7 +155,7 @@ impl Window {
     }
 
     /// A short text that changes whenever the window's meaning changes; part of counter keys.
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         match self {
             Self::Calendar { period, timezone } => format!("c{}@{}", period, timezone.name()),
             Self::Rolling {

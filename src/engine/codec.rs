@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 /// A persisted record that does not read as the format it should have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed {what}: {why}")]
-pub struct CodecError {
+pub(crate) struct CodecError {
     what: &'static str,
     why: String,
 }
@@ -62,7 +62,7 @@ fn field<T, E: std::fmt::Display>(
 
 /// A kept idempotency record: the engine's record and the evaluation it was answered with,
 /// as `consume.lua` keeps them (`record\nallowed,used,allowed,resets_at,retry_at,…`).
-pub fn encode_replay(record: &str, evaluation: &Evaluation) -> String {
+pub(crate) fn encode_replay(record: &str, evaluation: &Evaluation) -> String {
     format!("{record}\n{}", reply_numbers(evaluation))
 }
 
@@ -82,7 +82,7 @@ fn reply_numbers(evaluation: &Evaluation) -> String {
 }
 
 /// Splits a kept idempotency record into the caller's record and the original reply.
-pub fn decode_replay(text: &str) -> Result<Decided, StoreError> {
+pub(crate) fn decode_replay(text: &str) -> Result<Decided, StoreError> {
     let unexpected = || StoreError::Protocol("an idempotency record is malformed".to_owned());
     let (record, numbers) = text.rsplit_once('\n').ok_or_else(unexpected)?;
     let numbers: Vec<i64> = numbers
@@ -110,32 +110,32 @@ pub fn decode_replay(text: &str) -> Result<Decided, StoreError> {
 
 /// What a consume's idempotency record keeps to rebuild the original answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsumeRecord {
+pub(crate) struct ConsumeRecord {
     /// The consume's id (consumes).
-    pub consumption_id: Option<ConsumptionId>,
+    pub(crate) consumption_id: Option<ConsumptionId>,
     /// The hold and its expiry, Unix ms (holds).
-    pub hold: Option<(HoldId, i64)>,
+    pub(crate) hold: Option<(HoldId, i64)>,
     /// The amount asked for: a retry with another amount is a conflict.
-    pub amount: u64,
+    pub(crate) amount: u64,
     /// When the original decision was made, Unix ms.
-    pub at_ms: i64,
+    pub(crate) at_ms: i64,
     /// The static part of each policy's answer.
-    pub policies: Vec<KeptPolicy>,
+    pub(crate) policies: Vec<KeptPolicy>,
 }
 
 /// The static part of one policy's answer, kept with an idempotency record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeptPolicy {
+pub(crate) struct KeptPolicy {
     /// The policy.
-    pub policy_id: PolicyId,
+    pub(crate) policy_id: PolicyId,
     /// Count or amount.
-    pub measure: Measure,
+    pub(crate) measure: Measure,
     /// Enforce or shadow.
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// The limit that applied.
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// The window's length, seconds.
-    pub window_seconds: u64,
+    pub(crate) window_seconds: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -158,7 +158,7 @@ struct KeptPolicyWire {
 }
 
 /// A consume's idempotency record, before the store appends the evaluation's numbers.
-pub fn encode_consume_record(record: &ConsumeRecord) -> String {
+pub(crate) fn encode_consume_record(record: &ConsumeRecord) -> String {
     to_json(&ConsumeWire {
         consumption_id: record.consumption_id.map(|id| id.to_string()),
         hold_id: record.hold.map(|(id, _)| id.to_string()),
@@ -180,7 +180,7 @@ pub fn encode_consume_record(record: &ConsumeRecord) -> String {
 }
 
 /// Reads what [`encode_consume_record`] wrote.
-pub fn decode_consume_record(text: &str) -> Result<ConsumeRecord, CodecError> {
+pub(crate) fn decode_consume_record(text: &str) -> Result<ConsumeRecord, CodecError> {
     const WHAT: &str = "idempotency record";
     let wire: ConsumeWire = from_json(WHAT, text)?;
     let hold = match (wire.hold_id, wire.hold_expires_at_ms) {
@@ -221,17 +221,17 @@ pub fn decode_consume_record(text: &str) -> Result<ConsumeRecord, CodecError> {
 
 /// A hold's record in the counter store: everything needed to settle or expire it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HoldRecord {
+pub(crate) struct HoldRecord {
     /// The held action.
-    pub action: Action,
+    pub(crate) action: Action,
     /// The subject that holds.
-    pub subject: Subject,
+    pub(crate) subject: Subject,
     /// The held amount.
-    pub amount: u64,
+    pub(crate) amount: u64,
     /// When it is released unless settled, Unix ms.
-    pub expires_at_ms: i64,
+    pub(crate) expires_at_ms: i64,
     /// The counters it was charged to.
-    pub counters: Vec<CounterCharge>,
+    pub(crate) counters: Vec<CounterCharge>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -244,7 +244,7 @@ struct HoldWire {
 }
 
 /// A hold's record, without the state line the store keeps before it.
-pub fn encode_hold_record(record: &HoldRecord) -> String {
+pub(crate) fn encode_hold_record(record: &HoldRecord) -> String {
     to_json(&HoldWire {
         action: record.action.to_string(),
         subject: record.subject.to_string(),
@@ -255,7 +255,7 @@ pub fn encode_hold_record(record: &HoldRecord) -> String {
 }
 
 /// Reads a hold's record as the store keeps it: `<state>\n<record>`.
-pub fn decode_hold_record(text: &str) -> Result<HoldRecord, CodecError> {
+pub(crate) fn decode_hold_record(text: &str) -> Result<HoldRecord, CodecError> {
     const WHAT: &str = "hold record";
     let (_state, json) = text
         .split_once('\n')
@@ -352,13 +352,13 @@ fn decode_counter_wires(wires: Vec<CounterWire>) -> Result<Vec<CounterCharge>, C
 }
 
 /// The counters of a charge, for the SQL ledger's `detail` column (`None` when empty).
-pub fn encode_counters(counters: &[CounterCharge]) -> Option<String> {
+pub(crate) fn encode_counters(counters: &[CounterCharge]) -> Option<String> {
     (!counters.is_empty())
         .then(|| to_json(&counters.iter().map(CounterWire::from).collect::<Vec<_>>()))
 }
 
 /// Reads the `detail` column [`encode_counters`] wrote.
-pub fn decode_counters(text: Option<&str>) -> Result<Vec<CounterCharge>, CodecError> {
+pub(crate) fn decode_counters(text: Option<&str>) -> Result<Vec<CounterCharge>, CodecError> {
     match text {
         None => Ok(Vec::new()),
         Some(text) => decode_counter_wires(from_json("counters of a charge", text)?),
@@ -372,7 +372,7 @@ struct PolicyAmountWire {
 }
 
 /// An entry's per-policy amounts, for the SQL ledger's `policies` column.
-pub fn encode_policies(policies: &[PolicyAmount]) -> String {
+pub(crate) fn encode_policies(policies: &[PolicyAmount]) -> String {
     to_json(&policies_wire(policies))
 }
 
@@ -387,7 +387,7 @@ fn policies_wire(policies: &[PolicyAmount]) -> Vec<PolicyAmountWire> {
 }
 
 /// Reads the `policies` column [`encode_policies`] wrote.
-pub fn decode_policies(text: &str) -> Result<Vec<PolicyAmount>, CodecError> {
+pub(crate) fn decode_policies(text: &str) -> Result<Vec<PolicyAmount>, CodecError> {
     policies_from_wire(from_json("policies of an entry", text)?)
 }
 
@@ -449,7 +449,7 @@ pub fn encode_entry(entry: &LedgerEntry) -> String {
 }
 
 /// Reads what [`encode_entry`] (or an earlier version) wrote.
-pub fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
+pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
     const WHAT: &str = "ledger entry";
     let wire: EntryWire = from_json(WHAT, text)?;
     let counters = match wire.detail {
@@ -476,29 +476,29 @@ pub fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
 
 /// The scalar fields of an entry as text, as a stream entry or an SQL row holds them.
 #[derive(Debug, Clone, Copy)]
-pub struct EntryParts<'a> {
+pub(crate) struct EntryParts<'a> {
     /// The entry id.
-    pub id: &'a str,
+    pub(crate) id: &'a str,
     /// When.
-    pub at: DateTime<Utc>,
+    pub(crate) at: DateTime<Utc>,
     /// The kind's spelling ([`EntryKind::as_str`]).
-    pub kind: &'a str,
+    pub(crate) kind: &'a str,
     /// The action.
-    pub action: &'a str,
+    pub(crate) action: &'a str,
     /// The subject.
-    pub subject: &'a str,
+    pub(crate) subject: &'a str,
     /// The amount.
-    pub amount: u64,
+    pub(crate) amount: u64,
     /// The consumption id, if any.
-    pub consumption_id: Option<&'a str>,
+    pub(crate) consumption_id: Option<&'a str>,
     /// The hold id, if any.
-    pub hold_id: Option<&'a str>,
+    pub(crate) hold_id: Option<&'a str>,
     /// The idempotency key, if any.
-    pub idempotency_key: Option<&'a str>,
+    pub(crate) idempotency_key: Option<&'a str>,
 }
 
 /// Builds an entry from its fields as text, checking each.
-pub fn entry_from_parts(
+pub(crate) fn entry_from_parts(
     parts: EntryParts<'_>,
     policies: Vec<PolicyAmount>,
     counters: Vec<CounterCharge>,
@@ -531,7 +531,7 @@ pub fn entry_from_parts(
 
 /// Reads a refund's idempotency record: its entry (anything after a last `\n` is the
 /// store's).
-pub fn decode_refund_record(text: &str) -> Result<LedgerEntry, CodecError> {
+pub(crate) fn decode_refund_record(text: &str) -> Result<LedgerEntry, CodecError> {
     let record = text.rsplit_once('\n').map_or(text, |(record, _)| record);
     decode_entry(record)
 }

@@ -17,24 +17,24 @@ const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
 
 /// A hold's id and expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HoldTicket {
+pub(crate) struct HoldTicket {
     /// Names the hold and the shard where its record lives.
-    pub hold_id: HoldId,
+    pub(crate) hold_id: HoldId,
     /// When it is released unless settled.
-    pub expires_at: DateTime<Utc>,
+    pub(crate) expires_at: DateTime<Utc>,
 }
 
 /// The answer to a consume or hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Consumed {
+pub(crate) struct Consumed {
     /// The decision.
-    pub decision: Decision,
+    pub(crate) decision: Decision,
     /// The consume's id (consumes only).
-    pub consumption_id: Option<ConsumptionId>,
+    pub(crate) consumption_id: Option<ConsumptionId>,
     /// The hold (holds only, when allowed).
-    pub hold: Option<HoldTicket>,
+    pub(crate) hold: Option<HoldTicket>,
     /// True when this replays an earlier answer for the same idempotency key.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 /// One consume or hold before it is decided: its ids, and the ledger entry it records if
@@ -103,12 +103,12 @@ impl Attempt {
 
 impl Engine {
     /// Charges `request` to every enabled policy of its action, atomically.
-    pub async fn consume(&self, request: &ConsumeRequest) -> Result<Consumed, EngineError> {
+    pub(crate) async fn consume(&self, request: &ConsumeRequest) -> Result<Consumed, EngineError> {
         self.charge(request, None).await
     }
 
     /// Reserves `request` like a consume, until settled or `ttl_seconds` pass.
-    pub async fn hold(
+    pub(crate) async fn hold(
         &self,
         request: &ConsumeRequest,
         ttl_seconds: u64,

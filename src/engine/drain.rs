@@ -205,7 +205,7 @@ impl Drainer {
     /// Runs passes forever. After a pass that filled a transaction the next starts at
     /// once; otherwise it waits a little, so that entries gather into larger transactions
     /// (a refund that needs its charge in SQL drains at once, through [`Drainer::drain_once`]).
-    pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
                 let pause = match self.drain_once().await {

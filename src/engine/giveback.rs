@@ -17,18 +17,18 @@ const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 
 /// The answer to a refund or a settlement.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settled {
+pub(crate) struct Settled {
     /// The ledger entry written.
-    pub entry: LedgerEntry,
+    pub(crate) entry: LedgerEntry,
     /// Current usage of the action's policies for the subject, after it.
-    pub usage: Option<Decision>,
+    pub(crate) usage: Option<Decision>,
     /// True when this replays an earlier refund with the same idempotency key.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 /// How to settle a hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
+pub(crate) enum Settle {
     /// Keep this much (default: all of it); the rest goes back.
     Commit(Option<Quantity>),
     /// Give it all back.
@@ -54,7 +54,7 @@ fn given(counters: &[CounterCharge], by_amount: u64, full: bool) -> Vec<PolicyAm
 
 impl Engine {
     /// Gives back `amount` (default: all not yet refunded) of the consume `consumption_id`.
-    pub async fn refund(
+    pub(crate) async fn refund(
         &self,
         consumption_id: ConsumptionId,
         amount: Option<Quantity>,
@@ -168,7 +168,11 @@ impl Engine {
     }
 
     /// Commits or releases the hold `hold_id`.
-    pub async fn settle(&self, hold_id: HoldId, how: Settle) -> Result<Settled, EngineError> {
+    pub(crate) async fn settle(
+        &self,
+        hold_id: HoldId,
+        how: Settle,
+    ) -> Result<Settled, EngineError> {
         let not_found = || EngineError::NotFound(format!("no hold '{hold_id}'"));
         if hold_id.shard() >= keys::SHARDS {
             return Err(not_found());

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 /// The most entries one page may hold.
-pub const MAX_PAGE: u32 = 1_000;
+pub(crate) const MAX_PAGE: u32 = 1_000;
 
 /// Which entries a page holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub trait LedgerStore: Send + Sync + 'static {
 
 impl LedgerError {
     /// The database is unavailable because of `cause`.
-    pub fn unavailable(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+    pub(crate) fn unavailable(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self::Unavailable(std::sync::Arc::new(cause))
     }
 }

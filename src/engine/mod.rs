@@ -8,14 +8,14 @@
 //! that same atomic step; refunds and hold settlement live in [`giveback`].
 
 pub mod codec;
-pub mod consume;
+pub(crate) mod consume;
 pub mod drain;
-pub mod giveback;
+pub(crate) mod giveback;
 pub mod ledger;
 mod plan;
-pub mod policies;
+pub(crate) mod policies;
 pub mod store;
-pub mod stream;
+pub(crate) mod stream;
 pub mod window;
 pub mod writer;
 
@@ -29,63 +29,63 @@ use std::sync::Arc;
 use store::{CounterStore, StoreError};
 use writer::LedgerWriter;
 
-pub use consume::{Consumed, HoldTicket};
-pub use giveback::Settled;
+pub(crate) use consume::Consumed;
+pub(crate) use giveback::Settled;
 
 /// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]
-pub struct ConsumeRequest {
+pub(crate) struct ConsumeRequest {
     /// What is being done.
-    pub action: Action,
+    pub(crate) action: Action,
     /// Who does it.
-    pub subject: Subject,
+    pub(crate) subject: Subject,
     /// How much, in minor units (count policies charge 1 regardless).
-    pub amount: Quantity,
+    pub(crate) amount: Quantity,
     /// Makes retries safe: scoped to action + subject.
-    pub idempotency_key: Option<IdempotencyKey>,
+    pub(crate) idempotency_key: Option<IdempotencyKey>,
 }
 
 /// One policy's part of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyDecision {
+pub(crate) struct PolicyDecision {
     /// The policy.
-    pub policy_id: PolicyId,
+    pub(crate) policy_id: PolicyId,
     /// Count or amount.
-    pub measure: Measure,
+    pub(crate) measure: Measure,
     /// Enforce or shadow.
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// The limit that applied (an override's, if any).
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// Usage after this decision.
-    pub used: u64,
+    pub(crate) used: u64,
     /// `limit - used`, never below zero.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// When usage would be back to zero with no further consumption.
-    pub resets_at: DateTime<Utc>,
+    pub(crate) resets_at: DateTime<Utc>,
     /// Whether this policy alone would allow the request.
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// The window's length in seconds (for the `RateLimit-Policy` header).
-    pub window_seconds: u64,
+    pub(crate) window_seconds: u64,
 }
 
 /// The answer to a consume or check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Whether the request is (or would be) allowed.
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// Seconds until the same request would pass; `None` if allowed or if it never can.
-    pub retry_after_seconds: Option<u64>,
+    pub(crate) retry_after_seconds: Option<u64>,
     /// True when the counter store was down and `QUOTA_ON_STORE_ERROR=allow` let it through.
-    pub degraded: bool,
+    pub(crate) degraded: bool,
     /// One entry per enabled policy, ordered by policy id.
-    pub policies: Vec<PolicyDecision>,
+    pub(crate) policies: Vec<PolicyDecision>,
     /// When the decision was made.
-    pub at: DateTime<Utc>,
+    pub(crate) at: DateTime<Utc>,
 }
 
 /// Why the engine could not decide (or give back).
 #[derive(Debug, thiserror::Error)]
-pub enum EngineError {
+pub(crate) enum EngineError {
     /// The action has no policies: never a silent allow.
     #[error("no policy limits the action '{0}'")]
     UnknownAction(Action),
@@ -114,21 +114,21 @@ pub enum OnStoreError {
 }
 
 /// The adapters the engine works through, wired by `startup`.
-pub struct Ports {
+pub(crate) struct Ports {
     /// Where counters live (in-process, or Redis).
-    pub counters: Arc<dyn CounterStore>,
+    pub(crate) counters: Arc<dyn CounterStore>,
     /// The durable ledger (SQL): read by refunds and holds.
-    pub ledger: Arc<dyn LedgerStore>,
+    pub(crate) ledger: Arc<dyn LedgerStore>,
     /// Writes entries to the ledger before the answer when the counter store does not
     /// stream them (the embedded default), and for degraded allows.
-    pub writer: LedgerWriter,
+    pub(crate) writer: LedgerWriter,
     /// Moves streamed entries into SQL (Redis only); refunds ask it to run at once when
     /// their charge is not in SQL yet.
-    pub drain: Option<Arc<Drainer>>,
+    pub(crate) drain: Option<Arc<Drainer>>,
     /// The policies, in memory.
-    pub cache: Arc<PolicyCache>,
+    pub(crate) cache: Arc<PolicyCache>,
     /// The time source.
-    pub clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// The quota engine; shared by every request.
@@ -145,7 +145,7 @@ pub struct Engine {
 
 impl Engine {
     /// Builds the engine over its ports; `prefix` starts every counter-store key.
-    pub fn new(ports: Ports, prefix: String, on_store_error: OnStoreError) -> Self {
+    pub(crate) fn new(ports: Ports, prefix: String, on_store_error: OnStoreError) -> Self {
         let Ports {
             counters,
             ledger,
@@ -181,7 +181,7 @@ impl Engine {
     }
 
     /// Ledger entries waiting in the Redis streams (`None` without Redis).
-    pub async fn ledger_backlog(&self) -> Option<u64> {
+    pub(crate) async fn ledger_backlog(&self) -> Option<u64> {
         match &self.drain {
             Some(drain) => drain.backlog().await,
             None => None,
@@ -189,34 +189,29 @@ impl Engine {
     }
 
     /// The durable ledger (the ledger query API reads it).
-    pub fn ledger(&self) -> &dyn LedgerStore {
+    pub(crate) fn ledger(&self) -> &dyn LedgerStore {
         self.ledger.as_ref()
     }
 
     /// The in-process policies the engine decides with (metrics label by them; policy
     /// writes reload them).
-    pub fn policies(&self) -> &PolicyCache {
+    pub(crate) fn policies(&self) -> &PolicyCache {
         &self.cache
     }
 
     /// The counter store (for readiness checks and background tasks).
-    pub fn counters(&self) -> &dyn CounterStore {
+    pub(crate) fn counters(&self) -> &dyn CounterStore {
         self.counters.as_ref()
-    }
-
-    /// The Redis key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
     }
 
     /// The current time on the engine's clock, to the millisecond: the precision of every
     /// window computation, answer and ledger entry (and of what Postgres keeps).
-    pub fn now(&self) -> DateTime<Utc> {
+    pub(crate) fn now(&self) -> DateTime<Utc> {
         chrono::SubsecRound::trunc_subsecs(self.clock.now(), 3)
     }
 
     /// Decides `request` without charging (a check). Consumes go through [`Engine::consume`].
-    pub async fn check(&self, request: &ConsumeRequest) -> Result<Decision, EngineError> {
+    pub(crate) async fn check(&self, request: &ConsumeRequest) -> Result<Decision, EngineError> {
         let plan = self.plan(&request.action, &request.subject, request.amount)?;
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());
@@ -232,7 +227,11 @@ impl Engine {
     }
 
     /// Current usage of every enabled policy of the action for the subject; charges nothing.
-    pub async fn usage(&self, action: &Action, subject: &Subject) -> Result<Decision, EngineError> {
+    pub(crate) async fn usage(
+        &self,
+        action: &Action,
+        subject: &Subject,
+    ) -> Result<Decision, EngineError> {
         let plan = self.plan(action, subject, Quantity::ZERO)?;
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());
@@ -267,7 +266,7 @@ fn seconds_until(now_ms: i64, at_ms: i64) -> u64 {
 }
 
 /// An instant from Unix milliseconds (the epoch if out of range).
-pub fn from_millis(ms: i64) -> DateTime<Utc> {
+pub(crate) fn from_millis(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms)
         .single()
         .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)

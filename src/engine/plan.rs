@@ -15,15 +15,15 @@ use std::sync::Arc;
 /// Everything one decision needs, computed once.
 pub(super) struct Plan {
     /// The action's policies (enabled ones, with overrides).
-    pub policies: Arc<ActionPolicies>,
+    pub(crate) policies: Arc<ActionPolicies>,
     /// The subject's keys.
-    pub keys: SubjectKeys,
+    pub(crate) keys: SubjectKeys,
     /// One charge per enabled policy, in policy order.
-    pub charges: Vec<Charge>,
+    pub(crate) charges: Vec<Charge>,
     /// The window length of each policy, seconds.
-    pub window_seconds: Vec<u64>,
+    pub(crate) window_seconds: Vec<u64>,
     /// When.
-    pub now: DateTime<Utc>,
+    pub(crate) now: DateTime<Utc>,
 }
 
 impl Engine {
@@ -69,12 +69,12 @@ impl Engine {
 
 impl Plan {
     /// `now` in Unix ms.
-    pub fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         self.now.timestamp_millis()
     }
 
     /// The decision for an action whose policies are all disabled: allowed, nothing counted.
-    pub fn empty_decision(&self) -> Decision {
+    pub(crate) fn empty_decision(&self) -> Decision {
         Decision {
             allowed: true,
             retry_after_seconds: None,
@@ -85,7 +85,7 @@ impl Plan {
     }
 
     /// The decision the store's evaluation amounts to.
-    pub fn decision(&self, evaluation: &Evaluation) -> Decision {
+    pub(crate) fn decision(&self, evaluation: &Evaluation) -> Decision {
         let now_ms = self.now_ms();
         let mut retry_at: Option<i64> = Some(now_ms);
         let mut decisions = Vec::with_capacity(self.charges.len());
@@ -112,7 +112,7 @@ impl Plan {
     }
 
     /// The answer when the counter store is down and the operator chose to fail open.
-    pub fn degraded_decision(&self) -> Decision {
+    pub(crate) fn degraded_decision(&self) -> Decision {
         let outcome = Outcome {
             used: 0,
             allowed: true,
@@ -147,7 +147,7 @@ impl Plan {
     }
 
     /// The per-policy amounts a charge of this plan puts on its policies.
-    pub fn policy_amounts(&self, only_ledger_denials: bool) -> Vec<PolicyAmount> {
+    pub(crate) fn policy_amounts(&self, only_ledger_denials: bool) -> Vec<PolicyAmount> {
         self.policies
             .enabled
             .iter()
@@ -161,12 +161,12 @@ impl Plan {
     }
 
     /// Whether a denial of this plan is recorded in the ledger.
-    pub fn records_denials(&self) -> bool {
+    pub(crate) fn records_denials(&self) -> bool {
         self.policies.enabled.iter().any(|p| p.spec.ledger_denials)
     }
 
     /// The counters this plan charges, with how to give each charge back later.
-    pub fn counter_charges(&self) -> Vec<CounterCharge> {
+    pub(crate) fn counter_charges(&self) -> Vec<CounterCharge> {
         let now_ms = self.now_ms();
         self.policies
             .enabled
@@ -194,7 +194,7 @@ impl Plan {
     }
 
     /// The static part of each policy's answer, for an idempotency record.
-    pub fn kept_policies(&self) -> Vec<KeptPolicy> {
+    pub(crate) fn kept_policies(&self) -> Vec<KeptPolicy> {
         self.policies
             .enabled
             .iter()
@@ -211,7 +211,7 @@ impl Plan {
     }
 
     /// The longest window of the plan's policies, ms.
-    pub fn longest_window_ms(&self) -> i64 {
+    pub(crate) fn longest_window_ms(&self) -> i64 {
         let seconds = self.window_seconds.iter().copied().max().unwrap_or(0);
         i64::try_from(seconds).unwrap_or(i64::MAX / 2_000) * 1_000
     }

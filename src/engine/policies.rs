@@ -8,18 +8,18 @@ use std::sync::{Arc, RwLock};
 
 /// The policies of one action, and the overrides that apply to them.
 #[derive(Debug, Default)]
-pub struct ActionPolicies {
+pub(crate) struct ActionPolicies {
     /// Enabled policies, ordered by id (the order of answers and of counter keys).
-    pub enabled: Vec<Arc<Policy>>,
+    pub(crate) enabled: Vec<Arc<Policy>>,
     /// Each enabled policy's part of its counter keys, computed once here (same order).
-    pub keys: Vec<PolicyKey>,
+    pub(crate) keys: Vec<PolicyKey>,
     /// Overrides by policy id, then subject.
     overrides: HashMap<PolicyId, HashMap<String, OverrideSpec>>,
 }
 
 impl ActionPolicies {
     /// The limit for `subject` under `policy` at `now`: an active override's, or the policy's.
-    pub fn limit_for(&self, policy: &Policy, subject: &str, now: DateTime<Utc>) -> u64 {
+    pub(crate) fn limit_for(&self, policy: &Policy, subject: &str, now: DateTime<Utc>) -> u64 {
         self.overrides
             .get(&policy.id)
             .and_then(|by_subject| by_subject.get(subject))
@@ -46,7 +46,7 @@ struct Snapshot {
 /// Readers take a short read lock to clone one `Arc`; a reload builds the new snapshot
 /// without that lock and swaps it in, so consumes never wait on the database.
 #[derive(Debug, Default)]
-pub struct PolicyCache {
+pub(crate) struct PolicyCache {
     snapshot: RwLock<Arc<Snapshot>>,
     /// Held for a whole reload, so reloads run one at a time: a reload that started
     /// earlier (and read older rows) can never swap its snapshot in after a later one.
@@ -56,42 +56,42 @@ pub struct PolicyCache {
 
 impl PolicyCache {
     /// An empty cache; fill it ([`PolicyCache::install`]) before serving.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The policies of `action`, or `None` when the action has no policies at all.
-    pub fn action(&self, action: &str) -> Option<Arc<ActionPolicies>> {
+    pub(crate) fn action(&self, action: &str) -> Option<Arc<ActionPolicies>> {
         let snapshot = self.current();
         snapshot.by_action.get(action).cloned()
     }
 
     /// How many policies and overrides are cached.
-    pub fn sizes(&self) -> (usize, usize) {
+    pub(crate) fn sizes(&self) -> (usize, usize) {
         let snapshot = self.current();
         (snapshot.policies, snapshot.overrides)
     }
 
     /// When the cache was last rebuilt; `None` before the first reload.
-    pub fn last_reload(&self) -> Option<DateTime<Utc>> {
+    pub(crate) fn last_reload(&self) -> Option<DateTime<Utc>> {
         self.current().loaded_at
     }
 
     /// Takes the reload lock. Reloads run one at a time: hold the guard across reading
     /// the change marker, reading the rows and [`PolicyCache::install`], so that a reload
     /// that read older rows can never swap its snapshot in after a later one.
-    pub async fn reload_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+    pub(crate) async fn reload_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.reloading.lock().await
     }
 
     /// The store's change marker the current snapshot was read at; `None` before the first.
-    pub fn version(&self) -> Option<i64> {
+    pub(crate) fn version(&self) -> Option<i64> {
         self.current().version
     }
 
     /// Swaps in a snapshot of `policies` and `overrides`, read after the change marker was
     /// `version` (so the rows are at least as new as the marker).
-    pub fn install(&self, version: i64, policies: Vec<Policy>, overrides: Vec<Override>) {
+    pub(crate) fn install(&self, version: i64, policies: Vec<Policy>, overrides: Vec<Override>) {
         let mut snapshot = Snapshot {
             policies: policies.len(),
             overrides: overrides.len(),

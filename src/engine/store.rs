@@ -16,14 +16,14 @@
 //! suite runs both.
 
 use crate::domain::CounterCharge;
-pub use crate::domain::Restore;
+pub(crate) use crate::domain::Restore;
 use async_trait::async_trait;
 
 /// How long a key outlives the moment its usage would reach zero, in milliseconds.
 ///
 /// The grace covers clock skew between instances: an instance whose clock runs a little
 /// behind still finds (and adds to) the same counter instead of a fresh one.
-pub const KEY_GRACE_MS: i64 = 60_000;
+pub(crate) const KEY_GRACE_MS: i64 = 60_000;
 
 /// The counting algorithm of one charge, with its window parameters in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,76 +69,76 @@ pub struct Charge {
 
 /// The store's answer for one charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Usage after this decision (including `cost` if the decision was applied).
-    pub used: u64,
+    pub(crate) used: u64,
     /// Whether this policy alone would let the charge through (`used_before + cost <= limit`).
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// When usage would be back to zero with no further charges (Unix ms; `now` if already zero).
-    pub resets_at_ms: i64,
+    pub(crate) resets_at_ms: i64,
     /// When the same charge would pass this policy; `None` if it passes now or never can
     /// (`cost > limit`).
-    pub retry_at_ms: Option<i64>,
+    pub(crate) retry_at_ms: Option<i64>,
 }
 
 /// The store's answer for one decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evaluation {
     /// True when every enforcing charge was allowed; then (if committing) all were applied.
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// One outcome per charge, in the order given.
-    pub outcomes: Vec<Outcome>,
+    pub(crate) outcomes: Vec<Outcome>,
 }
 
 /// Work a consume does in the same atomic step as its charges, besides counting.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Effects {
     /// Remember a charged answer under an idempotency key, and replay it on a retry.
-    pub idempotency: Option<IdempotencyRecord>,
+    pub(crate) idempotency: Option<IdempotencyRecord>,
     /// Append a ledger entry to the shard's stream (Redis; the in-process store leaves the
     /// ledger to the engine, which writes it to SQL before answering).
-    pub ledger: Option<LedgerAppend>,
+    pub(crate) ledger: Option<LedgerAppend>,
     /// Open a hold: keep its record and index it by expiry.
-    pub hold: Option<HoldOpen>,
+    pub(crate) hold: Option<HoldOpen>,
 }
 
 /// An idempotency record to keep when the decision charges.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdempotencyRecord {
+pub(crate) struct IdempotencyRecord {
     /// Where it is kept (`keys::SubjectKeys::idempotency`).
-    pub key: String,
+    pub(crate) key: String,
     /// How long it is kept.
-    pub ttl_ms: i64,
+    pub(crate) ttl_ms: i64,
     /// What to keep (opaque to the store); replayed with the evaluation that was applied.
-    pub record: String,
+    pub(crate) record: String,
 }
 
 /// Ledger entries to append, serialized.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LedgerAppend {
+pub(crate) struct LedgerAppend {
     /// The shard's stream.
-    pub stream: String,
+    pub(crate) stream: String,
     /// The entry to append when the decision is allowed (and committed).
-    pub allowed: String,
+    pub(crate) allowed: String,
     /// The entry to append when it is denied, if denials are recorded.
-    pub denied: Option<String>,
+    pub(crate) denied: Option<String>,
 }
 
 /// A hold to open when the decision charges.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HoldOpen {
+pub(crate) struct HoldOpen {
     /// The hold's record key.
-    pub record_key: String,
+    pub(crate) record_key: String,
     /// The shard's index of open holds (scored by expiry).
-    pub index_key: String,
+    pub(crate) index_key: String,
     /// The hold id (the index member).
-    pub hold_id: String,
+    pub(crate) hold_id: String,
     /// When it expires, Unix ms.
-    pub expires_at_ms: i64,
+    pub(crate) expires_at_ms: i64,
     /// What to keep (opaque to the store): how to give the hold back.
-    pub record: String,
+    pub(crate) record: String,
     /// How long the record is kept (beyond expiry, so late commits get a clear 409).
-    pub ttl_ms: i64,
+    pub(crate) ttl_ms: i64,
 }
 
 /// The store's answer to a consume with [`Effects`].
@@ -157,7 +157,7 @@ pub enum Decided {
 
 /// What is being given back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GiveBackKind {
+pub(crate) enum GiveBackKind {
     /// A refund of `amount` out of a charge of `total`; `refunded` is what the ledger knows
     /// was refunded already (used when the store's own running total has expired).
     Refund {
@@ -197,17 +197,17 @@ pub enum GiveBackKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GiveBack {
     /// What happens.
-    pub kind: GiveBackKind,
+    pub(crate) kind: GiveBackKind,
     /// Refund: the running refunded total's key. Hold: the hold's record key.
-    pub control_key: String,
+    pub(crate) control_key: String,
     /// Hold: the shard's index of open holds and the hold id.
-    pub hold_index: Option<(String, String)>,
+    pub(crate) hold_index: Option<(String, String)>,
     /// The counters the charge went to.
-    pub counters: Vec<CounterCharge>,
+    pub(crate) counters: Vec<CounterCharge>,
     /// The ledger entry to append on success (Redis).
-    pub ledger: Option<(String, String)>,
+    pub(crate) ledger: Option<(String, String)>,
     /// For refunds with an idempotency key: the record to keep (and replay).
-    pub idempotency: Option<IdempotencyRecord>,
+    pub(crate) idempotency: Option<IdempotencyRecord>,
 }
 
 /// The store's answer to a [`GiveBack`].
@@ -243,7 +243,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether retrying later may succeed (unreachable or timed out), as opposed to a bug.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         matches!(self, Self::Unavailable(_) | Self::Timeout(_))
     }
 }
@@ -301,11 +301,11 @@ pub trait CounterStore: Send + Sync + 'static {
 }
 
 /// The largest quantity (limit, cost, usage) a store accepts or reports: 2^53 - 1.
-pub const MAX_UNITS: u64 = (1 << 53) - 1;
+pub(crate) const MAX_UNITS: u64 = (1 << 53) - 1;
 
 /// The largest magnitude of a time (`now_ms`, a period end) the stores accept: 2^51 ms, about
 /// 71,000 years, so that sums of times and windows stay exact in Lua's doubles.
-pub const MAX_TIME_MS: i64 = 1 << 51;
+pub(crate) const MAX_TIME_MS: i64 = 1 << 51;
 
 /// Rejects arguments outside what both stores compute exactly; both backends call it first,
 /// so they fail identically. Such arguments are the caller's bug, hence `Protocol`.
@@ -313,7 +313,7 @@ pub const MAX_TIME_MS: i64 = 1 << 51;
 /// Checked: quantities within 2^53 - 1, times within ±2^51 ms, positive window parameters,
 /// `limit × period_ms <= 2^53 - 1` for token buckets, `buckets × bucket_ms <= 2^51` for
 /// rolling windows, distinct keys and one hash tag for all keys (one cluster slot, one shard).
-pub fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
+pub(crate) fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
     let invalid =
         |i: usize, what: &str| StoreError::Protocol(format!("invalid charge {i}: {what}"));
     if now_ms.unsigned_abs() > MAX_TIME_MS.unsigned_abs() {

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Entries per batch, roughly: a request's entries are never split across batches, so a
 /// batch may pass this by one request's worth.
-pub const MAX_BATCH: usize = 1_000;
+pub(crate) const MAX_BATCH: usize = 1_000;
 
 /// Requests that may wait in the queue; beyond it, callers wait for room (back-pressure
 /// instead of unbounded memory when the database is slow).

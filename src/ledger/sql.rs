@@ -20,16 +20,16 @@ use std::sync::Arc;
 
 /// The ledger in Postgres.
 #[derive(Debug, Clone)]
-pub struct PostgresLedgerStore {
+pub(crate) struct PostgresLedgerStore {
     /// The connection pool (the ledger's own, so its batches never starve admin requests).
-    pub pool: sqlx::PgPool,
+    pub(crate) pool: sqlx::PgPool,
 }
 
 /// The ledger in a local SQLite file.
 #[derive(Debug, Clone)]
-pub struct SqliteLedgerStore {
+pub(crate) struct SqliteLedgerStore {
     /// The connection pool.
-    pub pool: sqlx::SqlitePool,
+    pub(crate) pool: sqlx::SqlitePool,
 }
 
 /// Opens the ledger that `database_url` names: `postgres://…` or `sqlite://…`.
@@ -58,7 +58,7 @@ const ROWS_PER_INSERT: usize = 500;
 /// `at` index. (Ordered by `seq` instead, both databases walked the whole table in `seq`
 /// order whenever nothing was old enough, and SQLite held its write lock, stalling every
 /// embedded consume, for as long: 60 ms at a million entries.)
-pub const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq IN \
+pub(crate) const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq IN \
      (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY at LIMIT $2)";
 
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \

@@ -11,26 +11,30 @@ use crate::engine::policies::PolicyCache;
 ///
 /// It borrows what it needs, so it is built per use (`AppState::policy_admin`) at no cost.
 #[derive(Clone, Copy)]
-pub struct PolicyAdmin<'a> {
+pub(crate) struct PolicyAdmin<'a> {
     store: &'a dyn PolicyStore,
     cache: &'a PolicyCache,
 }
 
 impl<'a> PolicyAdmin<'a> {
     /// Writes to `store` and reloads `cache` (the one this instance's engine reads).
-    pub fn new(store: &'a dyn PolicyStore, cache: &'a PolicyCache) -> Self {
+    pub(crate) fn new(store: &'a dyn PolicyStore, cache: &'a PolicyCache) -> Self {
         Self { store, cache }
     }
 
     /// Creates a policy; errors as [`PolicyStore::insert_policy`] (a taken id, a full action).
-    pub async fn create(&self, policy: &Policy) -> StoreResult<()> {
+    pub(crate) async fn create(&self, policy: &Policy) -> StoreResult<()> {
         self.store.insert_policy(policy).await?;
         self.reload().await;
         Ok(())
     }
 
     /// Replaces a policy still at `expected_version`; false (nothing written) otherwise.
-    pub async fn replace(&self, policy: &Policy, expected_version: i64) -> StoreResult<bool> {
+    pub(crate) async fn replace(
+        &self,
+        policy: &Policy,
+        expected_version: i64,
+    ) -> StoreResult<bool> {
         let replaced = self.store.update_policy(policy, expected_version).await?;
         if replaced {
             self.reload().await;
@@ -39,7 +43,7 @@ impl<'a> PolicyAdmin<'a> {
     }
 
     /// Deletes a policy still at `expected_version`, with its overrides; false otherwise.
-    pub async fn delete(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool> {
+    pub(crate) async fn delete(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool> {
         let deleted = self.store.delete_policy(id, expected_version).await?;
         if deleted {
             self.reload().await;
@@ -48,14 +52,18 @@ impl<'a> PolicyAdmin<'a> {
     }
 
     /// Creates or replaces an override.
-    pub async fn save_override(&self, item: &Override) -> StoreResult<()> {
+    pub(crate) async fn save_override(&self, item: &Override) -> StoreResult<()> {
         self.store.upsert_override(item).await?;
         self.reload().await;
         Ok(())
     }
 
     /// Deletes an override; false if there was none.
-    pub async fn delete_override(&self, policy: &PolicyId, subject: &Subject) -> StoreResult<bool> {
+    pub(crate) async fn delete_override(
+        &self,
+        policy: &PolicyId,
+        subject: &Subject,
+    ) -> StoreResult<bool> {
         let deleted = self.store.delete_override(policy, subject).await?;
         if deleted {
             self.reload().await;

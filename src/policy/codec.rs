@@ -5,7 +5,7 @@ use crate::domain::{CalendarPeriod, Window};
 use serde_json::{json, Value};
 
 /// The stored JSON form of a window (the same shape as on the wire).
-pub fn window_to_json(window: &Window) -> String {
+pub(crate) fn window_to_json(window: &Window) -> String {
     let value = match window {
         Window::Calendar { period, timezone } => {
             json!({"type": "calendar", "period": period.as_str(), "timezone": timezone.name()})
@@ -20,7 +20,7 @@ pub fn window_to_json(window: &Window) -> String {
 }
 
 /// Parses a stored window.
-pub fn window_from_json(text: &str) -> Result<Window, PolicyStoreError> {
+pub(crate) fn window_from_json(text: &str) -> Result<Window, PolicyStoreError> {
     let corrupt = |why: &str| PolicyStoreError::Corrupt(format!("window {text}: {why}"));
     let value: Value = serde_json::from_str(text).map_err(|e| corrupt(&e.to_string()))?;
     let int = |name: &str| -> i128 { value[name].as_i64().map_or(-1, i128::from) };

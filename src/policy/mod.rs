@@ -15,21 +15,21 @@ mod refresh;
 mod sql;
 mod writes;
 
-pub use admin::PolicyAdmin;
-pub use notify::{ChangeFeed, FeedEvent, CHANNEL};
-pub use refresh::Refresher;
-pub use sql::{connect, PostgresPolicyStore, SqlitePolicyStore};
+pub(crate) use admin::PolicyAdmin;
+pub(crate) use notify::{ChangeFeed, FeedEvent};
+pub(crate) use refresh::Refresher;
+pub(crate) use sql::connect;
 
 use crate::domain::{Action, Override, Policy, PolicyId, Subject};
 use crate::engine::policies::PolicyCache;
 use async_trait::async_trait;
 
 /// The most policies one action may have: each consume evaluates all of them in one script.
-pub const MAX_POLICIES_PER_ACTION: usize = 32;
+pub(crate) const MAX_POLICIES_PER_ACTION: usize = 32;
 
 /// Why the policy store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
-pub enum PolicyStoreError {
+pub(crate) enum PolicyStoreError {
     /// The row to create exists already (duplicate id).
     #[error("a row with this key exists already")]
     Conflict,
@@ -61,11 +61,11 @@ impl From<sqlx::Error> for PolicyStoreError {
 }
 
 /// Shorthand for policy store results.
-pub type StoreResult<T> = Result<T, PolicyStoreError>;
+pub(crate) type StoreResult<T> = Result<T, PolicyStoreError>;
 
 /// Where policies and overrides are kept.
 #[async_trait]
-pub trait PolicyStore: Send + Sync + 'static {
+pub(crate) trait PolicyStore: Send + Sync + 'static {
     /// Checks that the database answers.
     async fn ping(&self) -> StoreResult<()>;
     /// Every policy, ordered by id.
@@ -104,7 +104,7 @@ pub trait PolicyStore: Send + Sync + 'static {
 }
 
 /// Rebuilds `cache` from `store`.
-pub async fn reload(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult<()> {
+pub(crate) async fn reload(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult<()> {
     let _one_at_a_time = cache.reload_lock().await;
     let version = store.change_version().await?;
     install(cache, store, version).await
@@ -112,7 +112,10 @@ pub async fn reload(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult
 
 /// Rebuilds `cache` only if the store's change marker moved since the last load; true if
 /// it did. One cheap query when nothing changed.
-pub async fn refresh_if_changed(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult<bool> {
+pub(crate) async fn refresh_if_changed(
+    cache: &PolicyCache,
+    store: &dyn PolicyStore,
+) -> StoreResult<bool> {
     let _one_at_a_time = cache.reload_lock().await;
     let version = store.change_version().await?;
     if cache.version() == Some(version) {

@@ -9,11 +9,11 @@ use super::StoreResult;
 use sqlx::postgres::PgListener;
 
 /// The Postgres notification channel of policy and override changes.
-pub const CHANNEL: &str = "quota_policies";
+pub(crate) const CHANNEL: &str = "quota_policies";
 
 /// What a [`ChangeFeed`] heard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FeedEvent {
+pub(crate) enum FeedEvent {
     /// Some instance committed a change to policies or overrides.
     Changed,
     /// The connection was lost: announcements may have been missed; subscribe again.
@@ -24,13 +24,13 @@ pub enum FeedEvent {
 ///
 /// It holds one pooled connection for as long as it lives.
 #[derive(Debug)]
-pub struct ChangeFeed {
+pub(crate) struct ChangeFeed {
     listener: PgListener,
 }
 
 impl ChangeFeed {
     /// Waits for the next announcement (or for the connection to drop).
-    pub async fn next(&mut self) -> StoreResult<FeedEvent> {
+    pub(crate) async fn next(&mut self) -> StoreResult<FeedEvent> {
         Ok(match self.listener.try_recv().await? {
             Some(_) => FeedEvent::Changed,
             None => FeedEvent::Lost,

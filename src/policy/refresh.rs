@@ -21,7 +21,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 /// How often the cache is rebuilt even when the change marker did not move (which covers
 /// rows edited by hand, without the marker).
-pub const FULL_RELOAD_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const FULL_RELOAD_EVERY: Duration = Duration::from_secs(60);
 
 /// The first pause before subscribing again after a failure; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(250);
@@ -30,13 +30,17 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// The background tasks that keep a [`PolicyCache`] current; dropping this stops them.
 #[derive(Debug)]
-pub struct Refresher {
+pub(crate) struct Refresher {
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Refresher {
     /// Starts listening to and polling `store` for changes, on the current Tokio runtime.
-    pub fn start(store: Arc<dyn PolicyStore>, cache: Arc<PolicyCache>, poll: Duration) -> Self {
+    pub(crate) fn start(
+        store: Arc<dyn PolicyStore>,
+        cache: Arc<PolicyCache>,
+        poll: Duration,
+    ) -> Self {
         let tasks = vec![
             tokio::spawn(listen(store.clone(), cache.clone())),
             tokio::spawn(poll_changes(store, cache, poll)),

@@ -17,20 +17,20 @@ use std::sync::Arc;
 
 /// Policies in Postgres.
 #[derive(Debug, Clone)]
-pub struct PostgresPolicyStore {
+pub(crate) struct PostgresPolicyStore {
     /// The connection pool (shared with other Postgres users of this process).
-    pub pool: sqlx::PgPool,
+    pub(crate) pool: sqlx::PgPool,
 }
 
 /// Policies in a local SQLite file.
 #[derive(Debug, Clone)]
-pub struct SqlitePolicyStore {
+pub(crate) struct SqlitePolicyStore {
     /// The connection pool.
-    pub pool: sqlx::SqlitePool,
+    pub(crate) pool: sqlx::SqlitePool,
 }
 
 /// Opens the store that `database_url` names: `postgres://…` or `sqlite://…`.
-pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn PolicyStore>> {
+pub(crate) async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn PolicyStore>> {
     Ok(match crate::db::open(database_url, 16).await? {
         crate::db::Pool::Postgres(pool) => Arc::new(PostgresPolicyStore { pool }),
         crate::db::Pool::Sqlite(pool) => Arc::new(SqlitePolicyStore { pool }),

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use redis::Value;
 
 /// The consumer group every instance's drain reads through.
-pub const GROUP: &str = "ledger";
+pub(crate) const GROUP: &str = "ledger";
 
 fn text(value: &Value) -> Option<String> {
     match value {
@@ -44,7 +44,7 @@ fn entries(value: &Value) -> Vec<StreamEntry> {
 
 impl RedisCounterStore {
     /// Creates the consumer group of `stream` (and the stream) if missing.
-    pub async fn ensure_group(&self, stream: &str) -> Result<(), StoreError> {
+    pub(crate) async fn ensure_group(&self, stream: &str) -> Result<(), StoreError> {
         let mut call = redis::cmd("XGROUP");
         call.arg("CREATE")
             .arg(stream)
