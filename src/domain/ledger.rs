@@ -61,7 +61,7 @@ impl EntryKind {
 /// One policy's part of an entry: the units it was charged (or given back).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyAmount {
-    /// The policy.
+    /// The policy (it may have been deleted since: entries outlive policies).
     pub policy_id: PolicyId,
     /// Units charged (charge, hold) or given back (refund, commit, release, expire); for a
     /// deny, the units that were asked for.
@@ -117,9 +117,9 @@ pub struct LedgerEntry {
     pub at: DateTime<Utc>,
     /// What happened.
     pub kind: EntryKind,
-    /// The action.
+    /// The action the charge was for.
     pub action: Action,
-    /// The subject.
+    /// Who was charged: with the action, it names the counters the entry touched.
     pub subject: Subject,
     /// The request's amount: charged, refunded, held, settled or released.
     pub amount: u64,

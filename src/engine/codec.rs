@@ -126,7 +126,7 @@ pub(crate) struct ConsumeRecord {
 /// The static part of one policy's answer, kept with an idempotency record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeptPolicy {
-    /// The policy.
+    /// The policy the answer was about (it may have been deleted since).
     pub(crate) policy_id: PolicyId,
     /// Count or amount.
     pub(crate) measure: Measure,
@@ -477,17 +477,17 @@ pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
 /// The scalar fields of an entry as text, as a stream entry or an SQL row holds them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EntryParts<'a> {
-    /// The entry id.
+    /// The entry id, hyphenated.
     pub(crate) id: &'a str,
-    /// When.
+    /// When the decision was made.
     pub(crate) at: DateTime<Utc>,
     /// The kind's spelling ([`EntryKind::as_str`]).
     pub(crate) kind: &'a str,
-    /// The action.
+    /// The action, checked as [`Action::parse`] does.
     pub(crate) action: &'a str,
-    /// The subject.
+    /// The subject, checked as [`Subject::parse`] does.
     pub(crate) subject: &'a str,
-    /// The amount.
+    /// The amount as the entry records it.
     pub(crate) amount: u64,
     /// The consumption id, if any.
     pub(crate) consumption_id: Option<&'a str>,

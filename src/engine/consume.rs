@@ -27,7 +27,7 @@ pub(crate) struct HoldTicket {
 /// The answer to a consume or hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Consumed {
-    /// The decision.
+    /// Allowed or denied, with every policy's usage after it.
     pub(crate) decision: Decision,
     /// The consume's id (consumes only).
     pub(crate) consumption_id: Option<ConsumptionId>,

@@ -28,7 +28,7 @@ pub struct LedgerFilter {
 /// A page of entries, newest first, and the cursor of the next (older) page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerPage {
-    /// The entries.
+    /// At most the page size asked for, newest first.
     pub items: Vec<LedgerEntry>,
     /// Pass back to get the next page; `None` at the end.
     pub next_cursor: Option<String>,

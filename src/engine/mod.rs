@@ -48,7 +48,7 @@ pub(crate) struct ConsumeRequest {
 /// One policy's part of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PolicyDecision {
-    /// The policy.
+    /// The policy this part of the answer is about.
     pub(crate) policy_id: PolicyId,
     /// Count or amount.
     pub(crate) measure: Measure,

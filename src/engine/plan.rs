@@ -22,7 +22,7 @@ pub(super) struct Plan {
     pub(crate) charges: Vec<Charge>,
     /// The window length of each policy, seconds.
     pub(crate) window_seconds: Vec<u64>,
-    /// When.
+    /// The clock's time, to the millisecond: every window of the plan is computed at it.
     pub(crate) now: DateTime<Utc>,
 }
 
