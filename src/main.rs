@@ -32,7 +32,7 @@ enum Command {
     /// Serve the API (the default).
     #[command(after_help = LOGGING_HELP)]
     Serve,
-    /// Apply the policy store's migrations and exit.
+    /// Apply the database's migrations (policies and ledger) and exit.
     Migrate,
     /// Print the OpenAPI document and exit.
     Openapi,
