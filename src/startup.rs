@@ -10,6 +10,7 @@ use crate::counters::redis::RedisCounterStore;
 use crate::engine::drain::Drainer;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::policies::PolicyCache;
+use crate::engine::rebuild::Replay;
 use crate::engine::store::CounterStore;
 use crate::engine::writer::LedgerWriter;
 use crate::engine::{Engine, Ports};
@@ -74,14 +75,28 @@ fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()>
     })
 }
 
+/// The counter store of a new application.
+struct Counters {
+    store: Arc<dyn CounterStore>,
+    /// Redis: moves its ledger streams into SQL.
+    drain: Option<Arc<Drainer>>,
+    /// In-process: the same store, empty, for the ledger to be replayed into.
+    fresh: Option<Arc<dyn Replay>>,
+}
+
 /// The counter store `settings` name: in-process without `REDIS_URL`; else Redis, with
 /// the drain that moves its ledger streams into `ledger`.
 async fn counter_store(
     settings: &Settings,
     ledger: &Arc<dyn LedgerStore>,
-) -> anyhow::Result<(Arc<dyn CounterStore>, Option<Arc<Drainer>>)> {
+) -> anyhow::Result<Counters> {
     if settings.redis_urls.is_empty() {
-        return Ok((Arc::new(MemoryCounterStore::new()), None));
+        let store = Arc::new(MemoryCounterStore::new());
+        return Ok(Counters {
+            store: store.clone(),
+            drain: None,
+            fresh: Some(store),
+        });
     }
     let store = Arc::new(
         RedisCounterStore::connect(
@@ -98,7 +113,11 @@ async fn counter_store(
         settings.redis_prefix.clone(),
         settings.ledger_claim_idle,
     ));
-    Ok((store, Some(drain)))
+    Ok(Counters {
+        store,
+        drain: Some(drain),
+        fresh: None,
+    })
 }
 
 /// The actix server on `listener`: every route, Swagger UI, and the problem+json rewrite
@@ -170,15 +189,15 @@ impl Application {
             .context("loading policies into the cache")?;
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let mut tasks = BackgroundTasks::default();
-        let (counters, drain) = counter_store(&settings, &ledger).await?;
-        if let Some(drain) = &drain {
+        let counters = counter_store(&settings, &ledger).await?;
+        if let Some(drain) = &counters.drain {
             tasks.0.push(drain.clone().spawn());
         }
         let ports = Ports {
-            counters,
+            counters: counters.store,
             writer: LedgerWriter::spawn(ledger.clone()),
             ledger,
-            drain,
+            drain: counters.drain,
             cache,
             clock,
         };
@@ -187,6 +206,21 @@ impl Application {
             settings.redis_prefix.clone(),
             settings.on_store_error,
         );
+        if let Some(fresh) = &counters.fresh {
+            // Before the first request: the ledger is the book of record, the in-process
+            // counters its cache.
+            let rebuilt = engine
+                .rebuild(fresh.as_ref())
+                .await
+                .context("rebuilding usage, holds and kept answers from the ledger")?;
+            let expired = engine.expire_due_holds().await;
+            tracing::info!(
+                entries = rebuilt.entries,
+                steps = rebuilt.steps,
+                expired,
+                "rebuilt the in-process counters from the ledger"
+            );
+        }
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
             policies,

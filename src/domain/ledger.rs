@@ -72,7 +72,11 @@ pub struct PolicyAmount {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restore {
     /// A calendar counter (its key names the period).
-    Calendar,
+    Calendar {
+        /// When the period ends, Unix ms (the counter is kept until then); 0 in entries
+        /// written before this was recorded.
+        period_end_ms: i64,
+    },
     /// A rolling counter's bucket, if it still counts.
     Rolling {
         /// The bucket the units went to.
@@ -134,6 +138,21 @@ pub struct LedgerEntry {
     /// Charges and holds: the counters charged, so that they can be given back. Empty for
     /// every other kind. Internal: not part of the public API.
     pub counters: Vec<CounterCharge>,
+    /// Holds: when the hold is released unless settled. Internal.
+    pub hold_expires_at: Option<DateTime<Utc>>,
+    /// A charge or hold with an idempotency key, on the embedded default: the answer kept
+    /// for retries, exactly as the counter store keeps it, so that a restart can keep it
+    /// again. Internal.
+    pub kept_answer: Option<KeptAnswer>,
+}
+
+/// The answer a counter store keeps under an idempotency key, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptAnswer {
+    /// The store's record: the engine's record, then the evaluation's numbers.
+    pub text: String,
+    /// When the store lets it go, Unix ms.
+    pub expires_at_ms: i64,
 }
 
 /// Why an identifier's text was refused.

@@ -14,8 +14,8 @@ mod window;
 pub(crate) use error::{FieldError, FieldErrors};
 pub use ids::{Action, PolicyId, Subject};
 pub use ledger::{
-    BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
-    PolicyAmount, Restore,
+    BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,
+    LedgerEntry, PolicyAmount, Restore,
 };
 pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
 pub use quantity::{Quantity, MAX_SAFE};

@@ -6,7 +6,7 @@
 //! | a hold's record | the counter store (`keys::hold_record`) | its state (`open`, `committed`, …), `\n`, then [`HoldRecord`] as JSON |
 //! | a refund's idempotency record | the counter store | the refund's [`LedgerEntry`] as JSON |
 //! | a ledger entry | the shard's Redis stream (field `e`) | [`LedgerEntry`] as JSON ([`encode_entry`]) |
-//! | an entry's policies and counters | the SQL ledger's `policies` and `detail` columns | JSON arrays ([`encode_policies`], [`encode_counters`]) |
+//! | an entry's policies, and its internal detail (counters, a hold's expiry, a kept answer) | the SQL ledger's `policies` and `detail` columns | JSON ([`encode_policies`], [`encode_detail`]) |
 //!
 //! The Lua scripts (`crate::counters`) and the memory store write the envelopes (the state
 //! line, the evaluation's numbers) the same way; a change here is a change there. Readers
@@ -15,8 +15,8 @@
 
 use super::store::{Decided, Evaluation, Outcome, StoreError};
 use crate::domain::{
-    Action, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
-    Measure, Mode, PolicyAmount, PolicyId, Restore, Subject,
+    Action, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,
+    LedgerEntry, Measure, Mode, PolicyAmount, PolicyId, Restore, Subject,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -285,20 +285,27 @@ struct CounterWire {
     buckets: i64,
     #[serde(default)]
     limit: u64,
+    /// Calendar: when the period ends, Unix ms (absent before it was recorded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    end_ms: i64,
     by_amount: bool,
     charged: u64,
 }
 
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
 impl From<&CounterCharge> for CounterWire {
     fn from(c: &CounterCharge) -> Self {
-        let (kind, bucket, span_ms, buckets, limit) = match c.restore {
-            Restore::Calendar => (1, 0, 0, 0, 0),
+        let (kind, bucket, span_ms, buckets, limit, end_ms) = match c.restore {
+            Restore::Calendar { period_end_ms } => (1, 0, 0, 0, 0, period_end_ms),
             Restore::Rolling {
                 bucket,
                 bucket_ms,
                 buckets,
-            } => (2, bucket, bucket_ms, buckets, 0),
-            Restore::TokenBucket { period_ms, limit } => (3, 0, period_ms, 0, limit),
+            } => (2, bucket, bucket_ms, buckets, 0, 0),
+            Restore::TokenBucket { period_ms, limit } => (3, 0, period_ms, 0, limit, 0),
         };
         Self {
             policy_id: c.policy_id.to_string(),
@@ -308,6 +315,7 @@ impl From<&CounterCharge> for CounterWire {
             span_ms,
             buckets,
             limit,
+            end_ms,
             by_amount: c.by_amount,
             charged: c.charged,
         }
@@ -320,7 +328,9 @@ fn decode_counter_wires(wires: Vec<CounterWire>) -> Result<Vec<CounterCharge>, C
         .into_iter()
         .map(|w| {
             let restore = match w.kind {
-                1 => Restore::Calendar,
+                1 => Restore::Calendar {
+                    period_end_ms: w.end_ms,
+                },
                 2 if w.span_ms > 0 && w.buckets > 0 => Restore::Rolling {
                     bucket: w.bucket,
                     bucket_ms: w.span_ms,
@@ -351,17 +361,105 @@ fn decode_counter_wires(wires: Vec<CounterWire>) -> Result<Vec<CounterCharge>, C
         .collect()
 }
 
-/// The counters of a charge, for the SQL ledger's `detail` column (`None` when empty).
-pub(crate) fn encode_counters(counters: &[CounterCharge]) -> Option<String> {
-    (!counters.is_empty())
-        .then(|| to_json(&counters.iter().map(CounterWire::from).collect::<Vec<_>>()))
+/// An entry's internal part: its counters, a hold's expiry and a kept answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Detail {
+    /// See [`LedgerEntry::counters`].
+    pub(crate) counters: Vec<CounterCharge>,
+    /// See [`LedgerEntry::hold_expires_at`].
+    pub(crate) hold_expires_at: Option<DateTime<Utc>>,
+    /// See [`LedgerEntry::kept_answer`].
+    pub(crate) kept_answer: Option<KeptAnswer>,
 }
 
-/// Reads the `detail` column [`encode_counters`] wrote.
-pub(crate) fn decode_counters(text: Option<&str>) -> Result<Vec<CounterCharge>, CodecError> {
+impl Detail {
+    fn of(entry: &LedgerEntry) -> Self {
+        Self {
+            counters: entry.counters.clone(),
+            hold_expires_at: entry.hold_expires_at,
+            kept_answer: entry.kept_answer.clone(),
+        }
+    }
+}
+
+/// An entry's internal part as JSON: the array of its counters alone, as every version
+/// wrote it, or an object once a hold's expiry or a kept answer comes with them.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum DetailWire {
+    Counters(Vec<CounterWire>),
+    Full(FullDetailWire),
+    /// Earlier stream entries: the array as a JSON string.
+    Text(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct FullDetailWire {
+    #[serde(default)]
+    counters: Vec<CounterWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hold_expires_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kept: Option<KeptWire>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeptWire {
+    text: String,
+    expires_at_ms: i64,
+}
+
+fn detail_wire(detail: &Detail) -> Option<DetailWire> {
+    let counters: Vec<CounterWire> = detail.counters.iter().map(CounterWire::from).collect();
+    if detail.hold_expires_at.is_none() && detail.kept_answer.is_none() {
+        return (!counters.is_empty()).then_some(DetailWire::Counters(counters));
+    }
+    Some(DetailWire::Full(FullDetailWire {
+        counters,
+        hold_expires_at_ms: detail.hold_expires_at.map(|at| at.timestamp_millis()),
+        kept: detail.kept_answer.as_ref().map(|kept| KeptWire {
+            text: kept.text.clone(),
+            expires_at_ms: kept.expires_at_ms,
+        }),
+    }))
+}
+
+fn detail_from_wire(wire: Option<DetailWire>) -> Result<Detail, CodecError> {
+    const WHAT: &str = "detail of an entry";
+    match wire {
+        None => Ok(Detail::default()),
+        Some(DetailWire::Counters(wires)) => Ok(Detail {
+            counters: decode_counter_wires(wires)?,
+            ..Detail::default()
+        }),
+        Some(DetailWire::Text(text)) => decode_detail(Some(&text)),
+        Some(DetailWire::Full(full)) => Ok(Detail {
+            counters: decode_counter_wires(full.counters)?,
+            hold_expires_at: full
+                .hold_expires_at_ms
+                .map(|ms| {
+                    DateTime::<Utc>::from_timestamp_millis(ms)
+                        .ok_or_else(|| CodecError::new(WHAT, format!("instant {ms} ms")))
+                })
+                .transpose()?,
+            kept_answer: full.kept.map(|kept| KeptAnswer {
+                text: kept.text,
+                expires_at_ms: kept.expires_at_ms,
+            }),
+        }),
+    }
+}
+
+/// An entry's internal part, for the SQL ledger's `detail` column (`None` when empty).
+pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
+    detail_wire(&Detail::of(entry)).map(|wire| to_json(&wire))
+}
+
+/// Reads the `detail` column [`encode_detail`] (or an earlier version) wrote.
+pub(crate) fn decode_detail(text: Option<&str>) -> Result<Detail, CodecError> {
     match text {
-        None => Ok(Vec::new()),
-        Some(text) => decode_counter_wires(from_json("counters of a charge", text)?),
+        None => Ok(Detail::default()),
+        Some(text) => detail_from_wire(Some(from_json("detail of an entry", text)?)),
     }
 }
 
@@ -422,14 +520,6 @@ struct EntryWire {
     detail: Option<DetailWire>,
 }
 
-/// An entry's counters: an array; earlier versions wrote the array as a JSON string.
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum DetailWire {
-    Counters(Vec<CounterWire>),
-    Text(String),
-}
-
 /// A ledger entry as a stream entry or a refund's idempotency record.
 pub fn encode_entry(entry: &LedgerEntry) -> String {
     to_json(&EntryWire {
@@ -443,8 +533,7 @@ pub fn encode_entry(entry: &LedgerEntry) -> String {
         hold_id: entry.hold_id.map(|id| id.to_string()),
         idempotency_key: entry.idempotency_key.as_ref().map(ToString::to_string),
         policies: policies_wire(&entry.policies),
-        detail: (!entry.counters.is_empty())
-            .then(|| DetailWire::Counters(entry.counters.iter().map(CounterWire::from).collect())),
+        detail: detail_wire(&Detail::of(entry)),
     })
 }
 
@@ -452,11 +541,7 @@ pub fn encode_entry(entry: &LedgerEntry) -> String {
 pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
     const WHAT: &str = "ledger entry";
     let wire: EntryWire = from_json(WHAT, text)?;
-    let counters = match wire.detail {
-        None => Vec::new(),
-        Some(DetailWire::Counters(wires)) => decode_counter_wires(wires)?,
-        Some(DetailWire::Text(text)) => decode_counters(Some(&text))?,
-    };
+    let detail = detail_from_wire(wire.detail)?;
     entry_from_parts(
         EntryParts {
             id: &wire.id,
@@ -470,7 +555,7 @@ pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
             idempotency_key: wire.idempotency_key.as_deref(),
         },
         policies_from_wire(wire.policies)?,
-        counters,
+        detail,
     )
 }
 
@@ -501,7 +586,7 @@ pub(crate) struct EntryParts<'a> {
 pub(crate) fn entry_from_parts(
     parts: EntryParts<'_>,
     policies: Vec<PolicyAmount>,
-    counters: Vec<CounterCharge>,
+    detail: Detail,
 ) -> Result<LedgerEntry, CodecError> {
     const WHAT: &str = "ledger entry";
     Ok(LedgerEntry {
@@ -525,7 +610,9 @@ pub(crate) fn entry_from_parts(
             .map(|key| field(WHAT, IdempotencyKey::parse(key)))
             .transpose()?,
         policies,
-        counters,
+        counters: detail.counters,
+        hold_expires_at: detail.hold_expires_at,
+        kept_answer: detail.kept_answer,
     })
 }
 
@@ -570,7 +657,9 @@ mod tests {
                 amount: 40,
             }],
             counters: vec![
-                counter(Restore::Calendar),
+                counter(Restore::Calendar {
+                    period_end_ms: 86_400_000,
+                }),
                 counter(Restore::Rolling {
                     bucket: 12,
                     bucket_ms: 60_000,
@@ -581,6 +670,28 @@ mod tests {
                     limit: 5,
                 }),
             ],
+            hold_expires_at: Some(
+                Utc.with_ymd_and_hms(2026, 11, 21, 12, 10, 0)
+                    .single()
+                    .expect("a valid instant"),
+            ),
+            kept_answer: Some(KeptAnswer {
+                text: "{\"amount\":40}\n1,40,1,5,-1".to_owned(),
+                expires_at_ms: 1_790_000_000_000,
+            }),
+        }
+    }
+
+    /// [`hold_entry`] with its counters alone as its detail, as entries without a hold
+    /// expiry or a kept answer are written.
+    fn charge_entry() -> LedgerEntry {
+        LedgerEntry {
+            kind: EntryKind::Charge,
+            hold_id: None,
+            consumption_id: Some(ConsumptionId::new()),
+            hold_expires_at: None,
+            kept_answer: None,
+            ..hold_entry()
         }
     }
 
@@ -593,13 +704,20 @@ mod tests {
             Ok(entry.clone())
         );
         assert_eq!(
-            decode_counters(encode_counters(&entry.counters).as_deref()),
-            Ok(entry.counters.clone())
+            decode_detail(encode_detail(&entry).as_deref()),
+            Ok(Detail::of(&entry))
         );
+        let charge = charge_entry();
+        assert_eq!(decode_entry(&encode_entry(&charge)), Ok(charge.clone()));
         assert_eq!(
-            decode_counters(encode_counters(&[]).as_deref()),
-            Ok(Vec::new())
+            decode_detail(encode_detail(&charge).as_deref()),
+            Ok(Detail::of(&charge))
         );
+        let bare = LedgerEntry {
+            counters: Vec::new(),
+            ..charge
+        };
+        assert_eq!(encode_detail(&bare), None);
         assert_eq!(
             decode_policies(&encode_policies(&entry.policies)),
             Ok(entry.policies.clone())
@@ -634,7 +752,7 @@ mod tests {
 
     #[test]
     fn an_entry_keeps_its_counters_as_an_array_and_reads_the_earlier_string_form() {
-        let entry = hold_entry();
+        let entry = charge_entry();
         let written: serde_json::Value = serde_json::from_str(&encode_entry(&entry)).expect("JSON");
         assert!(written["detail"].is_array(), "{written}");
         // What earlier versions appended: the counters as a JSON string inside the entry.
@@ -646,10 +764,10 @@ mod tests {
     #[test]
     fn a_counter_of_an_unknown_kind_is_an_error_not_a_calendar_counter() {
         let text = r#"[{"policy_id":"p","key":"k","kind":4,"by_amount":true,"charged":1}]"#;
-        assert!(decode_counters(Some(text)).is_err());
+        assert!(decode_detail(Some(text)).is_err());
         let rolling_without_buckets =
             r#"[{"policy_id":"p","key":"k","kind":2,"span_ms":1000,"by_amount":true,"charged":1}]"#;
-        assert!(decode_counters(Some(rolling_without_buckets)).is_err());
+        assert!(decode_detail(Some(rolling_without_buckets)).is_err());
     }
 
     #[test]

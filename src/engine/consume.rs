@@ -3,9 +3,11 @@
 
 use super::codec::{self, ConsumeRecord, HoldRecord};
 use super::plan::{replayed_decision, Plan};
-use super::store::{Decided, Effects, HoldOpen, IdempotencyRecord, LedgerAppend, StoreError};
+use super::store::{
+    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, StoreError,
+};
 use super::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
-use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, LedgerEntry};
+use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
 use crate::keys;
 use chrono::{DateTime, Utc};
 
@@ -13,7 +15,7 @@ use chrono::{DateTime, Utc};
 const MIN_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 
 /// Hold records outlive their hold by a week, so late settlement attempts get a clear 409.
-const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
+pub(super) const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
 
 /// A hold's id and expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +78,8 @@ impl Attempt {
             } else {
                 plan.counter_charges()
             },
+            hold_expires_at: hold.as_ref().map(|(t, _)| t.expires_at).filter(|_| !denial),
+            kept_answer: None,
         };
         let kind = match hold {
             Some(_) => EntryKind::Hold,
@@ -137,7 +141,10 @@ impl Engine {
                 let decision = plan.decision(&evaluation);
                 if !self.counters.streams_ledger() {
                     let written = match decision.allowed {
-                        true => Some(attempt.allowed_entry.clone()),
+                        true => Some(LedgerEntry {
+                            kept_answer: kept_answer(&plan, &effects, &evaluation),
+                            ..attempt.allowed_entry.clone()
+                        }),
                         false => attempt.denied_entry.clone(),
                     };
                     self.record(written.into_iter().collect()).await?;
@@ -207,12 +214,21 @@ impl Engine {
     }
 }
 
+/// The answer the store keeps under the consume's idempotency key (if any), for the
+/// ledger: a restart keeps it again from there. The store keeps exactly this.
+fn kept_answer(plan: &Plan, effects: &Effects, evaluation: &Evaluation) -> Option<KeptAnswer> {
+    effects.idempotency.as_ref().map(|idem| KeptAnswer {
+        text: codec::encode_replay(&idem.record, evaluation),
+        expires_at_ms: plan.now_ms() + idem.ttl_ms,
+    })
+}
+
 /// The answer to a retry: the original one, rebuilt from its idempotency record, unless
 /// the retry asks for another amount.
 fn replay(
     request: &ConsumeRequest,
     record: &str,
-    evaluation: &super::store::Evaluation,
+    evaluation: &Evaluation,
 ) -> Result<Consumed, EngineError> {
     let kept = codec::decode_consume_record(record).map_err(StoreError::from)?;
     if kept.amount != request.amount.get() {

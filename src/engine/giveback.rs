@@ -84,26 +84,13 @@ impl Engine {
             amount,
             consumption_id: Some(consumption_id),
             hold_id: None,
-            idempotency_key: idempotency_key.clone(),
+            idempotency_key,
             policies: given(&charge.counters, amount, refunded + amount == total),
             counters: Vec::new(),
+            hold_expires_at: None,
+            kept_answer: None,
         };
-        let request = GiveBack {
-            kind: GiveBackKind::Refund {
-                amount,
-                total,
-                refunded,
-            },
-            control_key,
-            hold_index: None,
-            counters: charge.counters,
-            ledger: self.stream_entry(keys.shard, &entry),
-            idempotency: idempotency_key.map(|key| IdempotencyRecord {
-                key: keys.idempotency('r', &format!("{consumption_id}:{key}")),
-                ttl_ms: REFUND_IDEMPOTENCY_MS,
-                record: codec::encode_entry(&entry),
-            }),
-        };
+        let request = self.refund_give_back(&charge, &entry, refunded);
         match self
             .counters
             .give_back(now.timestamp_millis(), &request)
@@ -129,6 +116,37 @@ impl Engine {
             GivenBack::Unknown => Err(EngineError::NotFound(format!(
                 "no consumption '{consumption_id}'"
             ))),
+        }
+    }
+
+    /// The store's request for the refund `entry` of `charge`, `refunded` having been
+    /// refunded before it (per the ledger: the store's running total wins if it has one).
+    pub(super) fn refund_give_back(
+        &self,
+        charge: &LedgerEntry,
+        entry: &LedgerEntry,
+        refunded: u64,
+    ) -> GiveBack {
+        let keys = SubjectKeys::new(&self.prefix, &charge.action, &charge.subject);
+        let consumption_id = entry
+            .consumption_id
+            .map(|id| id.to_string())
+            .unwrap_or_default();
+        GiveBack {
+            kind: GiveBackKind::Refund {
+                amount: entry.amount,
+                total: charge.amount,
+                refunded,
+            },
+            control_key: keys::refunded_total(&self.prefix, keys.shard, &consumption_id),
+            hold_index: None,
+            counters: charge.counters.clone(),
+            ledger: self.stream_entry(keys.shard, entry),
+            idempotency: entry.idempotency_key.as_ref().map(|key| IdempotencyRecord {
+                key: keys.idempotency('r', &format!("{consumption_id}:{key}")),
+                ttl_ms: REFUND_IDEMPOTENCY_MS,
+                record: codec::encode_entry(entry),
+            }),
         }
     }
 
@@ -269,6 +287,27 @@ impl Engine {
         record: &HoldRecord,
         how: Option<Settle>,
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
+        let now = self.now();
+        let (entry, request) = self.hold_give_back(hold_id, record, how, now)?;
+        let done = self
+            .counters
+            .give_back(now.timestamp_millis(), &request)
+            .await?;
+        if matches!(done, GivenBack::Done { .. }) {
+            self.record_unless_streamed(&entry).await?;
+        }
+        Ok((entry, done))
+    }
+
+    /// The entry and the store's request that settle (`how`) or expire (`None`) a hold at
+    /// `now`; a commit of more than the hold holds is a conflict.
+    pub(super) fn hold_give_back(
+        &self,
+        hold_id: HoldId,
+        record: &HoldRecord,
+        how: Option<Settle>,
+        now: DateTime<Utc>,
+    ) -> Result<(LedgerEntry, GiveBack), EngineError> {
         let (total, expires_at_ms) = (record.amount, record.expires_at_ms);
         let (kind, entry_kind, entry_amount, policies) = match how {
             Some(Settle::Commit(amount)) => {
@@ -305,7 +344,6 @@ impl Engine {
                 given(&record.counters, total, true),
             ),
         };
-        let now = self.now();
         let entry = LedgerEntry {
             id: EntryId::new(),
             at: now,
@@ -318,6 +356,8 @@ impl Engine {
             idempotency_key: None,
             policies,
             counters: Vec::new(),
+            hold_expires_at: None,
+            kept_answer: None,
         };
         let (shard, member) = (hold_id.shard(), hold_id.to_string());
         let request = GiveBack {
@@ -328,14 +368,7 @@ impl Engine {
             ledger: self.stream_entry(shard, &entry),
             idempotency: None,
         };
-        let done = self
-            .counters
-            .give_back(now.timestamp_millis(), &request)
-            .await?;
-        if matches!(done, GivenBack::Done { .. }) {
-            self.record_unless_streamed(&entry).await?;
-        }
-        Ok((entry, done))
+        Ok((entry, request))
     }
 
     /// `entry` as the give-back script appends it to `shard`'s stream (Redis only).

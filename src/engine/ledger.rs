@@ -72,6 +72,16 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError>;
     /// The sum of the `refund` entries of a consumption.
     async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError>;
+    /// The `seq` (insertion number) of the first entry inserted of those made at or after
+    /// `at`; `None` if there is none.
+    async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError>;
+    /// Up to `limit` entries inserted after the one numbered `after`, in insertion order,
+    /// each with its `seq`.
+    async fn entries_after(
+        &self,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError>;
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

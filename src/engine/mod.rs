@@ -14,6 +14,7 @@ pub(crate) mod giveback;
 pub mod ledger;
 mod plan;
 pub(crate) mod policies;
+pub(crate) mod rebuild;
 pub mod store;
 pub(crate) mod stream;
 pub mod window;

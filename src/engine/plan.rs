@@ -176,7 +176,7 @@ impl Plan {
                 policy_id: policy.id.clone(),
                 key: charge.key.clone(),
                 restore: match charge.algorithm {
-                    Algorithm::Calendar { .. } => Restore::Calendar,
+                    Algorithm::Calendar { period_end_ms } => Restore::Calendar { period_end_ms },
                     Algorithm::Rolling { bucket_ms, buckets } => Restore::Rolling {
                         bucket: now_ms.div_euclid(bucket_ms),
                         bucket_ms,

@@ -72,6 +72,16 @@ impl PolicyCache {
         (snapshot.policies, snapshot.overrides)
     }
 
+    /// The window of every enabled policy.
+    pub(crate) fn windows(&self) -> Vec<crate::domain::Window> {
+        let snapshot = self.current();
+        snapshot
+            .by_action
+            .values()
+            .flat_map(|action| action.enabled.iter().map(|p| p.spec.window))
+            .collect()
+    }
+
     /// When the cache was last rebuilt; `None` before the first reload.
     pub(crate) fn last_reload(&self) -> Option<DateTime<Utc>> {
         self.current().loaded_at

@@ -115,9 +115,9 @@ macro_rules! sql_ledger_store {
                     idempotency_key: idempotency_key.as_deref(),
                 };
                 let policies = codec::decode_policies(&policies).map_err(|e| corrupt(&id, e))?;
-                let counters =
-                    codec::decode_counters(detail.as_deref()).map_err(|e| corrupt(&id, e))?;
-                codec::entry_from_parts(parts, policies, counters).map_err(|e| corrupt(&id, e))
+                let detail =
+                    codec::decode_detail(detail.as_deref()).map_err(|e| corrupt(&id, e))?;
+                codec::entry_from_parts(parts, policies, detail).map_err(|e| corrupt(&id, e))
             }
 
             /// Inserts one chunk of entries in one statement; returns how many were new.
@@ -145,7 +145,7 @@ macro_rules! sql_ledger_store {
                         .push_bind(e.hold_id.map(|id| id.to_string()))
                         .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
                         .push_bind(codec::encode_policies(&e.policies))
-                        .push_bind(codec::encode_counters(&e.counters));
+                        .push_bind(codec::encode_detail(e));
                 });
                 sql.push(" ON CONFLICT (id) DO NOTHING");
                 let done = sql.build().execute(conn).await.map_err(db_error)?;
@@ -285,6 +285,38 @@ macro_rules! sql_ledger_store {
                 .await
                 .map_err(db_error)?;
                 u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
+            }
+
+            async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
+                // The at index holds each row's seq (SQLite: the rowid; Postgres reads it).
+                sqlx::query_scalar("SELECT MIN(seq) FROM ledger_entries WHERE at >= $1")
+                    .bind(at)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db_error)
+            }
+
+            async fn entries_after(
+                &self,
+                after: i64,
+                limit: u32,
+            ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+                let sql = format!(
+                    "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries \
+                     WHERE seq > $1 ORDER BY seq LIMIT $2"
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(after)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                rows.iter()
+                    .map(|row| {
+                        let seq: i64 = row.try_get("seq").map_err(db_error)?;
+                        Ok((seq, Self::entry_from_row(row)?))
+                    })
+                    .collect()
             }
 
             async fn delete_older_than(

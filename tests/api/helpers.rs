@@ -252,12 +252,16 @@ pub async fn app_with(counters: CounterBackend, policies: &[Value]) -> TestApp {
 /// [`Settings`] it is a sibling instance on that app's database.
 pub async fn spawn_with(settings: impl Into<FreshSettings>) -> TestApp {
     let FreshSettings { settings, database } = settings.into();
-    spawn_owning(settings, database.map(Arc::new)).await
+    let clock = Arc::new(FakeClock::new(start_instant()));
+    spawn_owning(settings, database.map(Arc::new), clock).await
 }
 
 /// Starts an app that keeps `database` (if any) until it and its server have stopped.
-async fn spawn_owning(settings: Settings, database: Option<Arc<SqliteFiles>>) -> TestApp {
-    let clock = Arc::new(FakeClock::new(start_instant()));
+async fn spawn_owning(
+    settings: Settings,
+    database: Option<Arc<SqliteFiles>>,
+    clock: Arc<FakeClock>,
+) -> TestApp {
     let app = Application::build_with_clock(settings.clone(), clock.clone())
         .await
         .expect("building the app");
@@ -339,10 +343,18 @@ impl TestApp {
     /// Stops this instance and starts a new one on the same settings and stores, as a
     /// restart would; the new instance takes over the database this one owned.
     pub async fn restart(self) -> TestApp {
+        self.restart_at(|| {}).await
+    }
+
+    /// [`TestApp::restart`], running `meanwhile` (say, advancing the clock) while no
+    /// instance runs. The new instance keeps this one's clock.
+    pub async fn restart_at(self, meanwhile: impl FnOnce()) -> TestApp {
         let settings = self.settings.clone();
         let database = self.database.clone();
+        let clock = self.clock.clone();
         drop(self);
-        spawn_owning(settings, database).await
+        meanwhile();
+        spawn_owning(settings, database, clock).await
     }
 
     /// A request builder with the admin token.

@@ -93,6 +93,8 @@ pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
             by_amount: true,
             charged: 500,
         }],
+        hold_expires_at: None,
+        kept_answer: None,
     }
 }
 

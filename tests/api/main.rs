@@ -16,4 +16,5 @@ mod outages;
 mod payments;
 mod propagation;
 mod quota;
+mod restarts;
 mod shutdown;

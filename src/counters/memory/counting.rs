@@ -389,7 +389,7 @@ pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, n
         return;
     };
     match (&mut entry.state, restore) {
-        (State::Counter(units), Restore::Calendar) => *units = units.saturating_sub(give),
+        (State::Counter(units), Restore::Calendar { .. }) => *units = units.saturating_sub(give),
         (
             State::Buckets(held),
             Restore::Rolling {

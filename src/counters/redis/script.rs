@@ -171,7 +171,7 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack) -> 
         .arg(flag(request.idempotency.is_some()));
     for counter in &request.counters {
         let (kind, p1, p2, p3) = match counter.restore {
-            Restore::Calendar => (1, 0, 0, 0),
+            Restore::Calendar { .. } => (1, 0, 0, 0),
             Restore::Rolling {
                 bucket,
                 bucket_ms,

@@ -115,6 +115,14 @@ impl LedgerStore for FakeStore {
         Ok(0)
     }
 
+    async fn first_seq_since(&self, _: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
+        Ok(None)
+    }
+
+    async fn entries_after(&self, _: i64, _: u32) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+        Ok(Vec::new())
+    }
+
     async fn delete_older_than(&self, _: DateTime<Utc>, _: u32) -> Result<u64, LedgerError> {
         Ok(0)
     }
@@ -134,6 +142,8 @@ fn entry(label: &str) -> LedgerEntry {
         idempotency_key: None,
         policies: Vec::new(),
         counters: Vec::new(),
+        hold_expires_at: None,
+        kept_answer: None,
     }
 }
 

@@ -1,0 +1,298 @@
+//! Rebuilding what the counter store keeps from the ledger, the book of record: usage,
+//! open holds and the answers kept for idempotent retries.
+//!
+//! The embedded default keeps its counters in the process, so every start replays the
+//! ledger into a fresh store before the first request is answered. The replay applies each
+//! entry of the recent past as it happened, at its own time, through the same arithmetic
+//! as the live path: a charge or hold puts its units back on the counters it charged
+//! (whatever the limits are now: it was allowed), a refund or a hold's settlement or expiry
+//! gives back as it did, a hold is opened again with its record and its expiry, and an
+//! answer kept for retries is kept again until it would have expired. Entries older than
+//! the [horizon](horizon) no longer count anywhere and are not read.
+
+use super::codec::{self, HoldRecord};
+use super::giveback::Settle;
+use super::store::{Algorithm, Charge, GiveBack, StoreError, MAX_UNITS};
+use super::{Engine, EngineError};
+use crate::domain::{CounterCharge, EntryKind, HoldId, LedgerEntry, Quantity, Restore, Window};
+use crate::keys::{self, SubjectKeys};
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+use std::collections::HashMap;
+
+/// Entries read (and replayed) per page.
+const PAGE: u32 = 5_000;
+
+/// How far back the replay reads at least: a hold lives up to 30 days and its record a
+/// week more (so a late commit gets its 409), and a calendar month is 31 days.
+const MIN_HORIZON: Duration = Duration::days(38);
+
+/// A calendar counter's lifetime when its entry predates the recorded period end: the
+/// longest period (a month), so it is never dropped early.
+const CALENDAR_FALLBACK_MS: i64 = 32 * 86_400_000;
+
+/// One step of history, as a counter store applies it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReplayOp {
+    /// Puts each charge's cost on its counter at `at_ms`, whatever the limit: the charge
+    /// was allowed when it was made.
+    Charge {
+        /// When it was charged, Unix ms.
+        at_ms: i64,
+        /// The counters, as one decision charged them (one hash tag).
+        charges: Vec<Charge>,
+    },
+    /// Gives back at `at_ms` as a refund, settlement or expiry did.
+    GiveBack {
+        /// When, Unix ms.
+        at_ms: i64,
+        /// The request, as the engine made it then.
+        request: GiveBack,
+    },
+    /// Keeps `text` at `key` until `expires_at_ms`: a hold's record, or a kept answer.
+    Record {
+        /// The key.
+        key: String,
+        /// The text, as the store keeps it.
+        text: String,
+        /// When the store lets it go, Unix ms.
+        expires_at_ms: i64,
+    },
+    /// Indexes an open hold by its expiry, for the sweeper.
+    IndexHold {
+        /// The shard's index of open holds.
+        index_key: String,
+        /// The hold id.
+        hold_id: String,
+        /// When it expires, Unix ms.
+        expires_at_ms: i64,
+    },
+}
+
+/// A counter store that history can be replayed into.
+#[async_trait]
+pub(crate) trait Replay: Send + Sync {
+    /// Applies `ops` in order.
+    async fn replay(&self, ops: Vec<ReplayOp>) -> Result<(), StoreError>;
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Rebuilt {
+    /// Ledger entries read.
+    pub(crate) entries: usize,
+    /// Steps replayed.
+    pub(crate) steps: usize,
+}
+
+/// How far back a replay must read: past the longest window of any policy (a unit charged
+/// earlier counts nowhere now), and past [`MIN_HORIZON`].
+pub(crate) fn horizon<'a>(windows: impl IntoIterator<Item = &'a Window>) -> Duration {
+    let longest = windows
+        .into_iter()
+        .map(|window| match *window {
+            Window::Calendar { .. } => 0,
+            Window::Rolling {
+                seconds,
+                bucket_seconds,
+            } => seconds + bucket_seconds,
+            Window::TokenBucket { seconds } => seconds,
+        })
+        .max()
+        .unwrap_or(0);
+    let longest = Duration::seconds(i64::try_from(longest).unwrap_or(i64::MAX / 1_000));
+    MIN_HORIZON.max(longest + Duration::hours(1))
+}
+
+impl Engine {
+    /// Replays the ledger's recent entries into `target`, a fresh store, then releases the
+    /// holds that expired meanwhile (recording their `expire` entries).
+    pub(crate) async fn rebuild(&self, target: &dyn Replay) -> Result<Rebuilt, EngineError> {
+        let now = self.now();
+        let from = now - horizon(self.cache.windows().iter());
+        let mut rebuilt = Rebuilt::default();
+        let Some(first) = self.ledger.first_seq_since(from).await? else {
+            return Ok(rebuilt);
+        };
+        let mut replayer = Replayer::default();
+        let mut after = first - 1;
+        loop {
+            let page = self.ledger.entries_after(after, PAGE).await?;
+            let Some((last, _)) = page.last() else {
+                break;
+            };
+            after = *last;
+            let mut ops = Vec::new();
+            for (_, entry) in &page {
+                ops.extend(self.replay_of(&mut replayer, entry, now).await?);
+            }
+            rebuilt.entries += page.len();
+            rebuilt.steps += ops.len();
+            target.replay(ops).await?;
+        }
+        Ok(rebuilt)
+    }
+
+    /// The steps that apply `entry` again.
+    async fn replay_of(
+        &self,
+        replayer: &mut Replayer,
+        entry: &LedgerEntry,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ReplayOp>, EngineError> {
+        let at_ms = entry.at.timestamp_millis();
+        let mut ops = Vec::new();
+        match entry.kind {
+            EntryKind::Charge | EntryKind::Hold => {
+                let charges: Vec<Charge> = entry
+                    .counters
+                    .iter()
+                    .map(|c| replayed_charge(c, at_ms))
+                    .collect();
+                if !charges.is_empty() {
+                    ops.push(ReplayOp::Charge { at_ms, charges });
+                }
+                ops.extend(self.kept_answer_of(entry, now));
+                if entry.kind == EntryKind::Hold {
+                    ops.extend(self.open_hold(replayer, entry));
+                }
+            }
+            EntryKind::Refund => ops.extend(self.refund_of(replayer, entry).await?),
+            EntryKind::Commit | EntryKind::Release | EntryKind::Expire => {
+                ops.extend(self.settlement_of(replayer, entry)?);
+            }
+            EntryKind::Deny => {}
+        }
+        Ok(ops)
+    }
+
+    /// The answer kept for retries of a charge or hold, while it is still kept.
+    fn kept_answer_of(&self, entry: &LedgerEntry, now: DateTime<Utc>) -> Option<ReplayOp> {
+        let kept = entry.kept_answer.as_ref()?;
+        let key = entry.idempotency_key.as_ref()?;
+        if kept.expires_at_ms <= now.timestamp_millis() {
+            return None;
+        }
+        let scope = if entry.kind == EntryKind::Hold {
+            'h'
+        } else {
+            'c'
+        };
+        let keys = SubjectKeys::new(&self.prefix, &entry.action, &entry.subject);
+        Some(ReplayOp::Record {
+            key: keys.idempotency(scope, key.as_str()),
+            text: kept.text.clone(),
+            expires_at_ms: kept.expires_at_ms,
+        })
+    }
+
+    /// A hold's record and index entry, as its consume opened them.
+    fn open_hold(&self, replayer: &mut Replayer, entry: &LedgerEntry) -> Vec<ReplayOp> {
+        let (Some(hold_id), Some(expires_at)) = (entry.hold_id, entry.hold_expires_at) else {
+            // Written before holds recorded their expiry: it cannot be opened again.
+            return Vec::new();
+        };
+        let record = HoldRecord {
+            action: entry.action.clone(),
+            subject: entry.subject.clone(),
+            amount: entry.amount,
+            expires_at_ms: expires_at.timestamp_millis(),
+            counters: entry.counters.clone(),
+        };
+        let (shard, member) = (hold_id.shard(), hold_id.to_string());
+        let ops = vec![
+            ReplayOp::Record {
+                key: keys::hold_record(&self.prefix, shard, &member),
+                text: format!("open\n{}", codec::encode_hold_record(&record)),
+                expires_at_ms: record.expires_at_ms + super::consume::HOLD_RECORD_EXTRA_MS,
+            },
+            ReplayOp::IndexHold {
+                index_key: keys::holds_index(&self.prefix, shard),
+                hold_id: member,
+                expires_at_ms: record.expires_at_ms,
+            },
+        ];
+        replayer.holds.insert(hold_id, record);
+        ops
+    }
+
+    /// A refund's give-back. Its charge is read from the ledger; one older than the
+    /// horizon gives back to nothing that still counts, and is passed over.
+    async fn refund_of(
+        &self,
+        replayer: &mut Replayer,
+        entry: &LedgerEntry,
+    ) -> Result<Option<ReplayOp>, EngineError> {
+        let Some(consumption_id) = entry.consumption_id else {
+            return Ok(None);
+        };
+        let Some(charge) = self.ledger.charge_of(consumption_id).await? else {
+            return Ok(None);
+        };
+        let refunded = replayer.refunded.entry(consumption_id).or_default();
+        let mut request = self.refund_give_back(&charge, entry, *refunded);
+        *refunded += entry.amount;
+        request.ledger = None;
+        let at_ms = entry.at.timestamp_millis();
+        Ok(Some(ReplayOp::GiveBack { at_ms, request }))
+    }
+
+    /// A hold's settlement or expiry, if the hold was opened within the horizon.
+    fn settlement_of(
+        &self,
+        replayer: &mut Replayer,
+        entry: &LedgerEntry,
+    ) -> Result<Option<ReplayOp>, EngineError> {
+        let Some(hold_id) = entry.hold_id else {
+            return Ok(None);
+        };
+        let Some(record) = replayer.holds.remove(&hold_id) else {
+            return Ok(None);
+        };
+        let how = match entry.kind {
+            EntryKind::Commit => Some(Settle::Commit(Some(
+                Quantity::parse("amount", i128::from(entry.amount))
+                    .map_err(|e| StoreError::Protocol(e.to_string()))?,
+            ))),
+            EntryKind::Release => Some(Settle::Release),
+            _ => None,
+        };
+        let (_, mut request) = self.hold_give_back(hold_id, &record, how, entry.at)?;
+        request.ledger = None;
+        let at_ms = entry.at.timestamp_millis();
+        Ok(Some(ReplayOp::GiveBack { at_ms, request }))
+    }
+}
+
+/// What a replay remembers between entries.
+#[derive(Default)]
+struct Replayer {
+    /// The holds opened by the entries replayed so far and not yet settled.
+    holds: HashMap<HoldId, HoldRecord>,
+    /// What the replayed refunds gave back so far, per consumption.
+    refunded: HashMap<crate::domain::ConsumptionId, u64>,
+}
+
+/// The charge that puts `counter`'s units back on it at `at_ms`.
+fn replayed_charge(counter: &CounterCharge, at_ms: i64) -> Charge {
+    let (algorithm, limit) = match counter.restore {
+        Restore::Calendar { period_end_ms } => {
+            let period_end_ms = match period_end_ms {
+                0 => at_ms + CALENDAR_FALLBACK_MS,
+                end => end,
+            };
+            (Algorithm::Calendar { period_end_ms }, MAX_UNITS)
+        }
+        Restore::Rolling {
+            bucket_ms, buckets, ..
+        } => (Algorithm::Rolling { bucket_ms, buckets }, MAX_UNITS),
+        Restore::TokenBucket { period_ms, limit } => (Algorithm::TokenBucket { period_ms }, limit),
+    };
+    Charge {
+        key: counter.key.clone(),
+        algorithm,
+        limit,
+        cost: counter.charged,
+        enforce: true,
+    }
+}
