@@ -2,6 +2,8 @@
 //! retries are rebuilt from the SQL ledger before the first request is answered, so a
 //! restart changes no answer.
 
+mod histories;
+
 use crate::helpers::{
     calendar_policy, eventually, fresh_settings, spawn_app, start_binary, Answer, CounterBackend,
     PolicyBackend, TestApp, ADMIN_TOKEN,
