@@ -311,8 +311,8 @@ bench_restart() {
 		sleep 0.02
 	done
 	t1=$(date +%s.%N)
-	entries=$(sed -n 's/.*rebuilt the in-process counters.*entries=\([0-9]*\).*/\1/p' \
-		"$TMP/service-$SERVICE_STARTS.log" | head -n1)
+	entries=$(sed 's/\x1b\[[0-9;]*m//g' "$TMP/service-$SERVICE_STARTS.log" |
+		sed -n 's/.*rebuilt the in-process counters.*entries=\([0-9]*\).*/\1/p' | head -n1)
 	record "restart:embedded ${entries:-0} $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')"
 	stop_service
 }
