@@ -69,6 +69,9 @@ pub struct Settings {
     /// How often the policy store's change marker is polled (`QUOTA_POLICY_POLL_MS`), so a
     /// change made through another instance is enforced here within about this long.
     pub policy_poll: Duration,
+    /// The most `/quota/*` requests served at once (`QUOTA_MAX_IN_FLIGHT`, at least 1);
+    /// the excess is answered 503 overloaded at once.
+    pub max_in_flight: usize,
 }
 
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
@@ -112,6 +115,7 @@ impl fmt::Debug for Settings {
             .field("ledger_retention_days", &self.ledger_retention_days)
             .field("ledger_claim_idle", &self.ledger_claim_idle)
             .field("policy_poll", &self.policy_poll)
+            .field("max_in_flight", &self.max_in_flight)
             .finish()
     }
 }
@@ -126,6 +130,7 @@ const DEFAULT_LOG_FORMAT: &str = "text";
 const DEFAULT_LEDGER_RETENTION_DAYS: &str = "400";
 const DEFAULT_LEDGER_CLAIM_IDLE_MS: &str = "30000";
 const DEFAULT_POLICY_POLL_MS: &str = "500";
+const DEFAULT_MAX_IN_FLIGHT: &str = "256";
 
 /// The configuration as given, one text per variable (or flag), defaults filled in; an
 /// empty or blank value counts as unset. [`Settings::from_args`] checks it.
@@ -198,6 +203,11 @@ pub struct ConfigArgs {
     #[arg(long, env = "QUOTA_POLICY_POLL_MS", value_name = "MS",
         default_value = DEFAULT_POLICY_POLL_MS, global = true)]
     policy_poll_ms: String,
+    /// The most /quota/* requests served at once; the excess is answered 503 overloaded at
+    /// once, so that the admitted ones keep their latency.
+    #[arg(long, env = "QUOTA_MAX_IN_FLIGHT", value_name = "N",
+        default_value = DEFAULT_MAX_IN_FLIGHT, global = true)]
+    max_in_flight: String,
 }
 
 /// clap's parser for secret values: any text, kept out of `Debug` output from the start.
@@ -326,6 +336,14 @@ impl Settings {
             DEFAULT_POLICY_POLL_MS,
             "QUOTA_POLICY_POLL_MS must be a whole number of milliseconds",
         )?;
+        let max_in_flight: usize = number(
+            args.max_in_flight,
+            DEFAULT_MAX_IN_FLIGHT,
+            "QUOTA_MAX_IN_FLIGHT must be a whole number of requests",
+        )?;
+        if max_in_flight == 0 {
+            bail!("QUOTA_MAX_IN_FLIGHT must be at least 1");
+        }
         Ok(Self {
             listen,
             database_url: or_default(args.database_url, DEFAULT_DATABASE_URL),
@@ -347,6 +365,7 @@ impl Settings {
             ledger_retention_days,
             ledger_claim_idle: Duration::from_millis(ledger_claim_idle_ms.max(1)),
             policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
+            max_in_flight,
         })
     }
 }

@@ -74,6 +74,12 @@ pub(crate) struct Live {
     /// Ledger entries in the Redis streams not yet moved to SQL; `None` without Redis (or
     /// when Redis did not answer).
     pub(crate) ledger_backlog: Option<u64>,
+    /// `/quota/*` requests being served now.
+    pub(crate) in_flight: usize,
+    /// The most `/quota/*` requests served at once.
+    pub(crate) max_in_flight: usize,
+    /// `/quota/*` requests answered 503 overloaded since the start.
+    pub(crate) overloaded: u64,
 }
 
 /// The service's metrics; shared by every worker.

@@ -1,5 +1,6 @@
 //! Wiring: stores, caches and the HTTP server, built the same way in production and tests.
 
+use crate::api::admission::Admission;
 use crate::api::extract::{problem_for_bare_errors, Tokens, MAX_BODY_BYTES};
 use crate::api::problem::ApiError;
 use crate::api::{self, AppState};
@@ -147,6 +148,9 @@ fn http_server(
                 SwaggerUi::new("/swagger-ui/{_:.*}").url("/api-docs/openapi.json", spec.clone()),
             )
             .default_service(web::to(api::routing::unrouted))
+            // Innermost: before any extractor reads a body; its 503 still gets the
+            // request id and the problem+json rewrite of the layers around it.
+            .wrap(from_fn(api::admission::middleware))
             .wrap(ErrorHandlers::new().default_handler(problem_for_bare_errors))
             // Outermost, so that even the answers rewritten above carry the request id.
             .wrap(from_fn(api::request_id::middleware))
@@ -226,6 +230,7 @@ impl Application {
             policies,
             embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),
+            admission: Arc::new(Admission::new(settings.max_in_flight)),
         });
         tasks.0.push(spawn_hold_sweeper(state.clone()));
         let admin_token_generated = settings.admin_token.is_none();
@@ -279,6 +284,11 @@ impl Application {
     /// drain) instead of waiting for its timer.
     pub fn engine(&self) -> Arc<Engine> {
         self.state.engine.clone()
+    }
+
+    /// The admission control of `/quota/*` requests (how many are in flight).
+    pub fn admission(&self) -> Arc<Admission> {
+        self.state.admission.clone()
     }
 
     /// A handle to stop the server from elsewhere.

@@ -21,6 +21,9 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let live = Live {
         circuit_open: state.engine.counters().circuit_open(),
         ledger_backlog: state.engine.ledger_backlog().await,
+        in_flight: state.admission.in_flight(),
+        max_in_flight: state.admission.limit(),
+        overloaded: state.admission.shed(),
     };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)

@@ -4,6 +4,7 @@
 //! `utoipa-actix-web`, so the served routes and the documented ones cannot diverge.
 
 pub(crate) mod admin;
+pub mod admission;
 pub(crate) mod dto;
 pub(crate) mod extract;
 pub(crate) mod health;
@@ -33,6 +34,8 @@ pub(crate) struct AppState {
     pub(crate) embedded_counters: bool,
     /// What `/metrics` reports; the quota handlers record into it.
     pub(crate) metrics: Arc<Metrics>,
+    /// Bounds the `/quota/*` requests in flight.
+    pub(crate) admission: Arc<admission::Admission>,
 }
 
 impl AppState {

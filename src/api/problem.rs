@@ -68,6 +68,10 @@ pub(crate) enum ApiError {
     /// 503: a store is down; retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// 503: too many requests in flight; the excess is shed at once (never a reason to
+    /// fail open, unlike a store outage).
+    #[error("the service has {0} requests in flight, the most it serves at once; retry shortly")]
+    Overloaded(usize),
     /// 500: a bug; the cause is logged, not shown.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -90,6 +94,7 @@ impl ApiError {
             Self::UnsupportedMediaType => ("unsupported-media-type", "Unsupported media type"),
             Self::Invalid(_) => ("validation", "Invalid request"),
             Self::Unavailable(_) => ("store-unavailable", "Service unavailable"),
+            Self::Overloaded(_) => ("overloaded", "Service overloaded"),
             Self::Internal(_) => ("internal", "Internal error"),
         }
     }
@@ -124,7 +129,7 @@ impl ResponseError for ApiError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -157,7 +162,7 @@ impl ResponseError for ApiError {
             Self::Unauthorized => {
                 builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
             }
-            Self::Unavailable(_) => {
+            Self::Unavailable(_) | Self::Overloaded(_) => {
                 builder.insert_header((header::RETRY_AFTER, "1"));
             }
             _ => {}

@@ -4,6 +4,7 @@
 
 use super::Live;
 use crate::engine::policies::PolicyCache;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
@@ -44,6 +45,21 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
             ConstGauge::new(i64::try_from(backlog).unwrap_or(i64::MAX)),
         );
     }
+    registry.register(
+        "quota_in_flight_requests",
+        "Quota requests being served now (admin, health and metrics are not counted)",
+        ConstGauge::new(i64::try_from(live.in_flight).unwrap_or(i64::MAX)),
+    );
+    registry.register(
+        "quota_max_in_flight_requests",
+        "The most quota requests served at once (QUOTA_MAX_IN_FLIGHT)",
+        ConstGauge::new(i64::try_from(live.max_in_flight).unwrap_or(i64::MAX)),
+    );
+    registry.register(
+        "quota_overloaded",
+        "Quota requests answered 503 overloaded because QUOTA_MAX_IN_FLIGHT were in flight",
+        ConstCounter::new(live.overloaded),
+    );
     registry
         .sub_registry_with_label(("version".into(), env!("CARGO_PKG_VERSION").into()))
         .register(

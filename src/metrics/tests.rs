@@ -221,6 +221,9 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
     let live = Live {
         circuit_open: true,
         ledger_backlog: Some(7),
+        in_flight: 3,
+        max_in_flight: 256,
+        overloaded: 11,
     };
     let text = metrics.render(&cache_with("a"), &live);
     let samples = samples(&text);
@@ -233,6 +236,9 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_policy_cache_overrides", "0"),
         ("quota_counter_store_circuit_open", "1"),
         ("quota_ledger_backlog_entries", "7"),
+        ("quota_in_flight_requests", "3"),
+        ("quota_max_in_flight_requests", "256"),
+        ("quota_overloaded_total", "11"),
         (version.as_str(), "1"),
     ];
     for (series, value) in table {
@@ -250,8 +256,8 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
     let allowed = decision(true, false, vec![policy_decision("p", Mode::Enforce, true)]);
     metrics.observe(Endpoint::Consume, "a", Duration::ZERO, Ok(&allowed));
     let live = Live {
-        circuit_open: false,
         ledger_backlog: Some(0),
+        ..Live::default()
     };
     let text = metrics.render(&cache_with("a"), &live);
     let comments: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
@@ -276,6 +282,12 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_counter_store_circuit_open gauge",
         "# HELP quota_ledger_backlog_entries Ledger entries waiting in the Redis streams to be moved into SQL.",
         "# TYPE quota_ledger_backlog_entries gauge",
+        "# HELP quota_in_flight_requests Quota requests being served now (admin, health and metrics are not counted).",
+        "# TYPE quota_in_flight_requests gauge",
+        "# HELP quota_max_in_flight_requests The most quota requests served at once (QUOTA_MAX_IN_FLIGHT).",
+        "# TYPE quota_max_in_flight_requests gauge",
+        "# HELP quota_overloaded_total Quota requests answered 503 overloaded because QUOTA_MAX_IN_FLIGHT were in flight.",
+        "# TYPE quota_overloaded_total counter",
         "# HELP quota_build_info Always 1; labelled with the version.",
         "# TYPE quota_build_info gauge",
     ];

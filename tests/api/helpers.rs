@@ -118,6 +118,8 @@ pub struct TestApp {
     pub settings: Settings,
     /// The app's engine, to run background work (hold expiry, the drain) when a test says.
     pub engine: Arc<quota_ledger::engine::Engine>,
+    /// The app's admission control (how many quota requests are in flight).
+    pub admission: Arc<quota_ledger::api::admission::Admission>,
     handle: actix_web::dev::ServerHandle,
     /// The fresh SQLite database this app owns, if it does; its server task holds it too.
     /// Declared last, so that it goes after everything else the app holds.
@@ -229,6 +231,8 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         ledger_retention_days: 400,
         ledger_claim_idle: Duration::from_millis(1_000),
         policy_poll: Duration::from_millis(500),
+        // Above the bursts of the concurrency tests: they test exact limits, not shedding.
+        max_in_flight: 1_024,
     };
     FreshSettings { settings, database }
 }
@@ -268,6 +272,7 @@ async fn spawn_owning(
     let address = format!("http://127.0.0.1:{}", app.port());
     let handle = app.handle();
     let engine = app.engine();
+    let admission = app.admission();
     let server_database = database.clone();
     tokio::spawn(async move {
         let served = app.run_until_stopped().await;
@@ -284,6 +289,7 @@ async fn spawn_owning(
         clock,
         settings,
         engine,
+        admission,
         handle,
         database,
     }

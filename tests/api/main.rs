@@ -13,6 +13,7 @@ mod ledger;
 mod observability;
 mod openapi;
 mod outages;
+mod overload;
 mod payments;
 mod propagation;
 mod quota;
