@@ -182,15 +182,16 @@ fn repository() -> (Vec<Source>, BTreeSet<String>, Graph) {
 const LAYERS: &[(&str, &str)] = &[
     ("domain", ""),
     ("clock", ""),
+    ("logs", ""),
     ("db", ""),
     ("keys", "domain"),
-    ("engine", "domain clock keys"),
+    ("engine", "domain clock keys logs"),
     ("counters", "engine domain clock keys"),
     ("ledger", "engine domain clock db"),
     ("policy", "engine domain db"),
     ("metrics", "engine domain"),
     ("config", "engine domain"),
-    ("api", "engine domain clock keys policy metrics config"),
+    ("api", "engine domain clock keys policy metrics config logs"),
     (
         "startup",
         "api engine domain clock counters ledger policy metrics config db",

@@ -2,7 +2,8 @@
 //! rolling windows, token buckets) enforced atomically over HTTP.
 //!
 //! - [`domain`]: valid-by-construction types (ids, quantities, windows, policies).
-//! - [`clock`], [`keys`]: the time source, and the one place keys are formatted.
+//! - [`clock`], [`keys`]: the time source, and the one place keys are formatted;
+//!   `logs`: warnings that may repeat per request, written at most once a second.
 //! - [`engine`]: the decision (window math, plans, consumes, refunds, holds, the ledger
 //!   drain) and the ports it needs: counter store, ledger store, ledger stream.
 //! - [`counters`]: the counter-store adapters (in-process memory; Redis with one Lua
@@ -26,6 +27,7 @@ pub mod domain;
 pub mod engine;
 pub mod keys;
 pub mod ledger;
+mod logs;
 pub mod metrics;
 pub mod policy;
 pub mod startup;

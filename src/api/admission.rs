@@ -10,6 +10,7 @@
 
 use super::problem::ApiError;
 use super::AppState;
+use crate::logs::Throttle;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
@@ -70,6 +71,14 @@ pub(crate) async fn middleware(
         Ok(_permit) => Ok(next.call(req).await?.map_into_left_body()),
         Err(_) => {
             admission.shed.fetch_add(1, Ordering::Relaxed);
+            static SITE: Throttle = Throttle::new();
+            if let Some(count) = SITE.event() {
+                tracing::warn!(
+                    count,
+                    limit = admission.limit,
+                    "shedding load: quota requests answered 503 overloaded"
+                );
+            }
             let error = ApiError::Overloaded(admission.limit);
             Ok(req.error_response(error).map_into_right_body())
         }

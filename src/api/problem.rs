@@ -3,6 +3,7 @@
 use crate::domain::{FieldError, FieldErrors};
 use crate::engine::ledger::LedgerError;
 use crate::engine::{store::StoreError, EngineError};
+use crate::logs::Throttle;
 use crate::policy::PolicyStoreError;
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
@@ -195,7 +196,10 @@ impl From<PolicyStoreError> for ApiError {
             PolicyStoreError::Conflict => Self::Conflict("it exists already".to_owned()),
             full @ PolicyStoreError::ActionFull { .. } => Self::Conflict(full.to_string()),
             PolicyStoreError::Unavailable(cause) => {
-                tracing::warn!(error = %cause, "policy store unavailable");
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %cause, count, "policy store unavailable");
+                }
                 Self::Unavailable("the policy store is unavailable; retry shortly".to_owned())
             }
             other => Self::Internal(other.into()),
@@ -210,7 +214,10 @@ impl From<EngineError> for ApiError {
                 Self::NotFound(format!("no policy limits the action '{action}'"))
             }
             EngineError::Store(StoreError::Unavailable(why) | StoreError::Timeout(why)) => {
-                tracing::warn!(error = %why, "counter store unavailable; failing closed");
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %why, count, "counter store unavailable; failing closed");
+                }
                 Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
             }
             EngineError::Store(other) => Self::Internal(other.into()),
@@ -229,7 +236,10 @@ impl From<LedgerError> for ApiError {
                 "is not a next_cursor of this list; start again without one",
             ),
             LedgerError::Unavailable(cause) => {
-                tracing::warn!(error = %cause, "ledger store unavailable");
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %cause, count, "ledger store unavailable");
+                }
                 Self::Unavailable("the ledger store is unavailable; retry shortly".to_owned())
             }
             other => Self::Internal(other.into()),

@@ -9,6 +9,7 @@ use super::store::{
 use super::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
 use crate::keys;
+use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
 
 /// Idempotency records live at least a day, and at least as long as the longest window.
@@ -156,7 +157,10 @@ impl Engine {
                 let decision = self.on_store_failure(&plan, error)?;
                 // Failing open: the consume is accepted uncounted; the ledger still records it.
                 if let Err(error) = self.record(vec![attempt.allowed_entry.clone()]).await {
-                    tracing::error!(error = %error, "recording a degraded consume failed");
+                    static SITE: Throttle = Throttle::new();
+                    if let Some(count) = SITE.event() {
+                        tracing::error!(error = %error, count, "recording a degraded consume failed");
+                    }
                 }
                 Ok(attempt.answer(decision))
             }

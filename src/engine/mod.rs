@@ -22,6 +22,7 @@ pub mod writer;
 
 use crate::clock::Clock;
 use crate::domain::{Action, IdempotencyKey, Measure, Mode, PolicyId, Quantity, Subject};
+use crate::logs::Throttle;
 use chrono::{DateTime, TimeZone, Utc};
 use drain::Drainer;
 use ledger::{LedgerError, LedgerStore};
@@ -252,7 +253,10 @@ impl Engine {
     ) -> Result<Decision, EngineError> {
         match error {
             error if error.is_transient() && self.on_store_error == OnStoreError::Allow => {
-                tracing::warn!(error = %error, "counter store unavailable; allowing (degraded)");
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %error, count, "counter store unavailable; allowing (degraded)");
+                }
                 Ok(plan.degraded_decision())
             }
             error => Err(error.into()),

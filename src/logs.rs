@@ -1,0 +1,70 @@
+//! Warnings that can repeat once per request (a store down, load being shed) are written
+//! at most once per second per call site, each line carrying how many events it stands
+//! for. Under a flood, one line per failed request would cost the CPU the service needs,
+//! and bury everything else; the metrics still count every event.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How often one call site writes a line, at most.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// The state of one call site's warning: a `static` beside it.
+#[derive(Debug)]
+pub(crate) struct Throttle {
+    /// When this site last wrote a line.
+    last: Mutex<Option<Instant>>,
+    /// Events since that line.
+    events: AtomicU64,
+}
+
+impl Throttle {
+    /// A site that has written nothing yet.
+    pub(crate) const fn new() -> Self {
+        Self {
+            last: Mutex::new(None),
+            events: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one event; returns how many events the line due now stands for (this one
+    /// included), or `None` when this site wrote a line less than a second ago.
+    pub(crate) fn event(&self) -> Option<u64> {
+        self.event_at(Instant::now())
+    }
+
+    fn event_at(&self, now: Instant) -> Option<u64> {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        // A poisoned lock only means a panic elsewhere while it was held: the instant
+        // inside is still a complete value.
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_some_and(|at| now.duration_since(at) < EVERY) {
+            return None;
+        }
+        *last = Some(now);
+        Some(self.events.swap(0, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_writes_at_most_one_line_a_second_counting_what_it_skipped() {
+        let site = Throttle::new();
+        let t0 = Instant::now();
+        assert_eq!(site.event_at(t0), Some(1), "the first event is written");
+        for i in 1..=99 {
+            let at = t0 + Duration::from_millis(i * 10 - 5);
+            assert_eq!(site.event_at(at), None, "{i}");
+        }
+        let next = t0 + EVERY;
+        assert_eq!(site.event_at(next), Some(100), "99 skipped, and this one");
+        assert_eq!(site.event_at(next + EVERY * 3), Some(1));
+    }
+}
