@@ -190,9 +190,9 @@ impl Metrics {
             Err(EngineError::UnknownAction(_)) => {
                 (UNKNOWN_ACTION, RequestResult::UnknownAction, &[][..])
             }
-            Err(EngineError::Store(StoreError::Unavailable(_) | StoreError::Timeout(_))) => {
-                (action, RequestResult::Unavailable, &[][..])
-            }
+            Err(EngineError::Store(
+                StoreError::Unavailable(_) | StoreError::NotConnected(_) | StoreError::Timeout(_),
+            )) => (action, RequestResult::Unavailable, &[][..]),
             Err(EngineError::Store(StoreError::Protocol(_))) => {
                 (action, RequestResult::Error, &[][..])
             }
@@ -200,6 +200,7 @@ impl Metrics {
                 (action, RequestResult::Invalid, &[][..])
             }
             Err(EngineError::Ledger(_)) => (action, RequestResult::Unavailable, &[][..]),
+            Err(EngineError::Overloaded) => (action, RequestResult::Overloaded, &[][..]),
         };
         self.count(endpoint, action, result, policies);
     }
@@ -225,7 +226,9 @@ impl Metrics {
     pub(crate) fn observe_store(&self, outcome: Result<&Decision, &EngineError>) {
         let kind = match outcome {
             Ok(decision) if decision.degraded => "unavailable",
-            Err(EngineError::Store(StoreError::Unavailable(_))) => "unavailable",
+            Err(EngineError::Store(StoreError::Unavailable(_) | StoreError::NotConnected(_))) => {
+                "unavailable"
+            }
             Err(EngineError::Store(StoreError::Timeout(_))) => "timeout",
             Err(EngineError::Store(StoreError::Protocol(_))) => "protocol",
             Ok(_)
@@ -233,7 +236,8 @@ impl Metrics {
                 EngineError::UnknownAction(_)
                 | EngineError::NotFound(_)
                 | EngineError::Conflict(_)
-                | EngineError::Ledger(_),
+                | EngineError::Ledger(_)
+                | EngineError::Overloaded,
             ) => return,
         };
         self.store_errors.get_or_create(&store_error(kind)).inc();

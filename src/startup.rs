@@ -10,6 +10,7 @@ use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
 use crate::engine::drain::Drainer;
 use crate::engine::ledger::LedgerStore;
+use crate::engine::load::Load;
 use crate::engine::policies::PolicyCache;
 use crate::engine::rebuild::Replay;
 use crate::engine::store::CounterStore;
@@ -90,6 +91,7 @@ struct Counters {
 async fn counter_store(
     settings: &Settings,
     ledger: &Arc<dyn LedgerStore>,
+    load: &Arc<Load>,
 ) -> anyhow::Result<Counters> {
     if settings.redis_urls.is_empty() {
         let store = Arc::new(MemoryCounterStore::new());
@@ -106,7 +108,8 @@ async fn counter_store(
             settings.redis_timeout,
         )
         .await
-        .context("connecting to Redis (REDIS_URL)")?,
+        .context("connecting to Redis (REDIS_URL)")?
+        .judged_by(load.clone()),
     );
     let drain = Arc::new(Drainer::new(
         store.clone(),
@@ -193,7 +196,8 @@ impl Application {
             .context("loading policies into the cache")?;
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let mut tasks = BackgroundTasks::default();
-        let counters = counter_store(&settings, &ledger).await?;
+        let load = Arc::new(Load::new());
+        let counters = counter_store(&settings, &ledger, &load).await?;
         if let Some(drain) = &counters.drain {
             tasks.0.push(drain.clone().spawn());
         }
@@ -204,6 +208,7 @@ impl Application {
             drain: counters.drain,
             cache,
             clock,
+            load: load.clone(),
         };
         let engine = Engine::new(
             ports,
@@ -230,7 +235,7 @@ impl Application {
             policies,
             embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),
-            admission: Arc::new(Admission::new(settings.max_in_flight)),
+            admission: Arc::new(Admission::new(settings.max_in_flight, load)),
         });
         tasks.0.push(spawn_hold_sweeper(state.clone()));
         let admin_token_generated = settings.admin_token.is_none();

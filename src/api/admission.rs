@@ -10,6 +10,7 @@
 
 use super::problem::ApiError;
 use super::AppState;
+use crate::engine::load::Load;
 use crate::logs::Throttle;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -25,16 +26,19 @@ pub struct Admission {
     permits: Arc<Semaphore>,
     limit: usize,
     shed: AtomicU64,
+    /// Told of every shed request, so that timeouts meanwhile are taken for overload.
+    load: Arc<Load>,
 }
 
 impl Admission {
-    /// Admits at most `limit` requests at once (at least 1).
-    pub(crate) fn new(limit: usize) -> Self {
+    /// Admits at most `limit` requests at once (at least 1), telling `load` of the others.
+    pub(crate) fn new(limit: usize, load: Arc<Load>) -> Self {
         let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             permits: Arc::new(Semaphore::new(limit)),
             limit,
             shed: AtomicU64::new(0),
+            load,
         }
     }
 
@@ -79,7 +83,11 @@ pub(crate) async fn middleware(
                     "shedding load: quota requests answered 503 overloaded"
                 );
             }
-            let error = ApiError::Overloaded(admission.limit);
+            admission.load.shed();
+            let error = ApiError::Overloaded(format!(
+                "the service has {} requests in flight, the most it serves at once; retry shortly",
+                admission.limit
+            ));
             Ok(req.error_response(error).map_into_right_body())
         }
     }
@@ -91,7 +99,7 @@ mod tests {
 
     #[test]
     fn permits_count_the_requests_in_flight() {
-        let admission = Admission::new(2);
+        let admission = Admission::new(2, Arc::default());
         assert_eq!((admission.in_flight(), admission.limit()), (0, 2));
         let first = admission.permits.clone().try_acquire_owned();
         let second = admission.permits.clone().try_acquire_owned();
@@ -100,6 +108,6 @@ mod tests {
         assert!(admission.permits.clone().try_acquire_owned().is_err());
         drop(first);
         assert_eq!(admission.in_flight(), 1);
-        assert_eq!(Admission::new(0).limit(), 1, "at least one");
+        assert_eq!(Admission::new(0, Arc::default()).limit(), 1, "at least one");
     }
 }

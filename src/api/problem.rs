@@ -71,8 +71,8 @@ pub(crate) enum ApiError {
     Unavailable(String),
     /// 503: too many requests in flight; the excess is shed at once (never a reason to
     /// fail open, unlike a store outage).
-    #[error("the service has {0} requests in flight, the most it serves at once; retry shortly")]
-    Overloaded(usize),
+    #[error("{0}")]
+    Overloaded(String),
     /// 500: a bug; the cause is logged, not shown.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -213,7 +213,11 @@ impl From<EngineError> for ApiError {
             EngineError::UnknownAction(action) => {
                 Self::NotFound(format!("no policy limits the action '{action}'"))
             }
-            EngineError::Store(StoreError::Unavailable(why) | StoreError::Timeout(why)) => {
+            EngineError::Store(
+                StoreError::Unavailable(why)
+                | StoreError::NotConnected(why)
+                | StoreError::Timeout(why),
+            ) => {
                 static SITE: Throttle = Throttle::new();
                 if let Some(count) = SITE.event() {
                     tracing::warn!(error = %why, count, "counter store unavailable; failing closed");
@@ -222,6 +226,10 @@ impl From<EngineError> for ApiError {
             }
             EngineError::Store(other) => Self::Internal(other.into()),
             EngineError::NotFound(what) => Self::NotFound(what),
+            EngineError::Overloaded => Self::Overloaded(
+                "a counter-store call timed out while the service was shedding load; retry shortly"
+                    .to_owned(),
+            ),
             EngineError::Conflict(what) => Self::Conflict(what),
             EngineError::Ledger(error) => error.into(),
         }

@@ -12,6 +12,7 @@ pub(crate) mod consume;
 pub mod drain;
 pub(crate) mod giveback;
 pub mod ledger;
+pub mod load;
 mod plan;
 pub(crate) mod policies;
 pub(crate) mod rebuild;
@@ -97,6 +98,10 @@ pub(crate) enum EngineError {
     /// The request conflicts with the state: over-refund, settled hold, reused key.
     #[error("{0}")]
     Conflict(String),
+    /// A counter-store call timed out while this instance was shedding load: our own
+    /// saturation, answered as overload (never a degraded allow).
+    #[error("the service is overloaded; retry shortly")]
+    Overloaded,
     /// The counter store failed and the configuration says fail closed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -131,6 +136,8 @@ pub(crate) struct Ports {
     pub(crate) cache: Arc<PolicyCache>,
     /// The time source.
     pub(crate) clock: Arc<dyn Clock>,
+    /// Whether admission control is shedding load (a timeout is then ours, not Redis's).
+    pub(crate) load: Arc<load::Load>,
 }
 
 /// The quota engine; shared by every request.
@@ -143,6 +150,7 @@ pub struct Engine {
     ledger: Arc<dyn LedgerStore>,
     writer: LedgerWriter,
     drain: Option<Arc<Drainer>>,
+    load: Arc<load::Load>,
 }
 
 impl Engine {
@@ -155,6 +163,7 @@ impl Engine {
             drain,
             cache,
             clock,
+            load,
         } = ports;
         Self {
             counters,
@@ -165,6 +174,7 @@ impl Engine {
             ledger,
             writer,
             drain,
+            load,
         }
     }
 
@@ -252,6 +262,7 @@ impl Engine {
         error: StoreError,
     ) -> Result<Decision, EngineError> {
         match error {
+            error if error.is_late() && self.load.overloaded() => Err(EngineError::Overloaded),
             error if error.is_transient() && self.on_store_error == OnStoreError::Allow => {
                 static SITE: Throttle = Throttle::new();
                 if let Some(count) = SITE.event() {

@@ -232,6 +232,10 @@ pub enum StoreError {
     /// The store is unreachable (refused, reset, circuit open); worth retrying, mapped to 503.
     #[error("counter store unavailable: {0}")]
     Unavailable(String),
+    /// No connection to the store could be made within the deadline (refused, or no
+    /// answer to the handshake); worth retrying, mapped to 503.
+    #[error("counter store not reachable: {0}")]
+    NotConnected(String),
     /// The store did not answer in time; worth retrying, mapped to 503. The call may still
     /// have been applied: it over-counts, never over-allows.
     #[error("counter store timed out: {0}")]
@@ -244,7 +248,16 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying later may succeed (unreachable or timed out), as opposed to a bug.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Timeout(_))
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::NotConnected(_) | Self::Timeout(_)
+        )
+    }
+
+    /// Whether the store ran out of time (a call, or connecting) rather than refusing:
+    /// while this instance sheds load, such a failure is most likely its own saturation.
+    pub fn is_late(&self) -> bool {
+        matches!(self, Self::NotConnected(_) | Self::Timeout(_))
     }
 }
 

@@ -18,6 +18,7 @@ pub(super) enum RequestResult {
     UnknownAction,
     Invalid,
     Unavailable,
+    Overloaded,
     Error,
 }
 
@@ -30,6 +31,7 @@ impl RequestResult {
             Self::UnknownAction => "unknown_action",
             Self::Invalid => "invalid",
             Self::Unavailable => "unavailable",
+            Self::Overloaded => "overloaded",
             Self::Error => "error",
         }
     }

@@ -12,10 +12,15 @@ use std::time::Duration;
 /// An app whose Redis answers only when the test says, serving at most 2 quota requests
 /// at once, with a deadline long enough to outlast the pause.
 async fn app_with_a_frozen_redis(on_error: OnStoreError) -> (TestApp, PrivateRedis) {
+    app_with_redis(on_error, Duration::from_secs(5)).await
+}
+
+/// The app of [`app_with_a_frozen_redis`], with a Redis deadline of `deadline`.
+async fn app_with_redis(on_error: OnStoreError, deadline: Duration) -> (TestApp, PrivateRedis) {
     let redis = PrivateRedis::start().await;
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![redis.url.clone()];
-    settings.redis_timeout = Duration::from_secs(5);
+    settings.redis_timeout = deadline;
     settings.on_store_error = on_error;
     settings.max_in_flight = 2;
     let app = spawn_with(settings).await;
@@ -102,4 +107,46 @@ async fn past_the_in_flight_limit_requests_are_shed_as_overloaded() {
 #[tokio::test]
 async fn overload_never_fails_open() {
     flood_while_redis_is_frozen(OnStoreError::Allow).await;
+}
+
+/// A Redis call that times out while the service sheds load waited behind the flood in
+/// the service, most likely: it is answered 503 overloaded, the breaker does not count it,
+/// and even under `allow` it is never let through degraded.
+#[tokio::test]
+async fn a_timeout_while_shedding_is_overload_never_a_degraded_allow() {
+    let (app, redis) = app_with_redis(OnStoreError::Allow, Duration::from_millis(400)).await;
+    redis.pause();
+    let app = std::sync::Arc::new(app);
+    let mut admitted = Vec::new();
+    for i in 0..2 {
+        let app = app.clone();
+        admitted.push(tokio::spawn(async move {
+            app.consume("sms", &format!("u-{i}"), 1).await
+        }));
+    }
+    crate::helpers::eventually(Duration::from_secs(5), "two requests in flight", || {
+        let in_flight = app.admission.in_flight();
+        async move { (in_flight == 2).then_some(()) }
+    })
+    .await;
+    for i in 0..5 {
+        app.consume("sms", &format!("v-{i}"), 1)
+            .await
+            .assert_problem(503);
+    }
+    for task in admitted {
+        let answer = task.await.unwrap();
+        let problem = answer.assert_problem(503);
+        assert_eq!(problem["type"], "urn:quota-ledger:problem:overloaded");
+    }
+    redis.resume();
+    let text = metrics(&app).await;
+    assert!(text.contains("quota_degraded_allows_total 0"), "{text}");
+    assert!(
+        text.contains("quota_counter_store_circuit_open 0"),
+        "{text}"
+    );
+    let after = app.consume("sms", "w", 1).await;
+    assert_eq!(after.status, StatusCode::OK, "{}", after.body);
+    assert_eq!(after.body["degraded"], false);
 }

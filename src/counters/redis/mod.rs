@@ -33,6 +33,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, ServerErrorKind, Value};
 
 use super::circuit::CircuitBreaker;
+use crate::engine::load::Load;
 use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GivenBack,
     StoreError,
@@ -64,6 +65,8 @@ pub struct RedisCounterStore {
     giveback: Script,
     /// Upper bound for one call, connection set-up included.
     timeout: Duration,
+    /// The instance's load signal, if the breaker is to hear of it.
+    load: Option<Arc<Load>>,
 }
 
 /// The two kinds of Redis deployments, behind one handle.
@@ -117,11 +120,19 @@ impl RedisCounterStore {
             script: Script::new(script::CONSUME_LUA),
             giveback: Script::new(script::GIVEBACK_LUA),
             timeout,
+            load: None,
         };
         if let Err(error) = store.connection().await {
             tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
         }
         Ok(store)
+    }
+
+    /// The store, with its circuit breaker told when this instance sheds load: timeouts
+    /// meanwhile are not counted against Redis.
+    pub fn judged_by(mut self, load: Arc<Load>) -> Self {
+        self.load = Some(load);
+        self
     }
 
     /// This thread's slot for its connection to this store.
@@ -158,13 +169,15 @@ impl RedisCounterStore {
                 ))
             }
         };
-        // Not connected within the deadline means unreachable, whatever the reason.
+        // Not connected within the deadline: unreachable (a closed port ends here too, as
+        // the client retries within the deadline), or, while this instance sheds load,
+        // most likely our own saturation (the handshake's reply waited here).
         let connect = || async {
             bounded(self.timeout, connecting)
                 .await
                 .map_err(|e| match e {
                     StoreError::Timeout(why) => {
-                        StoreError::Unavailable(format!("connecting: {why}"))
+                        StoreError::NotConnected(format!("connecting: {why}"))
                     }
                     other => other,
                 })
@@ -191,6 +204,10 @@ impl RedisCounterStore {
         }
         .await;
         match &reply {
+            // While this instance sheds load, a late reply most likely waited behind the
+            // flood here, not in Redis: neither a failure of Redis nor a success.
+            Err(error) if error.is_late() && self.load.as_ref().is_some_and(|l| l.overloaded()) => {
+            }
             Err(error) if error.is_transient() => self.breaker.failed(),
             _ => self.breaker.succeeded(),
         }
@@ -368,12 +385,18 @@ mod tests {
             .expect("an unreachable server is not a configuration error");
         let result = store.ping().await;
         assert!(
-            matches!(result, Err(StoreError::Unavailable(_))),
+            matches!(
+                result,
+                Err(StoreError::Unavailable(_) | StoreError::NotConnected(_))
+            ),
             "{result:?}"
         );
         let result = store.evaluate(0, &script::tests::one_charge(), true).await;
         assert!(
-            matches!(result, Err(StoreError::Unavailable(_))),
+            matches!(
+                result,
+                Err(StoreError::Unavailable(_) | StoreError::NotConnected(_))
+            ),
             "{result:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(3));
