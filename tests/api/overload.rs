@@ -7,6 +7,7 @@ use crate::helpers::{
 };
 use quota_ledger::config::OnStoreError;
 use reqwest::StatusCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An app whose Redis answers only when the test says, serving at most 2 quota requests
@@ -45,24 +46,32 @@ async fn metrics(app: &TestApp) -> String {
     response.text().await.unwrap()
 }
 
-async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
-    let (app, redis) = app_with_a_frozen_redis(on_error).await;
+/// Freezes `redis` and starts two consumes, which take both permits and wait on it; returns
+/// the app (shared with them) and their answers to come.
+async fn freeze_with_two_in_flight(
+    app: TestApp,
+    redis: &PrivateRedis,
+) -> (Arc<TestApp>, Vec<tokio::task::JoinHandle<Answer>>) {
     redis.pause();
-    let app = std::sync::Arc::new(app);
-    let mut admitted = Vec::new();
-    for i in 0..2 {
-        let app = app.clone();
-        admitted.push(tokio::spawn(async move {
-            app.consume("sms", &format!("u-{i}"), 1).await
-        }));
-    }
-    // Both permits are taken by calls waiting on Redis.
-    // (Not through /metrics: its backlog gauge asks the frozen Redis too.)
+    let app = Arc::new(app);
+    let admitted = (0..2)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { app.consume("sms", &format!("u-{i}"), 1).await })
+        })
+        .collect();
+    // Not through /metrics: its backlog gauge asks the frozen Redis too.
     crate::helpers::eventually(Duration::from_secs(5), "two requests in flight", || {
         let in_flight = app.admission.in_flight();
         async move { (in_flight == 2).then_some(()) }
     })
     .await;
+    (app, admitted)
+}
+
+async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
+    let (app, redis) = app_with_a_frozen_redis(on_error).await;
+    let (app, admitted) = freeze_with_two_in_flight(app, &redis).await;
     let started = std::time::Instant::now();
     for i in 0..20 {
         let shed: Answer = app.consume("sms", &format!("v-{i}"), 1).await;
@@ -115,20 +124,7 @@ async fn overload_never_fails_open() {
 #[tokio::test]
 async fn a_timeout_while_shedding_is_overload_never_a_degraded_allow() {
     let (app, redis) = app_with_redis(OnStoreError::Allow, Duration::from_millis(400)).await;
-    redis.pause();
-    let app = std::sync::Arc::new(app);
-    let mut admitted = Vec::new();
-    for i in 0..2 {
-        let app = app.clone();
-        admitted.push(tokio::spawn(async move {
-            app.consume("sms", &format!("u-{i}"), 1).await
-        }));
-    }
-    crate::helpers::eventually(Duration::from_secs(5), "two requests in flight", || {
-        let in_flight = app.admission.in_flight();
-        async move { (in_flight == 2).then_some(()) }
-    })
-    .await;
+    let (app, admitted) = freeze_with_two_in_flight(app, &redis).await;
     for i in 0..5 {
         app.consume("sms", &format!("v-{i}"), 1)
             .await
