@@ -186,7 +186,7 @@ const LAYERS: &[(&str, &str)] = &[
     ("db", ""),
     ("keys", "domain"),
     ("engine", "domain clock keys logs"),
-    ("counters", "engine domain clock keys"),
+    ("counters", "engine domain clock keys logs"),
     ("ledger", "engine domain clock db"),
     ("policy", "engine domain db"),
     ("metrics", "engine domain"),

@@ -48,6 +48,9 @@ pub struct Settings {
     pub redis_urls: Vec<String>,
     /// Whether `redis_urls` are Redis Cluster nodes (`REDIS_CLUSTER`).
     pub redis_cluster: bool,
+    /// Serve on a Redis whose `maxmemory-policy` may evict keys
+    /// (`QUOTA_REDIS_ALLOW_EVICTION`); refused by default.
+    pub redis_allow_eviction: bool,
     /// Prefix of every Redis key (`QUOTA_REDIS_PREFIX`), so several deployments can share one Redis.
     pub redis_prefix: String,
     /// Deadline of one Redis call (`QUOTA_REDIS_TIMEOUT_MS`).
@@ -106,6 +109,7 @@ impl fmt::Debug for Settings {
             .field("database_url", &without_password(&self.database_url))
             .field("redis_urls", &redis)
             .field("redis_cluster", &self.redis_cluster)
+            .field("redis_allow_eviction", &self.redis_allow_eviction)
             .field("redis_prefix", &self.redis_prefix)
             .field("redis_timeout", &self.redis_timeout)
             .field("admin_token", &self.admin_token)
@@ -123,6 +127,7 @@ impl fmt::Debug for Settings {
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_DATABASE_URL: &str = "sqlite://quota-ledger.db";
 const DEFAULT_REDIS_CLUSTER: &str = "false";
+const DEFAULT_REDIS_ALLOW_EVICTION: &str = "false";
 const DEFAULT_REDIS_PREFIX: &str = "ql";
 const DEFAULT_REDIS_TIMEOUT_MS: &str = "50";
 const DEFAULT_ON_STORE_ERROR: &str = "deny";
@@ -163,6 +168,11 @@ pub struct ConfigArgs {
     #[arg(long, env = "REDIS_CLUSTER", value_name = "BOOL",
         default_value = DEFAULT_REDIS_CLUSTER, global = true)]
     redis_cluster: String,
+    /// Serve on a Redis whose maxmemory-policy may evict keys (counters, idempotency
+    /// records, holds, undrained ledger entries), accepting that risk; refused by default.
+    #[arg(long, env = "QUOTA_REDIS_ALLOW_EVICTION", value_name = "BOOL",
+        default_value = DEFAULT_REDIS_ALLOW_EVICTION, global = true)]
+    redis_allow_eviction: String,
     /// Prefix of every Redis key, so several deployments can share one Redis; no { or }.
     #[arg(long, env = "QUOTA_REDIS_PREFIX", value_name = "PREFIX",
         default_value = DEFAULT_REDIS_PREFIX, global = true)]
@@ -296,6 +306,12 @@ impl Settings {
             "true" | "1" => true,
             other => bail!("REDIS_CLUSTER must be true or false, not '{other}'"),
         };
+        let redis_allow_eviction =
+            match or_default(args.redis_allow_eviction, DEFAULT_REDIS_ALLOW_EVICTION).as_str() {
+                "false" | "0" => false,
+                "true" | "1" => true,
+                other => bail!("QUOTA_REDIS_ALLOW_EVICTION must be true or false, not '{other}'"),
+            };
         if redis_cluster && redis_urls.is_empty() {
             bail!("REDIS_CLUSTER=true needs REDIS_URL to list the cluster's nodes");
         }
@@ -349,6 +365,7 @@ impl Settings {
             database_url: or_default(args.database_url, DEFAULT_DATABASE_URL),
             redis_urls,
             redis_cluster,
+            redis_allow_eviction,
             redis_prefix,
             redis_timeout: Duration::from_millis(redis_timeout_ms.max(1)),
             admin_token: non_blank(args.admin_token),

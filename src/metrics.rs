@@ -191,7 +191,10 @@ impl Metrics {
                 (UNKNOWN_ACTION, RequestResult::UnknownAction, &[][..])
             }
             Err(EngineError::Store(
-                StoreError::Unavailable(_) | StoreError::NotConnected(_) | StoreError::Timeout(_),
+                StoreError::Unavailable(_)
+                | StoreError::NotConnected(_)
+                | StoreError::Timeout(_)
+                | StoreError::Misconfigured(_),
             )) => (action, RequestResult::Unavailable, &[][..]),
             Err(EngineError::Store(StoreError::Protocol(_))) => {
                 (action, RequestResult::Error, &[][..])
@@ -226,9 +229,11 @@ impl Metrics {
     pub(crate) fn observe_store(&self, outcome: Result<&Decision, &EngineError>) {
         let kind = match outcome {
             Ok(decision) if decision.degraded => "unavailable",
-            Err(EngineError::Store(StoreError::Unavailable(_) | StoreError::NotConnected(_))) => {
-                "unavailable"
-            }
+            Err(EngineError::Store(
+                StoreError::Unavailable(_)
+                | StoreError::NotConnected(_)
+                | StoreError::Misconfigured(_),
+            )) => "unavailable",
             Err(EngineError::Store(StoreError::Timeout(_))) => "timeout",
             Err(EngineError::Store(StoreError::Protocol(_))) => "protocol",
             Ok(_)

@@ -109,7 +109,8 @@ async fn counter_store(
         )
         .await
         .context("connecting to Redis (REDIS_URL)")?
-        .judged_by(load.clone()),
+        .judged_by(load.clone())
+        .allowing_eviction(settings.redis_allow_eviction),
     );
     let drain = Arc::new(Drainer::new(
         store.clone(),

@@ -224,6 +224,7 @@ impl From<EngineError> for ApiError {
                 }
                 Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
             }
+            EngineError::Store(StoreError::Misconfigured(why)) => Self::Unavailable(why),
             EngineError::Store(other) => Self::Internal(other.into()),
             EngineError::NotFound(what) => Self::NotFound(what),
             EngineError::Overloaded => Self::Overloaded(

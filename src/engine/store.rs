@@ -236,6 +236,11 @@ pub enum StoreError {
     /// answer to the handshake); worth retrying, mapped to 503.
     #[error("counter store not reachable: {0}")]
     NotConnected(String),
+    /// The store is set up so that it may lose what it keeps (Redis with an evicting
+    /// `maxmemory-policy`); an operator must fix it, retrying cannot help (503, never
+    /// a degraded allow).
+    #[error("{0}")]
+    Misconfigured(String),
     /// The store did not answer in time; worth retrying, mapped to 503. The call may still
     /// have been applied: it over-counts, never over-allows.
     #[error("counter store timed out: {0}")]

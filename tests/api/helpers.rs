@@ -222,6 +222,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
             CounterBackend::Cluster => cluster_urls(),
         },
         redis_cluster: counters == CounterBackend::Cluster,
+        redis_allow_eviction: false,
         redis_prefix: format!("t{}", uuid::Uuid::new_v4().simple()),
         redis_timeout: Duration::from_millis(2_000),
         admin_token: Some(Secret::new(ADMIN_TOKEN)),
@@ -497,6 +498,11 @@ impl PrivateRedis {
 
     /// Starts `redis-server` without persistence on `port` and waits until it answers.
     pub async fn start_on(port: u16) -> Self {
+        Self::start_with(port, &[]).await
+    }
+
+    /// [`PrivateRedis::start_on`], with `extra` server options (e.g. a maxmemory-policy).
+    pub async fn start_with(port: u16, extra: &[&str]) -> Self {
         let child = std::process::Command::new("redis-server")
             .args([
                 "--port",
@@ -508,6 +514,7 @@ impl PrivateRedis {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("starting redis-server (scripts/test.sh installs it)");

@@ -17,5 +17,6 @@ mod overload;
 mod payments;
 mod propagation;
 mod quota;
+mod redis_settings;
 mod restarts;
 mod shutdown;

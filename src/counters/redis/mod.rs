@@ -38,6 +38,7 @@ use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GivenBack,
     StoreError,
 };
+use crate::logs::Throttle;
 
 /// A connection made on first use, then cloned for each call.
 type Slot = Arc<tokio::sync::OnceCell<Connection>>;
@@ -67,6 +68,8 @@ pub struct RedisCounterStore {
     timeout: Duration,
     /// The instance's load signal, if the breaker is to hear of it.
     load: Option<Arc<Load>>,
+    /// Serve even if Redis may evict keys (`QUOTA_REDIS_ALLOW_EVICTION`).
+    allow_eviction: bool,
 }
 
 /// The two kinds of Redis deployments, behind one handle.
@@ -121,6 +124,7 @@ impl RedisCounterStore {
             giveback: Script::new(script::GIVEBACK_LUA),
             timeout,
             load: None,
+            allow_eviction: false,
         };
         if let Err(error) = store.connection().await {
             tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
@@ -132,6 +136,13 @@ impl RedisCounterStore {
     /// meanwhile are not counted against Redis.
     pub fn judged_by(mut self, load: Arc<Load>) -> Self {
         self.load = Some(load);
+        self
+    }
+
+    /// The store, serving even on a Redis whose `maxmemory-policy` may evict keys (a
+    /// warning is logged instead of every call being refused).
+    pub fn allowing_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 
@@ -173,16 +184,72 @@ impl RedisCounterStore {
         // the client retries within the deadline), or, while this instance sheds load,
         // most likely our own saturation (the handshake's reply waited here).
         let connect = || async {
-            bounded(self.timeout, connecting)
+            let mut connection = bounded(self.timeout, connecting)
                 .await
                 .map_err(|e| match e {
                     StoreError::Timeout(why) => {
                         StoreError::NotConnected(format!("connecting: {why}"))
                     }
                     other => other,
-                })
+                })?;
+            self.check_eviction(&mut connection).await?;
+            Ok(connection)
         };
         self.slot().get_or_try_init(connect).await.cloned()
+    }
+
+    /// Refuses a Redis whose `maxmemory-policy` may evict keys, checked on every new
+    /// connection: evicted counters over-allow, evicted idempotency records double-charge,
+    /// evicted stream entries are lost charges, and nothing would say so. With
+    /// `allow_eviction`, warns instead.
+    async fn check_eviction(&self, connection: &mut Connection) -> Result<(), StoreError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let reply: Result<Value, StoreError> = match connection {
+            Connection::Standalone(c) => bounded(self.timeout, info.query_async(c)).await,
+            Connection::Cluster(c) => bounded(self.timeout, info.query_async(c)).await,
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            // A Redis that refuses INFO (an ACL) cannot be checked: say so, and serve.
+            Err(StoreError::Protocol(why)) => {
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(count, error = %why, "cannot read Redis's maxmemory-policy; make sure it is noeviction");
+                }
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        let evicting: Vec<String> = eviction_policies(&reply)
+            .into_iter()
+            .filter(|policy| policy != "noeviction")
+            .collect();
+        let Some(policy) = evicting.first() else {
+            return Ok(());
+        };
+        let why = format!(
+            "Redis maxmemory-policy is '{policy}': Redis may evict counters, idempotency \
+             records, holds and ledger entries not yet moved to SQL, which over-allows quota \
+             and loses charges without an error. Set maxmemory-policy to noeviction (CONFIG \
+             SET maxmemory-policy noeviction, and in redis.conf), or set \
+             QUOTA_REDIS_ALLOW_EVICTION=true to accept that risk"
+        );
+        if self.allow_eviction {
+            static SITE: Throttle = Throttle::new();
+            if let Some(count) = SITE.event() {
+                tracing::warn!(
+                    count,
+                    "{why}; serving anyway (QUOTA_REDIS_ALLOW_EVICTION=true)"
+                );
+            }
+            return Ok(());
+        }
+        static SITE: Throttle = Throttle::new();
+        if let Some(count) = SITE.event() {
+            tracing::error!(count, "{why}; refusing every call");
+        }
+        Err(StoreError::Misconfigured(why))
     }
 
     /// Runs `call` of `script` under the circuit breaker and the timeout.
@@ -326,6 +393,29 @@ impl CounterStore for RedisCounterStore {
     }
 }
 
+/// The `maxmemory_policy` of every node in an `INFO memory` reply (one text, or one per
+/// node in Redis Cluster).
+fn eviction_policies(reply: &Value) -> Vec<String> {
+    let mut texts = Vec::new();
+    let mut pending = vec![reply];
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::BulkString(bytes) => texts.push(String::from_utf8_lossy(bytes).into_owned()),
+            Value::SimpleString(text) => texts.push(text.clone()),
+            Value::VerbatimString { text, .. } => texts.push(text.clone()),
+            Value::Array(items) | Value::Set(items) => pending.extend(items),
+            Value::Map(pairs) => pending.extend(pairs.iter().map(|(_, v)| v)),
+            _ => {}
+        }
+    }
+    texts
+        .iter()
+        .flat_map(|text| text.lines())
+        .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Runs one Redis exchange with a deadline, classifying its failure.
 async fn bounded<T>(
     timeout: Duration,
@@ -410,5 +500,23 @@ mod tests {
         ];
         let result = RedisCounterStore::connect(&urls, false, Duration::from_millis(500)).await;
         assert!(matches!(result, Err(StoreError::Protocol(_))), "{result:?}");
+    }
+
+    #[test]
+    fn the_eviction_policy_of_every_node_is_read_from_info() {
+        let info = |policy: &str| {
+            Value::BulkString(
+                format!("# Memory\r\nused_memory:1\r\nmaxmemory_policy:{policy}\r\n").into_bytes(),
+            )
+        };
+        assert_eq!(eviction_policies(&info("noeviction")), ["noeviction"]);
+        let cluster = Value::Map(vec![
+            (Value::SimpleString("a:1".into()), info("noeviction")),
+            (Value::SimpleString("b:2".into()), info("volatile-lru")),
+        ]);
+        let mut policies = eviction_policies(&cluster);
+        policies.sort();
+        assert_eq!(policies, ["noeviction", "volatile-lru"]);
+        assert!(eviction_policies(&Value::Nil).is_empty());
     }
 }
