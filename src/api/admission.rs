@@ -66,7 +66,8 @@ pub(crate) async fn middleware(
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
     let admission = req
         .app_data::<web::Data<AppState>>()
-        .filter(|_| req.path().starts_with("/quota/"))
+        // The path the router matches (percent-decoded), so `/%71uota/…` is counted too.
+        .filter(|_| req.match_info().as_str().starts_with("/quota/"))
         .map(|state| state.admission.clone());
     let Some(admission) = admission else {
         return Ok(next.call(req).await?.map_into_left_body());

@@ -10,6 +10,7 @@ use crate::domain::{
     PolicyAmount, Quantity,
 };
 use crate::keys::{self, SubjectKeys};
+use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
 
 /// Refund idempotency records are kept a day.
@@ -223,7 +224,10 @@ impl Engine {
                     Ok(true) => expired += 1,
                     Ok(false) => {}
                     Err(error) => {
-                        tracing::warn!(error = %error, hold_id = member, "expiring a hold failed");
+                        static SITE: Throttle = Throttle::new();
+                        if let Some(count) = SITE.event() {
+                            tracing::warn!(error = %error, hold_id = member, count, "expiring a hold failed");
+                        }
                     }
                 }
             }

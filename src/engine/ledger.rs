@@ -72,6 +72,13 @@ pub trait LedgerStore: Send + Sync + 'static {
     async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError>;
     /// The sum of the `refund` entries of a consumption.
     async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError>;
+    /// The sum of the `refund` entries of a consumption inserted before the one numbered
+    /// `seq`.
+    async fn refunded_before(
+        &self,
+        consumption_id: ConsumptionId,
+        seq: i64,
+    ) -> Result<u64, LedgerError>;
     /// The `seq` (insertion number) of the first entry inserted of those made at or after
     /// `at`; `None` if there is none.
     async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError>;

@@ -262,7 +262,8 @@ impl Engine {
         error: StoreError,
     ) -> Result<Decision, EngineError> {
         match error {
-            error if error.is_late() && self.load.overloaded() => Err(EngineError::Overloaded),
+            // Never fail open while shedding: a flood must not switch the limits off.
+            error if error.is_transient() && self.load.overloaded() => Err(EngineError::Overloaded),
             error if error.is_transient() && self.on_store_error == OnStoreError::Allow => {
                 static SITE: Throttle = Throttle::new();
                 if let Some(count) = SITE.event() {

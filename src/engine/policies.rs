@@ -38,6 +38,8 @@ struct Snapshot {
     loaded_at: Option<DateTime<Utc>>,
     /// The store's change marker read just before the rows; `None` before the first load.
     version: Option<i64>,
+    /// The window of every policy, enabled or not (how far back a rebuild reads).
+    windows: Vec<crate::domain::Window>,
 }
 
 /// Policies and overrides held in memory, rebuilt from the policy store on change
@@ -72,14 +74,9 @@ impl PolicyCache {
         (snapshot.policies, snapshot.overrides)
     }
 
-    /// The window of every enabled policy.
+    /// The window of every policy, enabled or not.
     pub(crate) fn windows(&self) -> Vec<crate::domain::Window> {
-        let snapshot = self.current();
-        snapshot
-            .by_action
-            .values()
-            .flat_map(|action| action.enabled.iter().map(|p| p.spec.window))
-            .collect()
+        self.current().windows.clone()
     }
 
     /// When the cache was last rebuilt; `None` before the first reload.
@@ -111,6 +108,7 @@ impl PolicyCache {
         };
         let mut building: HashMap<Action, ActionPolicies> = HashMap::new();
         let mut action_of: HashMap<PolicyId, Action> = HashMap::new();
+        snapshot.windows = policies.iter().map(|p| p.spec.window).collect();
         for policy in policies {
             action_of.insert(policy.id.clone(), policy.spec.action.clone());
             let entry = building.entry(policy.spec.action.clone()).or_default();

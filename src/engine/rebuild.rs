@@ -85,11 +85,13 @@ pub(crate) struct Rebuilt {
     pub(crate) steps: usize,
 }
 
-/// How far back a replay must read: past the longest window of any policy (a unit charged
-/// earlier counts nowhere now), and past [`MIN_HORIZON`].
-pub(crate) fn horizon<'a>(windows: impl IntoIterator<Item = &'a Window>) -> Duration {
+/// How far back a replay must read: past the longest window of any policy, enabled or not
+/// (a unit charged earlier counts nowhere now, even if a policy is enabled again; and an
+/// answer kept for retries lives as long as its longest window, plus an hour), and past
+/// [`MIN_HORIZON`].
+pub(crate) fn horizon(windows: &[Window]) -> Duration {
     let longest = windows
-        .into_iter()
+        .iter()
         .map(|window| match *window {
             Window::Calendar { .. } => 0,
             Window::Rolling {
@@ -105,16 +107,19 @@ pub(crate) fn horizon<'a>(windows: impl IntoIterator<Item = &'a Window>) -> Dura
 }
 
 impl Engine {
-    /// Replays the ledger's recent entries into `target`, a fresh store, then releases the
-    /// holds that expired meanwhile (recording their `expire` entries).
+    /// Replays the ledger's recent entries into `target`, a fresh store. (The holds that
+    /// expired meanwhile are then released by `expire_due_holds`, as `startup` does.)
     pub(crate) async fn rebuild(&self, target: &dyn Replay) -> Result<Rebuilt, EngineError> {
         let now = self.now();
-        let from = now - horizon(self.cache.windows().iter());
+        let from = now - horizon(&self.cache.windows());
         let mut rebuilt = Rebuilt::default();
         let Some(first) = self.ledger.first_seq_since(from).await? else {
             return Ok(rebuilt);
         };
-        let mut replayer = Replayer::default();
+        let mut replayer = Replayer {
+            first_seq: first,
+            ..Replayer::default()
+        };
         let mut after = first - 1;
         loop {
             let page = self.ledger.entries_after(after, PAGE).await?;
@@ -229,9 +234,20 @@ impl Engine {
         let Some(charge) = self.ledger.charge_of(consumption_id).await? else {
             return Ok(None);
         };
-        let refunded = replayer.refunded.entry(consumption_id).or_default();
-        let mut request = self.refund_give_back(&charge, entry, *refunded);
-        *refunded += entry.amount;
+        // The store's running total must count the refunds written before the horizon too,
+        // or a later refund could pass the charge.
+        let refunded = match replayer.refunded.get(&consumption_id) {
+            Some(refunded) => *refunded,
+            None => {
+                self.ledger
+                    .refunded_before(consumption_id, replayer.first_seq)
+                    .await?
+            }
+        };
+        let mut request = self.refund_give_back(&charge, entry, refunded);
+        replayer
+            .refunded
+            .insert(consumption_id, refunded + entry.amount);
         request.ledger = None;
         let at_ms = entry.at.timestamp_millis();
         Ok(Some(ReplayOp::GiveBack { at_ms, request }))
@@ -269,8 +285,11 @@ impl Engine {
 struct Replayer {
     /// The holds opened by the entries replayed so far and not yet settled.
     holds: HashMap<HoldId, HoldRecord>,
-    /// What the replayed refunds gave back so far, per consumption.
+    /// What was refunded so far, per consumption with a replayed refund (those before the
+    /// horizon included).
     refunded: HashMap<crate::domain::ConsumptionId, u64>,
+    /// The first entry replayed.
+    first_seq: i64,
 }
 
 /// The charge that puts `counter`'s units back on it at `at_ms`.

@@ -287,6 +287,24 @@ macro_rules! sql_ledger_store {
                 u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
             }
 
+            async fn refunded_before(
+                &self,
+                consumption_id: ConsumptionId,
+                seq: i64,
+            ) -> Result<u64, LedgerError> {
+                let consumption_id = consumption_id.to_string();
+                let total: i64 = sqlx::query_scalar(
+                    "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
+                     WHERE consumption_id = $1 AND kind = 'refund' AND seq < $2",
+                )
+                .bind(&consumption_id)
+                .bind(seq)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(db_error)?;
+                u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
+            }
+
             async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
                 // The at index holds each row's seq (SQLite: the rowid; Postgres reads it).
                 sqlx::query_scalar("SELECT MIN(seq) FROM ledger_entries WHERE at >= $1")

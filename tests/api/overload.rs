@@ -72,6 +72,16 @@ async fn freeze_with_two_in_flight(
 async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
     let (app, redis) = app_with_a_frozen_redis(on_error).await;
     let (app, admitted) = freeze_with_two_in_flight(app, &redis).await;
+    // A percent-encoded path routes to the same handler, and is counted too.
+    let encoded = app
+        .send(
+            app.client
+                .post(format!("{}/%71uota/consume", app.address))
+                .json(&serde_json::json!({"action": "sms", "subject": "x"})),
+        )
+        .await;
+    let problem = encoded.assert_problem(503);
+    assert_eq!(problem["type"], "urn:quota-ledger:problem:overloaded");
     let started = std::time::Instant::now();
     for i in 0..20 {
         let shed: Answer = app.consume("sms", &format!("v-{i}"), 1).await;
@@ -100,7 +110,7 @@ async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
         assert_eq!(answer.body["degraded"], false, "counted, not let through");
     }
     let text = metrics(&app).await;
-    assert!(text.contains("quota_overloaded_total 20"), "{text}");
+    assert!(text.contains("quota_overloaded_total 21"), "{text}");
     assert!(text.contains("quota_degraded_allows_total 0"), "{text}");
     assert!(
         text.contains("quota_counter_store_circuit_open 0"),

@@ -198,8 +198,48 @@ async fn a_refund_after_a_restart_gives_back_what_is_left(store: PolicyBackend) 
     assert_eq!(usage(&app).await[1]["used"], 0);
 }
 
+/// A refund made before the rebuild's horizon (38 days) still counts: after a restart, a
+/// consume is never refunded for more than it charged.
+async fn refunds_older_than_the_horizon_still_cap_later_refunds(store: PolicyBackend) {
+    let app = transfer_app(store).await;
+    let charge = app.quota("/quota/consume", consume_body(600, None)).await;
+    let id = charge.body["consumption_id"].clone();
+    let day = 86_400;
+    app.advance(day);
+    let first = app
+        .quota(
+            "/quota/refund",
+            json!({"consumption_id": id, "amount": 300}),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    app.advance(29 * day);
+    let second = app
+        .quota(
+            "/quota/refund",
+            json!({"consumption_id": id, "amount": 200}),
+        )
+        .await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.body);
+    app.advance(10 * day);
+
+    let app = app.restart().await;
+    app.quota(
+        "/quota/refund",
+        json!({"consumption_id": id, "amount": 200}),
+    )
+    .await
+    .assert_problem(409);
+    let rest = app
+        .quota("/quota/refund", json!({"consumption_id": id}))
+        .await;
+    assert_eq!(rest.status, StatusCode::OK, "{}", rest.body);
+    assert_eq!(rest.body["entry"]["amount"], 100);
+}
+
 on_policy_stores!(
     usage_and_denials_are_the_same_after_a_restart,
+    refunds_older_than_the_horizon_still_cap_later_refunds,
     a_retry_after_a_restart_replays_the_original_answer,
     a_hold_opened_before_a_restart_is_settled_after_it,
     a_hold_that_expired_while_down_is_released_and_recorded_at_start,

@@ -260,7 +260,16 @@ impl RedisCounterStore {
             ));
         }
         let reply = async {
-            match self.connection().await? {
+            // Callers queued behind another's connection attempt wait at most one deadline.
+            let connection = tokio::time::timeout(self.timeout, self.connection())
+                .await
+                .map_err(|_| {
+                    StoreError::NotConnected(format!(
+                        "no connection within {} ms",
+                        self.timeout.as_millis()
+                    ))
+                })??;
+            match connection {
                 Connection::Standalone(mut c) => {
                     bounded(self.timeout, run(script, &mut c, call)).await
                 }
@@ -271,12 +280,18 @@ impl RedisCounterStore {
         }
         .await;
         match &reply {
-            // While this instance sheds load, a late reply most likely waited behind the
-            // flood here, not in Redis: neither a failure of Redis nor a success.
-            Err(error) if error.is_late() && self.load.as_ref().is_some_and(|l| l.overloaded()) => {
-            }
+            // While this instance sheds load and Redis still answers, a late reply most
+            // likely waited behind the flood here, not in Redis: neither a failure of
+            // Redis nor a success.
+            Err(error) if error.is_late() && self.load.as_ref().is_some_and(|l| l.saturated()) => {}
             Err(error) if error.is_transient() => self.breaker.failed(),
-            _ => self.breaker.succeeded(),
+            Ok(_) => {
+                if let Some(load) = &self.load {
+                    load.answered();
+                }
+                self.breaker.succeeded();
+            }
+            Err(_) => self.breaker.succeeded(),
         }
         reply
     }

@@ -115,6 +115,10 @@ impl LedgerStore for FakeStore {
         Ok(0)
     }
 
+    async fn refunded_before(&self, _: ConsumptionId, _: i64) -> Result<u64, LedgerError> {
+        Ok(0)
+    }
+
     async fn first_seq_since(&self, _: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
         Ok(None)
     }
