@@ -120,17 +120,18 @@ async fn a_retry_after_a_restart_replays_the_original_answer(store: PolicyBacken
         .assert_problem(409);
 }
 
+/// Holds 800 cents of `transfer` for u-1 for `ttl_seconds`; returns the hold id.
+async fn hold_800(app: &TestApp, ttl_seconds: u64) -> String {
+    let body = json!({"action": "transfer", "subject": "u-1", "amount": 800,
+        "ttl_seconds": ttl_seconds});
+    let hold = app.quota("/quota/holds", body).await;
+    assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
+    hold.body["hold_id"].as_str().unwrap().to_owned()
+}
+
 async fn a_hold_opened_before_a_restart_is_settled_after_it(store: PolicyBackend) {
     let app = transfer_app(store).await;
-    let hold = app
-        .quota(
-            "/quota/holds",
-            json!({"action": "transfer", "subject": "u-1",
-            "amount": 800, "ttl_seconds": 600}),
-        )
-        .await;
-    assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
-    let id = hold.body["hold_id"].as_str().unwrap().to_owned();
+    let id = hold_800(&app, 600).await;
     app.advance(60);
 
     let app = app.restart().await;
@@ -148,14 +149,7 @@ async fn a_hold_opened_before_a_restart_is_settled_after_it(store: PolicyBackend
 
 async fn a_hold_that_expired_while_down_is_released_and_recorded_at_start(store: PolicyBackend) {
     let app = transfer_app(store).await;
-    let hold = app
-        .quota(
-            "/quota/holds",
-            json!({"action": "transfer", "subject": "u-1",
-            "amount": 800, "ttl_seconds": 60}),
-        )
-        .await;
-    let id = hold.body["hold_id"].as_str().unwrap().to_owned();
+    let id = hold_800(&app, 60).await;
     // The service is down while the hold expires.
     let clock = app.clock.clone();
     let app = app
