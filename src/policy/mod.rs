@@ -135,7 +135,7 @@ async fn install(cache: &PolicyCache, store: &dyn PolicyStore, version: i64) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::MAX_POLICIES_PER_ACTION;
     use super::{refresh_if_changed, reload, PolicyAdmin, PolicyStore, PolicyStoreError};
     use crate::domain::{Action, Policy, PolicyId};
@@ -147,7 +147,7 @@ mod tests {
     use std::sync::Arc;
 
     /// A migrated store in a fresh SQLite file, and the file (to remove at the end).
-    async fn sqlite_store(name: &str) -> (Arc<dyn PolicyStore>, PathBuf) {
+    pub(crate) async fn sqlite_store(name: &str) -> (Arc<dyn PolicyStore>, PathBuf) {
         let file = std::env::temp_dir().join(format!(
             "quota-ledger-{name}-{}.db",
             uuid::Uuid::new_v4().simple()

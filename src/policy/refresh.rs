@@ -174,15 +174,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_refresher_stops_its_tasks() {
-        let file = std::env::temp_dir().join(format!(
-            "quota-ledger-refresh-{}.db",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let url = format!("sqlite://{}", file.display());
-        crate::db::migrate_url(&url).await.expect("migrating");
-        let store = crate::policy::connect(&url)
-            .await
-            .expect("opening a SQLite file");
+        let (store, file) = crate::policy::tests::sqlite_store("refresh").await;
         let cache = Arc::new(PolicyCache::new());
         crate::policy::reload(&cache, store.as_ref())
             .await

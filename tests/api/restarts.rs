@@ -168,28 +168,25 @@ async fn a_refund_after_a_restart_gives_back_what_is_left(store: PolicyBackend) 
     let app = transfer_app(store).await;
     let charge = app.quota("/quota/consume", consume_body(600, None)).await;
     let id = charge.body["consumption_id"].clone();
-    let refund = app
-        .quota(
-            "/quota/refund",
-            json!({"consumption_id": id, "amount": 100}),
-        )
-        .await;
-    assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+    let partial = refund(&app, &id, Some(100)).await;
+    assert_eq!(partial.status, StatusCode::OK, "{}", partial.body);
 
     let app = app.restart().await;
     assert_eq!(usage(&app).await[1]["used"], 500);
-    app.quota(
-        "/quota/refund",
-        json!({"consumption_id": id, "amount": 600}),
-    )
-    .await
-    .assert_problem(409);
-    let rest = app
-        .quota("/quota/refund", json!({"consumption_id": id}))
-        .await;
+    refund(&app, &id, Some(600)).await.assert_problem(409);
+    let rest = refund(&app, &id, None).await;
     assert_eq!(rest.status, StatusCode::OK, "{}", rest.body);
     assert_eq!(rest.body["entry"]["amount"], 500);
     assert_eq!(usage(&app).await[1]["used"], 0);
+}
+
+/// Refunds `amount` (default: all that is left) of the consumption `id`.
+async fn refund(app: &TestApp, id: &Value, amount: Option<u64>) -> Answer {
+    let mut body = json!({"consumption_id": id});
+    if let Some(amount) = amount {
+        body["amount"] = json!(amount);
+    }
+    app.quota("/quota/refund", body).await
 }
 
 /// A refund made before the rebuild's horizon (38 days) still counts: after a restart, a
@@ -200,33 +197,16 @@ async fn refunds_older_than_the_horizon_still_cap_later_refunds(store: PolicyBac
     let id = charge.body["consumption_id"].clone();
     let day = 86_400;
     app.advance(day);
-    let first = app
-        .quota(
-            "/quota/refund",
-            json!({"consumption_id": id, "amount": 300}),
-        )
-        .await;
+    let first = refund(&app, &id, Some(300)).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
     app.advance(29 * day);
-    let second = app
-        .quota(
-            "/quota/refund",
-            json!({"consumption_id": id, "amount": 200}),
-        )
-        .await;
+    let second = refund(&app, &id, Some(200)).await;
     assert_eq!(second.status, StatusCode::OK, "{}", second.body);
     app.advance(10 * day);
 
     let app = app.restart().await;
-    app.quota(
-        "/quota/refund",
-        json!({"consumption_id": id, "amount": 200}),
-    )
-    .await
-    .assert_problem(409);
-    let rest = app
-        .quota("/quota/refund", json!({"consumption_id": id}))
-        .await;
+    refund(&app, &id, Some(200)).await.assert_problem(409);
+    let rest = refund(&app, &id, None).await;
     assert_eq!(rest.status, StatusCode::OK, "{}", rest.body);
     assert_eq!(rest.body["entry"]["amount"], 100);
 }
