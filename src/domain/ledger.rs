@@ -188,6 +188,16 @@ macro_rules! uuid_id {
                     .map(Self)
                     .map_err(|_| BadId::new($what, text))
             }
+
+            /// The id's 128 bits, for compact encodings.
+            pub(crate) fn to_bits(self) -> u128 {
+                self.0.as_u128()
+            }
+
+            /// The id of these 128 bits (what [`Self::to_bits`] gave).
+            pub(crate) fn from_bits(bits: u128) -> Self {
+                Self(uuid::Uuid::from_u128(bits))
+            }
         }
 
         impl Default for $name {
@@ -235,6 +245,20 @@ impl HoldId {
     /// The shard the hold's record lives in.
     pub fn shard(&self) -> u16 {
         self.shard
+    }
+
+    /// The uuid's 128 bits, for compact encodings.
+    pub(crate) fn uuid_bits(&self) -> u128 {
+        self.uuid.as_u128()
+    }
+
+    /// The hold id of these uuid bits and shard (what [`Self::uuid_bits`] and
+    /// [`Self::shard`] gave).
+    pub(crate) fn from_parts(uuid_bits: u128, shard: u16) -> Self {
+        Self {
+            uuid: uuid::Uuid::from_u128(uuid_bits),
+            shard,
+        }
     }
 
     /// Parses `<uuid>.<shard>` as [`fmt::Display`] writes it.

@@ -4,14 +4,14 @@
 //! |---|---|---|
 //! | a consume's idempotency record | the counter store (`keys::SubjectKeys::idempotency`) | [`ConsumeRecord`] as JSON, then `\n` and the evaluation's numbers ([`encode_replay`]) |
 //! | a hold's record | the counter store (`keys::hold_record`) | its state (`open`, `committed`, …), `\n`, then [`HoldRecord`] as JSON |
-//! | a refund's idempotency record | the counter store | the refund's [`LedgerEntry`] as JSON |
-//! | a ledger entry | the shard's Redis stream (field `e`) | [`LedgerEntry`] as JSON ([`encode_entry`]) |
+//! | a refund's idempotency record | the counter store | the refund's [`LedgerEntry`] in its compact form ([`encode_entry`]) |
+//! | a ledger entry | the shard's Redis stream (field `e`) | [`LedgerEntry`] in its compact form ([`encode_entry`], module `entry`) |
 //! | an entry's policies, and its internal detail (counters, a hold's expiry, a kept answer) | the SQL ledger's `policies` and `detail` columns | JSON ([`encode_policies`], [`encode_detail`]) |
 //!
 //! The Lua scripts (`crate::counters`) and the memory store write the envelopes (the state
 //! line, the evaluation's numbers) the same way; a change here is a change there. Readers
-//! accept what earlier versions wrote: an entry's counters used to be a JSON string inside
-//! the entry (`"detail": "[…]"`); they are now an array.
+//! accept what earlier versions wrote: stream entries and refund records used to be JSON
+//! (with the counters, earlier still, as a JSON string inside it: `"detail": "[…]"`).
 
 use super::store::{Decided, Evaluation, Outcome, StoreError};
 use crate::domain::{
@@ -20,6 +20,8 @@ use crate::domain::{
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+mod entry;
 
 /// A persisted record that does not read as the format it should have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -520,8 +522,15 @@ struct EntryWire {
     detail: Option<DetailWire>,
 }
 
-/// A ledger entry as a stream entry or a refund's idempotency record.
+/// A ledger entry as a stream entry or a refund's idempotency record: its compact form
+/// (see the module `entry`).
 pub fn encode_entry(entry: &LedgerEntry) -> String {
+    entry::encode(entry)
+}
+
+/// A ledger entry as JSON, as versions before the compact form wrote stream entries.
+#[cfg(test)]
+fn encode_entry_json(entry: &LedgerEntry) -> String {
     to_json(&EntryWire {
         id: entry.id.to_string(),
         at: entry.at,
@@ -537,8 +546,11 @@ pub fn encode_entry(entry: &LedgerEntry) -> String {
     })
 }
 
-/// Reads what [`encode_entry`] (or an earlier version) wrote.
+/// Reads what [`encode_entry`] (or an earlier version, as JSON) wrote.
 pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
+    if entry::is_compact(text) {
+        return entry::decode(text);
+    }
     const WHAT: &str = "ledger entry";
     let wire: EntryWire = from_json(WHAT, text)?;
     let detail = detail_from_wire(wire.detail)?;
@@ -699,10 +711,18 @@ mod tests {
     fn every_record_reads_back_what_was_written() {
         let entry = hold_entry();
         assert_eq!(decode_entry(&encode_entry(&entry)), Ok(entry.clone()));
-        assert_eq!(
-            decode_refund_record(&encode_entry(&entry)),
-            Ok(entry.clone())
-        );
+        let refund = LedgerEntry {
+            kind: EntryKind::Refund,
+            counters: Vec::new(),
+            hold_id: None,
+            consumption_id: Some(ConsumptionId::new()),
+            hold_expires_at: None,
+            kept_answer: None,
+            ..entry.clone()
+        };
+        // As the stores keep it: the entry, then the refunded total.
+        let kept = format!("{}\n40", encode_entry(&refund));
+        assert_eq!(decode_refund_record(&kept), Ok(refund));
         assert_eq!(
             decode_detail(encode_detail(&entry).as_deref()),
             Ok(Detail::of(&entry))
@@ -753,12 +773,52 @@ mod tests {
     #[test]
     fn an_entry_keeps_its_counters_as_an_array_and_reads_the_earlier_string_form() {
         let entry = charge_entry();
-        let written: serde_json::Value = serde_json::from_str(&encode_entry(&entry)).expect("JSON");
+        assert_eq!(decode_entry(&encode_entry_json(&entry)), Ok(entry.clone()));
+        let written: serde_json::Value =
+            serde_json::from_str(&encode_entry_json(&entry)).expect("JSON");
         assert!(written["detail"].is_array(), "{written}");
         // What earlier versions appended: the counters as a JSON string inside the entry.
         let mut earlier = written.clone();
         earlier["detail"] = serde_json::Value::String(written["detail"].to_string());
         assert_eq!(decode_entry(&earlier.to_string()), Ok(entry));
+    }
+
+    #[test]
+    fn a_single_policy_consume_waits_in_a_stream_entry_of_at_most_200_bytes() {
+        let (action, subject) = ("payments.transfer", "customer-000123456");
+        let policy_id = PolicyId::parse("policy_id", "transfers-rolling-24h").expect("an id");
+        let entry = LedgerEntry {
+            kind: EntryKind::Charge,
+            action: Action::parse("action", action).expect("an action"),
+            subject: Subject::parse("subject", subject).expect("a subject"),
+            amount: 200_000,
+            consumption_id: Some(ConsumptionId::new()),
+            idempotency_key: Some(IdempotencyKey::parse("pay-2026-11-24-0001").expect("a key")),
+            hold_id: None,
+            hold_expires_at: None,
+            kept_answer: None,
+            policies: vec![PolicyAmount {
+                policy_id: policy_id.clone(),
+                amount: 200_000,
+            }],
+            counters: vec![CounterCharge {
+                policy_id,
+                // A rolling counter's key, as `crate::keys` lays it out.
+                key: format!("ql:{{k}}AbCdEfG{action}|{subject}"),
+                restore: Restore::Rolling {
+                    bucket: 29_544_000,
+                    bucket_ms: 60_000,
+                    buckets: 1_440,
+                },
+                by_amount: true,
+                charged: 200_000,
+            }],
+            ..hold_entry()
+        };
+        let compact = encode_entry(&entry);
+        assert!(compact.len() <= 200, "{} bytes: {compact:?}", compact.len());
+        assert!(encode_entry_json(&entry).len() > 2 * compact.len());
+        assert_eq!(decode_entry(&compact), Ok(entry));
     }
 
     #[test]
@@ -776,7 +836,7 @@ mod tests {
             assert!(decode_hold_record(text).is_err(), "{text:?}");
         }
         let mut wire: serde_json::Value =
-            serde_json::from_str(&encode_entry(&hold_entry())).expect("JSON");
+            serde_json::from_str(&encode_entry_json(&hold_entry())).expect("JSON");
         wire["hold_id"] = "h-1".into();
         assert!(
             decode_entry(&wire.to_string()).is_err(),

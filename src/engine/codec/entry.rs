@@ -1,0 +1,420 @@
+//! The compact form of a ledger entry: what the Redis streams hold while the entry waits
+//! for the drain, and what a refund's idempotency record keeps.
+//!
+//! A Postgres outage makes every allowed consume wait in Redis memory as one stream entry,
+//! so its size is the outage budget (README, "Outage budget"): a single-policy consume
+//! takes well under 200 bytes here, against about 550 as JSON. No JSON inside, no field
+//! names, ids as 22 characters of base 64, and the counter's key without the action and
+//! subject that the entry already names.
+//!
+//! The text is fields separated by `US` (0x1f); lists separate their items by `RS` (0x1e)
+//! and an item's parts by `GS` (0x1d). Actions, subjects, policy ids and idempotency keys
+//! never contain control characters (the domain types refuse them), so no escaping is
+//! needed; the kept answer, which may contain a newline, is the last field and takes the
+//! rest of the text.
+//!
+//! | # | field | form |
+//! |---|---|---|
+//! | 0 | version | `2` (JSON entries of earlier versions start with `{`) |
+//! | 1 | id | [`b64`] |
+//! | 2 | at | Unix ms |
+//! | 3 | kind | one letter: `c`harge, `r`efund, `h`old, co`m`mit, re`l`ease, e`x`pire, `d`eny |
+//! | 4, 5 | action, subject | as is |
+//! | 6 | amount | decimal |
+//! | 7 | consumption id | [`b64`], or empty |
+//! | 8 | hold id | [`b64`] `.` shard, or empty |
+//! | 9 | idempotency key | as is, or empty |
+//! | 10 | policies | per policy: id `GS` amount (empty: the entry's amount) |
+//! | 11 | counters | per counter: policy `GS` key `GS` restore `GS` by-amount (`1`/`0`) `GS` charged (empty: its policy's amount) |
+//! | 12 | a hold's expiry | Unix ms (optional) |
+//! | 13, 14 | a kept answer | its expiry (Unix ms), then its text (optional) |
+//!
+//! A counter's policy is the index of its policy in field 10 (empty: the counter's own
+//! position), or `~` and the id (`~` is no slug character). Its key is `+` and the part before `<action>|<subject>` when it ends so
+//! (it always does, `crate::keys`), or `=` and the whole key. Its restore is `c<period
+//! end ms>`, `r<bucket>,<bucket ms>,<buckets>` (the bucket empty when it is the one the
+//! entry's instant falls in) or `t<period ms>,<limit>`.
+
+use super::{field, CodecError, EntryParts};
+use crate::domain::{
+    ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
+    PolicyAmount, PolicyId, Restore,
+};
+use chrono::{DateTime, Utc};
+use std::fmt::Write as _;
+
+const VERSION: &str = "2";
+const US: char = '\u{1f}';
+const RS: char = '\u{1e}';
+const GS: char = '\u{1d}';
+const WHAT: &str = "ledger entry";
+
+/// The kinds' letters, in [`EntryKind::ALL`] order.
+const KIND_LETTERS: [char; 7] = ['c', 'r', 'h', 'm', 'l', 'x', 'd'];
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// 128 bits as 22 characters of base 64 (URL alphabet), most significant first.
+fn b64(bits: u128) -> String {
+    (0..22)
+        .rev()
+        .map(|i| char::from(B64[((bits >> (6 * i)) & 63) as usize]))
+        .collect()
+}
+
+/// Reads what [`b64`] wrote.
+fn from_b64(text: &str) -> Result<u128, CodecError> {
+    let bad = || CodecError::new(WHAT, format!("id '{text}'"));
+    if text.len() != 22 {
+        return Err(bad());
+    }
+    text.bytes().try_fold(0u128, |bits, byte| {
+        let digit = B64.iter().position(|&d| d == byte).ok_or_else(bad)?;
+        // The first digit carries the top 2 bits only.
+        bits.checked_mul(64)
+            .filter(|_| bits >> 122 == 0)
+            .map(|bits| bits | digit as u128)
+            .ok_or_else(bad)
+    })
+}
+
+/// The rolling bucket a charge at `at_ms` goes to (what the engine charges).
+fn current_bucket(at_ms: i64, bucket_ms: i64) -> Option<i64> {
+    (bucket_ms > 0).then(|| at_ms.div_euclid(bucket_ms))
+}
+
+fn kind_letter(kind: EntryKind) -> char {
+    let index = EntryKind::ALL.iter().position(|&k| k == kind).unwrap_or(0);
+    KIND_LETTERS[index]
+}
+
+/// The compact form of `entry`.
+pub(super) fn encode(entry: &LedgerEntry) -> String {
+    let mut out = String::with_capacity(160);
+    let suffix = format!("{}|{}", entry.action, entry.subject);
+    let at_ms = entry.at.timestamp_millis();
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "{VERSION}{US}{}{US}{}{US}{}{US}{}{US}{}{US}{}{US}",
+        b64(entry.id.to_bits()),
+        at_ms,
+        kind_letter(entry.kind),
+        entry.action,
+        entry.subject,
+        entry.amount,
+    );
+    if let Some(id) = entry.consumption_id {
+        out.push_str(&b64(id.to_bits()));
+    }
+    out.push(US);
+    if let Some(id) = entry.hold_id {
+        let _ = write!(out, "{}.{}", b64(id.uuid_bits()), id.shard());
+    }
+    out.push(US);
+    if let Some(key) = &entry.idempotency_key {
+        out.push_str(key.as_str());
+    }
+    out.push(US);
+    for (i, p) in entry.policies.iter().enumerate() {
+        if i > 0 {
+            out.push(RS);
+        }
+        let _ = write!(out, "{}{GS}", p.policy_id);
+        if p.amount != entry.amount {
+            let _ = write!(out, "{}", p.amount);
+        }
+    }
+    out.push(US);
+    for (i, c) in entry.counters.iter().enumerate() {
+        if i > 0 {
+            out.push(RS);
+        }
+        let policy = entry
+            .policies
+            .iter()
+            .position(|p| p.policy_id == c.policy_id);
+        match policy {
+            Some(index) if index == i => {}
+            Some(index) => {
+                let _ = write!(out, "{index}");
+            }
+            None => {
+                let _ = write!(out, "~{}", c.policy_id);
+            }
+        }
+        out.push(GS);
+        match c.key.strip_suffix(&suffix) {
+            Some(head) => {
+                let _ = write!(out, "+{head}");
+            }
+            None => {
+                let _ = write!(out, "={}", c.key);
+            }
+        }
+        out.push(GS);
+        let _ = match c.restore {
+            Restore::Calendar { period_end_ms } => write!(out, "c{period_end_ms}"),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            } if Some(bucket) == current_bucket(at_ms, bucket_ms) => {
+                write!(out, "r,{bucket_ms},{buckets}")
+            }
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            } => write!(out, "r{bucket},{bucket_ms},{buckets}"),
+            Restore::TokenBucket { period_ms, limit } => write!(out, "t{period_ms},{limit}"),
+        };
+        let _ = write!(out, "{GS}{}{GS}", u8::from(c.by_amount));
+        if Some(c.charged) != policy.map(|index| entry.policies[index].amount) {
+            let _ = write!(out, "{}", c.charged);
+        }
+    }
+    let hold_expiry = entry.hold_expires_at.map(|at| at.timestamp_millis());
+    if hold_expiry.is_some() || entry.kept_answer.is_some() {
+        out.push(US);
+        if let Some(ms) = hold_expiry {
+            let _ = write!(out, "{ms}");
+        }
+    }
+    if let Some(kept) = &entry.kept_answer {
+        let _ = write!(out, "{US}{}{US}{}", kept.expires_at_ms, kept.text);
+    }
+    out
+}
+
+fn number<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, CodecError> {
+    text.parse()
+        .map_err(|_| CodecError::new(WHAT, format!("{what} '{text}' is not a number")))
+}
+
+fn instant(ms: i64) -> Result<DateTime<Utc>, CodecError> {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .ok_or_else(|| CodecError::new(WHAT, format!("instant {ms} ms")))
+}
+
+fn optional(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
+/// Whether `text` is in the compact form (rather than an earlier version's JSON).
+pub(super) fn is_compact(text: &str) -> bool {
+    text.starts_with(VERSION) && text[VERSION.len()..].starts_with(US)
+}
+
+/// Reads what [`encode`] wrote.
+pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
+    let fields: Vec<&str> = text.splitn(15, US).collect();
+    if fields.len() < 12 || fields[0] != VERSION {
+        return Err(CodecError::new(WHAT, "not a compact entry"));
+    }
+    let kind = fields[3]
+        .chars()
+        .next()
+        .filter(|_| fields[3].len() == 1)
+        .and_then(|letter| KIND_LETTERS.iter().position(|&l| l == letter))
+        .map(|index| EntryKind::ALL[index])
+        .ok_or_else(|| CodecError::new(WHAT, format!("unknown kind '{}'", fields[3])))?;
+    let consumption_id = optional(fields[7])
+        .map(|id| from_b64(id).map(ConsumptionId::from_bits))
+        .transpose()?;
+    let hold_id = optional(fields[8]).map(decode_hold_id).transpose()?;
+    let amount = number("amount", fields[6])?;
+    let at_ms = number("instant", fields[2])?;
+    let policies = decode_policies(fields[10], amount)?;
+    let suffix = format!("{}|{}", fields[4], fields[5]);
+    let counters = decode_counters(fields[11], &policies, &suffix, at_ms)?;
+    let hold_expires_at = fields
+        .get(12)
+        .copied()
+        .and_then(optional)
+        .map(|ms| number("hold expiry", ms).and_then(instant))
+        .transpose()?;
+    let kept_answer = match (fields.get(13), fields.get(14)) {
+        (Some(ms), Some(text)) => Some(KeptAnswer {
+            expires_at_ms: number("kept answer's expiry", ms)?,
+            text: (*text).to_owned(),
+        }),
+        (None, None) => None,
+        _ => return Err(CodecError::new(WHAT, "a kept answer without its text")),
+    };
+    let mut entry = super::entry_from_parts(
+        EntryParts {
+            id: &EntryId::from_bits(from_b64(fields[1])?).to_string(),
+            at: instant(at_ms)?,
+            kind: kind.as_str(),
+            action: fields[4],
+            subject: fields[5],
+            amount,
+            consumption_id: None,
+            hold_id: None,
+            idempotency_key: optional(fields[9]),
+        },
+        policies,
+        super::Detail {
+            counters,
+            hold_expires_at,
+            kept_answer,
+        },
+    )?;
+    entry.consumption_id = consumption_id;
+    entry.hold_id = hold_id;
+    Ok(entry)
+}
+
+fn decode_hold_id(text: &str) -> Result<HoldId, CodecError> {
+    let (uuid, shard) = text
+        .split_once('.')
+        .ok_or_else(|| CodecError::new(WHAT, format!("hold id '{text}'")))?;
+    Ok(HoldId::from_parts(from_b64(uuid)?, number("shard", shard)?))
+}
+
+fn items(text: &str) -> impl Iterator<Item = &str> {
+    text.split(RS).filter(|item| !item.is_empty())
+}
+
+fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
+    items(text)
+        .map(|item| {
+            let (id, policy_amount) = item
+                .split_once(GS)
+                .ok_or_else(|| CodecError::new(WHAT, "a policy without its amount"))?;
+            Ok(PolicyAmount {
+                policy_id: field(WHAT, PolicyId::parse("policy_id", id))?,
+                amount: match optional(policy_amount) {
+                    None => amount,
+                    Some(text) => number("policy amount", text)?,
+                },
+            })
+        })
+        .collect()
+}
+
+fn decode_counters(
+    text: &str,
+    policies: &[PolicyAmount],
+    suffix: &str,
+    at_ms: i64,
+) -> Result<Vec<CounterCharge>, CodecError> {
+    items(text)
+        .enumerate()
+        .map(|(i, item)| {
+            let parts: Vec<&str> = item.split(GS).collect();
+            let [policy, key, restore, by_amount, charged] = parts[..] else {
+                return Err(CodecError::new(WHAT, format!("counter '{item}'")));
+            };
+            let (policy_id, policy_amount) = match policy.strip_prefix('~') {
+                Some(id) => (field(WHAT, PolicyId::parse("policy_id", id))?, None),
+                None => {
+                    let index = match optional(policy) {
+                        None => i,
+                        Some(index) => number::<usize>("policy index", index)?,
+                    };
+                    let policy = policies
+                        .get(index)
+                        .ok_or_else(|| CodecError::new(WHAT, format!("policy index {index}")))?;
+                    (policy.policy_id.clone(), Some(policy.amount))
+                }
+            };
+            let key = match (key.strip_prefix('+'), key.strip_prefix('=')) {
+                (Some(head), _) => format!("{head}{suffix}"),
+                (None, Some(key)) => key.to_owned(),
+                _ => return Err(CodecError::new(WHAT, format!("counter key '{key}'"))),
+            };
+            Ok(CounterCharge {
+                policy_id,
+                key,
+                restore: decode_restore(restore, at_ms)?,
+                by_amount: match by_amount {
+                    "1" => true,
+                    "0" => false,
+                    other => return Err(CodecError::new(WHAT, format!("by-amount '{other}'"))),
+                },
+                charged: match (optional(charged), policy_amount) {
+                    (Some(text), _) => number("charged", text)?,
+                    (None, Some(amount)) => amount,
+                    (None, None) => return Err(CodecError::new(WHAT, "a charge without units")),
+                },
+            })
+        })
+        .collect()
+}
+
+fn decode_restore(text: &str, at_ms: i64) -> Result<Restore, CodecError> {
+    let bad = || CodecError::new(WHAT, format!("restore '{text}'"));
+    let mut chars = text.chars();
+    let kind = chars.next().ok_or_else(bad)?;
+    let numbers: Vec<&str> = chars.as_str().split(',').collect();
+    match (kind, &numbers[..]) {
+        ('c', [end]) => Ok(Restore::Calendar {
+            period_end_ms: number("period end", end)?,
+        }),
+        ('r', [bucket, bucket_ms, buckets]) => {
+            let (bucket_ms, buckets) =
+                (number("bucket ms", bucket_ms)?, number("buckets", buckets)?);
+            if bucket_ms <= 0 || buckets <= 0 {
+                return Err(bad());
+            }
+            let bucket = match optional(bucket) {
+                None => current_bucket(at_ms, bucket_ms).ok_or_else(bad)?,
+                Some(text) => number("bucket", text)?,
+            };
+            Ok(Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            })
+        }
+        ('t', [period_ms, limit]) => {
+            let period_ms = number("period ms", period_ms)?;
+            if period_ms <= 0 {
+                return Err(bad());
+            }
+            Ok(Restore::TokenBucket {
+                period_ms,
+                limit: number("limit", limit)?,
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_in_base_64_read_back_and_malformed_ones_are_refused() {
+        for bits in [0, 1, u128::MAX, 0x0193_a3c4_0000_7000_8000_0000_0000_002a] {
+            let text = b64(bits);
+            assert_eq!(text.len(), 22);
+            assert_eq!(from_b64(&text), Ok(bits), "{text}");
+        }
+        for bad in [
+            "",
+            "AAAA",
+            "EAAAAAAAAAAAAAAAAAAAAA",
+            "AAAAAAAAAAAAAAAAAAAAA*",
+        ] {
+            assert!(from_b64(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn malformed_compact_entries_are_errors() {
+        for text in [
+            "2",
+            "2\u{1f}x",
+            "3\u{1f}a\u{1f}b\u{1f}c\u{1f}d\u{1f}e\u{1f}f\u{1f}g\u{1f}h\u{1f}i\u{1f}j\u{1f}k",
+        ] {
+            assert!(decode(text).is_err(), "{text:?}");
+        }
+        for restore in ["", "c", "cx", "r1,0,5", "r1,5", "t0,5", "q1"] {
+            assert!(decode_restore(restore, 0).is_err(), "{restore:?}");
+        }
+    }
+}
