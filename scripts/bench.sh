@@ -13,6 +13,10 @@
 #      service's resident memory;
 #   4. the embedded default restarted on the ledger its runs left: the time until its first
 #      consume is answered (the counters are rebuilt from the ledger first);
+#   5. the outage budget: the service on Redis while its ledger database refuses writes (a
+#      SQLite lock held by another process, as a Postgres outage looks to the drain): the
+#      consumes/s, the ledger entries left waiting in Redis, the Redis memory each takes and
+#      the size of one, and how long the backlog takes to drain once the database is back;
 # then prints one table with the targets of issue 6 beside the measured figures.
 #
 # Installs what is missing (wrk, redis-server, redis-tools, curl) with apt-get, builds
@@ -66,6 +70,7 @@ ensure_tools() {
 	command -v redis-server >/dev/null || need+=(redis-server)
 	{ command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null; } || need+=(redis-tools)
 	command -v curl >/dev/null || need+=(curl)
+	command -v python3 >/dev/null || need+=(python3)
 	command -v cargo >/dev/null || die "cargo is needed to build the service (https://rustup.rs)"
 	((${#need[@]})) || return 0
 	[[ ${BENCH_NO_INSTALL:-0} != 1 ]] || die "missing: ${need[*]} (BENCH_NO_INSTALL=1)"
@@ -144,6 +149,7 @@ start_redis() {
 
 SERVICE_PORT=""
 SERVICE_STARTS=0
+SERVICE_ENV=() # extra NAME=VALUE settings of the next start_service
 BASE=""
 
 # start_service MODE [DATABASE [TRIES]]: the release binary on a fresh SQLite database (or
@@ -164,6 +170,7 @@ start_service() {
 	if [[ $mode == redis ]]; then
 		env+=(REDIS_URL="redis://127.0.0.1:$REDIS_PORT/")
 	fi
+	env+=("${SERVICE_ENV[@]}")
 	env "${env[@]}" "$BINARY" >"$TMP/service-$SERVICE_STARTS.log" 2>&1 &
 	SERVICE_PID=$!
 	for ((i = 0; i < ${3:-200}; i++)); do
@@ -318,6 +325,57 @@ bench_mode() {
 		record "keys:redis $(rcli dbsize)"
 	fi
 	stop_service
+}
+
+# lock_database FILE SECONDS: holds SQLite's write lock on FILE for SECONDS (in the
+# background, pid in LOCK_PID): the service's ledger inserts then fail after their busy
+# timeout, and its reads go on (WAL), as the drain sees a Postgres outage.
+lock_database() {
+	python3 -c '
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("ROLLBACK")
+' "$1" "$2" >"$TMP/lock.out" 2>&1 &
+	LOCK_PID=$!
+	local i
+	for ((i = 0; i < 100; i++)); do
+		grep -q locked "$TMP/lock.out" && return 0
+		sleep 0.1
+	done
+	die "could not lock the ledger database: $(cat "$TMP/lock.out")"
+}
+
+# bench_backlog: consumes while the ledger database refuses writes. The entries wait in the
+# Redis streams; Redis memory per waiting entry is the used_memory delta over their number
+# (1,000 subjects, so that counters are a negligible part of it).
+bench_backlog() {
+	local before after w0 w1 line t0 t1 stream sample
+	SERVICE_ENV=(QUOTA_LEDGER_BACKLOG_MAX=100000000)
+	start_service redis
+	SERVICE_ENV=()
+	create_policies
+	log "outage budget: consumes while the ledger database refuses writes"
+	lock_database "$SERVICE_DB" $((WARMUP + DURATION + 30))
+	sleep 1
+	before=$(used_memory)
+	w0=$(metric quota_ledger_backlog_entries)
+	line=$(run_wrk sms 1000 "")
+	after=$(used_memory)
+	w1=$(metric quota_ledger_backlog_entries)
+	stream=$(rcli --scan --pattern '*#ledger' | head -n1)
+	sample=$(rcli --raw xrange "$stream" - + COUNT 1 | sed -n 3p)
+	stop_pid "$LOCK_PID"
+	t0=$(date +%s.%N)
+	while (($(metric quota_ledger_backlog_entries) > 0)); do
+		sleep 0.1
+	done
+	t1=$(date +%s.%N)
+	record "backlog:redis $(field rps "$line") $((w1 - w0)) $((after - before)) ${#sample} $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
+	stop_service
+	rcli flushall >/dev/null
 }
 
 # bench_restart: the embedded service restarted on the ledger its runs left (every entry
@@ -536,6 +594,18 @@ print_table() {
 		v=$(( $(field unavailable "$line") + $(field degraded "$line") ))
 		printf '  %-58s %8s  %-16s %s\n' "  store-down 503s + degraded allows" "$v" "0" "$(verdict "$v == 0")"
 	done
+	local rps waiting bytes size drained per_entry
+	read -r rps waiting bytes size drained <<<"$(result backlog:redis)"
+	if [[ -n ${drained:-} ]]; then
+		per_entry=$(awk -v b="$bytes" -v n="$waiting" 'BEGIN { printf "%.0f", (n > 0 ? b / n : 0) }')
+		printf '  %-58s %8s\n' "outage: consumes/s while the ledger database refuses writes" "$(printf '%.0f' "$rps")"
+		printf '  %-58s %8s\n' "  ledger entries left waiting in Redis" "$waiting"
+		printf '  %-58s %8s  %-16s %s\n' "  size of one waiting entry (single-policy consume)" "$size B" "<= 200 B" "$(verdict "$size <= 200")"
+		printf '  %-58s %8s\n' "  Redis memory per waiting entry (stream overhead included)" "$per_entry B"
+		printf '  %-58s %8s\n' "  minutes of outage per GiB of Redis headroom at that rate" \
+			"$(awk -v e="$per_entry" -v r="$rps" 'BEGIN { printf "%.1f", (e > 0 && r > 0 ? 2^30 / e / r / 60 : 0) }')"
+		printf '  %-58s %8s\n' "  backlog drained after the database came back in" "$drained s"
+	fi
 	read -r entries seconds <<<"$(result restart:embedded)"
 	if [[ -n ${seconds:-} ]]; then
 		# Issue 16's target is 5 s at 1M entries: scaled linearly to the entries replayed.
@@ -564,6 +634,7 @@ for mode in "${MODES[@]}"; do
 	bench_mode "$mode"
 	if [[ $mode == redis ]]; then
 		bench_memory
+		bench_backlog
 	else
 		bench_restart "$SERVICE_DB"
 	fi

@@ -75,6 +75,10 @@ pub struct Settings {
     /// The most `/quota/*` requests served at once (`QUOTA_MAX_IN_FLIGHT`, at least 1);
     /// the excess is answered 503 overloaded at once.
     pub max_in_flight: usize,
+    /// The most ledger entries that may wait in the Redis streams, all shards together
+    /// (`QUOTA_LEDGER_BACKLOG_MAX`, at least 1): past it, consumes are answered 503 until the
+    /// drain catches up, so a Postgres outage cannot fill Redis.
+    pub ledger_backlog_max: u64,
 }
 
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
@@ -120,6 +124,7 @@ impl fmt::Debug for Settings {
             .field("ledger_claim_idle", &self.ledger_claim_idle)
             .field("policy_poll", &self.policy_poll)
             .field("max_in_flight", &self.max_in_flight)
+            .field("ledger_backlog_max", &self.ledger_backlog_max)
             .finish()
     }
 }
@@ -136,6 +141,7 @@ const DEFAULT_LEDGER_RETENTION_DAYS: &str = "400";
 const DEFAULT_LEDGER_CLAIM_IDLE_MS: &str = "30000";
 const DEFAULT_POLICY_POLL_MS: &str = "500";
 const DEFAULT_MAX_IN_FLIGHT: &str = "256";
+const DEFAULT_LEDGER_BACKLOG_MAX: &str = "1000000";
 
 /// The configuration as given, one text per variable (or flag), defaults filled in; an
 /// empty or blank value counts as unset. [`Settings::from_args`] checks it.
@@ -218,6 +224,12 @@ pub struct ConfigArgs {
     #[arg(long, env = "QUOTA_MAX_IN_FLIGHT", value_name = "N",
         default_value = DEFAULT_MAX_IN_FLIGHT, global = true)]
     max_in_flight: String,
+    /// The most ledger entries waiting in the Redis streams (all shards) for SQL, e.g.
+    /// while Postgres is down; past it consumes are answered 503 ledger-backlog-full (about
+    /// 200 bytes of Redis memory each: the default takes about 200 MB).
+    #[arg(long, env = "QUOTA_LEDGER_BACKLOG_MAX", value_name = "N",
+        default_value = DEFAULT_LEDGER_BACKLOG_MAX, global = true)]
+    ledger_backlog_max: String,
 }
 
 /// clap's parser for secret values: any text, kept out of `Debug` output from the start.
@@ -360,6 +372,14 @@ impl Settings {
         if max_in_flight == 0 {
             bail!("QUOTA_MAX_IN_FLIGHT must be at least 1");
         }
+        let ledger_backlog_max: u64 = number(
+            args.ledger_backlog_max,
+            DEFAULT_LEDGER_BACKLOG_MAX,
+            "QUOTA_LEDGER_BACKLOG_MAX must be a whole number of entries",
+        )?;
+        if ledger_backlog_max == 0 {
+            bail!("QUOTA_LEDGER_BACKLOG_MAX must be at least 1");
+        }
         Ok(Self {
             listen,
             database_url: or_default(args.database_url, DEFAULT_DATABASE_URL),
@@ -383,6 +403,7 @@ impl Settings {
             ledger_claim_idle: Duration::from_millis(ledger_claim_idle_ms.max(1)),
             policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
             max_in_flight,
+            ledger_backlog_max,
         })
     }
 }

@@ -22,7 +22,7 @@ mod scrape;
 mod text;
 
 use crate::engine::policies::PolicyCache;
-use crate::engine::store::StoreError;
+use crate::engine::store::{StoreError, StoreMemory};
 use crate::engine::{Decision, EngineError, PolicyDecision};
 use labels::{DecisionLabels, EndpointLabels, RequestLabels, RequestResult, StoreErrorLabels};
 use prometheus_client::encoding::text::encode_registry;
@@ -67,13 +67,17 @@ const BUCKETS: [f64; 11] = [
 const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "timeout", "protocol"];
 
 /// Gauges read from the stores at scrape time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Live {
     /// Whether the counter store's circuit breaker is open (calls fail without trying).
     pub(crate) circuit_open: bool,
     /// Ledger entries in the Redis streams not yet moved to SQL; `None` without Redis (or
     /// when Redis did not answer).
     pub(crate) ledger_backlog: Option<u64>,
+    /// The bound on the backlog (`QUOTA_LEDGER_BACKLOG_MAX`); `None` without Redis.
+    pub(crate) ledger_backlog_max: Option<u64>,
+    /// Redis's memory (`None` without Redis, or when it did not answer).
+    pub(crate) store_memory: Option<StoreMemory>,
     /// `/quota/*` requests being served now.
     pub(crate) in_flight: usize,
     /// The most `/quota/*` requests served at once.
@@ -204,6 +208,7 @@ impl Metrics {
             }
             Err(EngineError::Ledger(_)) => (action, RequestResult::Unavailable, &[][..]),
             Err(EngineError::Overloaded) => (action, RequestResult::Overloaded, &[][..]),
+            Err(EngineError::BacklogFull { .. }) => (action, RequestResult::BacklogFull, &[][..]),
         };
         self.count(endpoint, action, result, policies);
     }
@@ -242,7 +247,8 @@ impl Metrics {
                 | EngineError::NotFound(_)
                 | EngineError::Conflict(_)
                 | EngineError::Ledger(_)
-                | EngineError::Overloaded,
+                | EngineError::Overloaded
+                | EngineError::BacklogFull { .. },
             ) => return,
         };
         self.store_errors.get_or_create(&store_error(kind)).inc();

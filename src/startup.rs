@@ -77,6 +77,27 @@ fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()>
     })
 }
 
+/// Counts the ledger entries waiting in the Redis streams every
+/// [`MEASURE_EVERY`](crate::engine::backlog::MEASURE_EVERY), which bounds consumes by
+/// `QUOTA_LEDGER_BACKLOG_MAX` (Redis only).
+fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut full = false;
+        loop {
+            tokio::time::sleep(crate::engine::backlog::MEASURE_EVERY).await;
+            state.engine.measure_backlog().await;
+            let now_full = state.engine.backlog().is_some_and(|b| b.is_full());
+            if now_full != full {
+                full = now_full;
+                match full {
+                    true => tracing::warn!("ledger backlog full: consumes are answered 503 until the drain moves entries into SQL"),
+                    false => tracing::info!("ledger backlog below its bound again: consumes are served"),
+                }
+            }
+        }
+    })
+}
+
 /// The counter store of a new application.
 struct Counters {
     store: Arc<dyn CounterStore>,
@@ -210,6 +231,7 @@ impl Application {
             cache,
             clock,
             load: load.clone(),
+            backlog_max: settings.ledger_backlog_max,
         };
         let engine = Engine::new(
             ports,
@@ -239,6 +261,11 @@ impl Application {
             admission: Arc::new(Admission::new(settings.max_in_flight, load)),
         });
         tasks.0.push(spawn_hold_sweeper(state.clone()));
+        if state.engine.backlog().is_some() {
+            // Before the first request, so that a full backlog is known from the start.
+            state.engine.measure_backlog().await;
+            tasks.0.push(spawn_backlog_watch(state.clone()));
+        }
         let admin_token_generated = settings.admin_token.is_none();
         let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
         let tokens = web::Data::new(Tokens {

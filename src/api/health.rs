@@ -22,6 +22,10 @@ pub(crate) struct StoreHealth {
     pub(crate) policy_store: String,
     /// The counter store (Redis, or `embedded` for in-process counters).
     pub(crate) counter_store: String,
+    /// Redis only: `ok`, or `full` while `QUOTA_LEDGER_BACKLOG_MAX` ledger entries or more
+    /// wait in Redis for SQL (consumes are then answered 503 ledger-backlog-full).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ledger_backlog: Option<String>,
 }
 
 /// The process is up.
@@ -37,7 +41,7 @@ pub(crate) async fn healthz() -> web::Json<Health> {
 /// Every store answers.
 #[utoipa::path(tag = "health", responses(
     (status = 200, description = "Ready", body = Health),
-    (status = 503, description = "A store is down", body = Health),
+    (status = 503, description = "A store is down, or the ledger backlog is full", body = Health),
 ))]
 #[get("/readyz")]
 pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
@@ -48,12 +52,14 @@ pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         true => "embedded".to_owned(),
         false => word(counter_ok),
     };
-    let ready = policy_ok && counter_ok;
+    let backlog_full = state.engine.backlog().map(|b| b.is_full());
+    let ready = policy_ok && counter_ok && backlog_full != Some(true);
     let body = Health {
         status: if ready { "ok" } else { "unavailable" }.to_owned(),
         stores: Some(StoreHealth {
             policy_store: word(policy_ok),
             counter_store,
+            ledger_backlog: backlog_full.map(|full| if full { "full" } else { "ok" }.to_owned()),
         }),
     };
     match ready {

@@ -20,7 +20,9 @@ use std::time::Instant;
 pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let live = Live {
         circuit_open: state.engine.counters().circuit_open(),
-        ledger_backlog: state.engine.ledger_backlog().await,
+        ledger_backlog: state.engine.measure_backlog().await,
+        ledger_backlog_max: state.engine.backlog().map(|b| b.max()),
+        store_memory: state.engine.counters().memory().await,
         in_flight: state.admission.in_flight(),
         max_in_flight: state.admission.limit(),
         overloaded: state.admission.shed(),

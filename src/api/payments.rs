@@ -163,7 +163,7 @@ pub(crate) async fn refund(
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down (fail closed), overloaded, or the ledger backlog full (see the problem type)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("client_token" = []), ())
 )]

@@ -73,6 +73,10 @@ pub(crate) enum ApiError {
     /// fail open, unlike a store outage).
     #[error("{0}")]
     Overloaded(String),
+    /// 503: too many ledger entries wait in Redis for SQL (`QUOTA_LEDGER_BACKLOG_MAX`);
+    /// nothing was charged. Never a reason to fail open.
+    #[error("{0}")]
+    BacklogFull(String),
     /// 500: a bug; the cause is logged, not shown.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -96,6 +100,7 @@ impl ApiError {
             Self::Invalid(_) => ("validation", "Invalid request"),
             Self::Unavailable(_) => ("store-unavailable", "Service unavailable"),
             Self::Overloaded(_) => ("overloaded", "Service overloaded"),
+            Self::BacklogFull(_) => ("ledger-backlog-full", "Ledger backlog full"),
             Self::Internal(_) => ("internal", "Internal error"),
         }
     }
@@ -130,7 +135,9 @@ impl ResponseError for ApiError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) | Self::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Overloaded(_) | Self::BacklogFull(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -165,6 +172,10 @@ impl ResponseError for ApiError {
             }
             Self::Unavailable(_) | Self::Overloaded(_) => {
                 builder.insert_header((header::RETRY_AFTER, "1"));
+            }
+            // The drain needs SQL back, then a few seconds.
+            Self::BacklogFull(_) => {
+                builder.insert_header((header::RETRY_AFTER, "5"));
             }
             _ => {}
         }
@@ -232,6 +243,21 @@ impl From<EngineError> for ApiError {
                     .to_owned(),
             ),
             EngineError::Conflict(what) => Self::Conflict(what),
+            EngineError::BacklogFull { max } => {
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(
+                        max,
+                        count,
+                        "ledger backlog full: consumes answered 503 until the drain catches up"
+                    );
+                }
+                Self::BacklogFull(format!(
+                    "{max} or more ledger entries wait in Redis to be written to SQL \
+                     (QUOTA_LEDGER_BACKLOG_MAX); nothing was charged; retry once the ledger \
+                     database is back and the backlog has drained"
+                ))
+            }
             EngineError::Ledger(error) => error.into(),
         }
     }

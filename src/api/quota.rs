@@ -278,7 +278,7 @@ pub(super) fn respond(
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Counter store down (fail closed)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Counter store down (fail closed), overloaded, or the ledger backlog full (see the problem type)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("client_token" = []), ())
 )]

@@ -132,6 +132,10 @@ impl Engine {
             self.record(vec![attempt.allowed_entry.clone()]).await?;
             return Ok(attempt.answer(plan.empty_decision()));
         }
+        let backlog = self.backlog().filter(|_| self.counters.streams_ledger());
+        if let Some(backlog) = backlog.filter(|b| b.is_full()) {
+            return Err(EngineError::BacklogFull { max: backlog.max() });
+        }
         let effects = self.effects(&plan, request, &attempt);
         let decided = self
             .counters
@@ -140,6 +144,10 @@ impl Engine {
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
                 let decision = plan.decision(&evaluation);
+                if let Some(backlog) = backlog {
+                    let appended = decision.allowed || attempt.denied_entry.is_some();
+                    backlog.appended(u64::from(appended));
+                }
                 if !self.counters.streams_ledger() {
                     let written = match decision.allowed {
                         true => Some(LedgerEntry {

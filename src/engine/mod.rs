@@ -7,6 +7,7 @@
 //! Consumes and holds ([`consume`]) also keep idempotency records and ledger entries in
 //! that same atomic step; refunds and hold settlement live in [`giveback`].
 
+pub mod backlog;
 pub mod codec;
 pub(crate) mod consume;
 pub mod drain;
@@ -102,6 +103,13 @@ pub(crate) enum EngineError {
     /// saturation, answered as overload (never a degraded allow).
     #[error("the service is overloaded; retry shortly")]
     Overloaded,
+    /// `max` ledger entries or more wait in the Redis streams: nothing may be charged
+    /// until the drain has moved some into SQL (never a degraded allow).
+    #[error("the ledger backlog is full ({max} entries)")]
+    BacklogFull {
+        /// The bound (`QUOTA_LEDGER_BACKLOG_MAX`).
+        max: u64,
+    },
     /// The counter store failed and the configuration says fail closed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -138,6 +146,8 @@ pub(crate) struct Ports {
     pub(crate) clock: Arc<dyn Clock>,
     /// Whether admission control is shedding load (a timeout is then ours, not Redis's).
     pub(crate) load: Arc<load::Load>,
+    /// The most ledger entries that may wait in the streams (Redis only).
+    pub(crate) backlog_max: u64,
 }
 
 /// The quota engine; shared by every request.
@@ -151,6 +161,8 @@ pub struct Engine {
     writer: LedgerWriter,
     drain: Option<Arc<Drainer>>,
     load: Arc<load::Load>,
+    /// With a drain: the bound on what waits in the streams.
+    backlog: Option<backlog::Backlog>,
 }
 
 impl Engine {
@@ -164,8 +176,10 @@ impl Engine {
             cache,
             clock,
             load,
+            backlog_max,
         } = ports;
         Self {
+            backlog: drain.as_ref().map(|_| backlog::Backlog::new(backlog_max)),
             counters,
             cache,
             clock,
@@ -192,12 +206,22 @@ impl Engine {
         }
     }
 
-    /// Ledger entries waiting in the Redis streams (`None` without Redis).
-    pub(crate) async fn ledger_backlog(&self) -> Option<u64> {
-        match &self.drain {
-            Some(drain) => drain.backlog().await,
-            None => None,
-        }
+    /// Counts the ledger entries waiting in the Redis streams now, and bounds consumes by
+    /// it (`None` without Redis, or when Redis did not answer). Runs every
+    /// [`backlog::MEASURE_EVERY`] in the background; tests call it to measure at once.
+    pub async fn measure_backlog(&self) -> Option<u64> {
+        let (Some(drain), Some(backlog)) = (&self.drain, &self.backlog) else {
+            return None;
+        };
+        let before = backlog.measure_starts();
+        let total = drain.backlog().await?;
+        backlog.measured(total, before);
+        Some(total)
+    }
+
+    /// The backlog bound and what is known of the backlog (`None` without Redis).
+    pub(crate) fn backlog(&self) -> Option<&backlog::Backlog> {
+        self.backlog.as_ref()
     }
 
     /// The durable ledger (the ledger query API reads it).

@@ -316,6 +316,23 @@ pub trait CounterStore: Send + Sync + 'static {
     fn circuit_open(&self) -> bool {
         false
     }
+
+    /// The memory of a store that keeps its data in a server with a bound of its own
+    /// (Redis), for `/metrics`; `None` for the in-process store, or when it did not answer.
+    async fn memory(&self) -> Option<StoreMemory> {
+        None
+    }
+}
+
+/// A counter store's memory, as its servers report it (every node of a cluster, summed).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoreMemory {
+    /// Bytes in use.
+    pub used_bytes: u64,
+    /// The configured bound (`maxmemory`), in bytes; 0 when a node has none.
+    pub max_bytes: u64,
+    /// The `maxmemory-policy` of each node, deduplicated (`noeviction` is the only safe one).
+    pub policies: Vec<String>,
 }
 
 /// The largest quantity (limit, cost, usage) a store accepts or reports: 2^53 - 1.

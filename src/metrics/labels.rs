@@ -19,6 +19,7 @@ pub(super) enum RequestResult {
     Invalid,
     Unavailable,
     Overloaded,
+    BacklogFull,
     Error,
 }
 
@@ -32,6 +33,7 @@ impl RequestResult {
             Self::Invalid => "invalid",
             Self::Unavailable => "unavailable",
             Self::Overloaded => "overloaded",
+            Self::BacklogFull => "backlog_full",
             Self::Error => "error",
         }
     }

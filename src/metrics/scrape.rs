@@ -1,11 +1,12 @@
 //! The gauges read at scrape time: what the policy cache holds, the counter store's
-//! circuit breaker, the ledger backlog and the build. They are built fresh for every
+//! circuit breaker, the ledger backlog and its bound, Redis's memory and the build. They are built fresh for every
 //! scrape from the values the handler passes, so nothing has to keep them up to date.
 
 use super::Live;
 use crate::engine::policies::PolicyCache;
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 /// A registry of this scrape's gauges. A gauge whose value is unknown (no reload yet, no
@@ -43,6 +44,36 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
             "Ledger entries waiting in the Redis streams to be moved into SQL",
             // The text encoder refuses a u64 above i64::MAX; no backlog gets near it.
             ConstGauge::new(i64::try_from(backlog).unwrap_or(i64::MAX)),
+        );
+    }
+    if let Some(max) = live.ledger_backlog_max {
+        registry.register(
+            "quota_ledger_backlog_max_entries",
+            "The most ledger entries that may wait in the Redis streams; consumes are answered 503 ledger-backlog-full at it (QUOTA_LEDGER_BACKLOG_MAX)",
+            ConstGauge::new(i64::try_from(max).unwrap_or(i64::MAX)),
+        );
+    }
+    if let Some(memory) = &live.store_memory {
+        registry.register(
+            "quota_redis_used_memory_bytes",
+            "Memory Redis uses (INFO used_memory, summed over a cluster's nodes)",
+            ConstGauge::new(i64::try_from(memory.used_bytes).unwrap_or(i64::MAX)),
+        );
+        registry.register(
+            "quota_redis_maxmemory_bytes",
+            "Redis's maxmemory (summed over a cluster's nodes); 0 when a node has none",
+            ConstGauge::new(i64::try_from(memory.max_bytes).unwrap_or(i64::MAX)),
+        );
+        let policies = Family::<Vec<(String, String)>, Gauge>::default();
+        for policy in &memory.policies {
+            policies
+                .get_or_create(&vec![("policy".to_owned(), policy.clone())])
+                .set(1);
+        }
+        registry.register(
+            "quota_redis_maxmemory_policy",
+            "Always 1, labelled with each maxmemory-policy Redis's nodes have (only noeviction is safe)",
+            policies,
         );
     }
     registry.register(

@@ -3,7 +3,7 @@
 use super::{Endpoint, Live, Metrics, UNKNOWN_ACTION};
 use crate::domain::{Action, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Window};
 use crate::engine::policies::PolicyCache;
-use crate::engine::store::StoreError;
+use crate::engine::store::{StoreError, StoreMemory};
 use crate::engine::{Decision, EngineError, PolicyDecision};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
@@ -214,6 +214,8 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
     for absent in [
         "quota_policy_cache_last_reload_timestamp_seconds",
         "quota_ledger_backlog_entries",
+        "quota_ledger_backlog_max_entries",
+        "quota_redis_used_memory_bytes",
     ] {
         assert!(!empty.contains(absent), "{absent} in\n{empty}");
     }
@@ -221,6 +223,12 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
     let live = Live {
         circuit_open: true,
         ledger_backlog: Some(7),
+        ledger_backlog_max: Some(1_000),
+        store_memory: Some(StoreMemory {
+            used_bytes: 2_048,
+            max_bytes: 4_096,
+            policies: vec!["allkeys-lru".to_owned(), "noeviction".to_owned()],
+        }),
         in_flight: 3,
         max_in_flight: 256,
         overloaded: 11,
@@ -236,6 +244,11 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_policy_cache_overrides", "0"),
         ("quota_counter_store_circuit_open", "1"),
         ("quota_ledger_backlog_entries", "7"),
+        ("quota_ledger_backlog_max_entries", "1000"),
+        ("quota_redis_used_memory_bytes", "2048"),
+        ("quota_redis_maxmemory_bytes", "4096"),
+        ("quota_redis_maxmemory_policy{policy=\"allkeys-lru\"}", "1"),
+        ("quota_redis_maxmemory_policy{policy=\"noeviction\"}", "1"),
         ("quota_in_flight_requests", "3"),
         ("quota_max_in_flight_requests", "256"),
         ("quota_overloaded_total", "11"),

@@ -234,6 +234,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         policy_poll: Duration::from_millis(500),
         // Above the bursts of the concurrency tests: they test exact limits, not shedding.
         max_in_flight: 1_024,
+        ledger_backlog_max: 1_000_000,
     };
     FreshSettings { settings, database }
 }

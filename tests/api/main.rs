@@ -5,6 +5,7 @@
 mod helpers;
 
 mod admin;
+mod backlog;
 mod concurrency;
 mod crash;
 mod errors;

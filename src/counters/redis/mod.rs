@@ -36,7 +36,7 @@ use super::circuit::CircuitBreaker;
 use crate::engine::load::Load;
 use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GivenBack,
-    StoreError,
+    StoreError, StoreMemory,
 };
 use crate::logs::Throttle;
 
@@ -406,11 +406,45 @@ impl CounterStore for RedisCounterStore {
         let _: Value = self.plain(&redis::cmd("PING")).await?;
         Ok(())
     }
+
+    async fn memory(&self) -> Option<StoreMemory> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let reply: Value = self.plain(&info).await.ok()?;
+        Some(store_memory(&reply))
+    }
+}
+
+/// What every node's `INFO memory` says (sums over the nodes of a cluster).
+fn store_memory(reply: &Value) -> StoreMemory {
+    let numbers = |name: &str| -> Vec<u64> {
+        info_fields(reply, name)
+            .iter()
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    let max = numbers("maxmemory");
+    let mut policies = eviction_policies(reply);
+    policies.sort();
+    policies.dedup();
+    StoreMemory {
+        used_bytes: numbers("used_memory").iter().sum(),
+        max_bytes: match max.contains(&0) {
+            true => 0,
+            false => max.iter().sum(),
+        },
+        policies,
+    }
 }
 
 /// The `maxmemory_policy` of every node in an `INFO memory` reply (one text, or one per
 /// node in Redis Cluster).
 fn eviction_policies(reply: &Value) -> Vec<String> {
+    info_fields(reply, "maxmemory_policy")
+}
+
+/// The values of the field `name` in every node's `INFO` text of `reply`.
+fn info_fields(reply: &Value, name: &str) -> Vec<String> {
     let mut texts = Vec::new();
     let mut pending = vec![reply];
     while let Some(value) = pending.pop() {
@@ -426,8 +460,10 @@ fn eviction_policies(reply: &Value) -> Vec<String> {
     texts
         .iter()
         .flat_map(|text| text.lines())
-        .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
-        .map(str::to_owned)
+        .filter_map(|line| {
+            let (field, value) = line.trim().split_once(':')?;
+            (field == name).then(|| value.to_owned())
+        })
         .collect()
 }
 
@@ -533,5 +569,31 @@ mod tests {
         policies.sort();
         assert_eq!(policies, ["noeviction", "volatile-lru"]);
         assert!(eviction_policies(&Value::Nil).is_empty());
+        let memory = |used: u64, max: u64, policy: &str| {
+            format!("# Memory\r\nused_memory:{used}\r\nused_memory_human:1K\r\nmaxmemory:{max}\r\nmaxmemory_human:0B\r\nmaxmemory_policy:{policy}\r\n")
+        };
+        let two = Value::Map(vec![
+            (
+                Value::SimpleString("a:1".into()),
+                Value::VerbatimString {
+                    format: redis::VerbatimFormat::Text,
+                    text: memory(100, 1_000, "noeviction"),
+                },
+            ),
+            (
+                Value::SimpleString("b:2".into()),
+                Value::BulkString(memory(50, 2_000, "allkeys-lru").into_bytes()),
+            ),
+        ]);
+        assert_eq!(
+            store_memory(&two),
+            StoreMemory {
+                used_bytes: 150,
+                max_bytes: 3_000,
+                policies: vec!["allkeys-lru".to_owned(), "noeviction".to_owned()],
+            }
+        );
+        let unbounded = Value::BulkString(memory(7, 0, "noeviction").into_bytes());
+        assert_eq!(store_memory(&unbounded).max_bytes, 0);
     }
 }
