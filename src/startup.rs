@@ -79,13 +79,20 @@ fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()>
 
 /// Counts the ledger entries waiting in the Redis streams every
 /// [`MEASURE_EVERY`](crate::engine::backlog::MEASURE_EVERY), which bounds consumes by
-/// `QUOTA_LEDGER_BACKLOG_MAX` (Redis only).
+/// `QUOTA_LEDGER_BACKLOG_MAX`, and looks at Redis's memory settings every
+/// [`MEMORY_LOOK_EVERY`](crate::engine::backlog::MEMORY_LOOK_EVERY) (Redis only).
 fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
+    use crate::engine::backlog::{MEASURE_EVERY, MEMORY_LOOK_EVERY};
     tokio::spawn(async move {
         let mut full = false;
+        let mut last_look = std::time::Instant::now();
         loop {
-            tokio::time::sleep(crate::engine::backlog::MEASURE_EVERY).await;
+            tokio::time::sleep(MEASURE_EVERY).await;
             state.engine.measure_backlog().await;
+            if last_look.elapsed() >= MEMORY_LOOK_EVERY {
+                last_look = std::time::Instant::now();
+                state.engine.counters().memory().await;
+            }
             let now_full = state.engine.backlog().is_some_and(|b| b.is_full());
             if now_full != full {
                 full = now_full;

@@ -19,6 +19,10 @@ use std::time::Duration;
 /// How often an instance measures the backlog.
 pub(crate) const MEASURE_EVERY: Duration = Duration::from_millis(250);
 
+/// How often an instance reads the counter store's memory settings (Redis's
+/// `maxmemory-policy` may be changed on a live server).
+pub(crate) const MEMORY_LOOK_EVERY: Duration = Duration::from_secs(5);
+
 /// The bound, and what is known of the backlog.
 #[derive(Debug)]
 pub struct Backlog {

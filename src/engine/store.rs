@@ -319,6 +319,9 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// The memory of a store that keeps its data in a server with a bound of its own
     /// (Redis), for `/metrics`; `None` for the in-process store, or when it did not answer.
+    /// Redis's adapter also judges the eviction policy it read: an unsafe one refuses
+    /// every decision from then on, a fixed one serves again. The engine looks every
+    /// [`MEMORY_LOOK_EVERY`](super::backlog::MEMORY_LOOK_EVERY).
     async fn memory(&self) -> Option<StoreMemory> {
         None
     }

@@ -70,6 +70,39 @@ pub struct RedisCounterStore {
     load: Option<Arc<Load>>,
     /// Serve even if Redis may evict keys (`QUOTA_REDIS_ALLOW_EVICTION`).
     allow_eviction: bool,
+    /// Why scripts are refused, while Redis's eviction policy is unsafe (shared by clones).
+    refusal: Arc<Refusal>,
+}
+
+/// Set while the last look at Redis's `maxmemory-policy` found it unsafe: every script
+/// call (consumes, give-backs) and readiness are refused. Plain commands (the drain, the
+/// look itself) go on, so that waiting entries still reach SQL and a fixed setting is seen.
+#[derive(Debug, Default)]
+struct Refusal {
+    set: std::sync::atomic::AtomicBool,
+    why: std::sync::Mutex<String>,
+}
+
+impl Refusal {
+    /// The reason, while refused (one atomic load when not).
+    fn get(&self) -> Option<String> {
+        if !self.set.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        Some(self.why.lock().map(|why| why.clone()).unwrap_or_default())
+    }
+
+    /// Refuses (with the reason) or serves, after a look at the policy.
+    fn judged(&self, verdict: &Result<(), StoreError>) {
+        if let Err(StoreError::Misconfigured(why)) = verdict {
+            if let Ok(mut kept) = self.why.lock() {
+                kept.clone_from(why);
+            }
+        }
+        let refused = matches!(verdict, Err(StoreError::Misconfigured(_)));
+        self.set
+            .store(refused, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// The two kinds of Redis deployments, behind one handle.
@@ -125,6 +158,7 @@ impl RedisCounterStore {
             timeout,
             load: None,
             allow_eviction: false,
+            refusal: Arc::default(),
         };
         if let Err(error) = store.connection().await {
             tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
@@ -221,11 +255,15 @@ impl RedisCounterStore {
             }
             Err(error) => return Err(error),
         };
-        let evicting: Vec<String> = eviction_policies(&reply)
-            .into_iter()
-            .filter(|policy| policy != "noeviction")
-            .collect();
-        let Some(policy) = evicting.first() else {
+        let verdict = self.judge(&eviction_policies(&reply));
+        self.refusal.judged(&verdict);
+        verdict
+    }
+
+    /// Whether `policies` (every node's `maxmemory-policy`) may be served: an evicting one
+    /// is refused (logged at error level) unless `allow_eviction` (a warning then).
+    fn judge(&self, policies: &[String]) -> Result<(), StoreError> {
+        let Some(policy) = policies.iter().find(|policy| *policy != "noeviction") else {
             return Ok(());
         };
         let why = format!(
@@ -254,6 +292,9 @@ impl RedisCounterStore {
 
     /// Runs `call` of `script` under the circuit breaker and the timeout.
     async fn exec(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
+        if let Some(why) = self.refusal.get() {
+            return Err(StoreError::Misconfigured(why));
+        }
         if !self.breaker.allow() {
             return Err(StoreError::Unavailable(
                 "Redis failed repeatedly; circuit open, retrying shortly".to_owned(),
@@ -402,6 +443,9 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
+        if let Some(why) = self.refusal.get() {
+            return Err(StoreError::Misconfigured(why));
+        }
         // In cluster mode PING goes to every primary and succeeds only if all answer.
         let _: Value = self.plain(&redis::cmd("PING")).await?;
         Ok(())
@@ -411,7 +455,11 @@ impl CounterStore for RedisCounterStore {
         let mut info = redis::cmd("INFO");
         info.arg("memory");
         let reply: Value = self.plain(&info).await.ok()?;
-        Some(store_memory(&reply))
+        let memory = store_memory(&reply);
+        // A look at the policy, besides the one on every new connection: a setting changed
+        // on a live server, or a node that came back from a failover, is judged here.
+        self.refusal.judged(&self.judge(&memory.policies));
+        Some(memory)
     }
 }
 
