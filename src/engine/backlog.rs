@@ -31,6 +31,9 @@ pub struct Backlog {
     measured: AtomicU64,
     /// Entries this instance appended since (approximately: see [`Backlog::measured`]).
     appended: AtomicU64,
+    /// One measure at a time (the watch and a `/metrics` scrape may both ask): two that
+    /// started together would both take the same appends off.
+    pub(crate) measuring: tokio::sync::Mutex<()>,
 }
 
 impl Backlog {
@@ -40,6 +43,7 @@ impl Backlog {
             max: max.max(1),
             measured: AtomicU64::new(0),
             appended: AtomicU64::new(0),
+            measuring: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -77,7 +81,12 @@ impl Backlog {
     /// was appended while it ran may be counted twice, which errs on the full side.
     pub(crate) fn measured(&self, total: u64, appended_before: u64) {
         self.measured.store(total, Ordering::Release);
-        self.appended.fetch_sub(appended_before, Ordering::AcqRel);
+        // Never below zero, whatever the order of calls: a wrapped count would read as full.
+        let _ = self
+            .appended
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |appended| {
+                Some(appended.saturating_sub(appended_before))
+            });
     }
 }
 
@@ -107,5 +116,9 @@ mod tests {
         backlog.measured(1, start);
         assert_eq!(backlog.waiting(), 2);
         assert!(!backlog.is_full());
+        // A second measure that started at the same point takes nothing off twice.
+        backlog.measured(1, start);
+        assert_eq!(backlog.waiting(), 1);
+        assert!(!backlog.is_full(), "not wrapped around to full");
     }
 }

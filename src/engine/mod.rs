@@ -213,6 +213,7 @@ impl Engine {
         let (Some(drain), Some(backlog)) = (&self.drain, &self.backlog) else {
             return None;
         };
+        let _one_at_a_time = backlog.measuring.lock().await;
         let before = backlog.measure_starts();
         let total = drain.backlog().await?;
         backlog.measured(total, before);

@@ -459,6 +459,17 @@ impl CounterStore for RedisCounterStore {
         // A look at the policy, besides the one on every new connection: a setting changed
         // on a live server, or a node that came back from a failover, is judged here.
         self.refusal.judged(&self.judge(&memory.policies));
+        static UNBOUNDED: std::sync::Once = std::sync::Once::new();
+        if memory.max_bytes == 0 {
+            UNBOUNDED.call_once(|| {
+                tracing::warn!(
+                    used_bytes = memory.used_bytes,
+                    "Redis has no maxmemory: a long ledger outage or a flood of subjects can \
+                     exhaust the host's memory and get Redis killed with every counter; set \
+                     maxmemory with headroom (and keep maxmemory-policy noeviction)"
+                );
+            });
+        }
         Some(memory)
     }
 }
