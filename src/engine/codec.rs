@@ -21,6 +21,9 @@ use crate::domain::{
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+mod snapshot;
+pub(crate) use snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_FORMAT};
+
 /// A persisted record that does not read as the format it should have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed {what}: {why}")]

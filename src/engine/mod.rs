@@ -16,6 +16,7 @@ pub mod load;
 mod plan;
 pub(crate) mod policies;
 pub(crate) mod rebuild;
+pub(crate) mod snapshot;
 pub mod store;
 pub(crate) mod stream;
 pub mod window;
@@ -34,6 +35,7 @@ use writer::LedgerWriter;
 
 pub(crate) use consume::Consumed;
 pub(crate) use giveback::Settled;
+pub use snapshot::Restored;
 
 /// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]
