@@ -170,3 +170,55 @@ macro_rules! sql_snapshot_store {
 
 sql_snapshot_store!(PostgresLedgerStore, sqlx::postgres::PgRow);
 sql_snapshot_store!(SqliteLedgerStore, sqlx::sqlite::SqliteRow);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(covered_seq: i64, parts: &[&[u8]]) -> StoredSnapshot {
+        StoredSnapshot {
+            format: 1,
+            covered_seq,
+            covered_id: Some(format!("entry-{covered_seq}")),
+            prefix: "ql".to_owned(),
+            taken_at: DateTime::from_timestamp_millis(1_800_000_000_123).expect("in range"),
+            parts: parts.iter().map(|p| p.to_vec()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_snapshot_replaces_the_others_and_comes_back_whole() {
+        let file = std::env::temp_dir().join(format!(
+            "quota-ledger-snapshot-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        crate::db::migrate_url(&url).await.expect("migrating");
+        let store = connect(&url).await.expect("opening");
+        assert_eq!(store.latest().await.expect("reads"), None);
+        assert_eq!(store.last_entry().await.expect("reads"), None);
+
+        store
+            .save(&snapshot(9, &[b"one", b"two", b""]))
+            .await
+            .expect("saves");
+        let newest = snapshot(12, &[b"three", b"four"]);
+        store.save(&newest).await.expect("saves");
+        assert_eq!(store.latest().await.expect("reads"), Some(newest));
+
+        let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
+            panic!("a SQLite URL opens a SQLite pool");
+        };
+        let deleted = sqlx::query("DELETE FROM counter_snapshots WHERE part = 0")
+            .execute(&pool)
+            .await
+            .expect("deleting");
+        assert_eq!(deleted.rows_affected(), 1, "only the newest is kept");
+        let read = store.latest().await;
+        assert!(matches!(read, Err(LedgerError::Corrupt(_))), "{read:?}");
+        store.delete_all().await.expect("deletes");
+        assert_eq!(store.latest().await.expect("reads"), None);
+        pool.close().await;
+        let _ = std::fs::remove_file(&file);
+    }
+}
