@@ -1,5 +1,7 @@
 //! Wiring: stores, caches and the HTTP server, built the same way in production and tests.
 
+mod embedded;
+
 use crate::api::admission::Admission;
 use crate::api::extract::{problem_for_bare_errors, Tokens, MAX_BODY_BYTES};
 use crate::api::problem::ApiError;
@@ -12,10 +14,9 @@ use crate::engine::drain::Drainer;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
 use crate::engine::policies::PolicyCache;
-use crate::engine::rebuild::Replay;
 use crate::engine::store::CounterStore;
 use crate::engine::writer::LedgerWriter;
-use crate::engine::{Engine, Ports};
+use crate::engine::{Engine, Ports, Restored};
 use crate::ledger::retention::{Retention, RetentionTask};
 use crate::metrics::Metrics;
 use crate::policy::{self, Refresher};
@@ -42,8 +43,14 @@ pub struct Application {
     refresher: Refresher,
     /// Deletes old ledger entries until the application is dropped.
     _retention: RetentionTask,
-    /// The ledger drain and the hold sweeper; stopped when the application is.
+    /// The ledger drain; stopped when the application is.
     _tasks: BackgroundTasks,
+    /// Releases expired holds; stopped between two sweeps before the snapshot is taken.
+    sweeper: embedded::Sweeper,
+    /// The embedded default's in-process store and its snapshots (`None` on Redis).
+    embedded: Option<embedded::Embedded>,
+    /// How the in-process counters were rebuilt at start (`None` on Redis).
+    restored: Option<Restored>,
     /// What the handlers share; kept so that tests can drive background work themselves.
     state: web::Data<AppState>,
 }
@@ -58,23 +65,6 @@ impl Drop for BackgroundTasks {
             task.abort();
         }
     }
-}
-
-/// How often expired holds are looked for.
-const HOLD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Releases holds that expired unsettled. Safe with several instances: the release script
-/// changes a hold's state only if it is still open, so each hold expires at most once.
-fn spawn_hold_sweeper(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(HOLD_SWEEP_EVERY).await;
-            let expired = state.engine.expire_due_holds().await;
-            if expired > 0 {
-                tracing::info!(expired, "released expired holds");
-            }
-        }
-    })
 }
 
 /// Counts the ledger entries waiting in the Redis streams every
@@ -110,8 +100,9 @@ struct Counters {
     store: Arc<dyn CounterStore>,
     /// Redis: moves its ledger streams into SQL.
     drain: Option<Arc<Drainer>>,
-    /// In-process: the same store, empty, for the ledger to be replayed into.
-    fresh: Option<Arc<dyn Replay>>,
+    /// In-process: the same store, empty, for the snapshot and the ledger to be replayed
+    /// into, and snapshotted from at shutdown.
+    embedded: Option<embedded::Embedded>,
 }
 
 /// The counter store `settings` name: in-process without `REDIS_URL`; else Redis, with
@@ -123,10 +114,11 @@ async fn counter_store(
 ) -> anyhow::Result<Counters> {
     if settings.redis_urls.is_empty() {
         let store = Arc::new(MemoryCounterStore::new());
+        let snapshots = crate::ledger::snapshot::connect(&settings.database_url).await?;
         return Ok(Counters {
             store: store.clone(),
             drain: None,
-            fresh: Some(store),
+            embedded: Some(embedded::Embedded { store, snapshots }),
         });
     }
     let store = Arc::new(
@@ -149,7 +141,7 @@ async fn counter_store(
     Ok(Counters {
         store,
         drain: Some(drain),
-        fresh: None,
+        embedded: None,
     })
 }
 
@@ -245,21 +237,12 @@ impl Application {
             settings.redis_prefix.clone(),
             settings.on_store_error,
         );
-        if let Some(fresh) = &counters.fresh {
-            // Before the first request: the ledger is the book of record, the in-process
-            // counters its cache.
-            let rebuilt = engine
-                .rebuild(fresh.as_ref())
-                .await
-                .context("rebuilding usage, holds and kept answers from the ledger")?;
-            let expired = engine.expire_due_holds().await;
-            tracing::info!(
-                entries = rebuilt.entries,
-                steps = rebuilt.steps,
-                expired,
-                "rebuilt the in-process counters from the ledger"
-            );
-        }
+        // Before the first request: the ledger is the book of record, the in-process
+        // counters its cache.
+        let restored = match &counters.embedded {
+            Some(embedded) => Some(embedded.restore(&engine).await?),
+            None => None,
+        };
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
             policies,
@@ -267,7 +250,7 @@ impl Application {
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(Admission::new(settings.max_in_flight, load)),
         });
-        tasks.0.push(spawn_hold_sweeper(state.clone()));
+        let sweeper = embedded::Sweeper::spawn(state.clone());
         if state.engine.backlog().is_some() {
             // Before the first request, so that a full backlog is known from the start.
             state.engine.measure_backlog().await;
@@ -293,6 +276,9 @@ impl Application {
             admin_token_generated,
             _retention: retention,
             _tasks: tasks,
+            sweeper,
+            embedded: counters.embedded,
+            restored,
             refresher,
             state,
         })
@@ -313,11 +299,22 @@ impl Application {
         self.admin_token_generated
     }
 
-    /// Serves until the server is stopped (SIGINT/SIGTERM or a handle).
+    /// Serves until the server is stopped (SIGINT/SIGTERM or a handle); then, on the
+    /// embedded default, saves a snapshot of the in-process counters for the next start.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
         drop(self.refresher); // the background tasks end with the server
+        self.sweeper.stop().await;
+        if let Some(embedded) = &self.embedded {
+            embedded.snapshot(&self.state.engine).await;
+        }
         served
+    }
+
+    /// How the in-process counters were rebuilt at start: from a snapshot and the ledger
+    /// entries after it, or from the whole horizon (`None` on Redis).
+    pub fn restored(&self) -> Option<Restored> {
+        self.restored
     }
 
     /// The engine, so that tests can run background work now (`expire_due_holds`, the

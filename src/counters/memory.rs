@@ -11,6 +11,7 @@
 //! that both backends run before touching any state.
 
 mod counting;
+mod replay;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -19,7 +20,6 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use crate::engine::codec;
-use crate::engine::rebuild::{Replay, ReplayOp};
 use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
     GivenBack, StoreError,
@@ -331,55 +331,6 @@ impl CounterStore for MemoryCounterStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Replay for MemoryCounterStore {
-    async fn replay(&self, ops: Vec<ReplayOp>) -> Result<(), StoreError> {
-        for op in ops {
-            match op {
-                ReplayOp::Charge { at_ms, charges } => self.force(at_ms, &charges)?,
-                ReplayOp::GiveBack { at_ms, request } => {
-                    self.give_back(at_ms, &request).await?;
-                }
-                ReplayOp::Record {
-                    key,
-                    text,
-                    expires_at_ms,
-                } => {
-                    let mut guard = lock(self.shard(&key));
-                    counting::set_text(&mut guard.entries, &key, text, expires_at_ms);
-                }
-                ReplayOp::IndexHold {
-                    index_key,
-                    hold_id,
-                    expires_at_ms,
-                } => {
-                    let mut guard = lock(self.shard(&index_key));
-                    counting::index_add(&mut guard.entries, &index_key, &hold_id, expires_at_ms);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl MemoryCounterStore {
-    /// Puts every charge's cost on its counter at `now_ms`, whatever the limits.
-    fn force(&self, now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
-        check_charges(now_ms, charges)?;
-        let Some(first) = charges.first() else {
-            return Ok(());
-        };
-        let mut guard = lock(self.shard(&first.key));
-        for charge in charges {
-            let entry = guard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
-            if let Some(write) = counting::read(entry, now_ms, charge)?.write {
-                counting::apply(&mut guard.entries, charge, now_ms, write);
-            }
-        }
         Ok(())
     }
 }

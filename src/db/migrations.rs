@@ -27,6 +27,10 @@ pub(super) const POSTGRES: Files = &[
         "20261122090000_create_policy_changes.sql",
         include_str!("../../migrations/postgres/20261122090000_create_policy_changes.sql"),
     ),
+    (
+        "20261201090000_create_counter_snapshots.sql",
+        include_str!("../../migrations/postgres/20261201090000_create_counter_snapshots.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -42,6 +46,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261122090000_create_policy_changes.sql",
         include_str!("../../migrations/sqlite/20261122090000_create_policy_changes.sql"),
+    ),
+    (
+        "20261201090000_create_counter_snapshots.sql",
+        include_str!("../../migrations/sqlite/20261201090000_create_counter_snapshots.sql"),
     ),
 ];
 

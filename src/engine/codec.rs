@@ -22,6 +22,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 mod entry;
+mod snapshot;
+pub(crate) use snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_FORMAT};
 
 /// A persisted record that does not read as the format it should have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -17,6 +17,7 @@ pub mod load;
 mod plan;
 pub(crate) mod policies;
 pub(crate) mod rebuild;
+pub(crate) mod snapshot;
 pub mod store;
 pub(crate) mod stream;
 pub mod window;
@@ -35,6 +36,7 @@ use writer::LedgerWriter;
 
 pub(crate) use consume::Consumed;
 pub(crate) use giveback::Settled;
+pub use snapshot::Restored;
 
 /// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]

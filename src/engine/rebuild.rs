@@ -9,10 +9,15 @@
 //! gives back as it did, a hold is opened again with its record and its expiry, and an
 //! answer kept for retries is kept again until it would have expired. Entries older than
 //! the [horizon](horizon) no longer count anywhere and are not read.
+//!
+//! After a snapshot (`engine::snapshot`) was loaded into the store, only the entries after
+//! the `seq` it covers are replayed: a settlement of a hold opened before it then finds
+//! the hold's record in the store, and a refund counts every refund before the replay.
 
 use super::codec::{self, HoldRecord};
 use super::giveback::Settle;
-use super::store::{Algorithm, Charge, GiveBack, StoreError, MAX_UNITS};
+use super::snapshot::StateItem;
+use super::store::{Algorithm, Charge, CounterStore, GiveBack, StoreError, MAX_UNITS};
 use super::{Engine, EngineError};
 use crate::domain::{CounterCharge, EntryKind, HoldId, LedgerEntry, Quantity, Restore, Window};
 use crate::keys::{self, SubjectKeys};
@@ -69,11 +74,21 @@ pub(crate) enum ReplayOp {
     },
 }
 
-/// A counter store that history can be replayed into.
+/// A counter store that history can be replayed into, and whose state can be dumped and
+/// loaded again (snapshots). Its records are read through [`CounterStore::record`].
 #[async_trait]
-pub(crate) trait Replay: Send + Sync {
+pub(crate) trait Replay: CounterStore {
     /// Applies `ops` in order.
     async fn replay(&self, ops: Vec<ReplayOp>) -> Result<(), StoreError>;
+    /// Everything the store holds that is live at `now_ms`. Call it while nothing else
+    /// uses the store: each shard is copied under its lock, but not all at once.
+    async fn dump(&self, now_ms: i64) -> Vec<StateItem>;
+    /// Puts `items` into the store (a fresh one), dropping those already gone at
+    /// `taken_at_ms`, the snapshot's time; returns how many it kept. Items that expired
+    /// later, while the service was down, are kept: entries replayed after the snapshot
+    /// are applied at their own times, when those items still counted, and every call
+    /// at a later time sees them gone (expiry is by the `now_ms` of the calls).
+    async fn load(&self, items: Vec<StateItem>, taken_at_ms: i64) -> usize;
 }
 
 /// What a rebuild did.
@@ -107,17 +122,30 @@ pub(crate) fn horizon(windows: &[Window]) -> Duration {
 }
 
 impl Engine {
-    /// Replays the ledger's recent entries into `target`, a fresh store. (The holds that
-    /// expired meanwhile are then released by `expire_due_holds`, as `startup` does.)
-    pub(crate) async fn rebuild(&self, target: &dyn Replay) -> Result<Rebuilt, EngineError> {
+    /// Replays ledger entries into `target`: with `after` `None`, the recent entries into a
+    /// fresh store; with `Some(seq)`, those inserted after `seq` into a store that a
+    /// snapshot covering `seq` was loaded into. (The holds that expired meanwhile are then
+    /// released by `expire_due_holds`, as `startup` does.)
+    pub(crate) async fn rebuild(
+        &self,
+        target: &dyn Replay,
+        after: Option<i64>,
+    ) -> Result<Rebuilt, EngineError> {
         let now = self.now();
-        let from = now - horizon(&self.cache.windows());
         let mut rebuilt = Rebuilt::default();
-        let Some(first) = self.ledger.first_seq_since(from).await? else {
-            return Ok(rebuilt);
+        let first = match after {
+            Some(covered) => covered + 1,
+            None => {
+                let from = now - horizon(&self.cache.windows());
+                match self.ledger.first_seq_since(from).await? {
+                    Some(first) => first,
+                    None => return Ok(rebuilt),
+                }
+            }
         };
         let mut replayer = Replayer {
             first_seq: first,
+            after_snapshot: after.is_some(),
             ..Replayer::default()
         };
         let mut after = first - 1;
@@ -129,7 +157,7 @@ impl Engine {
             after = *last;
             let mut ops = Vec::new();
             for (_, entry) in &page {
-                ops.extend(self.replay_of(&mut replayer, entry, now).await?);
+                ops.extend(self.replay_of(&mut replayer, target, entry, now).await?);
             }
             rebuilt.entries += page.len();
             rebuilt.steps += ops.len();
@@ -142,6 +170,7 @@ impl Engine {
     async fn replay_of(
         &self,
         replayer: &mut Replayer,
+        target: &dyn Replay,
         entry: &LedgerEntry,
         now: DateTime<Utc>,
     ) -> Result<Vec<ReplayOp>, EngineError> {
@@ -164,7 +193,7 @@ impl Engine {
             }
             EntryKind::Refund => ops.extend(self.refund_of(replayer, entry).await?),
             EntryKind::Commit | EntryKind::Release | EntryKind::Expire => {
-                ops.extend(self.settlement_of(replayer, entry)?);
+                ops.extend(self.settlement_of(replayer, target, entry).await?);
             }
             EntryKind::Deny => {}
         }
@@ -253,17 +282,29 @@ impl Engine {
         Ok(Some(ReplayOp::GiveBack { at_ms, request }))
     }
 
-    /// A hold's settlement or expiry, if the hold was opened within the horizon.
-    fn settlement_of(
+    /// A hold's settlement or expiry, if the hold was opened within the horizon, or
+    /// (after a snapshot) before the snapshot: its record is then the one the snapshot
+    /// restored into `target`. (Settling a hold that is no longer open is refused by the
+    /// store, as it was when it happened.)
+    async fn settlement_of(
         &self,
         replayer: &mut Replayer,
+        target: &dyn Replay,
         entry: &LedgerEntry,
     ) -> Result<Option<ReplayOp>, EngineError> {
         let Some(hold_id) = entry.hold_id else {
             return Ok(None);
         };
-        let Some(record) = replayer.holds.remove(&hold_id) else {
-            return Ok(None);
+        let record = match replayer.holds.remove(&hold_id) {
+            Some(record) => record,
+            None if replayer.after_snapshot => {
+                let key = keys::hold_record(&self.prefix, hold_id.shard(), &hold_id.to_string());
+                match target.record(&key, entry.at.timestamp_millis()).await? {
+                    Some(text) => codec::decode_hold_record(&text).map_err(StoreError::from)?,
+                    None => return Ok(None),
+                }
+            }
+            None => return Ok(None),
         };
         let how = match entry.kind {
             EntryKind::Commit => Some(Settle::Commit(Some(
@@ -290,6 +331,8 @@ struct Replayer {
     refunded: HashMap<crate::domain::ConsumptionId, u64>,
     /// The first entry replayed.
     first_seq: i64,
+    /// Whether a snapshot was loaded before: holds opened before it are in the store.
+    after_snapshot: bool,
 }
 
 /// The charge that puts `counter`'s units back on it at `at_ms`.

@@ -60,6 +60,18 @@ impl LedgerWriter {
             .map_err(|_| gone())?;
         outcome.await.map_err(|_| gone())?
     }
+
+    /// Resolves once every entry queued before it was committed (or its batch failed):
+    /// the queue is served in order, and this waits for a batch of its own behind them.
+    pub(crate) async fn flush(&self) -> Result<(), LedgerError> {
+        let (done, outcome) = oneshot::channel();
+        let job = Job {
+            entries: Vec::new(),
+            done,
+        };
+        self.queue.send(job).await.map_err(|_| gone())?;
+        outcome.await.map_err(|_| gone())?
+    }
 }
 
 /// The error of a caller whose writer task is gone (it panicked, or the runtime is

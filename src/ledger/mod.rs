@@ -9,4 +9,5 @@
 
 mod cursor;
 pub mod retention;
+pub(crate) mod snapshot;
 pub mod sql;

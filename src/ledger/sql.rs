@@ -66,7 +66,7 @@ const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_
 
 /// Sorts a database failure: a broken constraint is a bug in what we tried to store
 /// (retrying cannot help); anything else is the database being unavailable.
-fn db_error(error: sqlx::Error) -> LedgerError {
+pub(super) fn db_error(error: sqlx::Error) -> LedgerError {
     match &error {
         sqlx::Error::Database(db) if db.kind() != ErrorKind::Other => {
             LedgerError::Corrupt(format!("an entry breaks a constraint: {db}"))

@@ -120,7 +120,11 @@ pub struct TestApp {
     pub engine: Arc<quota_ledger::engine::Engine>,
     /// The app's admission control (how many quota requests are in flight).
     pub admission: Arc<quota_ledger::api::admission::Admission>,
+    /// How its start rebuilt the in-process counters (`None` on Redis).
+    pub restored: Option<quota_ledger::engine::Restored>,
     handle: actix_web::dev::ServerHandle,
+    /// The task serving it (and saving its snapshot once stopped), until a restart takes it.
+    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     /// The fresh SQLite database this app owns, if it does; its server task holds it too.
     /// Declared last, so that it goes after everything else the app holds.
     database: Option<Arc<SqliteFiles>>,
@@ -275,8 +279,9 @@ async fn spawn_owning(
     let handle = app.handle();
     let engine = app.engine();
     let admission = app.admission();
+    let restored = app.restored();
     let server_database = database.clone();
-    tokio::spawn(async move {
+    let served = tokio::spawn(async move {
         let served = app.run_until_stopped().await;
         drop(server_database);
         served
@@ -292,7 +297,9 @@ async fn spawn_owning(
         settings,
         engine,
         admission,
+        restored,
         handle,
+        served: Some(served),
         database,
     }
 }
@@ -348,15 +355,41 @@ impl Answer {
 }
 
 impl TestApp {
-    /// Stops this instance and starts a new one on the same settings and stores, as a
-    /// restart would; the new instance takes over the database this one owned.
+    /// Stops this instance gracefully (as SIGTERM does: the server stops, then the
+    /// in-process counters are snapshotted) and starts a new one on the same settings and
+    /// stores; the new instance takes over the database this one owned.
     pub async fn restart(self) -> TestApp {
         self.restart_at(|| {}).await
     }
 
     /// [`TestApp::restart`], running `meanwhile` (say, advancing the clock) while no
     /// instance runs. The new instance keeps this one's clock.
-    pub async fn restart_at(self, meanwhile: impl FnOnce()) -> TestApp {
+    pub async fn restart_at(mut self, meanwhile: impl FnOnce()) -> TestApp {
+        // Idle keep-alive connections would hold the graceful stop for its whole grace.
+        self.client = reqwest::Client::new();
+        self.handle.stop(true).await;
+        if let Some(served) = self.served.take() {
+            served
+                .await
+                .expect("the server task ends")
+                .expect("the server stops cleanly");
+        }
+        self.start_again(meanwhile).await
+    }
+
+    /// Kills this instance as kill -9 would (no snapshot is taken: its serving task is
+    /// dropped where it waits for the server) and starts a new one on the same stores.
+    pub async fn crash_restart(mut self) -> TestApp {
+        if let Some(served) = self.served.take() {
+            served.abort();
+            let _ = served.await;
+        }
+        self.handle.stop(false).await;
+        self.start_again(|| {}).await
+    }
+
+    /// Drops this instance, runs `meanwhile`, and starts another on its stores and clock.
+    async fn start_again(self, meanwhile: impl FnOnce()) -> TestApp {
         let settings = self.settings.clone();
         let database = self.database.clone();
         let clock = self.clock.clone();

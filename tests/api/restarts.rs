@@ -3,6 +3,7 @@
 //! restart changes no answer.
 
 mod histories;
+mod snapshots;
 
 use crate::helpers::{
     calendar_policy, eventually, fresh_settings, spawn_app, start_binary, Answer, CounterBackend,

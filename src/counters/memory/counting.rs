@@ -20,12 +20,20 @@ const MAX_MS: i64 = (1 << 53) - 1;
 #[derive(Debug)]
 pub(super) struct Entry {
     /// What is counted.
-    state: State,
+    pub(super) state: State,
     /// Last millisecond at which the entry exists (Redis drops a key once `now > expiry`).
     pub(super) expires_at_ms: i64,
 }
 
 impl Entry {
+    /// An entry holding `state` until `expires_at_ms`.
+    pub(super) fn new(state: State, expires_at_ms: i64) -> Self {
+        Self {
+            state,
+            expires_at_ms,
+        }
+    }
+
     /// Whether the entry still exists at `now_ms`.
     pub(super) fn is_live(&self, now_ms: i64) -> bool {
         now_ms <= self.expires_at_ms
@@ -43,13 +51,18 @@ impl Entry {
 
 /// The state of one counter, one variant per algorithm (the Redis value types in comments).
 #[derive(Debug)]
-enum State {
+pub(super) enum State {
     /// Calendar: units used in the period (a string holding an integer).
     Counter(u64),
     /// Rolling: (bucket index, units), ascending by index (a hash of index -> units).
     Buckets(Vec<(i64, u64)>),
     /// Token bucket: `s` = used × period_ms as of time `t` (a string "s:t").
-    Gcra { s: u64, t: i64 },
+    Gcra {
+        /// Used × period_ms.
+        s: u64,
+        /// As of this time, Unix ms.
+        t: i64,
+    },
     /// A record: idempotency answers, holds, refunded totals (a string).
     Text(String),
     /// Open holds by expiry: member -> score (a sorted set).

@@ -265,3 +265,32 @@ async fn entries_queued_when_the_last_handle_goes_are_still_written() {
     until_stored(&store, 1).await;
     assert_eq!(store.ids(), ["kept"]);
 }
+
+#[tokio::test]
+async fn a_flush_resolves_once_everything_queued_before_it_is_committed() {
+    let store = FakeStore::new(Mode::Store, false);
+    let writer = LedgerWriter::spawn(store.clone());
+    let queued = tokio::spawn({
+        let writer = writer.clone();
+        async move { append_from_tasks(&writer, 50).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let flush = tokio::spawn({
+        let writer = writer.clone();
+        async move { writer.flush().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!flush.is_finished(), "the store has committed nothing yet");
+    store.open();
+    flush.await.expect("the task ran").expect("flushed");
+    assert_eq!(
+        store.ids().len(),
+        50,
+        "all committed when the flush resolved"
+    );
+    assert!(queued
+        .await
+        .expect("the task ran")
+        .iter()
+        .all(Result::is_ok));
+}

@@ -1,6 +1,8 @@
-//! Property: after any history of consumes, refunds, holds, commits, releases and clock
-//! steps, a restart of the embedded default answers every read exactly as the service
-//! would have without it: usage, checks, and retries of keyed consumes.
+//! Property: after any history of consumes, refunds, holds, commits, releases, clock
+//! steps and restarts, a restart of the embedded default answers every read exactly as
+//! the service would have without it: usage, checks, and retries of keyed consumes. A
+//! graceful restart starts from the snapshot it took; a crash restart (no snapshot) from
+//! the last graceful one's snapshot and the ledger after it, or from the whole ledger.
 
 use crate::helpers::{calendar_policy, spawn_app, Answer, CounterBackend, PolicyBackend, TestApp};
 use proptest::prelude::*;
@@ -38,6 +40,11 @@ enum Step {
     Advance {
         seconds: i64,
     },
+    /// Stops the service (gracefully: it snapshots its counters; or as kill -9 does) and
+    /// starts it again; every read must answer as before.
+    Restart {
+        graceful: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -52,6 +59,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(hold, amount)| Step::Commit { hold, amount }),
         1 => any::<Index>().prop_map(|hold| Step::Release { hold }),
         2 => (0i64..900).prop_map(|seconds| Step::Advance { seconds }),
+        1 => any::<bool>().prop_map(|graceful| Step::Restart { graceful }),
     ]
 }
 
@@ -95,72 +103,96 @@ fn subject(n: u8) -> String {
     format!("s-{n}")
 }
 
-async fn run(app: &TestApp, history: &[Step]) -> Seen {
+/// Runs `history` on `app`; returns the app (another instance after a restart) and what
+/// the history left to look at, or the first read a restart changed.
+async fn run(mut app: TestApp, history: &[Step]) -> Result<(TestApp, Seen), TestCaseError> {
     let mut seen = Seen::default();
     for step in history {
         match step {
-            Step::Consume {
-                subject: n,
-                amount,
-                key,
-            } => {
-                let mut body =
-                    json!({"action": "transfer", "subject": subject(*n), "amount": amount});
-                if let Some(key) = key {
-                    body["idempotency_key"] = json!(format!("k-{n}-{key}"));
-                }
-                let answer = app.quota("/quota/consume", body.clone()).await;
-                if answer.status == StatusCode::OK && answer.body["replayed"] == false {
-                    seen.consumptions
-                        .push(answer.body["consumption_id"].clone());
-                    if key.is_some() {
-                        seen.keyed.push(Keyed { body });
-                    }
-                }
-            }
-            Step::Refund { consume, amount } => {
-                if seen.consumptions.is_empty() {
-                    continue;
-                }
-                let id = consume.get(&seen.consumptions).clone();
-                let mut body = json!({"consumption_id": id});
-                if let Some(amount) = amount {
-                    body["amount"] = json!(amount);
-                }
-                app.quota("/quota/refund", body).await;
-            }
-            Step::Hold {
-                subject: n,
-                amount,
-                ttl,
-            } => {
-                let body = json!({"action": "transfer", "subject": subject(*n),
-                    "amount": amount, "ttl_seconds": ttl});
-                let answer = app.quota("/quota/holds", body).await;
-                if let Some(id) = answer.body["hold_id"].as_str() {
-                    seen.holds.push(id.to_owned());
-                }
-            }
-            Step::Commit { hold, amount } => {
-                if seen.holds.is_empty() {
-                    continue;
-                }
-                let id = hold.get(&seen.holds);
-                let body = amount.map_or(json!({}), |amount| json!({"amount": amount}));
-                app.quota(&format!("/quota/holds/{id}/commit"), body).await;
-            }
-            Step::Release { hold } => {
-                if seen.holds.is_empty() {
-                    continue;
-                }
-                let id = hold.get(&seen.holds);
-                app.quota(&format!("/quota/holds/{id}/release"), json!({}))
-                    .await;
-            }
-            Step::Advance { seconds } => app.advance(*seconds),
+            Step::Restart { graceful } => app = restart(app, *graceful, &seen).await?,
+            step => act(&app, step, &mut seen).await,
         }
     }
-    seen
+    Ok((app, seen))
+}
+
+/// Takes one step other than a restart.
+async fn act(app: &TestApp, step: &Step, seen: &mut Seen) {
+    match step {
+        Step::Consume {
+            subject: n,
+            amount,
+            key,
+        } => {
+            let mut body = json!({"action": "transfer", "subject": subject(*n), "amount": amount});
+            if let Some(key) = key {
+                body["idempotency_key"] = json!(format!("k-{n}-{key}"));
+            }
+            let answer = app.quota("/quota/consume", body.clone()).await;
+            if answer.status == StatusCode::OK && answer.body["replayed"] == false {
+                seen.consumptions
+                    .push(answer.body["consumption_id"].clone());
+                if key.is_some() {
+                    seen.keyed.push(Keyed { body });
+                }
+            }
+        }
+        Step::Refund { consume, amount } => {
+            if seen.consumptions.is_empty() {
+                return;
+            }
+            let id = consume.get(&seen.consumptions).clone();
+            let mut body = json!({"consumption_id": id});
+            if let Some(amount) = amount {
+                body["amount"] = json!(amount);
+            }
+            app.quota("/quota/refund", body).await;
+        }
+        Step::Hold {
+            subject: n,
+            amount,
+            ttl,
+        } => {
+            let body = json!({"action": "transfer", "subject": subject(*n),
+                "amount": amount, "ttl_seconds": ttl});
+            let answer = app.quota("/quota/holds", body).await;
+            if let Some(id) = answer.body["hold_id"].as_str() {
+                seen.holds.push(id.to_owned());
+            }
+        }
+        Step::Commit { hold, amount } => {
+            if seen.holds.is_empty() {
+                return;
+            }
+            let id = hold.get(&seen.holds);
+            let body = amount.map_or(json!({}), |amount| json!({"amount": amount}));
+            app.quota(&format!("/quota/holds/{id}/commit"), body).await;
+        }
+        Step::Release { hold } => {
+            if seen.holds.is_empty() {
+                return;
+            }
+            let id = hold.get(&seen.holds);
+            app.quota(&format!("/quota/holds/{id}/release"), json!({}))
+                .await;
+        }
+        Step::Advance { seconds } => app.advance(*seconds),
+        Step::Restart { .. } => {}
+    }
+}
+
+/// Restarts `app` gracefully or as kill -9 would; fails if any read changed.
+async fn restart(app: TestApp, graceful: bool, seen: &Seen) -> Result<TestApp, TestCaseError> {
+    // What the background sweeper would do by now, so both sides see it done.
+    app.engine.expire_due_holds().await;
+    let before = observe(&app, seen).await;
+    let app = match graceful {
+        true => app.restart().await,
+        false => app.crash_restart().await,
+    };
+    let after = observe(&app, seen).await;
+    prop_assert_eq!(before, after, "graceful: {}", graceful);
+    Ok(app)
 }
 
 /// Every read the history can be judged by; none of them changes anything.
@@ -202,17 +234,9 @@ fn a_restart_changes_no_answer_after_any_history() {
     let mut runner = TestRunner::new(config);
     let result = runner.run(&prop::collection::vec(step(), 5..45), |history| {
         runtime.block_on(async {
-            let app = app().await;
-            let seen = run(&app, &history).await;
-            // What the background sweeper would do by now, so both sides see it done.
-            app.engine.expire_due_holds().await;
-            let before = observe(&app, &seen).await;
-            let app = app.restart().await;
-            let after = observe(&app, &seen).await;
-            for (before, after) in before.iter().zip(&after) {
-                prop_assert_eq!(before, after);
-            }
-            prop_assert_eq!(before.len(), after.len());
+            let (app, seen) = run(app().await, &history).await?;
+            let app = restart(app, true, &seen).await?;
+            restart(app, false, &seen).await?;
             Ok::<(), TestCaseError>(())
         })
     });

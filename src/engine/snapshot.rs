@@ -1,0 +1,157 @@
+//! Snapshots of the in-process counter store, so that a start of the embedded default
+//! replays only the ledger entries written after the last snapshot instead of the whole
+//! horizon.
+//!
+//! At graceful shutdown (the HTTP server stopped, the hold sweeper stopped, the ledger
+//! writer drained) the store's live state equals the replay of every committed entry; the
+//! engine then dumps it as [`StateItem`]s through the [`Replay`](super::rebuild::Replay) port, encodes them with
+//! `codec::snapshot`, and saves them through the [`SnapshotStore`] port (the SQL ledger's
+//! database), with the ledger `seq` they cover. At start, `Engine::restore` loads a
+//! usable snapshot into the fresh store and replays the entries after it
+//! ([`Engine::rebuild`](super::Engine) from that seq); otherwise it replays the whole horizon.
+//!
+//! A snapshot is **unusable**, and the start replays the whole horizon instead (logging a
+//! warning and deleting it, so that it can never match again later), when:
+//! - its format version is not the one this build writes;
+//! - it covers a `seq` beyond the ledger's highest (the ledger was restored from an older
+//!   backup, or is another database);
+//! - the ledger's entry at its covered `seq` has another id than the one it recorded
+//!   (another ledger that happens to be as long);
+//! - its counters were kept under another key prefix (`QUOTA_REDIS_PREFIX` changed);
+//! - it was taken after now (the clock moved back: its state would be from the future);
+//! - it was taken before the replay's horizon (the full replay then reads less);
+//! - its parts are incomplete or do not decode.
+//!
+//! A kill -9 writes no snapshot: the next start loads the last one (from an earlier
+//! graceful stop) and replays everything after it, which is as exact as a full replay.
+
+mod restore;
+
+use super::ledger::LedgerError;
+use super::rebuild::Rebuilt;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+/// The state of one counter, one variant per algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CounterState {
+    /// A calendar period: the units used in it.
+    Calendar {
+        /// Units used.
+        used: u64,
+    },
+    /// A rolling window: (bucket index, units), ascending by index.
+    Rolling {
+        /// The buckets held.
+        buckets: Vec<(i64, u64)>,
+    },
+    /// A token bucket (GCRA): `s` = used × period_ms as of time `t_ms`.
+    TokenBucket {
+        /// Used × period, in unit-milliseconds.
+        s: u64,
+        /// When `s` was last brought up to date, Unix ms.
+        t_ms: i64,
+    },
+}
+
+/// One piece of a counter store's live state, as a snapshot keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StateItem {
+    /// A counter and when it is dropped.
+    Counter {
+        /// The counter's key.
+        key: String,
+        /// Last millisecond at which it exists.
+        expires_at_ms: i64,
+        /// What it counts.
+        state: CounterState,
+    },
+    /// A record (a kept answer, a hold's record, a refunded total) and when it is dropped.
+    Record {
+        /// The record's key.
+        key: String,
+        /// The text as the store keeps it.
+        text: String,
+        /// Last millisecond at which it exists.
+        expires_at_ms: i64,
+    },
+    /// An open hold in its shard's index, by expiry (indexes themselves never expire).
+    IndexedHold {
+        /// The shard's index of open holds.
+        index_key: String,
+        /// The hold id.
+        hold_id: String,
+        /// When the hold expires, Unix ms (its score in the index).
+        expires_at_ms: i64,
+    },
+}
+
+/// A snapshot as the [`SnapshotStore`] keeps it: a header and the encoded parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredSnapshot {
+    /// The version of the parts' encoding (`codec::SNAPSHOT_FORMAT` when written).
+    pub(crate) format: i32,
+    /// The highest ledger `seq` whose entry the state includes; 0 for an empty ledger.
+    pub(crate) covered_seq: i64,
+    /// The id of the entry at `covered_seq` (`None` for an empty ledger).
+    pub(crate) covered_id: Option<String>,
+    /// The key prefix the counters were kept under.
+    pub(crate) prefix: String,
+    /// When it was taken, on the engine's clock.
+    pub(crate) taken_at: DateTime<Utc>,
+    /// The state items, encoded by `codec::encode_snapshot`, in order.
+    pub(crate) parts: Vec<Vec<u8>>,
+}
+
+/// Where snapshots are kept: a table of the ledger's database (the SQL ledger adapter).
+#[async_trait]
+pub(crate) trait SnapshotStore: Send + Sync {
+    /// Saves `snapshot` and deletes every older one, in one transaction.
+    async fn save(&self, snapshot: &StoredSnapshot) -> Result<(), LedgerError>;
+    /// The snapshot kept, if any. Parts that do not form one whole snapshot (a part
+    /// missing, headers that differ) are [`LedgerError::Corrupt`].
+    async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError>;
+    /// Deletes every snapshot.
+    async fn delete_all(&self) -> Result<(), LedgerError>;
+    /// The ledger's highest `seq` and the id of its entry; `None` for an empty ledger.
+    async fn last_entry(&self) -> Result<Option<(i64, String)>, LedgerError>;
+    /// The id of the ledger entry numbered `seq`, if it is still there.
+    async fn entry_id_at(&self, seq: i64) -> Result<Option<String>, LedgerError>;
+}
+
+/// What a start did to rebuild the in-process counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// The ledger `seq` covered by the snapshot loaded; `None` when none was (a full
+    /// replay of the horizon).
+    pub snapshot_seq: Option<i64>,
+    /// State items loaded from the snapshot.
+    pub loaded: usize,
+    /// Ledger entries read and replayed after the snapshot (or in the horizon).
+    pub entries: usize,
+    /// Steps replayed.
+    pub steps: usize,
+}
+
+impl Restored {
+    /// A full replay's outcome.
+    fn replayed(rebuilt: Rebuilt) -> Self {
+        Self {
+            snapshot_seq: None,
+            loaded: 0,
+            entries: rebuilt.entries,
+            steps: rebuilt.steps,
+        }
+    }
+}
+
+/// What a snapshot saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Saved {
+    /// The ledger `seq` it covers.
+    pub(crate) covered_seq: i64,
+    /// State items in it.
+    pub(crate) items: usize,
+    /// Encoded bytes, all parts together.
+    pub(crate) bytes: usize,
+}

@@ -1,0 +1,157 @@
+//! Taking a snapshot at graceful shutdown, and at start loading it (when it is usable)
+//! before replaying the ledger entries after it.
+
+use super::{Restored, Saved, SnapshotStore, StateItem, StoredSnapshot};
+use crate::engine::codec;
+use crate::engine::ledger::LedgerError;
+use crate::engine::rebuild::{horizon, Replay};
+use crate::engine::{Engine, EngineError};
+use chrono::{DateTime, Utc};
+
+/// Why a snapshot is not used (see the module doc of `engine::snapshot`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unusable {
+    /// Written in a format this build does not read.
+    #[error("its format {0} is not the one this build reads")]
+    UnknownFormat(i32),
+    /// It covers entries the ledger does not have.
+    #[error("it covers ledger seq {covered}, beyond the ledger's highest, {last}")]
+    BeyondLedger {
+        /// The seq it covers.
+        covered: i64,
+        /// The ledger's highest seq (0 when empty).
+        last: i64,
+    },
+    /// The ledger's entry at the covered seq is not the one it covered.
+    #[error("the ledger's entry at seq {0} is not the one it covered: another ledger")]
+    OtherLedger(i64),
+    /// Its keys start with another prefix.
+    #[error("its counters were kept under another key prefix, {0:?}")]
+    OtherPrefix(String),
+    /// Taken after now.
+    #[error("it was taken at {0}, after now: the clock moved back")]
+    FromTheFuture(DateTime<Utc>),
+    /// Taken before the replay's horizon.
+    #[error("it was taken at {0}, before the horizon of the replay")]
+    TooOld(DateTime<Utc>),
+    /// Its parts are incomplete or do not decode.
+    #[error("it does not read: {0}")]
+    Corrupt(String),
+}
+
+impl Engine {
+    /// Snapshots `source`, the in-process store, into `store`, replacing the one kept.
+    ///
+    /// Call it only once nothing changes the store any more (the server and the hold
+    /// sweeper stopped): it first waits for the ledger writer to commit what it was given,
+    /// so that the state equals the replay of every entry up to the ledger's last.
+    pub(crate) async fn save_snapshot(
+        &self,
+        source: &dyn Replay,
+        store: &dyn SnapshotStore,
+    ) -> Result<Saved, EngineError> {
+        self.writer.flush().await?;
+        let last = store.last_entry().await?;
+        let taken_at = self.now();
+        let items = source.dump(taken_at.timestamp_millis()).await;
+        let parts = codec::encode_snapshot(&items);
+        let (covered_seq, covered_id) = match last {
+            Some((seq, id)) => (seq, Some(id)),
+            None => (0, None),
+        };
+        let saved = Saved {
+            covered_seq,
+            items: items.len(),
+            bytes: parts.iter().map(Vec::len).sum(),
+        };
+        drop(items);
+        let snapshot = StoredSnapshot {
+            format: codec::SNAPSHOT_FORMAT,
+            covered_seq,
+            covered_id,
+            prefix: self.prefix.clone(),
+            taken_at,
+            parts,
+        };
+        store.save(&snapshot).await?;
+        Ok(saved)
+    }
+
+    /// Rebuilds `target`, a fresh in-process store: from the snapshot `store` keeps and the
+    /// ledger entries after it when the snapshot is usable, else from the whole horizon of
+    /// the ledger (an unusable snapshot is logged and deleted).
+    pub(crate) async fn restore(
+        &self,
+        target: &dyn Replay,
+        store: &dyn SnapshotStore,
+    ) -> Result<Restored, EngineError> {
+        let usable = match store.latest().await {
+            Ok(None) => return Ok(Restored::replayed(self.rebuild(target, None).await?)),
+            Ok(Some(snapshot)) => self.usable(&snapshot, store).await?.map(|items| {
+                let covered = snapshot.covered_seq;
+                (covered, snapshot.taken_at, items)
+            }),
+            Err(LedgerError::Corrupt(why)) => Err(Unusable::Corrupt(why)),
+            Err(error) => return Err(error.into()),
+        };
+        match usable {
+            Ok((covered, taken_at, items)) => {
+                let loaded = target.load(items, taken_at.timestamp_millis()).await;
+                let rebuilt = self.rebuild(target, Some(covered)).await?;
+                Ok(Restored {
+                    snapshot_seq: Some(covered),
+                    loaded,
+                    entries: rebuilt.entries,
+                    steps: rebuilt.steps,
+                })
+            }
+            Err(why) => {
+                tracing::warn!(
+                    reason = %why,
+                    "the counter snapshot is unusable: deleting it and replaying the ledger's \
+                     whole horizon instead"
+                );
+                store.delete_all().await?;
+                Ok(Restored::replayed(self.rebuild(target, None).await?))
+            }
+        }
+    }
+
+    /// The items of `snapshot` if it may be loaded, else why not.
+    async fn usable(
+        &self,
+        snapshot: &StoredSnapshot,
+        store: &dyn SnapshotStore,
+    ) -> Result<Result<Vec<StateItem>, Unusable>, EngineError> {
+        let now = self.now();
+        let unusable = if snapshot.format != codec::SNAPSHOT_FORMAT {
+            Some(Unusable::UnknownFormat(snapshot.format))
+        } else if snapshot.prefix != self.prefix {
+            Some(Unusable::OtherPrefix(snapshot.prefix.clone()))
+        } else if snapshot.taken_at > now {
+            Some(Unusable::FromTheFuture(snapshot.taken_at))
+        } else if snapshot.taken_at < now - horizon(&self.cache.windows()) {
+            Some(Unusable::TooOld(snapshot.taken_at))
+        } else {
+            None
+        };
+        if let Some(why) = unusable {
+            return Ok(Err(why));
+        }
+        let last = store.last_entry().await?.map_or(0, |(seq, _)| seq);
+        if snapshot.covered_seq > last {
+            return Ok(Err(Unusable::BeyondLedger {
+                covered: snapshot.covered_seq,
+                last,
+            }));
+        }
+        if let Some(covered_id) = &snapshot.covered_id {
+            // Retention may have deleted the entry since: then there is nothing to compare.
+            let found = store.entry_id_at(snapshot.covered_seq).await?;
+            if found.is_some_and(|id| id != *covered_id) {
+                return Ok(Err(Unusable::OtherLedger(snapshot.covered_seq)));
+            }
+        }
+        Ok(codec::decode_snapshot(&snapshot.parts).map_err(|e| Unusable::Corrupt(e.to_string())))
+    }
+}

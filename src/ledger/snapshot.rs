@@ -1,0 +1,224 @@
+//! The `counter_snapshots` table: the engine's
+//! [`SnapshotStore`](crate::engine::snapshot::SnapshotStore) port over the ledger's
+//! database, Postgres or SQLite, written by one macro as the ledger is.
+//!
+//! A snapshot is a few rows, one per encoded part, each repeating the header; saving
+//! deletes every older row in the same transaction, so at most one snapshot is kept, and
+//! a crash while saving leaves the previous one whole.
+
+use super::sql::{db_error, PostgresLedgerStore, SqliteLedgerStore};
+use crate::engine::ledger::LedgerError;
+use crate::engine::snapshot::{SnapshotStore, StoredSnapshot};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use std::sync::Arc;
+
+/// Opens the snapshot table of the database `database_url` names, on a pool of its own
+/// (used at start and at shutdown only). Does not migrate.
+pub(crate) async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn SnapshotStore>> {
+    Ok(match crate::db::open(database_url, 2).await? {
+        crate::db::Pool::Postgres(pool) => Arc::new(PostgresLedgerStore { pool }),
+        crate::db::Pool::Sqlite(pool) => Arc::new(SqliteLedgerStore { pool }),
+    })
+}
+
+const INSERT: &str = "INSERT INTO counter_snapshots \
+     (covered_seq, part, parts, format, covered_id, prefix, taken_at, data) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+
+const SELECT: &str = "SELECT covered_seq, part, parts, format, covered_id, prefix, taken_at, \
+     data FROM counter_snapshots ORDER BY covered_seq DESC, part";
+
+/// One row: the snapshot's header and one part.
+struct PartRow {
+    part: i32,
+    parts: i32,
+    header: StoredSnapshot,
+    data: Vec<u8>,
+}
+
+/// Puts rows (newest snapshot first, by part) together into the newest snapshot.
+fn assemble(rows: Vec<PartRow>) -> Result<Option<StoredSnapshot>, LedgerError> {
+    let mut rows = rows.into_iter();
+    let Some(first) = rows.next() else {
+        return Ok(None);
+    };
+    let (parts, mut snapshot) = (first.parts, first.header);
+    snapshot.parts.push(first.data);
+    let mut expected = 1;
+    if first.part != 0 {
+        return Err(incomplete(&snapshot));
+    }
+    for row in rows.take_while(|row| row.header.covered_seq == snapshot.covered_seq) {
+        if row.part != expected || row.parts != parts || row.header != snapshot_header(&snapshot) {
+            return Err(incomplete(&snapshot));
+        }
+        snapshot.parts.push(row.data);
+        expected += 1;
+    }
+    if expected != parts {
+        return Err(incomplete(&snapshot));
+    }
+    Ok(Some(snapshot))
+}
+
+/// `snapshot` without its parts, to compare headers.
+fn snapshot_header(snapshot: &StoredSnapshot) -> StoredSnapshot {
+    StoredSnapshot {
+        parts: Vec::new(),
+        ..snapshot.clone()
+    }
+}
+
+fn incomplete(snapshot: &StoredSnapshot) -> LedgerError {
+    LedgerError::Corrupt(format!(
+        "the counter snapshot covering seq {} has missing or mismatched parts",
+        snapshot.covered_seq
+    ))
+}
+
+macro_rules! sql_snapshot_store {
+    ($store:ident, $row:ty) => {
+        impl $store {
+            fn part_row(row: &$row) -> Result<PartRow, LedgerError> {
+                let taken_at: DateTime<Utc> = row.try_get("taken_at").map_err(db_error)?;
+                Ok(PartRow {
+                    part: row.try_get("part").map_err(db_error)?,
+                    parts: row.try_get("parts").map_err(db_error)?,
+                    header: StoredSnapshot {
+                        format: row.try_get("format").map_err(db_error)?,
+                        covered_seq: row.try_get("covered_seq").map_err(db_error)?,
+                        covered_id: row.try_get("covered_id").map_err(db_error)?,
+                        prefix: row.try_get("prefix").map_err(db_error)?,
+                        taken_at,
+                        parts: Vec::new(),
+                    },
+                    data: row.try_get("data").map_err(db_error)?,
+                })
+            }
+        }
+
+        #[async_trait]
+        impl SnapshotStore for $store {
+            async fn save(&self, snapshot: &StoredSnapshot) -> Result<(), LedgerError> {
+                let parts = i32::try_from(snapshot.parts.len())
+                    .map_err(|_| LedgerError::Corrupt("a snapshot of too many parts".into()))?;
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                sqlx::query("DELETE FROM counter_snapshots")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                for (part, data) in (0..parts).zip(&snapshot.parts) {
+                    sqlx::query(INSERT)
+                        .bind(snapshot.covered_seq)
+                        .bind(part)
+                        .bind(parts)
+                        .bind(snapshot.format)
+                        .bind(snapshot.covered_id.as_deref())
+                        .bind(snapshot.prefix.as_str())
+                        .bind(snapshot.taken_at)
+                        .bind(data.as_slice())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                }
+                tx.commit().await.map_err(db_error)
+            }
+
+            async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError> {
+                let rows = sqlx::query(SELECT)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                assemble(rows.iter().map(Self::part_row).collect::<Result<_, _>>()?)
+            }
+
+            async fn delete_all(&self) -> Result<(), LedgerError> {
+                sqlx::query("DELETE FROM counter_snapshots")
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                Ok(())
+            }
+
+            async fn last_entry(&self) -> Result<Option<(i64, String)>, LedgerError> {
+                let row =
+                    sqlx::query("SELECT seq, id FROM ledger_entries ORDER BY seq DESC LIMIT 1")
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(db_error)?;
+                row.map(|row| {
+                    Ok((
+                        row.try_get("seq").map_err(db_error)?,
+                        row.try_get("id").map_err(db_error)?,
+                    ))
+                })
+                .transpose()
+            }
+
+            async fn entry_id_at(&self, seq: i64) -> Result<Option<String>, LedgerError> {
+                sqlx::query_scalar("SELECT id FROM ledger_entries WHERE seq = $1")
+                    .bind(seq)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)
+            }
+        }
+    };
+}
+
+sql_snapshot_store!(PostgresLedgerStore, sqlx::postgres::PgRow);
+sql_snapshot_store!(SqliteLedgerStore, sqlx::sqlite::SqliteRow);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(covered_seq: i64, parts: &[&[u8]]) -> StoredSnapshot {
+        StoredSnapshot {
+            format: 1,
+            covered_seq,
+            covered_id: Some(format!("entry-{covered_seq}")),
+            prefix: "ql".to_owned(),
+            taken_at: DateTime::from_timestamp_millis(1_800_000_000_123).expect("in range"),
+            parts: parts.iter().map(|p| p.to_vec()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_snapshot_replaces_the_others_and_comes_back_whole() {
+        let file = std::env::temp_dir().join(format!(
+            "quota-ledger-snapshot-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        crate::db::migrate_url(&url).await.expect("migrating");
+        let store = connect(&url).await.expect("opening");
+        assert_eq!(store.latest().await.expect("reads"), None);
+        assert_eq!(store.last_entry().await.expect("reads"), None);
+
+        store
+            .save(&snapshot(9, &[b"one", b"two", b""]))
+            .await
+            .expect("saves");
+        let newest = snapshot(12, &[b"three", b"four"]);
+        store.save(&newest).await.expect("saves");
+        assert_eq!(store.latest().await.expect("reads"), Some(newest));
+
+        let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
+            panic!("a SQLite URL opens a SQLite pool");
+        };
+        let deleted = sqlx::query("DELETE FROM counter_snapshots WHERE part = 0")
+            .execute(&pool)
+            .await
+            .expect("deleting");
+        assert_eq!(deleted.rows_affected(), 1, "only the newest is kept");
+        let read = store.latest().await;
+        assert!(matches!(read, Err(LedgerError::Corrupt(_))), "{read:?}");
+        store.delete_all().await.expect("deletes");
+        assert_eq!(store.latest().await.expect("reads"), None);
+        pool.close().await;
+        let _ = std::fs::remove_file(&file);
+    }
+}

@@ -1,0 +1,119 @@
+//! The embedded default's start and stop: its in-process counters rebuilt from the last
+//! snapshot and the ledger before the first request, and snapshotted again at graceful
+//! shutdown once nothing changes them any more; and the hold sweeper, which must be
+//! stopped between two sweeps before that.
+
+use crate::api::AppState;
+use crate::engine::rebuild::Replay;
+use crate::engine::snapshot::SnapshotStore;
+use crate::engine::{Engine, Restored};
+use actix_web::web;
+use anyhow::Context;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The in-process counter store and where its snapshots are kept.
+pub(super) struct Embedded {
+    /// The store the engine decides with (fresh until `restore`).
+    pub(super) store: Arc<dyn Replay>,
+    /// The snapshot table of the ledger's database.
+    pub(super) snapshots: Arc<dyn SnapshotStore>,
+}
+
+impl Embedded {
+    /// Loads the last snapshot (if usable) and replays the ledger after it, or replays
+    /// the whole horizon; then releases the holds that expired meanwhile.
+    pub(super) async fn restore(&self, engine: &Engine) -> anyhow::Result<Restored> {
+        let restored = engine
+            .restore(self.store.as_ref(), self.snapshots.as_ref())
+            .await
+            .context("rebuilding usage, holds and kept answers from the snapshot and ledger")?;
+        let expired = engine.expire_due_holds().await;
+        tracing::info!(
+            snapshot_seq = restored.snapshot_seq,
+            loaded = restored.loaded,
+            entries = restored.entries,
+            steps = restored.steps,
+            expired,
+            "rebuilt the in-process counters from the ledger"
+        );
+        Ok(restored)
+    }
+
+    /// Saves a snapshot of the store for the next start. A failure is logged, never
+    /// fatal: the next start then replays from the previous snapshot, or the horizon.
+    pub(super) async fn snapshot(&self, engine: &Engine) {
+        let started = std::time::Instant::now();
+        match engine
+            .save_snapshot(self.store.as_ref(), self.snapshots.as_ref())
+            .await
+        {
+            Ok(saved) => tracing::info!(
+                covered_seq = saved.covered_seq,
+                items = saved.items,
+                bytes = saved.bytes,
+                millis = started.elapsed().as_millis(),
+                "saved a snapshot of the in-process counters"
+            ),
+            Err(error) => tracing::warn!(
+                error = %error,
+                "saving a snapshot of the in-process counters failed; the next start \
+                 replays the ledger after the previous one"
+            ),
+        }
+    }
+}
+
+/// How often expired holds are looked for.
+const HOLD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The task that releases holds that expired unsettled. Safe with several instances: the
+/// release changes a hold's state only if it is still open, so each hold expires at most
+/// once. Aborted when dropped; [`Sweeper::stop`] stops it between two sweeps instead, so
+/// that no expiry is left half done (given back in the store, not yet in the ledger).
+pub(super) struct Sweeper {
+    /// Set to true to stop.
+    stop: watch::Sender<bool>,
+    /// The task, until it is stopped.
+    task: Option<JoinHandle<()>>,
+}
+
+impl Sweeper {
+    /// Starts sweeping every [`HOLD_SWEEP_EVERY`].
+    pub(super) fn spawn(state: web::Data<AppState>) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(HOLD_SWEEP_EVERY) => {}
+                    _ = stopped.changed() => break,
+                }
+                let expired = state.engine.expire_due_holds().await;
+                if expired > 0 {
+                    tracing::info!(expired, "released expired holds");
+                }
+            }
+        });
+        Self {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Stops the sweeper after the sweep under way, if any.
+    pub(super) async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
