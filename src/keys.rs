@@ -10,6 +10,8 @@
 //! | the shard's index of open holds | `<p>{<s>}#holds` |
 //! | a hold | `<p>{<s>}#h<hold id>` |
 //! | a consumption's refunded total | `<p>{<s>}#rf<consumption id>` |
+//! | the shard's epoch: set once its state was rebuilt from the ledger | `<p>{<s>}#epoch` |
+//! | the lock of the shard's rebuild | `<p>{<s>}#rebuild` |
 //!
 //! - `{<s>}` is the Redis Cluster **hash tag**: one character naming one of [`SHARDS`]
 //!   shards, a hash of (action, subject). Every key one decision touches, including the
@@ -64,6 +66,17 @@ pub(crate) fn shard(action: &str, subject: &str) -> u16 {
     (hash % u64::from(SHARDS)) as u16
 }
 
+/// The shard a hash tag names (the inverse of the name [`shard_prefix`] gives it).
+pub(crate) fn shard_of_tag(tag: &str) -> Option<u16> {
+    match tag.as_bytes() {
+        [name] => SHARD_NAMES
+            .iter()
+            .position(|n| n == name)
+            .and_then(|shard| u16::try_from(shard).ok()),
+        _ => None,
+    }
+}
+
 /// `<prefix>{<shard>}`: the start of every key of one shard.
 pub(crate) fn shard_prefix(prefix: &str, shard: u16) -> String {
     let name = char::from(SHARD_NAMES[usize::from(shard) % SHARD_NAMES.len()]);
@@ -83,6 +96,24 @@ pub fn holds_index(prefix: &str, shard: u16) -> String {
 /// The record of one hold.
 pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
     format!("{}#h{hold_id}", shard_prefix(prefix, shard))
+}
+
+/// The shard's epoch: present while the shard's state in Redis is the ledger's (set by a
+/// rebuild from the ledger). Every script refuses to decide on a shard without it: Redis
+/// lost its data, or has never been rebuilt.
+pub(crate) fn epoch(prefix: &str, shard: u16) -> String {
+    format!("{}#epoch", shard_prefix(prefix, shard))
+}
+
+/// The epoch of the shard `key` (any key of [`SubjectKeys`] or of a shard) lives in.
+pub(crate) fn epoch_of(key: &str) -> String {
+    let end = key.find('}').map_or(key.len(), |close| close + 1);
+    format!("{}#epoch", &key[..end])
+}
+
+/// The lock one instance holds while it rebuilds the shard.
+pub(crate) fn rebuild_lock(prefix: &str, shard: u16) -> String {
+    format!("{}#rebuild", shard_prefix(prefix, shard))
 }
 
 /// How much of one consumption has been refunded so far.

@@ -1,4 +1,4 @@
-//! The `quota-ledger` binary: `serve` (default), `migrate`, `openapi`.
+//! The `quota-ledger` binary: `serve` (default), `migrate`, `openapi`, `counters rebuild`.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -36,6 +36,18 @@ enum Command {
     Migrate,
     /// Print the OpenAPI document and exit.
     Openapi,
+    /// Operate on the counters in Redis.
+    #[command(subcommand)]
+    Counters(CountersCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CountersCommand {
+    /// Rebuild every counter, open hold and refunded total in Redis from the SQL ledger,
+    /// then exit: after restoring Redis from an old backup, or fixing the ledger by hand.
+    /// Safe while instances serve: each shard answers 503 (or degraded under
+    /// QUOTA_ON_STORE_ERROR=allow) until it is rebuilt, never from stale counters.
+    Rebuild,
 }
 
 fn init_logging(json: bool) {
@@ -62,6 +74,9 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("migrations applied");
         return Ok(());
     }
+    if let Some(Command::Counters(CountersCommand::Rebuild)) = cli.command {
+        return rebuild_counters(settings).await;
+    }
     let app = Application::build(settings).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     if app.admin_token_generated() {
@@ -75,6 +90,27 @@ async fn main() -> anyhow::Result<()> {
         app.port()
     );
     app.run_until_stopped().await.context("serving")
+}
+
+/// `counters rebuild`: the service's own wiring (on a loopback port of its own, never
+/// served), used to rebuild every shard from the ledger.
+async fn rebuild_counters(mut settings: Settings) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !settings.redis_urls.is_empty(),
+        "REDIS_URL is not set: the in-process counters are rebuilt at every start"
+    );
+    settings.listen = "127.0.0.1:0".parse().context("a loopback address")?;
+    let app = Application::build(settings).await?;
+    let started = std::time::Instant::now();
+    let rebuilt = app.engine().rebuild_counters().await?;
+    println!(
+        "rebuilt {} shards from {} ledger entries ({} keys written) in {:.1} s",
+        rebuilt.shards.len(),
+        rebuilt.entries,
+        rebuilt.items,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 #[cfg(test)]

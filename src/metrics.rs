@@ -198,7 +198,8 @@ impl Metrics {
                 StoreError::Unavailable(_)
                 | StoreError::NotConnected(_)
                 | StoreError::Timeout(_)
-                | StoreError::Misconfigured(_),
+                | StoreError::Misconfigured(_)
+                | StoreError::Rebuilding { .. },
             )) => (action, RequestResult::Unavailable, &[][..]),
             Err(EngineError::Store(StoreError::Protocol(_))) => {
                 (action, RequestResult::Error, &[][..])
@@ -241,7 +242,9 @@ impl Metrics {
             )) => "unavailable",
             Err(EngineError::Store(StoreError::Timeout(_))) => "timeout",
             Err(EngineError::Store(StoreError::Protocol(_))) => "protocol",
+            // Redis answered: it is the shard that waits for its rebuild, not a failure.
             Ok(_)
+            | Err(EngineError::Store(StoreError::Rebuilding { .. }))
             | Err(
                 EngineError::UnknownAction(_)
                 | EngineError::NotFound(_)

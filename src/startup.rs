@@ -14,6 +14,8 @@ use crate::engine::drain::Drainer;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
 use crate::engine::policies::PolicyCache;
+use crate::engine::rebuild::Replay;
+use crate::engine::shards::{ScratchStore, ShardStates};
 use crate::engine::store::CounterStore;
 use crate::engine::writer::LedgerWriter;
 use crate::engine::{Engine, Ports, Restored};
@@ -69,16 +71,25 @@ impl Drop for BackgroundTasks {
 
 /// Counts the ledger entries waiting in the Redis streams every
 /// [`MEASURE_EVERY`](crate::engine::backlog::MEASURE_EVERY), which bounds consumes by
-/// `QUOTA_LEDGER_BACKLOG_MAX`, and looks at Redis's memory settings every
-/// [`MEMORY_LOOK_EVERY`](crate::engine::backlog::MEMORY_LOOK_EVERY) (Redis only).
+/// `QUOTA_LEDGER_BACKLOG_MAX`; looks at Redis's memory settings every
+/// [`MEMORY_LOOK_EVERY`](crate::engine::backlog::MEMORY_LOOK_EVERY); and rebuilds the
+/// shards that lost their epoch, as soon as a decision finds one and every
+/// [`SHARD_LOOK_EVERY`](crate::engine::shards::SHARD_LOOK_EVERY) (Redis only).
 fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
     use crate::engine::backlog::{MEASURE_EVERY, MEMORY_LOOK_EVERY};
+    use crate::engine::shards::SHARD_LOOK_EVERY;
     tokio::spawn(async move {
         let mut full = false;
         let mut last_look = std::time::Instant::now();
+        let mut last_shard_look = std::time::Instant::now();
         loop {
             tokio::time::sleep(MEASURE_EVERY).await;
             state.engine.measure_backlog().await;
+            let look = last_shard_look.elapsed() >= SHARD_LOOK_EVERY;
+            if look {
+                last_shard_look = std::time::Instant::now();
+            }
+            state.engine.reopen_if_wanted(look).await;
             if last_look.elapsed() >= MEMORY_LOOK_EVERY {
                 last_look = std::time::Instant::now();
                 state.engine.counters().memory().await;
@@ -103,6 +114,13 @@ struct Counters {
     /// In-process: the same store, empty, for the snapshot and the ledger to be replayed
     /// into, and snapshotted from at shutdown.
     embedded: Option<embedded::Embedded>,
+    /// Redis: its shards, rebuilt from the ledger when they lose their epoch.
+    shards: Option<Arc<dyn ShardStates>>,
+}
+
+/// A fresh in-process store, to replay a shard's ledger into before it is written to Redis.
+fn scratch_store() -> Arc<dyn Replay> {
+    Arc::new(MemoryCounterStore::new())
 }
 
 /// The counter store `settings` name: in-process without `REDIS_URL`; else Redis, with
@@ -119,6 +137,7 @@ async fn counter_store(
             store: store.clone(),
             drain: None,
             embedded: Some(embedded::Embedded { store, snapshots }),
+            shards: None,
         });
     }
     let store = Arc::new(
@@ -130,7 +149,8 @@ async fn counter_store(
         .await
         .context("connecting to Redis (REDIS_URL)")?
         .judged_by(load.clone())
-        .allowing_eviction(settings.redis_allow_eviction),
+        .allowing_eviction(settings.redis_allow_eviction)
+        .prefixed(&settings.redis_prefix),
     );
     let drain = Arc::new(Drainer::new(
         store.clone(),
@@ -139,9 +159,10 @@ async fn counter_store(
         settings.ledger_claim_idle,
     ));
     Ok(Counters {
-        store,
+        store: store.clone(),
         drain: Some(drain),
         embedded: None,
+        shards: Some(store),
     })
 }
 
@@ -231,6 +252,11 @@ impl Application {
             clock,
             load: load.clone(),
             backlog_max: settings.ledger_backlog_max,
+            scratch: counters
+                .shards
+                .is_some()
+                .then(|| Arc::new(scratch_store) as ScratchStore),
+            shards: counters.shards.clone(),
         };
         let engine = Engine::new(
             ports,
@@ -243,6 +269,10 @@ impl Application {
             Some(embedded) => Some(embedded.restore(&engine).await?),
             None => None,
         };
+        // Redis: shards without an epoch (a first start, or Redis lost its data) are
+        // rebuilt from the ledger before the first request if Redis answers; else the
+        // watch does it as soon as it does.
+        engine.reopen_if_wanted(true).await;
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
             policies,

@@ -236,6 +236,11 @@ impl From<EngineError> for ApiError {
                 Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
             }
             EngineError::Store(StoreError::Misconfigured(why)) => Self::Unavailable(why),
+            EngineError::Store(StoreError::Rebuilding { shard }) => Self::Unavailable(format!(
+                "the counters of this subject (shard {shard}) are being rebuilt from the \
+                 ledger, after Redis lost them or before their first use; nothing was \
+                 charged; retry shortly"
+            )),
             EngineError::Store(other) => Self::Internal(other.into()),
             EngineError::NotFound(what) => Self::NotFound(what),
             EngineError::Overloaded => Self::Overloaded(

@@ -177,6 +177,7 @@ pub(super) async fn redis_store() -> RedisCounterStore {
     RedisCounterStore::connect(&[redis_url()], false, Duration::from_secs(5))
         .await
         .unwrap_or_else(|e| panic!("cannot reach the Redis at QUOTA_TEST_REDIS_URL: {e}"))
+        .without_epochs()
 }
 
 /// Connects a Redis Cluster store under test.
@@ -186,6 +187,7 @@ pub(super) async fn cluster_store() -> RedisCounterStore {
         .unwrap_or_else(|e| {
             panic!("cannot reach the cluster at QUOTA_TEST_REDIS_CLUSTER_URLS: {e}")
         })
+        .without_epochs()
 }
 
 impl Harness {

@@ -17,6 +17,7 @@ pub mod load;
 mod plan;
 pub(crate) mod policies;
 pub(crate) mod rebuild;
+pub mod shards;
 pub(crate) mod snapshot;
 pub mod store;
 pub(crate) mod stream;
@@ -150,6 +151,10 @@ pub(crate) struct Ports {
     pub(crate) load: Arc<load::Load>,
     /// The most ledger entries that may wait in the streams (Redis only).
     pub(crate) backlog_max: u64,
+    /// The counter store's shards, for rebuilding them from the ledger (Redis only).
+    pub(crate) shards: Option<Arc<dyn shards::ShardStates>>,
+    /// A fresh in-process store to replay a shard's ledger into (Redis only).
+    pub(crate) scratch: Option<shards::ScratchStore>,
 }
 
 /// The quota engine; shared by every request.
@@ -165,6 +170,12 @@ pub struct Engine {
     load: Arc<load::Load>,
     /// With a drain: the bound on what waits in the streams.
     backlog: Option<backlog::Backlog>,
+    shards: Option<Arc<dyn shards::ShardStates>>,
+    scratch: Option<shards::ScratchStore>,
+    /// One rebuild of shards at a time in this instance.
+    reopening: tokio::sync::Mutex<()>,
+    /// Set when a decision found a shard without its epoch.
+    rebuild_wanted: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -179,8 +190,14 @@ impl Engine {
             clock,
             load,
             backlog_max,
+            shards,
+            scratch,
         } = ports;
         Self {
+            shards,
+            scratch,
+            reopening: tokio::sync::Mutex::new(()),
+            rebuild_wanted: std::sync::atomic::AtomicBool::new(false),
             backlog: drain.as_ref().map(|_| backlog::Backlog::new(backlog_max)),
             counters,
             cache,
@@ -288,6 +305,9 @@ impl Engine {
         plan: &plan::Plan,
         error: StoreError,
     ) -> Result<Decision, EngineError> {
+        if matches!(error, StoreError::Rebuilding { .. }) {
+            self.want_rebuild();
+        }
         match error {
             // Never fail open while shedding: a flood must not switch the limits off.
             error if error.is_transient() && self.load.overloaded() => Err(EngineError::Overloaded),

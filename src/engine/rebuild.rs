@@ -131,6 +131,25 @@ impl Engine {
         target: &dyn Replay,
         after: Option<i64>,
     ) -> Result<Rebuilt, EngineError> {
+        self.replay_ledger(target, after, &|_| true).await
+    }
+
+    /// [`Engine::rebuild`] of the horizon, replaying only the entries `wanted` keeps (those
+    /// of some shards: a shard's entries name only its own keys).
+    pub(crate) async fn rebuild_matching(
+        &self,
+        target: &dyn Replay,
+        wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
+    ) -> Result<Rebuilt, EngineError> {
+        self.replay_ledger(target, None, wanted).await
+    }
+
+    async fn replay_ledger(
+        &self,
+        target: &dyn Replay,
+        after: Option<i64>,
+        wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
+    ) -> Result<Rebuilt, EngineError> {
         let now = self.now();
         let mut rebuilt = Rebuilt::default();
         let first = match after {
@@ -156,7 +175,7 @@ impl Engine {
             };
             after = *last;
             let mut ops = Vec::new();
-            for (_, entry) in &page {
+            for (_, entry) in page.iter().filter(|(_, entry)| wanted(entry)) {
                 ops.extend(self.replay_of(&mut replayer, target, entry, now).await?);
             }
             rebuilt.entries += page.len();

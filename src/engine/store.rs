@@ -248,6 +248,14 @@ pub enum StoreError {
     /// The store answered something we did not expect: a bug, mapped to 500.
     #[error("counter store answered unexpectedly: {0}")]
     Protocol(String),
+    /// The shard's state is not (or no longer) the ledger's: Redis lost its data, or was
+    /// never rebuilt. Nothing was decided; a rebuild is under way. Worth retrying (503, or a
+    /// degraded allow under `QUOTA_ON_STORE_ERROR=allow`).
+    #[error("counter store shard {shard} is being rebuilt from the ledger")]
+    Rebuilding {
+        /// The shard.
+        shard: u16,
+    },
 }
 
 impl StoreError {
@@ -255,7 +263,10 @@ impl StoreError {
     pub(crate) fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::NotConnected(_) | Self::Timeout(_)
+            Self::Unavailable(_)
+                | Self::NotConnected(_)
+                | Self::Timeout(_)
+                | Self::Rebuilding { .. }
         )
     }
 

@@ -18,6 +18,7 @@ mod overload;
 mod payments;
 mod propagation;
 mod quota;
+mod redis_loss;
 mod redis_settings;
 mod restarts;
 mod shutdown;

@@ -19,6 +19,7 @@
 //! pipelined on its connection.
 
 mod script;
+mod shards;
 mod stream;
 
 use std::cell::RefCell;
@@ -64,6 +65,15 @@ pub struct RedisCounterStore {
     script: Script,
     /// The give-back script.
     giveback: Script,
+    /// The script that writes a shard's state rebuilt from the ledger.
+    restore: Script,
+    /// The script that reads a record unless its shard has no epoch.
+    record: Script,
+    /// The prefix of every key (`QUOTA_REDIS_PREFIX`): shards' epochs and locks.
+    prefix: String,
+    /// Whether every script checks its shard's epoch (always, but in the counting
+    /// conformance suite, whose keys belong to no shard).
+    epochs: bool,
     /// Upper bound for one call, connection set-up included.
     timeout: Duration,
     /// The instance's load signal, if the breaker is to hear of it.
@@ -155,6 +165,10 @@ impl RedisCounterStore {
             breaker: std::sync::Arc::default(),
             script: Script::new(script::CONSUME_LUA),
             giveback: Script::new(script::GIVEBACK_LUA),
+            restore: Script::new(shards::RESTORE_LUA),
+            record: Script::new(include_str!("scripts/record.lua")),
+            prefix: String::new(),
+            epochs: true,
             timeout,
             load: None,
             allow_eviction: false,
@@ -170,6 +184,19 @@ impl RedisCounterStore {
     /// meanwhile are not counted against Redis.
     pub fn judged_by(mut self, load: Arc<Load>) -> Self {
         self.load = Some(load);
+        self
+    }
+
+    /// The store, with the keys of its shards (epochs, rebuild locks) under `prefix`.
+    pub fn prefixed(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.prefix);
+        self
+    }
+
+    /// The store without the shards' epochs, for the counting conformance suite.
+    #[cfg(test)]
+    pub(crate) fn without_epochs(mut self) -> Self {
+        self.epochs = false;
         self
     }
 
@@ -401,15 +428,15 @@ impl CounterStore for RedisCounterStore {
                 outcomes: Vec::new(),
             }));
         }
-        let call = script::consume_cmd(&self.script, now_ms, charges, commit, effects);
+        let call = script::consume_cmd(&self.script, now_ms, charges, commit, effects, self.epochs);
         let reply = self.exec(&self.script, &call).await?;
         script::parse_decided(reply, charges)
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
-        let call = script::giveback_cmd(&self.giveback, now_ms, request);
+        let call = script::giveback_cmd(&self.giveback, now_ms, request, self.epochs);
         let reply = self.exec(&self.giveback, &call).await?;
-        script::parse_given_back(reply)
+        script::parse_given_back(reply, &request.control_key)
     }
 
     async fn expired_holds(
@@ -429,9 +456,23 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn record(&self, record_key: &str, _now_ms: i64) -> Result<Option<String>, StoreError> {
-        let mut call = redis::cmd("GET");
-        call.arg(record_key);
-        self.plain(&call).await
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(self.record.get_hash())
+            .arg(1 + usize::from(self.epochs))
+            .arg(record_key);
+        if self.epochs {
+            call.arg(crate::keys::epoch_of(record_key));
+        }
+        match self.exec(&self.record, &call).await? {
+            Value::Nil => Ok(None),
+            Value::BulkString(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Value::Int(-2) => Err(StoreError::Rebuilding {
+                shard: crate::keys::shard_of_tag(crate::keys::hash_tag(record_key)).unwrap_or(0),
+            }),
+            other => Err(StoreError::Protocol(format!(
+                "record.lua replied {other:?}"
+            ))),
+        }
     }
 
     fn streams_ledger(&self) -> bool {

@@ -8,6 +8,7 @@ use crate::engine::store::{
     Algorithm, Charge, Decided, Effects, Evaluation, GiveBack, GiveBackKind, GivenBack, Outcome,
     Restore, StoreError,
 };
+use crate::keys;
 use redis::{Cmd, Script, Value};
 
 /// The decision script; its header documents KEYS, ARGV and the reply.
@@ -24,6 +25,7 @@ pub(super) fn consume_cmd(
     charges: &[Charge],
     commit: bool,
     effects: &Effects,
+    epochs: bool,
 ) -> Cmd {
     let keys: usize = charges.iter().map(|c| c.key.len()).sum();
     let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
@@ -41,7 +43,7 @@ pub(super) fn consume_cmd(
         + 2 * usize::from(effects.hold.is_some());
     call.arg("EVALSHA")
         .arg(script.get_hash())
-        .arg(charges.len() + extra_keys);
+        .arg(charges.len() + extra_keys + usize::from(epochs));
     for charge in charges {
         call.arg(charge.key.as_str());
     }
@@ -54,6 +56,11 @@ pub(super) fn consume_cmd(
     if let Some(hold) = &effects.hold {
         call.arg(hold.record_key.as_str())
             .arg(hold.index_key.as_str());
+    }
+    if epochs {
+        call.arg(keys::epoch_of(
+            charges.first().map_or("", |c| c.key.as_str()),
+        ));
     }
     // ARGV layout (see the script's header): now, commit, six values per charge, effects.
     call.arg(now_ms).arg(u8::from(commit));
@@ -101,14 +108,14 @@ pub(super) fn consume_cmd(
 }
 
 /// The EVALSHA call of the give-back script.
-pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack) -> Cmd {
+pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epochs: bool) -> Cmd {
     let mut call = Cmd::with_capacity(24 + 7 * request.counters.len(), 1024);
     let extra_keys = usize::from(request.hold_index.is_some())
         + usize::from(request.ledger.is_some())
         + usize::from(request.idempotency.is_some());
     call.arg("EVALSHA")
         .arg(script.get_hash())
-        .arg(request.counters.len() + 1 + extra_keys);
+        .arg(request.counters.len() + 1 + extra_keys + usize::from(epochs));
     for counter in &request.counters {
         call.arg(counter.key.as_str());
     }
@@ -121,6 +128,9 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack) -> 
     }
     if let Some(idem) = &request.idempotency {
         call.arg(idem.key.as_str());
+    }
+    if epochs {
+        call.arg(keys::epoch_of(&request.control_key));
     }
     let (op, total, amount, refunded, hold_expiry) = match request.kind {
         GiveBackKind::Refund {
@@ -189,9 +199,19 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack) -> 
     call
 }
 
-/// Reads the consume script's reply: a replay (`[-1, record]`) or a fresh evaluation.
+/// The shard of `key`, for [`StoreError::Rebuilding`].
+fn shard_of(key: &str) -> u16 {
+    keys::shard_of_tag(keys::hash_tag(key)).unwrap_or(0)
+}
+
+/// Reads the consume script's reply: a replay (`[-1, record]`), a shard without its epoch
+/// (`[-2]`) or a fresh evaluation.
 pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided, StoreError> {
     if let Value::Array(items) = &reply {
+        if let [Value::Int(-2)] = items.as_slice() {
+            let shard = shard_of(charges.first().map_or("", |c| c.key.as_str()));
+            return Err(StoreError::Rebuilding { shard });
+        }
         if let [Value::Int(-1), kept] = items.as_slice() {
             let text = match kept {
                 Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
@@ -207,8 +227,9 @@ pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided,
     parse_reply(reply, charges).map(Decided::Fresh)
 }
 
-/// Reads the give-back script's reply `[status, value]`.
-pub(super) fn parse_given_back(reply: Value) -> Result<GivenBack, StoreError> {
+/// Reads the give-back script's reply `[status, value]` to a give-back on `control_key`'s
+/// shard.
+pub(super) fn parse_given_back(reply: Value, control_key: &str) -> Result<GivenBack, StoreError> {
     let unexpected = |what: &str| StoreError::Protocol(format!("giveback.lua replied {what}"));
     let Value::Array(items) = reply else {
         return Err(unexpected("something other than an array"));
@@ -225,6 +246,9 @@ pub(super) fn parse_given_back(reply: Value) -> Result<GivenBack, StoreError> {
         [Value::Int(2), value] => Ok(GivenBack::Conflict(text(value)?)),
         [Value::Int(3), value] => Ok(GivenBack::Replayed(text(value)?)),
         [Value::Int(4), _] => Ok(GivenBack::Unknown),
+        [Value::Int(5), _] => Err(StoreError::Rebuilding {
+            shard: shard_of(control_key),
+        }),
         _ => Err(unexpected("an unknown status")),
     }
 }

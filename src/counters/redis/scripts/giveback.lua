@@ -4,7 +4,8 @@ release or expiry of a hold) atomically with its bookkeeping. The Rust twin is m
 
 KEYS: the n counters, then the control key (refund: the running refunded total of the
 consumption; hold: the hold's record), then, when flagged, the index of open holds, the
-ledger stream and the idempotency record, in that order. All share one hash tag.
+ledger stream and the idempotency record, in that order, and last the shard's epoch when
+given (the service always gives it). All share one hash tag.
 
 ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire
 ARGV[3]  n                 ARGV[4]  total (the charge or the held amount)
@@ -26,7 +27,8 @@ then six values per counter i, at ARGV[15 + 6 * (i - 1)]:
 
 Returns { status, value }: 1 done (value: refunded total after a refund, else 0),
 2 conflict (value: refunded total, or the hold's state as a string), 3 replay (value: the
-kept record), 4 unknown hold.
+kept record), 4 unknown hold, 5 the shard has no epoch (nothing done: its state is not the
+ledger's until a rebuild sets it).
 
 A counter gets back at most what it holds now: a calendar period that has ended (its key
 gone), a rolling bucket that no longer counts, or a drained token bucket changes nothing,
@@ -46,6 +48,9 @@ local index_key, stream_key, idem_key
 if ARGV[12] == '1' then index_key = KEYS[k]; k = k + 1 end
 if ARGV[13] == '1' then stream_key = KEYS[k]; k = k + 1 end
 if ARGV[14] == '1' then idem_key = KEYS[k] end
+
+local flagged = (ARGV[12] == '1' and 1 or 0) + (ARGV[13] == '1' and 1 or 0) + (ARGV[14] == '1' and 1 or 0)
+if #KEYS > n + 1 + flagged and redis.call('EXISTS', KEYS[#KEYS]) == 0 then return { 5, 0 } end
 
 if idem_key then
   local kept = redis.call('GET', idem_key)

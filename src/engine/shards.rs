@@ -1,0 +1,262 @@
+//! Rebuilding the counter store's shards from the ledger (Redis): the ledger is the book of
+//! record, Redis its cache.
+//!
+//! Every shard of the counter store has an **epoch** key, set when its state was rebuilt
+//! from the ledger. Every script checks it in the same call as its decision: a shard
+//! without one (Redis lost its data, a failover to an empty replica, or a first start) is
+//! never decided on; the call answers [`StoreError::Rebuilding`], which follows
+//! `QUOTA_ON_STORE_ERROR` (503 by default), and the engine rebuilds it:
+//!
+//! 1. it takes the shard's **lock** (one instance rebuilds a shard; the others wait);
+//! 2. it **drains** the ledger streams, so that every entry Redis still holds is in SQL;
+//! 3. it **replays** the ledger's entries of the shard (the horizon of
+//!    [`rebuild`](super::rebuild)) into a fresh in-process store, the same replay the
+//!    embedded default starts with;
+//! 4. it **writes** that store's state into Redis as absolute values (counters, hold records
+//!    and the index of open holds, refunded totals), while the shard is still closed and the
+//!    lock still its own: written twice, nothing changes;
+//! 5. it **opens** the shard (sets the epoch) in the same call as the last write.
+//!
+//! Consumes on a closed shard never see a counter the ledger shows charged as empty. What
+//! Redis held and had not drained when it lost its data (the last entries of its streams)
+//! is lost with it. An operator can close shards on purpose (`quota-ledger counters
+//! rebuild`): after restoring Redis from an old backup, say.
+
+use super::rebuild::Replay;
+use super::snapshot::StateItem;
+use super::store::StoreError;
+use super::{Engine, EngineError};
+use crate::domain::LedgerEntry;
+use crate::keys;
+use async_trait::async_trait;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a rebuild lock lasts without being extended; extended at every write and every
+/// [`LOCK_KEEP_EVERY`] meanwhile. An instance that dies mid-rebuild holds the shard closed
+/// this long at most.
+const LOCK_TTL_MS: u64 = 30_000;
+
+/// How long `counters rebuild` waits for shards that other instances rebuild.
+const REBUILD_WAIT: Duration = Duration::from_secs(600);
+
+/// How often each instance looks for shards without an epoch, besides when a decision
+/// finds one.
+pub(crate) const SHARD_LOOK_EVERY: Duration = Duration::from_secs(2);
+
+/// How often a rebuilding instance extends its locks while it replays the ledger.
+const LOCK_KEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// A fresh, empty in-process store to replay a shard's ledger into.
+pub(crate) type ScratchStore = Arc<dyn Fn() -> Arc<dyn Replay> + Send + Sync>;
+
+/// The counter store's shards, as a rebuild sees them (Redis).
+#[async_trait]
+pub(crate) trait ShardStates: Send + Sync {
+    /// The shards without an epoch.
+    async fn closed_shards(&self) -> Result<Vec<u16>, StoreError>;
+
+    /// Takes `shard`'s rebuild lock as `token` for `ttl_ms`; false when another holds it.
+    async fn lock_shard(&self, shard: u16, token: &str, ttl_ms: u64) -> Result<bool, StoreError>;
+
+    /// Deletes the epochs of `shards`: their next decisions wait for a rebuild.
+    async fn close_shards(&self, shards: &[u16]) -> Result<(), StoreError>;
+
+    /// Deletes `shard`'s index of open holds (it is written anew), if the shard is still
+    /// closed and locked by `token`; false otherwise.
+    async fn clear_holds_index(
+        &self,
+        shard: u16,
+        token: &str,
+        lock_ttl_ms: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Writes `items` (absolute values, as of `now_ms`) into `shard` while it is closed and
+    /// locked by `token`, extending the lock; opens the shard after the last if `open`.
+    /// False when refused: the lock was lost, or the shard is open already.
+    async fn write_shard(
+        &self,
+        shard: u16,
+        token: &str,
+        lock_ttl_ms: u64,
+        now_ms: i64,
+        items: &[StateItem],
+        open: bool,
+    ) -> Result<bool, StoreError>;
+}
+
+/// What a rebuild of shards did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reopened {
+    /// The shards rebuilt and opened by this call.
+    pub shards: Vec<u16>,
+    /// Ledger entries read.
+    pub entries: usize,
+    /// State items written.
+    pub items: usize,
+}
+
+/// The shard of `key` (its hash tag), if it is one of ours.
+fn shard_of_key(key: &str) -> Option<u16> {
+    keys::shard_of_tag(keys::hash_tag(key))
+}
+
+fn shard_of_item(item: &StateItem) -> Option<u16> {
+    match item {
+        StateItem::Counter { key, .. } | StateItem::Record { key, .. } => shard_of_key(key),
+        StateItem::IndexedHold { index_key, .. } => shard_of_key(index_key),
+    }
+}
+
+/// Extends `token`'s locks on `shards` every [`LOCK_KEEP_EVERY`] until dropped.
+struct LockKeeper(tokio::task::JoinHandle<()>);
+
+impl Drop for LockKeeper {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Engine {
+    /// Closes every shard and rebuilds them from the ledger: `quota-ledger counters
+    /// rebuild`. Decisions meanwhile wait for it (503, or degraded under `allow`).
+    pub async fn rebuild_counters(&self) -> anyhow::Result<Reopened> {
+        let Some(shards) = &self.shards else {
+            anyhow::bail!("the counters are in process (no REDIS_URL): every start rebuilds them");
+        };
+        let all: Vec<u16> = (0..keys::SHARDS).collect();
+        shards.close_shards(&all).await.map_err(EngineError::from)?;
+        // Instances that serve may take some shards' locks first: wait for them too (a lock
+        // whose instance died expires, and this call takes the shard over).
+        let mut reopened = Reopened::default();
+        let started = std::time::Instant::now();
+        loop {
+            let more = self.reopen_shards().await?;
+            reopened.shards.extend(more.shards);
+            reopened.entries += more.entries;
+            reopened.items += more.items;
+            let closed = shards.closed_shards().await.map_err(EngineError::from)?;
+            if closed.is_empty() {
+                return Ok(reopened);
+            }
+            if started.elapsed() > REBUILD_WAIT {
+                anyhow::bail!("{} shards are still being rebuilt", closed.len());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Rebuilds the shards that have no epoch and that no other instance is rebuilding,
+    /// then opens them. Nothing to do without Redis, or when every shard is open.
+    pub(crate) async fn reopen_shards(&self) -> Result<Reopened, EngineError> {
+        let (Some(shards), Some(scratch)) = (&self.shards, &self.scratch) else {
+            return Ok(Reopened::default());
+        };
+        let _one_at_a_time = self.reopening.lock().await;
+        let closed = shards.closed_shards().await?;
+        if closed.is_empty() {
+            return Ok(Reopened::default());
+        }
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut mine = BTreeSet::new();
+        for shard in closed {
+            if shards.lock_shard(shard, &token, LOCK_TTL_MS).await? {
+                mine.insert(shard);
+            }
+        }
+        if mine.is_empty() {
+            return Ok(Reopened::default());
+        }
+        let _keeper = self.keep_locks(shards.clone(), &mine, &token);
+        // Every entry Redis still holds goes to SQL first: the replay reads SQL.
+        self.drain_ledger_now().await;
+        let store = scratch();
+        let rebuilt = self
+            .rebuild_matching(store.as_ref(), &|entry: &LedgerEntry| {
+                mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str()))
+            })
+            .await?;
+        let now_ms = self.now().timestamp_millis();
+        let mut by_shard: BTreeMap<u16, Vec<StateItem>> = BTreeMap::new();
+        for item in store.dump(now_ms).await {
+            if let Some(shard) = shard_of_item(&item).filter(|s| mine.contains(s)) {
+                by_shard.entry(shard).or_default().push(item);
+            }
+        }
+        let mut reopened = Reopened {
+            entries: rebuilt.entries,
+            ..Reopened::default()
+        };
+        for &shard in &mine {
+            let items = by_shard.remove(&shard).unwrap_or_default();
+            let written = shards.clear_holds_index(shard, &token, LOCK_TTL_MS).await?
+                && shards
+                    .write_shard(shard, &token, LOCK_TTL_MS, now_ms, &items, true)
+                    .await?;
+            if written {
+                reopened.shards.push(shard);
+                reopened.items += items.len();
+            } else {
+                tracing::warn!(
+                    shard,
+                    "lost the lock of a shard's rebuild; another instance rebuilds it"
+                );
+            }
+        }
+        Ok(reopened)
+    }
+
+    /// Rebuilds the closed shards if a decision found one since the last call (or `always`).
+    pub(crate) async fn reopen_if_wanted(&self, always: bool) {
+        let wanted = self
+            .rebuild_wanted
+            .swap(false, std::sync::atomic::Ordering::AcqRel);
+        if !(wanted || always) {
+            return;
+        }
+        match self.reopen_shards().await {
+            Ok(reopened) if !reopened.shards.is_empty() => tracing::info!(
+                shards = reopened.shards.len(),
+                entries = reopened.entries,
+                items = reopened.items,
+                "rebuilt counter-store shards from the ledger"
+            ),
+            Ok(_) => {}
+            Err(error) => {
+                // Try again at the next look.
+                self.rebuild_wanted
+                    .store(true, std::sync::atomic::Ordering::Release);
+                tracing::warn!(error = %error, "rebuilding counter-store shards failed; will retry");
+            }
+        }
+    }
+
+    /// A decision found a shard without its epoch: the background watch rebuilds it.
+    pub(crate) fn want_rebuild(&self) {
+        self.rebuild_wanted
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn keep_locks(
+        &self,
+        shards: Arc<dyn ShardStates>,
+        mine: &BTreeSet<u16>,
+        token: &str,
+    ) -> LockKeeper {
+        let (mine, token) = (mine.clone(), token.to_owned());
+        let clock = self.clock.clone();
+        LockKeeper(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LOCK_KEEP_EVERY).await;
+                let now_ms = clock.now().timestamp_millis();
+                for &shard in &mine {
+                    // No items, not opened: only extends the lock (if still ours).
+                    let _ = shards
+                        .write_shard(shard, &token, LOCK_TTL_MS, now_ms, &[], false)
+                        .await;
+                }
+            }
+        }))
+    }
+}
