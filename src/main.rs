@@ -43,11 +43,15 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum CountersCommand {
-    /// Rebuild every counter, open hold and refunded total in Redis from the SQL ledger,
-    /// then exit: after restoring Redis from an old backup, or fixing the ledger by hand.
-    /// Safe while instances serve: each shard answers 503 (or degraded under
+    /// Rebuild every counter, open hold, kept answer and refunded total in Redis from the
+    /// SQL ledger, then exit: after restoring Redis from an old backup, or fixing the ledger
+    /// by hand. Safe while instances serve: each shard answers 503 (or degraded under
     /// QUOTA_ON_STORE_ERROR=allow) until it is rebuilt, never from stale counters.
-    Rebuild,
+    Rebuild {
+        /// Rebuild only this action's counters, holds, kept answers and refunded totals.
+        #[arg(long, value_name = "ACTION")]
+        action: Option<String>,
+    },
 }
 
 fn init_logging(json: bool) {
@@ -74,8 +78,8 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("migrations applied");
         return Ok(());
     }
-    if let Some(Command::Counters(CountersCommand::Rebuild)) = cli.command {
-        return rebuild_counters(settings).await;
+    if let Some(Command::Counters(CountersCommand::Rebuild { action })) = cli.command {
+        return rebuild_counters(settings, action).await;
     }
     let app = Application::build(settings).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
@@ -94,7 +98,11 @@ async fn main() -> anyhow::Result<()> {
 
 /// `counters rebuild`: the service's own wiring (on a loopback port of its own, never
 /// served), used to rebuild every shard from the ledger.
-async fn rebuild_counters(mut settings: Settings) -> anyhow::Result<()> {
+async fn rebuild_counters(mut settings: Settings, action: Option<String>) -> anyhow::Result<()> {
+    let action = action
+        .map(|action| quota_ledger::domain::Action::parse("--action", &action))
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
     anyhow::ensure!(
         !settings.redis_urls.is_empty(),
         "REDIS_URL is not set: the in-process counters are rebuilt at every start"
@@ -102,7 +110,7 @@ async fn rebuild_counters(mut settings: Settings) -> anyhow::Result<()> {
     settings.listen = "127.0.0.1:0".parse().context("a loopback address")?;
     let app = Application::build(settings).await?;
     let started = std::time::Instant::now();
-    let rebuilt = app.engine().rebuild_counters().await?;
+    let rebuilt = app.engine().rebuild_counters(action.as_ref()).await?;
     println!(
         "rebuilt {} shards from {} ledger entries ({} keys written) in {:.1} s",
         rebuilt.shards.len(),
@@ -208,5 +216,18 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn counters_rebuild_takes_an_optional_action() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).map(|cli| cli.command) {
+            Ok(Some(Command::Counters(CountersCommand::Rebuild { action }))) => action,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(parse(&["quota-ledger", "counters", "rebuild"]), None);
+        assert_eq!(
+            parse(&["quota-ledger", "counters", "rebuild", "--action", "sms"]),
+            Some("sms".to_owned())
+        );
     }
 }

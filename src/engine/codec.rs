@@ -530,6 +530,17 @@ pub fn encode_entry(entry: &LedgerEntry) -> String {
     entry::encode(entry)
 }
 
+/// A keyed charge or hold as its consume appends it to a stream: the compact form, ending
+/// with the answer kept until `kept_until_ms` for its retries, in compact form too, but
+/// for the evaluation's numbers, which `consume.lua` appends (see the module `entry`).
+pub(crate) fn encode_entry_keeping(
+    entry: &LedgerEntry,
+    kept_until_ms: i64,
+    policies: &[KeptPolicy],
+) -> String {
+    entry::encode_keeping(entry, kept_until_ms, policies)
+}
+
 /// A ledger entry as JSON, as versions before the compact form wrote stream entries.
 #[cfg(test)]
 fn encode_entry_json(entry: &LedgerEntry) -> String {
@@ -821,6 +832,50 @@ mod tests {
         assert!(compact.len() <= 200, "{} bytes: {compact:?}", compact.len());
         assert!(encode_entry_json(&entry).len() > 2 * compact.len());
         assert_eq!(decode_entry(&compact), Ok(entry));
+    }
+
+    #[test]
+    fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
+        let policies = vec![KeptPolicy {
+            policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
+            measure: Measure::Amount,
+            mode: Mode::Shadow,
+            limit: 100,
+            window_seconds: 86_400,
+        }];
+        for entry in [charge_entry(), hold_entry()] {
+            let entry = LedgerEntry {
+                kept_answer: None,
+                ..entry
+            };
+            // What consume.lua appends: the evaluation's numbers.
+            let text = format!(
+                "{}1,40,1,5,-1",
+                encode_entry_keeping(&entry, 1_790_000_000_000, &policies)
+            );
+            let decoded = decode_entry(&text).expect("reads back");
+            let kept = decoded.kept_answer.clone().expect("a kept answer");
+            assert_eq!(kept.expires_at_ms, 1_790_000_000_000);
+            let (record, numbers) = kept.text.split_once('\n').expect("record, numbers");
+            assert_eq!(numbers, "1,40,1,5,-1");
+            let expected = ConsumeRecord {
+                consumption_id: entry.consumption_id,
+                hold: entry
+                    .hold_id
+                    .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
+                amount: entry.amount,
+                at_ms: entry.at.timestamp_millis(),
+                policies: policies.clone(),
+            };
+            assert_eq!(decode_consume_record(record), Ok(expected));
+            assert_eq!(
+                LedgerEntry {
+                    kept_answer: None,
+                    ..decoded
+                },
+                entry
+            );
+        }
     }
 
     #[test]

@@ -194,9 +194,17 @@ impl Engine {
                 record: codec::encode_consume_record(&record),
             }
         });
+        // A keyed consume's entry carries the answer kept for its retries (the script
+        // appends the numbers), so that a Redis that lost its data gets it back.
+        let allowed = |entry: &LedgerEntry| match &idempotency {
+            Some(idem) => {
+                codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, &plan.kept_policies())
+            }
+            None => codec::encode_entry(entry),
+        };
         let ledger = self.counters.streams_ledger().then(|| LedgerAppend {
             stream: keys::ledger_stream(&self.prefix, plan.keys.shard),
-            allowed: codec::encode_entry(&attempt.allowed_entry),
+            allowed: allowed(&attempt.allowed_entry),
             denied: attempt.denied_entry.as_ref().map(codec::encode_entry),
         });
         let hold = hold.map(|(ticket, ttl_ms)| {

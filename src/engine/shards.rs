@@ -26,7 +26,7 @@ use super::rebuild::Replay;
 use super::snapshot::StateItem;
 use super::store::StoreError;
 use super::{Engine, EngineError};
-use crate::domain::LedgerEntry;
+use crate::domain::{Action, LedgerEntry};
 use crate::keys;
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,8 +120,11 @@ impl Drop for LockKeeper {
 
 impl Engine {
     /// Closes every shard and rebuilds them from the ledger: `quota-ledger counters
-    /// rebuild`. Decisions meanwhile wait for it (503, or degraded under `allow`).
-    pub async fn rebuild_counters(&self) -> anyhow::Result<Reopened> {
+    /// rebuild`. Decisions meanwhile wait for it (503, or degraded under `allow`). With
+    /// `action`, only that action's counters, holds, kept answers and refunded totals are
+    /// replayed and written (its subjects spread over every shard, so every shard closes
+    /// for the time it takes); the other actions' keys are left as they are.
+    pub async fn rebuild_counters(&self, action: Option<&Action>) -> anyhow::Result<Reopened> {
         let Some(shards) = &self.shards else {
             anyhow::bail!("the counters are in process (no REDIS_URL): every start rebuilds them");
         };
@@ -132,7 +135,7 @@ impl Engine {
         let mut reopened = Reopened::default();
         let started = std::time::Instant::now();
         loop {
-            let more = self.reopen_shards().await?;
+            let more = self.reopen_shards(action).await?;
             reopened.shards.extend(more.shards);
             reopened.entries += more.entries;
             reopened.items += more.items;
@@ -148,8 +151,12 @@ impl Engine {
     }
 
     /// Rebuilds the shards that have no epoch and that no other instance is rebuilding,
-    /// then opens them. Nothing to do without Redis, or when every shard is open.
-    pub(crate) async fn reopen_shards(&self) -> Result<Reopened, EngineError> {
+    /// then opens them (with `action`, from that action's entries only). Nothing to do
+    /// without Redis, or when every shard is open.
+    pub(crate) async fn reopen_shards(
+        &self,
+        action: Option<&Action>,
+    ) -> Result<Reopened, EngineError> {
         let (Some(shards), Some(scratch)) = (&self.shards, &self.scratch) else {
             return Ok(Reopened::default());
         };
@@ -174,7 +181,8 @@ impl Engine {
         let store = scratch();
         let rebuilt = self
             .rebuild_matching(store.as_ref(), &|entry: &LedgerEntry| {
-                mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str()))
+                action.is_none_or(|action| entry.action == *action)
+                    && mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str()))
             })
             .await?;
         let now_ms = self.now().timestamp_millis();
@@ -190,7 +198,12 @@ impl Engine {
         };
         for &shard in &mine {
             let items = by_shard.remove(&shard).unwrap_or_default();
-            let written = shards.clear_holds_index(shard, &token, LOCK_TTL_MS).await?
+            // The index of open holds is written anew, unless other actions' holds are in it.
+            let cleared = match action {
+                None => shards.clear_holds_index(shard, &token, LOCK_TTL_MS).await?,
+                Some(_) => true,
+            };
+            let written = cleared
                 && shards
                     .write_shard(shard, &token, LOCK_TTL_MS, now_ms, &items, true)
                     .await?;
@@ -215,7 +228,7 @@ impl Engine {
         if !(wanted || always) {
             return;
         }
-        match self.reopen_shards().await {
+        match self.reopen_shards(None).await {
             Ok(reopened) if !reopened.shards.is_empty() => tracing::info!(
                 shards = reopened.shards.len(),
                 entries = reopened.entries,

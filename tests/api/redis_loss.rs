@@ -23,14 +23,21 @@ fn policies() -> [Value; 2] {
     ]
 }
 
-/// 3 SMS for u1 and a hold of 300 for u2, all moved into SQL.
-async fn charge(app: &TestApp) -> String {
+/// A payment-like consume of u3 with an idempotency key.
+fn keyed() -> Value {
+    json!({"action": "sms", "subject": "u3", "amount": 1, "idempotency_key": "pay-1"})
+}
+
+/// 3 SMS for u1, a keyed SMS for u3 and a hold of 300 for u2, all moved into SQL.
+async fn charge(app: &TestApp) -> (String, Value) {
     for policy in policies() {
         app.must_create_policy(policy).await;
     }
     for _ in 0..3 {
         assert_eq!(app.consume("sms", "u1", 1).await.status, StatusCode::OK);
     }
+    let paid = app.quota("/quota/consume", keyed()).await;
+    assert_eq!(paid.status, StatusCode::OK, "{}", paid.body);
     let hold = app
         .quota(
             "/quota/holds",
@@ -39,7 +46,8 @@ async fn charge(app: &TestApp) -> String {
         .await;
     assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
     app.engine.drain_ledger_now().await;
-    hold.body["hold_id"].as_str().unwrap().to_owned()
+    let hold_id = hold.body["hold_id"].as_str().unwrap().to_owned();
+    (hold_id, paid.body["consumption_id"].clone())
 }
 
 /// Deletes every key of `app` (its prefix) on every node: what a FLUSHALL does to it. The
@@ -86,7 +94,7 @@ async fn sms_used(app: &TestApp) -> Option<u64> {
 
 /// After the loss: nothing is decided on the empty counters, usage comes back, and the
 /// budget and the hold go on exactly where the ledger left them.
-async fn comes_back_from_the_ledger(app: &TestApp, hold_id: &str) {
+async fn comes_back_from_the_ledger(app: &TestApp, (hold_id, paid): &(String, Value)) {
     // Right after the loss: refused (the shard has no epoch), or already rebuilt.
     let first = app.consume("sms", "u1", 1).await;
     match first.status {
@@ -124,6 +132,13 @@ async fn comes_back_from_the_ledger(app: &TestApp, hold_id: &str) {
     assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
     let usage = app.usage("transfer", "u2").await;
     assert_eq!(usage.body["policies"][0]["used"], 250, "{}", usage.body);
+    // The retry of a keyed consume replays its answer, and charges nothing.
+    let retry = app.quota("/quota/consume", keyed()).await;
+    assert_eq!(retry.status, StatusCode::OK, "{}", retry.body);
+    assert_eq!(retry.body["replayed"], true, "{}", retry.body);
+    assert_eq!(&retry.body["consumption_id"], paid);
+    let usage = app.usage("sms", "u3").await;
+    assert_eq!(usage.body["policies"][0]["used"], 1, "{}", usage.body);
 }
 
 #[tokio::test]
@@ -133,37 +148,34 @@ async fn a_redis_restarted_without_persistence_is_rebuilt_from_the_ledger() {
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![redis.url.clone()];
     let app = spawn_with(settings).await;
-    let hold_id = charge(&app).await;
+    let charged = charge(&app).await;
 
     drop(redis); // killed: no persistence, everything it held is gone
     let _redis = PrivateRedis::start_on(port).await;
-    comes_back_from_the_ledger(&app, &hold_id).await;
+    comes_back_from_the_ledger(&app, &charged).await;
 }
 
 #[tokio::test]
 async fn a_redis_that_lost_its_keys_is_rebuilt_from_the_ledger() {
     let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await).await;
-    let hold_id = charge(&app).await;
+    let charged = charge(&app).await;
     lose_keys(&app, &app.settings.redis_urls.clone()).await;
-    comes_back_from_the_ledger(&app, &hold_id).await;
+    comes_back_from_the_ledger(&app, &charged).await;
 }
 
 #[tokio::test]
 async fn a_redis_cluster_that_lost_its_keys_is_rebuilt_from_the_ledger() {
     let app =
         spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Cluster).await).await;
-    let hold_id = charge(&app).await;
+    let charged = charge(&app).await;
     lose_keys(&app, &cluster_urls()).await;
-    comes_back_from_the_ledger(&app, &hold_id).await;
+    comes_back_from_the_ledger(&app, &charged).await;
 }
 
-#[tokio::test]
-async fn counters_rebuild_on_demand_puts_back_what_the_ledger_says() {
-    let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await).await;
-    let hold_id = charge(&app).await;
-    // Redis restored from an old backup: counters as they were before the day's charges,
-    // epochs still there, so nothing detects it; the operator rebuilds on demand.
-    lose_keys(&app, &app.settings.redis_urls.clone()).await;
+/// Redis restored from an old backup: counters as they were before the day's charges,
+/// epochs still there, so nothing detects it; the operator rebuilds on demand.
+async fn forget_the_day(app: &TestApp) {
+    lose_keys(app, &app.settings.redis_urls.clone()).await;
     let mut redis = redis::Client::open(app.settings.redis_urls[0].as_str())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -183,15 +195,56 @@ async fn counters_rebuild_on_demand_puts_back_what_the_ledger_says() {
             .unwrap();
     }
     assert_eq!(
-        sms_used(&app).await,
+        sms_used(app).await,
         Some(0),
         "the old backup forgot the day"
     );
-    let rebuilt = app.engine.rebuild_counters().await.expect("rebuilding");
+}
+
+#[tokio::test]
+async fn counters_rebuild_on_demand_puts_back_what_the_ledger_says() {
+    let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await).await;
+    let charged = charge(&app).await;
+    forget_the_day(&app).await;
+    let rebuilt = app.engine.rebuild_counters(None).await.expect("rebuilding");
     assert_eq!(
         rebuilt.shards.len(),
         usize::from(quota_ledger::keys::SHARDS)
     );
     assert_eq!(sms_used(&app).await, Some(3));
-    comes_back_from_the_ledger(&app, &hold_id).await;
+    comes_back_from_the_ledger(&app, &charged).await;
+}
+
+#[tokio::test]
+async fn counters_rebuild_of_one_action_leaves_the_other_actions_keys_alone() {
+    let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await).await;
+    let (hold_id, paid) = charge(&app).await;
+    forget_the_day(&app).await;
+    let sms = quota_ledger::domain::Action::parse("action", "sms").unwrap();
+    app.engine
+        .rebuild_counters(Some(&sms))
+        .await
+        .expect("rebuilding sms");
+    assert_eq!(sms_used(&app).await, Some(3));
+    let retry = app.quota("/quota/consume", keyed()).await;
+    assert_eq!(retry.body["replayed"], true, "{}", retry.body);
+    assert_eq!(retry.body["consumption_id"], paid);
+    // The transfer hold was not rebuilt: Redis still has no record of it.
+    let commit = app
+        .quota(&format!("/quota/holds/{hold_id}/commit"), json!({}))
+        .await;
+    assert_eq!(commit.status, StatusCode::NOT_FOUND, "{}", commit.body);
+}
+
+#[test]
+fn the_binary_refuses_to_rebuild_counters_it_keeps_in_process() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
+        .args(["counters", "rebuild", "--action", "sms"])
+        .env("DATABASE_URL", "sqlite::memory:")
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("running the binary");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("REDIS_URL is not set"), "{stderr}");
 }

@@ -27,7 +27,14 @@
 //! | 10 | policies | per policy: id `GS` amount (empty: the entry's amount) |
 //! | 11 | counters | per counter: policy `GS` key `GS` restore `GS` by-amount (`1`/`0`) `GS` charged (empty: its policy's amount) |
 //! | 12 | a hold's expiry | Unix ms (optional) |
-//! | 13, 14 | a kept answer | its expiry (Unix ms), then its text (optional) |
+//! | 13, 14 | a kept answer | its expiry (Unix ms), then its text, or its compact form (optional) |
+//!
+//! A kept answer's **compact form** is what a keyed consume's stream entry carries, so that
+//! a Redis that lost its data gets the answer back from the ledger: per policy (in field 10's
+//! order) its measure (`c`ount, `a`mount), mode (`e`nforce, `s`hadow), limit and window
+//! seconds, as `ae,200000,86400`, separated by `;`; then `\n` and the evaluation's numbers,
+//! which `consume.lua` appends. The rest of the idempotency record (ids, amount, instant)
+//! is the entry's own. A full text starts with `{` (the record's JSON).
 //!
 //! A counter's policy is the index of its policy in field 10 (empty: the counter's own
 //! position), or `~` and the id (`~` is no slug character). Its key is `+` and the part before `<action>|<subject>` when it ends so
@@ -35,10 +42,10 @@
 //! end ms>`, `r<bucket>,<bucket ms>,<buckets>` (the bucket empty when it is the one the
 //! entry's instant falls in) or `t<period ms>,<limit>`.
 
-use super::{field, CodecError, EntryParts};
+use super::{encode_consume_record, field, CodecError, ConsumeRecord, EntryParts, KeptPolicy};
 use crate::domain::{
-    ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
-    PolicyAmount, PolicyId, Restore,
+    ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry, Measure,
+    Mode, PolicyAmount, PolicyId, Restore,
 };
 use chrono::{DateTime, Utc};
 use std::fmt::Write as _;
@@ -187,6 +194,86 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
     out
 }
 
+/// The compact form of `entry` (a charge or hold whose answer is kept until
+/// `kept_until_ms`), ending where the store appends the evaluation's numbers.
+pub(super) fn encode_keeping(
+    entry: &LedgerEntry,
+    kept_until_ms: i64,
+    policies: &[KeptPolicy],
+) -> String {
+    let mut out = encode(&LedgerEntry {
+        kept_answer: None,
+        hold_expires_at: None,
+        ..entry.clone()
+    });
+    out.push(US);
+    if let Some(at) = entry.hold_expires_at {
+        let _ = write!(out, "{}", at.timestamp_millis());
+    }
+    let _ = write!(out, "{US}{kept_until_ms}{US}");
+    for (i, p) in policies.iter().enumerate() {
+        let measure = if p.measure == Measure::Amount {
+            'a'
+        } else {
+            'c'
+        };
+        let mode = if p.mode == Mode::Shadow { 's' } else { 'e' };
+        let semicolon = if i > 0 { ";" } else { "" };
+        let _ = write!(
+            out,
+            "{semicolon}{measure}{mode},{},{}",
+            p.limit, p.window_seconds
+        );
+    }
+    out.push('\n');
+    out
+}
+
+/// The full text of a kept answer given in compact form (see the module doc).
+fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
+    let (policies, numbers) = compact
+        .split_once('\n')
+        .ok_or_else(|| CodecError::new(WHAT, "a kept answer without its numbers"))?;
+    let kinds: Vec<&str> = policies.split(';').filter(|p| !p.is_empty()).collect();
+    if kinds.len() != entry.policies.len() {
+        return Err(CodecError::new(WHAT, "a kept answer for other policies"));
+    }
+    let policies = kinds
+        .iter()
+        .zip(&entry.policies)
+        .map(|(kind, policy)| {
+            let parts: Vec<&str> = kind.split(',').collect();
+            let [flags, limit, window] = parts[..] else {
+                return Err(CodecError::new(WHAT, format!("kept policy '{kind}'")));
+            };
+            let (measure, mode) = match flags {
+                "ce" => (Measure::Count, Mode::Enforce),
+                "cs" => (Measure::Count, Mode::Shadow),
+                "ae" => (Measure::Amount, Mode::Enforce),
+                "as" => (Measure::Amount, Mode::Shadow),
+                _ => return Err(CodecError::new(WHAT, format!("kept policy '{kind}'"))),
+            };
+            Ok(KeptPolicy {
+                policy_id: policy.policy_id.clone(),
+                measure,
+                mode,
+                limit: number("kept limit", limit)?,
+                window_seconds: number("kept window", window)?,
+            })
+        })
+        .collect::<Result<_, CodecError>>()?;
+    let record = ConsumeRecord {
+        consumption_id: entry.consumption_id,
+        hold: entry
+            .hold_id
+            .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
+        amount: entry.amount,
+        at_ms: entry.at.timestamp_millis(),
+        policies,
+    };
+    Ok(format!("{}\n{numbers}", encode_consume_record(&record)))
+}
+
 fn number<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, CodecError> {
     text.parse()
         .map_err(|_| CodecError::new(WHAT, format!("{what} '{text}' is not a number")))
@@ -242,6 +329,9 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
         (None, None) => None,
         _ => return Err(CodecError::new(WHAT, "a kept answer without its text")),
     };
+    let compact_kept = kept_answer
+        .as_ref()
+        .is_some_and(|kept| !kept.text.starts_with('{'));
     let mut entry = super::entry_from_parts(
         EntryParts {
             id: &EntryId::from_bits(from_b64(fields[1])?).to_string(),
@@ -263,6 +353,12 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
     )?;
     entry.consumption_id = consumption_id;
     entry.hold_id = hold_id;
+    if compact_kept {
+        if let Some(mut kept) = entry.kept_answer.take() {
+            kept.text = kept_text(&kept.text, &entry)?;
+            entry.kept_answer = Some(kept);
+        }
+    }
     Ok(entry)
 }
 

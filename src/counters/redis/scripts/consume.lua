@@ -20,7 +20,9 @@ ARGV[e .. e + 8] with e = 3 + 6 * n:
   flags        three characters '0'/'1': idempotency record, ledger stream, hold
   idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when flagged)
   idem record  what to keep with the reply numbers
-  allowed      ledger entry appended when the decision is applied (KEYS[next]: the stream)
+  allowed      ledger entry appended when the decision is applied (KEYS[next]: the stream);
+               with an idempotency record, the reply numbers (as kept with the record) are
+               appended to it: it ends with the compact kept answer, then '\n'
   denied       ledger entry appended when a consume is denied ('' for none)
   hold id      the hold's id, the member of the index  (KEYS[next]: the hold record,
   expires_at   its expiry, the index score              KEYS[next + 1]: the index of holds)
@@ -233,12 +235,14 @@ end
 
 -- Effects, in the same atomic step as the charges.
 if commit and out[1] == 1 then
+  local numbers = ''
   if has_idem then
     local nums = {}
     for j = 1, #out do nums[j] = fmt('%d', out[j]) end
-    redis.call('SET', idem_key, ARGV[e + 2] .. '\n' .. table.concat(nums, ','), 'PX', ARGV[e + 1])
+    numbers = table.concat(nums, ',')
+    redis.call('SET', idem_key, ARGV[e + 2] .. '\n' .. numbers, 'PX', ARGV[e + 1])
   end
-  if has_ledger then redis.call('XADD', stream_key, '*', 'e', ARGV[e + 3]) end
+  if has_ledger then redis.call('XADD', stream_key, '*', 'e', ARGV[e + 3] .. numbers) end
   if has_hold then
     redis.call('SET', hold_key, 'open\n' .. ARGV[e + 7], 'PX', ARGV[e + 8])
     redis.call('ZADD', index_key, ARGV[e + 6], ARGV[e + 5])
