@@ -133,6 +133,8 @@ impl Engine {
             return Ok(attempt.answer(plan.empty_decision()));
         }
         let effects = self.effects(&plan, request, &attempt);
+        // Until the entry is committed: a snapshot must see both or neither.
+        let _cut = self.cut.read().await;
         let decided = self
             .counters
             .decide(plan.now_ms(), &plan.charges, true, &effects)

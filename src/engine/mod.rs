@@ -35,7 +35,7 @@ use writer::LedgerWriter;
 
 pub(crate) use consume::Consumed;
 pub(crate) use giveback::Settled;
-pub use snapshot::Restored;
+pub use snapshot::{Restored, Saved};
 
 /// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]
@@ -140,6 +140,8 @@ pub(crate) struct Ports {
     pub(crate) clock: Arc<dyn Clock>,
     /// Whether admission control is shedding load (a timeout is then ours, not Redis's).
     pub(crate) load: Arc<load::Load>,
+    /// The in-process store and the table its snapshots go to (the embedded default).
+    pub(crate) snapshots: Option<snapshot::Snapshots>,
 }
 
 /// The quota engine; shared by every request.
@@ -153,6 +155,11 @@ pub struct Engine {
     writer: LedgerWriter,
     drain: Option<Arc<Drainer>>,
     load: Arc<load::Load>,
+    snapshots: Option<snapshot::Snapshots>,
+    /// Every change to the counter store holds it (shared) from the store call until its
+    /// ledger entry is committed; a snapshot holds it alone while it copies the store, so
+    /// the copy is exactly the replay of the entries committed by then (a consistent cut).
+    cut: tokio::sync::RwLock<()>,
 }
 
 impl Engine {
@@ -166,6 +173,7 @@ impl Engine {
             cache,
             clock,
             load,
+            snapshots,
         } = ports;
         Self {
             counters,
@@ -177,6 +185,8 @@ impl Engine {
             writer,
             drain,
             load,
+            snapshots,
+            cut: tokio::sync::RwLock::new(()),
         }
     }
 
