@@ -223,10 +223,10 @@ impl Application {
             admission: Arc::new(Admission::new(settings.max_in_flight, load)),
         });
         let sweeper = embedded::Sweeper::spawn(state.clone());
-        let periodic = counters
-            .embedded
-            .is_some()
-            .then(|| embedded::Periodic::spawn(state.engine.clone()));
+        let periodic = counters.embedded.is_some().then(|| {
+            let covered = restored.and_then(|r| r.snapshot_seq);
+            embedded::Periodic::spawn(state.engine.clone(), covered)
+        });
         let admin_token_generated = settings.admin_token.is_none();
         let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
         let tokens = web::Data::new(Tokens {

@@ -61,12 +61,15 @@ const SNAPSHOT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 pub(super) struct Periodic(JoinHandle<()>);
 
 impl Periodic {
-    /// Starts snapshotting `engine`'s store.
-    pub(super) fn spawn(engine: Arc<Engine>) -> Self {
+    /// Starts snapshotting `engine`'s store; `covered` is the seq the snapshot loaded at
+    /// start covers: while the ledger gains no entry, there is nothing new to save.
+    pub(super) fn spawn(engine: Arc<Engine>, mut covered: Option<i64>) -> Self {
         Self(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(SNAPSHOT_EVERY).await;
-                engine.snapshot_now().await;
+                if let Some(saved) = engine.snapshot_unless_covered(covered).await {
+                    covered = Some(saved.covered_seq);
+                }
             }
         }))
     }

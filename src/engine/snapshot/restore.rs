@@ -49,13 +49,20 @@ impl Engine {
     /// happen after traffic resumed. A failure is logged, never fatal: the next start
     /// then replays from the previous snapshot, or the horizon.
     pub async fn snapshot_now(&self) -> Option<Saved> {
+        self.snapshot_unless_covered(None).await
+    }
+
+    /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
+    /// `covered` (the snapshot kept covers it: the state it holds is the same).
+    pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
         let snapshots = self.snapshots.as_ref()?;
         let started = std::time::Instant::now();
         match self
-            .save_snapshot(snapshots.store.as_ref(), snapshots.table.as_ref())
+            .save_snapshot(snapshots.store.as_ref(), snapshots.table.as_ref(), covered)
             .await
         {
-            Ok(saved) => {
+            Ok(None) => None,
+            Ok(Some(saved)) => {
                 tracing::info!(
                     covered_seq = saved.covered_seq,
                     items = saved.items,
@@ -76,15 +83,21 @@ impl Engine {
         }
     }
 
-    /// Snapshots `source` into `store` (see [`Engine::snapshot_now`]).
+    /// Snapshots `source` into `store` (see [`Engine::snapshot_unless_covered`]).
     async fn save_snapshot(
         &self,
         source: &dyn Replay,
         store: &dyn SnapshotStore,
-    ) -> Result<Saved, EngineError> {
+        unless_covered: Option<i64>,
+    ) -> Result<Option<Saved>, EngineError> {
         let paused = self.cut.write().await;
         self.writer.flush().await?;
         let last = store.last_entry().await?;
+        if let Some(covered) = unless_covered {
+            if last.as_ref().map_or(0, |(seq, _)| *seq) == covered {
+                return Ok(None);
+            }
+        }
         let taken_at = self.now();
         let items = source.dump(taken_at.timestamp_millis()).await;
         drop(paused);
@@ -108,7 +121,7 @@ impl Engine {
             parts,
         };
         store.save(&snapshot).await?;
-        Ok(saved)
+        Ok(Some(saved))
     }
 
     /// Rebuilds `target`, a fresh in-process store: from the snapshot `store` keeps and the

@@ -295,7 +295,22 @@ async fn a_snapshot_taken_while_a_consume_commits_counts_it_exactly_once(store: 
     assert_eq!(usage(&app).await, before);
 }
 
+/// A periodic snapshot saves nothing while the ledger has no entry the kept one lacks.
+async fn a_periodic_snapshot_is_skipped_while_nothing_was_committed(store: PolicyBackend) {
+    let app = transfer_app(store).await;
+    app.quota("/quota/consume", consume_body(100, None)).await;
+    let app = app.restart().await;
+    let covered = restored(&app).snapshot_seq;
+    assert_eq!(covered, Some(1));
+    app.advance(60);
+    assert_eq!(app.engine.snapshot_unless_covered(covered).await, None);
+    app.quota("/quota/consume", consume_body(100, None)).await;
+    let saved = app.engine.snapshot_unless_covered(covered).await;
+    assert_eq!(saved.map(|s| s.covered_seq), Some(2));
+}
+
 on_policy_stores!(
+    a_periodic_snapshot_is_skipped_while_nothing_was_committed,
     a_snapshot_taken_while_a_consume_commits_counts_it_exactly_once,
     a_graceful_restart_loads_the_snapshot_and_replays_nothing,
     a_crash_after_a_graceful_restart_replays_only_what_came_after,
