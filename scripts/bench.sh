@@ -168,7 +168,7 @@ start_service() {
 		QUOTA_LISTEN="127.0.0.1:$SERVICE_PORT"
 		DATABASE_URL="sqlite://$SERVICE_DB"
 		QUOTA_ADMIN_TOKEN="$ADMIN_TOKEN"
-		RUST_LOG=warn,quota_ledger::startup=info
+		RUST_LOG=warn,quota_ledger::startup=info,quota_ledger::engine::snapshot=info
 	)
 	if [[ $mode == redis ]]; then
 		env+=(REDIS_URL="redis://127.0.0.1:$REDIS_PORT/")

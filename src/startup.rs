@@ -49,8 +49,8 @@ pub struct Application {
     _tasks: BackgroundTasks,
     /// Releases expired holds; stopped between two sweeps before the snapshot is taken.
     sweeper: embedded::Sweeper,
-    /// The embedded default's in-process store and its snapshots (`None` on Redis).
-    embedded: Option<embedded::Embedded>,
+    /// Snapshots the embedded default's counters every few minutes (`None` on Redis).
+    periodic: Option<embedded::Periodic>,
     /// How the in-process counters were rebuilt at start (`None` on Redis).
     restored: Option<Restored>,
     /// What the handlers share; kept so that tests can drive background work themselves.
@@ -257,6 +257,7 @@ impl Application {
                 .is_some()
                 .then(|| Arc::new(scratch_store) as ScratchStore),
             shards: counters.shards.clone(),
+            snapshots: counters.embedded.as_ref().map(embedded::Embedded::ports),
         };
         let engine = Engine::new(
             ports,
@@ -286,6 +287,10 @@ impl Application {
             state.engine.measure_backlog().await;
             tasks.0.push(spawn_backlog_watch(state.clone()));
         }
+        let periodic = counters.embedded.is_some().then(|| {
+            let covered = restored.and_then(|r| r.snapshot_seq);
+            embedded::Periodic::spawn(state.engine.clone(), covered)
+        });
         let admin_token_generated = settings.admin_token.is_none();
         let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
         let tokens = web::Data::new(Tokens {
@@ -307,7 +312,7 @@ impl Application {
             _retention: retention,
             _tasks: tasks,
             sweeper,
-            embedded: counters.embedded,
+            periodic,
             restored,
             refresher,
             state,
@@ -335,8 +340,9 @@ impl Application {
         let served = self.server.await;
         drop(self.refresher); // the background tasks end with the server
         self.sweeper.stop().await;
-        if let Some(embedded) = &self.embedded {
-            embedded.snapshot(&self.state.engine).await;
+        if let Some(periodic) = self.periodic {
+            periodic.stop().await;
+            self.state.engine.snapshot_now().await;
         }
         served
     }

@@ -137,6 +137,8 @@ impl Engine {
             return Err(EngineError::BacklogFull { max: backlog.max() });
         }
         let effects = self.effects(&plan, request, &attempt);
+        // Until the entry is committed: a snapshot must see both or neither.
+        let _cut = self.cut.read().await;
         let decided = self
             .counters
             .decide(plan.now_ms(), &plan.charges, true, &effects)

@@ -92,6 +92,8 @@ impl Engine {
             kept_answer: None,
         };
         let request = self.refund_give_back(&charge, &entry, refunded);
+        // Until the entry is committed: a snapshot must see both or neither.
+        let _cut = self.cut.read().await;
         match self
             .counters
             .give_back(now.timestamp_millis(), &request)
@@ -280,6 +282,7 @@ impl Engine {
             idempotency: None,
         };
         let now_ms = self.now().timestamp_millis();
+        let _cut = self.cut.read().await;
         self.counters.give_back(now_ms, &request).await?;
         Ok(())
     }
@@ -293,6 +296,8 @@ impl Engine {
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
         let now = self.now();
         let (entry, request) = self.hold_give_back(hold_id, record, how, now)?;
+        // Until the entry is committed: a snapshot must see both or neither.
+        let _cut = self.cut.read().await;
         let done = self
             .counters
             .give_back(now.timestamp_millis(), &request)

@@ -37,7 +37,7 @@ use writer::LedgerWriter;
 
 pub(crate) use consume::Consumed;
 pub(crate) use giveback::Settled;
-pub use snapshot::Restored;
+pub use snapshot::{Restored, Saved};
 
 /// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]
@@ -155,6 +155,8 @@ pub(crate) struct Ports {
     pub(crate) shards: Option<Arc<dyn shards::ShardStates>>,
     /// A fresh in-process store to replay a shard's ledger into (Redis only).
     pub(crate) scratch: Option<shards::ScratchStore>,
+    /// The in-process store and the table its snapshots go to (the embedded default).
+    pub(crate) snapshots: Option<snapshot::Snapshots>,
 }
 
 /// The quota engine; shared by every request.
@@ -176,6 +178,11 @@ pub struct Engine {
     reopening: tokio::sync::Mutex<()>,
     /// Set when a decision found a shard without its epoch.
     rebuild_wanted: std::sync::atomic::AtomicBool,
+    snapshots: Option<snapshot::Snapshots>,
+    /// Every change to the counter store holds it (shared) from the store call until its
+    /// ledger entry is committed; a snapshot holds it alone while it copies the store, so
+    /// the copy is exactly the replay of the entries committed by then (a consistent cut).
+    cut: tokio::sync::RwLock<()>,
 }
 
 impl Engine {
@@ -192,6 +199,7 @@ impl Engine {
             backlog_max,
             shards,
             scratch,
+            snapshots,
         } = ports;
         Self {
             shards,
@@ -208,6 +216,8 @@ impl Engine {
             writer,
             drain,
             load,
+            snapshots,
+            cut: tokio::sync::RwLock::new(()),
         }
     }
 

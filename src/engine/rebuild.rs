@@ -80,8 +80,9 @@ pub(crate) enum ReplayOp {
 pub(crate) trait Replay: CounterStore {
     /// Applies `ops` in order.
     async fn replay(&self, ops: Vec<ReplayOp>) -> Result<(), StoreError>;
-    /// Everything the store holds that is live at `now_ms`. Call it while nothing else
-    /// uses the store: each shard is copied under its lock, but not all at once.
+    /// Everything the store holds that is live at `now_ms`. Call it while nothing changes
+    /// the store (the engine holds its `cut` lock alone): each shard is copied under its
+    /// lock, but not all at once.
     async fn dump(&self, now_ms: i64) -> Vec<StateItem>;
     /// Puts `items` into the store (a fresh one), dropping those already gone at
     /// `taken_at_ms`, the snapshot's time; returns how many it kept. Items that expired

@@ -2,13 +2,17 @@
 //! replays only the ledger entries written after the last snapshot instead of the whole
 //! horizon.
 //!
-//! At graceful shutdown (the HTTP server stopped, the hold sweeper stopped, the ledger
-//! writer drained) the store's live state equals the replay of every committed entry; the
-//! engine then dumps it as [`StateItem`]s through the [`Replay`](super::rebuild::Replay) port, encodes them with
-//! `codec::snapshot`, and saves them through the [`SnapshotStore`] port (the SQL ledger's
+//! Every few minutes, and at graceful shutdown (the HTTP server and the hold sweeper
+//! stopped), `Engine::snapshot_now` takes the engine's `cut` lock alone: every change to
+//! the store holds it (shared) from its store call until its ledger entry is committed, so
+//! once it is taken, and the ledger writer flushed, the store's live state equals the
+//! replay of every committed entry. The engine dumps that state as [`StateItem`]s through
+//! the [`Replay`](super::rebuild::Replay) port, lets changes resume, encodes the items with
+//! `codec::snapshot` and saves them through the [`SnapshotStore`] port (the SQL ledger's
 //! database), with the ledger `seq` they cover. At start, `Engine::restore` loads a
 //! usable snapshot into the fresh store and replays the entries after it
-//! ([`Engine::rebuild`](super::Engine) from that seq); otherwise it replays the whole horizon.
+//! ([`Engine::rebuild`](super::Engine) from that seq); otherwise it replays the whole
+//! horizon.
 //!
 //! A snapshot is **unusable**, and the start replays the whole horizon instead (logging a
 //! warning and deleting it, so that it can never match again later), when:
@@ -22,15 +26,25 @@
 //! - it was taken before the replay's horizon (the full replay then reads less);
 //! - its parts are incomplete or do not decode.
 //!
-//! A kill -9 writes no snapshot: the next start loads the last one (from an earlier
-//! graceful stop) and replays everything after it, which is as exact as a full replay.
+//! A kill -9 writes no snapshot: the next start loads the last one (periodic, or from an
+//! earlier graceful stop) and replays everything after it, as exact as a full replay.
 
 mod restore;
 
 use super::ledger::LedgerError;
-use super::rebuild::Rebuilt;
+use super::rebuild::{Rebuilt, Replay};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use std::sync::Arc;
+
+/// What a snapshot is taken through: the in-process store and the table it goes to.
+#[derive(Clone)]
+pub(crate) struct Snapshots {
+    /// The store the engine decides with.
+    pub(crate) store: Arc<dyn Replay>,
+    /// Where snapshots are kept.
+    pub(crate) table: Arc<dyn SnapshotStore>,
+}
 
 /// The state of one counter, one variant per algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,11 +161,11 @@ impl Restored {
 
 /// What a snapshot saved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Saved {
+pub struct Saved {
     /// The ledger `seq` it covers.
-    pub(crate) covered_seq: i64,
+    pub covered_seq: i64,
     /// State items in it.
-    pub(crate) items: usize,
+    pub items: usize,
     /// Encoded bytes, all parts together.
-    pub(crate) bytes: usize,
+    pub bytes: usize,
 }

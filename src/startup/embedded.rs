@@ -1,11 +1,11 @@
 //! The embedded default's start and stop: its in-process counters rebuilt from the last
-//! snapshot and the ledger before the first request, and snapshotted again at graceful
-//! shutdown once nothing changes them any more; and the hold sweeper, which must be
-//! stopped between two sweeps before that.
+//! snapshot and the ledger before the first request, snapshotted every few minutes while
+//! it runs, and again at graceful shutdown once nothing changes them any more; and the
+//! hold sweeper, which is stopped between two sweeps before that.
 
 use crate::api::AppState;
 use crate::engine::rebuild::Replay;
-use crate::engine::snapshot::SnapshotStore;
+use crate::engine::snapshot::{SnapshotStore, Snapshots};
 use crate::engine::{Engine, Restored};
 use actix_web::web;
 use anyhow::Context;
@@ -41,27 +41,49 @@ impl Embedded {
         Ok(restored)
     }
 
-    /// Saves a snapshot of the store for the next start. A failure is logged, never
-    /// fatal: the next start then replays from the previous snapshot, or the horizon.
-    pub(super) async fn snapshot(&self, engine: &Engine) {
-        let started = std::time::Instant::now();
-        match engine
-            .save_snapshot(self.store.as_ref(), self.snapshots.as_ref())
-            .await
-        {
-            Ok(saved) => tracing::info!(
-                covered_seq = saved.covered_seq,
-                items = saved.items,
-                bytes = saved.bytes,
-                millis = started.elapsed().as_millis(),
-                "saved a snapshot of the in-process counters"
-            ),
-            Err(error) => tracing::warn!(
-                error = %error,
-                "saving a snapshot of the in-process counters failed; the next start \
-                 replays the ledger after the previous one"
-            ),
+    /// The engine's ports for snapshots.
+    pub(super) fn ports(&self) -> Snapshots {
+        Snapshots {
+            store: self.store.clone(),
+            table: self.snapshots.clone(),
         }
+    }
+}
+
+/// How often a running embedded service snapshots its counters, so that a start after
+/// kill -9 replays at most this much of the ledger. Each snapshot holds changes to the
+/// counters back while it copies the store (a fraction of a second; encoding and saving
+/// happen after), which is why it is not more often.
+const SNAPSHOT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The task that snapshots the in-process counters every [`SNAPSHOT_EVERY`]; aborted
+/// when dropped (a snapshot cut off while saving is rolled back whole).
+pub(super) struct Periodic(JoinHandle<()>);
+
+impl Periodic {
+    /// Starts snapshotting `engine`'s store; `covered` is the seq the snapshot loaded at
+    /// start covers: while the ledger gains no entry, there is nothing new to save.
+    pub(super) fn spawn(engine: Arc<Engine>, mut covered: Option<i64>) -> Self {
+        Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SNAPSHOT_EVERY).await;
+                if let Some(saved) = engine.snapshot_unless_covered(covered).await {
+                    covered = Some(saved.covered_seq);
+                }
+            }
+        }))
+    }
+
+    /// Stops the task, and waits until it has.
+    pub(super) async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for Periodic {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -40,20 +40,67 @@ pub(crate) enum Unusable {
 }
 
 impl Engine {
-    /// Snapshots `source`, the in-process store, into `store`, replacing the one kept.
+    /// Snapshots the in-process store (the embedded default), replacing the snapshot
+    /// kept; returns what was saved, `None` without an in-process store.
     ///
-    /// Call it only once nothing changes the store any more (the server and the hold
-    /// sweeper stopped): it first waits for the ledger writer to commit what it was given,
-    /// so that the state equals the replay of every entry up to the ledger's last.
-    pub(crate) async fn save_snapshot(
+    /// Safe while requests flow: it waits for the changes under way to commit their ledger
+    /// entries and holds new ones back (the `cut` lock) while it copies the store, so the
+    /// copy equals the replay of every entry up to the ledger's last. Encoding and saving
+    /// happen after traffic resumed. A failure is logged, never fatal: the next start
+    /// then replays from the previous snapshot, or the horizon.
+    pub async fn snapshot_now(&self) -> Option<Saved> {
+        self.snapshot_unless_covered(None).await
+    }
+
+    /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
+    /// `covered` (the snapshot kept covers it: the state it holds is the same).
+    pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
+        let snapshots = self.snapshots.as_ref()?;
+        let started = std::time::Instant::now();
+        match self
+            .save_snapshot(snapshots.store.as_ref(), snapshots.table.as_ref(), covered)
+            .await
+        {
+            Ok(None) => None,
+            Ok(Some(saved)) => {
+                tracing::info!(
+                    covered_seq = saved.covered_seq,
+                    items = saved.items,
+                    bytes = saved.bytes,
+                    millis = started.elapsed().as_millis(),
+                    "saved a snapshot of the in-process counters"
+                );
+                Some(saved)
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = %error,
+                    "saving a snapshot of the in-process counters failed; the next start \
+                     replays the ledger after the previous one"
+                );
+                None
+            }
+        }
+    }
+
+    /// Snapshots `source` into `store` (see [`Engine::snapshot_unless_covered`]).
+    async fn save_snapshot(
         &self,
         source: &dyn Replay,
         store: &dyn SnapshotStore,
-    ) -> Result<Saved, EngineError> {
+        unless_covered: Option<i64>,
+    ) -> Result<Option<Saved>, EngineError> {
+        let paused = self.cut.write().await;
         self.writer.flush().await?;
         let last = store.last_entry().await?;
+        if let Some(covered) = unless_covered {
+            if last.as_ref().map_or(0, |(seq, _)| *seq) == covered {
+                return Ok(None);
+            }
+        }
         let taken_at = self.now();
         let items = source.dump(taken_at.timestamp_millis()).await;
+        drop(paused);
         let parts = codec::encode_snapshot(&items);
         let (covered_seq, covered_id) = match last {
             Some((seq, id)) => (seq, Some(id)),
@@ -74,7 +121,7 @@ impl Engine {
             parts,
         };
         store.save(&snapshot).await?;
-        Ok(saved)
+        Ok(Some(saved))
     }
 
     /// Rebuilds `target`, a fresh in-process store: from the snapshot `store` keeps and the

@@ -4,11 +4,12 @@
 //! the snapshot no longer matches the ledger (the start then replays the whole horizon).
 
 use super::{consume_body, hold_800, ledger_of, refund, transfer_app, usage};
-use crate::helpers::{PolicyBackend, TestApp};
+use crate::helpers::{eventually, Answer, PolicyBackend, TestApp};
 use crate::on_policy_stores;
 use quota_ledger::engine::Restored;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// How the app's start rebuilt its counters.
 fn restored(app: &TestApp) -> Restored {
@@ -193,7 +194,124 @@ async fn a_snapshot_that_does_not_match_the_ledger_is_ignored_and_deleted(store:
     }
 }
 
+/// A transaction holding the ledger's write lock: every insert waits (reads do not)
+/// until it is released.
+enum LedgerLock {
+    Postgres(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+}
+
+impl LedgerLock {
+    async fn take(database_url: &str) -> Self {
+        use quota_ledger::db::Pool;
+        let pool = quota_ledger::db::open(database_url, 1).await;
+        match pool.expect("opening the database") {
+            Pool::Postgres(pool) => {
+                let mut conn = pool.acquire().await.expect("connecting");
+                for statement in ["BEGIN", "LOCK TABLE ledger_entries IN EXCLUSIVE MODE"] {
+                    sqlx::query(statement)
+                        .execute(&mut *conn)
+                        .await
+                        .expect("locking");
+                }
+                Self::Postgres(conn)
+            }
+            Pool::Sqlite(pool) => {
+                let mut conn = pool.acquire().await.expect("connecting");
+                sqlx::query("BEGIN IMMEDIATE")
+                    .execute(&mut *conn)
+                    .await
+                    .expect("locking");
+                Self::Sqlite(conn)
+            }
+        }
+    }
+
+    async fn release(self) {
+        let done = match self {
+            Self::Postgres(mut conn) => sqlx::query("ROLLBACK").execute(&mut *conn).await.map(drop),
+            Self::Sqlite(mut conn) => sqlx::query("ROLLBACK").execute(&mut *conn).await.map(drop),
+        };
+        done.expect("unlocking");
+    }
+}
+
+/// A snapshot taken while traffic flows is a consistent cut: a consume decided in the
+/// store but whose ledger entry is not committed yet is in the snapshot together with its
+/// entry, or in neither, and no consume is decided while the snapshot waits for its cut.
+/// Here the ledger is locked while a consume waits to commit, and the snapshot is asked
+/// for meanwhile; then another consume comes.
+async fn a_snapshot_taken_while_a_consume_commits_counts_it_exactly_once(store: PolicyBackend) {
+    let app = transfer_app(store).await;
+    let first = app.quota("/quota/consume", consume_body(100, None)).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let lock = LedgerLock::take(&app.settings.database_url).await;
+    let consume = |amount| {
+        let (client, url) = (app.client.clone(), format!("{}/quota/consume", app.address));
+        tokio::spawn(async move {
+            let response = client
+                .post(url)
+                .json(&consume_body(amount, None))
+                .send()
+                .await;
+            Answer::read(response.expect("an answer")).await
+        })
+    };
+    let second = consume(200);
+    eventually(Duration::from_secs(5), "the consume decided", || async {
+        (usage(&app).await[1]["used"] == 300).then_some(())
+    })
+    .await;
+    let engine = app.engine.clone();
+    let snapshot = tokio::spawn(async move { engine.snapshot_now().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = consume(50);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let meanwhile = usage(&app).await;
+    lock.release().await;
+    assert_eq!(
+        meanwhile[1]["used"], 300,
+        "nothing decided while the cut is taken"
+    );
+    for answer in [second, third] {
+        let answer = answer.await.expect("the consume ran");
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    let saved = snapshot.await.expect("the snapshot ran").expect("saved");
+    assert_eq!(
+        saved.covered_seq, 2,
+        "it waited for the second consume's entry"
+    );
+    let before = usage(&app).await;
+    assert_eq!(before[1]["used"], 350);
+
+    let app = app.crash_restart().await;
+    let start = restored(&app);
+    assert_eq!(
+        (start.snapshot_seq, start.entries),
+        (Some(2), 1),
+        "{start:?}"
+    );
+    assert_eq!(usage(&app).await, before);
+}
+
+/// A periodic snapshot saves nothing while the ledger has no entry the kept one lacks.
+async fn a_periodic_snapshot_is_skipped_while_nothing_was_committed(store: PolicyBackend) {
+    let app = transfer_app(store).await;
+    app.quota("/quota/consume", consume_body(100, None)).await;
+    let app = app.restart().await;
+    let covered = restored(&app).snapshot_seq;
+    assert_eq!(covered, Some(1));
+    app.advance(60);
+    assert_eq!(app.engine.snapshot_unless_covered(covered).await, None);
+    app.quota("/quota/consume", consume_body(100, None)).await;
+    let saved = app.engine.snapshot_unless_covered(covered).await;
+    assert_eq!(saved.map(|s| s.covered_seq), Some(2));
+}
+
 on_policy_stores!(
+    a_periodic_snapshot_is_skipped_while_nothing_was_committed,
+    a_snapshot_taken_while_a_consume_commits_counts_it_exactly_once,
     a_graceful_restart_loads_the_snapshot_and_replays_nothing,
     a_crash_after_a_graceful_restart_replays_only_what_came_after,
     a_hold_opened_before_the_snapshot_and_committed_after_it_stays_committed,
