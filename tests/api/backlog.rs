@@ -107,15 +107,7 @@ async fn past_the_backlog_bound_consumes_are_refused_uncharged_and_served_again_
         "{}",
         ready.body
     );
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     assert!(
         metrics.contains(&format!("quota_ledger_backlog_entries {MAX}\n")),
         "{metrics}"

@@ -469,6 +469,17 @@ impl TestApp {
         .await
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        let response = self
+            .client
+            .get(format!("{}/metrics", self.address))
+            .send()
+            .await
+            .expect("scraping /metrics");
+        response.text().await.expect("the metrics' text")
+    }
+
     /// Moves the fake clock forward.
     pub fn advance(&self, seconds: i64) {
         self.clock.advance(chrono::Duration::seconds(seconds));

@@ -35,17 +35,6 @@ async fn app_with_redis(on_error: OnStoreError, deadline: Duration) -> (TestApp,
     (app, redis)
 }
 
-/// The `/metrics` text.
-async fn metrics(app: &TestApp) -> String {
-    let response = app
-        .client
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .unwrap();
-    response.text().await.unwrap()
-}
-
 /// Freezes `redis` and starts two consumes, which take both permits and wait on it; returns
 /// the app (shared with them) and their answers to come.
 async fn freeze_with_two_in_flight(
@@ -109,7 +98,7 @@ async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
         assert_eq!(answer.body["degraded"], false, "counted, not let through");
     }
-    let text = metrics(&app).await;
+    let text = app.metrics_text().await;
     assert!(text.contains("quota_overloaded_total 21"), "{text}");
     assert!(text.contains("quota_degraded_allows_total 0"), "{text}");
     assert!(
@@ -146,7 +135,7 @@ async fn a_timeout_while_shedding_is_overload_never_a_degraded_allow() {
         assert_eq!(problem["type"], "urn:quota-ledger:problem:overloaded");
     }
     redis.resume();
-    let text = metrics(&app).await;
+    let text = app.metrics_text().await;
     assert!(text.contains("quota_degraded_allows_total 0"), "{text}");
     assert!(
         text.contains("quota_counter_store_circuit_open 0"),

@@ -87,15 +87,7 @@ async fn an_eviction_policy_set_on_a_live_redis_is_refused_within_seconds_and_se
     .await;
     assert!(detail.contains("'volatile-lru'"), "{detail}");
     app.consume("sms", "u-1", 1).await.assert_problem(503);
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     for line in [
         "quota_redis_maxmemory_policy{policy=\"volatile-lru\"} 1\n",
         "quota_redis_maxmemory_bytes 67108864\n",

@@ -163,16 +163,15 @@ mod tests {
         }
     }
 
-    /// A store with a counter of each kind, a record and an indexed hold.
-    async fn filled() -> MemoryCounterStore {
-        let store = MemoryCounterStore::new();
-        let charges = [
+    /// A calendar, a rolling and a token-bucket charge of `ql:{a}`, costing `costs`.
+    fn three_charges(costs: [u64; 3]) -> [Charge; 3] {
+        [
             charge(
                 "ql:{a}:cal",
                 Algorithm::Calendar {
                     period_end_ms: T0 + 60_000,
                 },
-                7,
+                costs[0],
             ),
             charge(
                 "ql:{a}:roll",
@@ -180,14 +179,20 @@ mod tests {
                     bucket_ms: 1_000,
                     buckets: 60,
                 },
-                5,
+                costs[1],
             ),
             charge(
                 "ql:{a}:tok",
                 Algorithm::TokenBucket { period_ms: 60_000 },
-                3,
+                costs[2],
             ),
-        ];
+        ]
+    }
+
+    /// A store with a counter of each kind, a record and an indexed hold.
+    async fn filled() -> MemoryCounterStore {
+        let store = MemoryCounterStore::new();
+        let charges = three_charges([7, 5, 3]);
         store
             .decide(T0, &charges, true, &Effects::default())
             .await
@@ -233,28 +238,7 @@ mod tests {
         assert_eq!(sorted(copy.dump(T0).await), sorted(items));
 
         let later = T0 + 50;
-        let look = [
-            charge(
-                "ql:{a}:cal",
-                Algorithm::Calendar {
-                    period_end_ms: T0 + 60_000,
-                },
-                1,
-            ),
-            charge(
-                "ql:{a}:roll",
-                Algorithm::Rolling {
-                    bucket_ms: 1_000,
-                    buckets: 60,
-                },
-                1,
-            ),
-            charge(
-                "ql:{a}:tok",
-                Algorithm::TokenBucket { period_ms: 60_000 },
-                1,
-            ),
-        ];
+        let look = three_charges([1, 1, 1]);
         for target in [&store, &copy] {
             let evaluation = target.evaluate(later, &look, false).await.expect("peeks");
             let used: Vec<u64> = evaluation.outcomes.iter().map(|o| o.used).collect();
