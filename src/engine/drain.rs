@@ -265,8 +265,14 @@ impl Pass {
 impl Drainer {
     /// How many entries wait in the streams; `None` if the stream store did not answer.
     pub async fn backlog(&self) -> Option<u64> {
+        self.waiting_in(0..SHARDS).await
+    }
+
+    /// How many entries wait in the streams of `shards` (read by no drain yet, or read and
+    /// not yet in SQL); `None` if the stream store did not answer.
+    pub(crate) async fn waiting_in(&self, shards: impl IntoIterator<Item = u16>) -> Option<u64> {
         let mut total = 0;
-        for shard in 0..SHARDS {
+        for shard in shards {
             total += self
                 .streams
                 .stream_len(&ledger_stream(&self.prefix, shard))

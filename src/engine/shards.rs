@@ -38,6 +38,10 @@ use std::time::Duration;
 /// this long at most.
 const LOCK_TTL_MS: u64 = 30_000;
 
+/// How long a rebuild waits for the streams of its shards to drain into SQL (entries
+/// another instance's drain is writing, or the ledger database being down).
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
 /// How long `counters rebuild` waits for shards that other instances rebuild.
 const REBUILD_WAIT: Duration = Duration::from_secs(600);
 
@@ -176,8 +180,17 @@ impl Engine {
             return Ok(Reopened::default());
         }
         let _keeper = self.keep_locks(shards.clone(), &mine, &token);
-        // Every entry Redis still holds goes to SQL first: the replay reads SQL.
-        self.drain_ledger_now().await;
+        // Every entry Redis still holds goes to SQL first: the replay reads SQL. That
+        // includes those another instance's drain has read and is writing now.
+        if !self.drained(&mine).await {
+            tracing::warn!(
+                shards = mine.len(),
+                "the ledger streams of shards to rebuild do not drain (is the ledger database down?); will retry"
+            );
+            return Err(EngineError::Store(StoreError::Unavailable(
+                "the ledger streams of the shards to rebuild did not drain".to_owned(),
+            )));
+        }
         let store = scratch();
         let rebuilt = self
             .rebuild_matching(store.as_ref(), &|entry: &LedgerEntry| {
@@ -218,6 +231,25 @@ impl Engine {
             }
         }
         Ok(reopened)
+    }
+
+    /// Drains until the streams of `shards` are empty (no decision adds to them while they
+    /// are closed), for at most [`DRAIN_WAIT`]; false if they are not by then.
+    async fn drained(&self, shards: &BTreeSet<u16>) -> bool {
+        let Some(drain) = &self.drain else {
+            return true;
+        };
+        let started = std::time::Instant::now();
+        loop {
+            drain.drain_once().await;
+            if drain.waiting_in(shards.iter().copied()).await == Some(0) {
+                return true;
+            }
+            if started.elapsed() > DRAIN_WAIT {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Rebuilds the closed shards if a decision found one since the last call (or `always`).
