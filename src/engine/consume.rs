@@ -132,7 +132,8 @@ impl Engine {
             self.record(vec![attempt.allowed_entry.clone()]).await?;
             return Ok(attempt.answer(plan.empty_decision()));
         }
-        let backlog = self.backlog().filter(|_| self.counters.streams_ledger());
+        // Only a store that streams the ledger has a backlog (Redis).
+        let backlog = self.backlog();
         if let Some(backlog) = backlog.filter(|b| b.is_full()) {
             return Err(EngineError::BacklogFull { max: backlog.max() });
         }
@@ -181,7 +182,7 @@ impl Engine {
     fn effects(&self, plan: &Plan, request: &ConsumeRequest, attempt: &Attempt) -> Effects {
         let now_ms = plan.now_ms();
         let hold = attempt.hold.as_ref();
-        let idempotency = request.idempotency_key.as_ref().map(|key| {
+        let keyed = request.idempotency_key.as_ref().map(|key| {
             let record = ConsumeRecord {
                 consumption_id: attempt.consumption_id,
                 hold: hold.map(|(t, _)| (t.hold_id, t.expires_at.timestamp_millis())),
@@ -190,19 +191,21 @@ impl Engine {
                 policies: plan.kept_policies(),
             };
             let scope = if hold.is_some() { 'h' } else { 'c' };
-            IdempotencyRecord {
+            let idem = IdempotencyRecord {
                 key: plan.keys.idempotency(scope, key.as_str()),
                 ttl_ms: MIN_IDEMPOTENCY_MS.max(plan.longest_window_ms() + 3_600_000),
                 record: codec::encode_consume_record(&record),
-            }
+            };
+            (idem, record.policies)
         });
+        let (idempotency, kept_policies) = keyed.unzip();
         // A keyed consume's entry carries the answer kept for its retries (the script
         // appends the numbers), so that a Redis that lost its data gets it back.
-        let allowed = |entry: &LedgerEntry| match &idempotency {
-            Some(idem) => {
-                codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, &plan.kept_policies())
+        let allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies) {
+            (Some(idem), Some(policies)) => {
+                codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, policies)
             }
-            None => codec::encode_entry(entry),
+            _ => codec::encode_entry(entry),
         };
         let ledger = self.counters.streams_ledger().then(|| LedgerAppend {
             stream: keys::ledger_stream(&self.prefix, plan.keys.shard),

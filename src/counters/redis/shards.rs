@@ -55,6 +55,17 @@ fn write_of(item: &StateItem, now_ms: i64) -> Option<Write<'_>> {
 }
 
 impl RedisCounterStore {
+    /// Runs one restore call: true when written, false when refused (see the script).
+    async fn restore_call(&self, call: &Cmd) -> Result<bool, StoreError> {
+        match self.exec(&self.restore, call).await? {
+            Value::Int(1) => Ok(true),
+            Value::Int(0) => Ok(false),
+            other => Err(StoreError::Protocol(format!(
+                "restore.lua replied {other:?}"
+            ))),
+        }
+    }
+
     /// The restore call for `shard`: `writes` (absolute values), the lock extended to
     /// `lock_ttl_ms`, the shard opened if `open`.
     fn restore_cmd(
@@ -136,14 +147,8 @@ impl ShardStates for RedisCounterStore {
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
             let call = self.restore_cmd(shard, token, lock_ttl_ms, chunk, open && i == last);
-            match self.exec(&self.restore, &call).await? {
-                Value::Int(1) => {}
-                Value::Int(0) => return Ok(false),
-                other => {
-                    return Err(StoreError::Protocol(format!(
-                        "restore.lua replied {other:?}"
-                    )))
-                }
+            if !self.restore_call(&call).await? {
+                return Ok(false);
             }
         }
         Ok(true)
@@ -157,13 +162,7 @@ impl ShardStates for RedisCounterStore {
     ) -> Result<bool, StoreError> {
         let index = keys::holds_index(&self.prefix, shard);
         let call = self.restore_cmd(shard, token, ttl, &[(&index, 'd', 0, String::new())], false);
-        match self.exec(&self.restore, &call).await? {
-            Value::Int(1) => Ok(true),
-            Value::Int(0) => Ok(false),
-            other => Err(StoreError::Protocol(format!(
-                "restore.lua replied {other:?}"
-            ))),
-        }
+        self.restore_call(&call).await
     }
 }
 
