@@ -72,9 +72,14 @@ pub struct Settings {
     /// How often the policy store's change marker is polled (`QUOTA_POLICY_POLL_MS`), so a
     /// change made through another instance is enforced here within about this long.
     pub policy_poll: Duration,
-    /// The most `/quota/*` requests served at once (`QUOTA_MAX_IN_FLIGHT`, at least 1);
-    /// the excess is answered 503 overloaded at once.
+    /// The most `/quota/*` requests served at once (`QUOTA_MAX_IN_FLIGHT`, at least 1).
     pub max_in_flight: usize,
+    /// The most `/quota/*` requests waiting for a slot (`QUOTA_MAX_QUEUED`); past it, the
+    /// oldest waiter is answered 503 overloaded. 0 answers the excess at once.
+    pub max_queued: usize,
+    /// The longest a request waits for a slot before it is answered 503 overloaded
+    /// (`QUOTA_QUEUE_WAIT_MS`).
+    pub queue_wait: Duration,
     /// The most ledger entries that may wait in the Redis streams, all shards together
     /// (`QUOTA_LEDGER_BACKLOG_MAX`, at least 1): past it, consumes are answered 503 until the
     /// drain catches up, so a Postgres outage cannot fill Redis.
@@ -124,6 +129,8 @@ impl fmt::Debug for Settings {
             .field("ledger_claim_idle", &self.ledger_claim_idle)
             .field("policy_poll", &self.policy_poll)
             .field("max_in_flight", &self.max_in_flight)
+            .field("max_queued", &self.max_queued)
+            .field("queue_wait", &self.queue_wait)
             .field("ledger_backlog_max", &self.ledger_backlog_max)
             .finish()
     }
@@ -140,7 +147,9 @@ const DEFAULT_LOG_FORMAT: &str = "text";
 const DEFAULT_LEDGER_RETENTION_DAYS: &str = "400";
 const DEFAULT_LEDGER_CLAIM_IDLE_MS: &str = "30000";
 const DEFAULT_POLICY_POLL_MS: &str = "500";
-const DEFAULT_MAX_IN_FLIGHT: &str = "256";
+const DEFAULT_MAX_IN_FLIGHT: &str = "128";
+const DEFAULT_MAX_QUEUED: &str = "4096";
+const DEFAULT_QUEUE_WAIT_MS: &str = "1000";
 const DEFAULT_LEDGER_BACKLOG_MAX: &str = "1000000";
 
 /// The configuration as given, one text per variable (or flag), defaults filled in; an
@@ -219,11 +228,21 @@ pub struct ConfigArgs {
     #[arg(long, env = "QUOTA_POLICY_POLL_MS", value_name = "MS",
         default_value = DEFAULT_POLICY_POLL_MS, global = true)]
     policy_poll_ms: String,
-    /// The most /quota/* requests served at once; the excess is answered 503 overloaded at
-    /// once, so that the admitted ones keep their latency.
+    /// The most /quota/* requests served at once, so that the admitted ones keep their
+    /// latency; the excess waits for a slot (newest first) or is answered 503 overloaded.
     #[arg(long, env = "QUOTA_MAX_IN_FLIGHT", value_name = "N",
         default_value = DEFAULT_MAX_IN_FLIGHT, global = true)]
     max_in_flight: String,
+    /// The most /quota/* requests waiting for a slot; past it the oldest waiter is answered
+    /// 503 overloaded (0: the excess is answered at once).
+    #[arg(long, env = "QUOTA_MAX_QUEUED", value_name = "N",
+        default_value = DEFAULT_MAX_QUEUED, global = true)]
+    max_queued: String,
+    /// The longest a /quota/* request waits for a slot before it is answered 503
+    /// overloaded, in milliseconds.
+    #[arg(long, env = "QUOTA_QUEUE_WAIT_MS", value_name = "MS",
+        default_value = DEFAULT_QUEUE_WAIT_MS, global = true)]
+    queue_wait_ms: String,
     /// The most ledger entries waiting in the Redis streams (all shards) for SQL, e.g.
     /// while Postgres is down; past it consumes are answered 503 ledger-backlog-full (about
     /// 200 bytes of Redis memory each: the default takes about 200 MB).
@@ -372,6 +391,16 @@ impl Settings {
         if max_in_flight == 0 {
             bail!("QUOTA_MAX_IN_FLIGHT must be at least 1");
         }
+        let max_queued: usize = number(
+            args.max_queued,
+            DEFAULT_MAX_QUEUED,
+            "QUOTA_MAX_QUEUED must be a whole number of requests",
+        )?;
+        let queue_wait_ms: u64 = number(
+            args.queue_wait_ms,
+            DEFAULT_QUEUE_WAIT_MS,
+            "QUOTA_QUEUE_WAIT_MS must be a whole number of milliseconds",
+        )?;
         let ledger_backlog_max: u64 = number(
             args.ledger_backlog_max,
             DEFAULT_LEDGER_BACKLOG_MAX,
@@ -403,6 +432,8 @@ impl Settings {
             ledger_claim_idle: Duration::from_millis(ledger_claim_idle_ms.max(1)),
             policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
             max_in_flight,
+            max_queued,
+            queue_wait: Duration::from_millis(queue_wait_ms),
             ledger_backlog_max,
         })
     }

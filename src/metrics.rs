@@ -82,6 +82,8 @@ pub(crate) struct Live {
     pub(crate) in_flight: usize,
     /// The most `/quota/*` requests served at once.
     pub(crate) max_in_flight: usize,
+    /// `/quota/*` requests waiting for a slot now.
+    pub(crate) queued: usize,
     /// `/quota/*` requests answered 503 overloaded since the start.
     pub(crate) overloaded: u64,
 }

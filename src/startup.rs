@@ -2,7 +2,7 @@
 
 mod embedded;
 
-use crate::api::admission::Admission;
+use crate::api::admission::{Admission, Limits};
 use crate::api::extract::{problem_for_bare_errors, Tokens, MAX_BODY_BYTES};
 use crate::api::problem::ApiError;
 use crate::api::{self, AppState};
@@ -279,7 +279,14 @@ impl Application {
             policies,
             embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),
-            admission: Arc::new(Admission::new(settings.max_in_flight, load)),
+            admission: Arc::new(Admission::new(
+                Limits {
+                    in_flight: settings.max_in_flight,
+                    queued: settings.max_queued,
+                    wait: settings.queue_wait,
+                },
+                load,
+            )),
         });
         let sweeper = embedded::Sweeper::spawn(state.clone());
         if state.engine.backlog().is_some() {

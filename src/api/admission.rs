@@ -1,11 +1,27 @@
-//! Admission control: at most `QUOTA_MAX_IN_FLIGHT` `/quota/*` requests are served at once,
-//! and the excess is answered at once with 503 and the `overloaded` problem type.
+//! Admission control: at most `QUOTA_MAX_IN_FLIGHT` `/quota/*` requests are served at once;
+//! the next `QUOTA_MAX_QUEUED` wait for a free slot, newest first, at most
+//! `QUOTA_QUEUE_WAIT_MS`; the rest are answered 503 with the `overloaded` problem type.
 //!
-//! Under a flood, requests that wait inside the service make every Redis call late: the
+//! Under a flood, requests that are all served at once make every Redis call late: the
 //! calls pass their deadline, the circuit breaker takes the service's own queue for a
 //! Redis outage, and `QUOTA_ON_STORE_ERROR=allow` would let the flood through unchecked.
-//! Shedding the excess before any work keeps the admitted requests fast, so their calls
-//! stay within the deadline, and an overloaded answer is never a reason to fail open.
+//! Bounding the requests in flight keeps the admitted ones fast, so their calls stay
+//! within the deadline, and an overloaded answer is never a reason to fail open.
+//!
+//! Why a queue, and which request gets a freed slot. Callers retry: answering every
+//! request past the limit at once turns each refused caller into a loop that spends the
+//! service's CPU on refusals, and goodput collapses (measured: 0.24x at 2,000
+//! connections). A request that waits costs nothing but a parked task, so the excess
+//! waits, and is refused only when its wait runs out, or at once when the queue is full
+//! (the oldest first): refusals then come at a rate the service can afford.
+//!
+//! A freed slot goes to the newest waiter (adaptive LIFO): under a flood the requests
+//! that get a slot have hardly waited, so their latency stays that of the admitted load,
+//! and the ones left at the bottom of the stack are the ones refused. A waiter that has
+//! waited longer than [`FRESH`] is stale: while requests keep arriving (one within
+//! [`ARRIVING`]), a freed slot is left for the next arrival rather than given to a stale
+//! waiter, which would be answered late. Once arrivals pause, stale waiters get the free
+//! slots too: the queue never idles a slot that a waiter could use for long.
 //! Admin, health and metrics endpoints are not counted: they stay responsive.
 
 use super::problem::ApiError;
@@ -16,50 +32,250 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::web;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use tokio::sync::Semaphore;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
-/// The permits of the requests in flight.
+/// A waiter that has waited longer than this is stale (see the module's documentation).
+pub(crate) const FRESH: Duration = Duration::from_millis(10);
+
+/// Requests count as still arriving while the last one came within this long.
+pub(crate) const ARRIVING: Duration = Duration::from_millis(10);
+
+/// How requests are admitted: the configured bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The most requests served at once (at least 1).
+    pub in_flight: usize,
+    /// The most requests waiting for a slot (0: none wait, the excess is refused at once).
+    pub queued: usize,
+    /// The longest a request waits for a slot.
+    pub wait: Duration,
+}
+
+/// The slots of the requests in flight, and the requests waiting for one.
 #[derive(Debug)]
 pub struct Admission {
-    permits: Arc<Semaphore>,
-    limit: usize,
+    limits: Limits,
+    state: Mutex<State>,
     shed: AtomicU64,
-    /// Told of every shed request, so that timeouts meanwhile are taken for overload.
+    /// Told of every request that waits or is shed, so that timeouts meanwhile are taken
+    /// for overload.
     load: Arc<Load>,
 }
 
+#[derive(Debug, Default)]
+struct State {
+    in_flight: usize,
+    /// Newest at the back. A waiter whose receiver is gone (its request gave up) is
+    /// skipped.
+    waiting: VecDeque<Waiter>,
+    /// When the last request arrived.
+    last_arrival: Option<Instant>,
+}
+
+/// A request waiting for a slot: a slot is handed over by sending on `slot`.
+#[derive(Debug)]
+struct Waiter {
+    slot: oneshot::Sender<()>,
+    since: Instant,
+}
+
+impl Waiter {
+    fn left(&self) -> bool {
+        self.slot.is_closed()
+    }
+}
+
+impl State {
+    /// Whether requests are still arriving at `now`, so that a free slot is better left
+    /// to the next one than given to a stale waiter.
+    fn arriving(&self, now: Instant) -> bool {
+        self.last_arrival
+            .is_some_and(|last| now.saturating_duration_since(last) < ARRIVING)
+    }
+}
+
+/// A slot of a request in flight; dropping it frees the slot (for the newest waiter).
+#[derive(Debug)]
+#[must_use]
+pub(crate) struct Slot(Arc<Admission>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The queue was full (or there is none): refused at once.
+    QueueFull,
+    /// No slot came free within the wait, or newer requests took them.
+    Waited,
+}
+
+/// A request waiting for a slot. If it is dropped (its wait ran out, or its caller left)
+/// after a slot was handed to it, the slot is passed on, never lost.
+struct Ticket {
+    admission: Arc<Admission>,
+    slot: oneshot::Receiver<()>,
+}
+
+impl Ticket {
+    /// Stops waiting: the slot, if one was handed over meanwhile.
+    fn close(&mut self) -> Option<Slot> {
+        self.slot.close();
+        self.slot
+            .try_recv()
+            .ok()
+            .map(|()| Slot(self.admission.clone()))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        drop(self.close());
+    }
+}
+
 impl Admission {
-    /// Admits at most `limit` requests at once (at least 1), telling `load` of the others.
-    pub(crate) fn new(limit: usize, load: Arc<Load>) -> Self {
-        let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
+    /// Admits as `limits` say (at least one request in flight), telling `load` of the
+    /// requests that wait or are refused.
+    pub(crate) fn new(limits: Limits, load: Arc<Load>) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(limit)),
-            limit,
+            limits: Limits {
+                in_flight: limits.in_flight.max(1),
+                ..limits
+            },
+            state: Mutex::default(),
             shed: AtomicU64::new(0),
             load,
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding it: every change is
+        // a single push, pop or count.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Requests being served now.
     pub fn in_flight(&self) -> usize {
-        self.limit - self.permits.available_permits()
+        self.lock().in_flight
+    }
+
+    /// Requests waiting for a slot now (some may have given up and not been skipped yet).
+    pub fn queued(&self) -> usize {
+        self.lock().waiting.len()
     }
 
     /// The most requests served at once.
-    pub(crate) fn limit(&self) -> usize {
-        self.limit
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Requests answered 503 overloaded since the start.
     pub(crate) fn shed(&self) -> u64 {
         self.shed.load(Ordering::Relaxed)
     }
+
+    /// A slot now, or after waiting for one (newest first), or the reason there is none.
+    pub(crate) async fn admit(self: &Arc<Self>) -> Result<Slot, Refused> {
+        let slot = {
+            let now = Instant::now();
+            let mut state = self.lock();
+            state.last_arrival = Some(now);
+            if state.in_flight < self.limits.in_flight {
+                state.in_flight += 1;
+                return Ok(Slot(self.clone()));
+            }
+            self.load.shed();
+            if self.limits.queued == 0 {
+                return Err(self.refused(Refused::QueueFull));
+            }
+            while state.waiting.front().is_some_and(Waiter::left) {
+                state.waiting.pop_front();
+            }
+            if state.waiting.len() >= self.limits.queued {
+                // The oldest waiter is refused (its sender dropped wakes it); the newest
+                // takes its place.
+                state.waiting.pop_front();
+            }
+            let (sender, slot) = oneshot::channel();
+            state.waiting.push_back(Waiter {
+                slot: sender,
+                since: now,
+            });
+            slot
+        };
+        let mut ticket = Ticket {
+            admission: self.clone(),
+            slot,
+        };
+        match tokio::time::timeout(self.limits.wait, &mut ticket.slot).await {
+            Ok(Ok(())) => {
+                // Received: the ticket has nothing left to pass on.
+                Ok(Slot(self.clone()))
+            }
+            Ok(Err(_)) => Err(self.refused(Refused::Waited)),
+            // A slot handed over just as the wait ran out is still taken, and so is a free
+            // one that no arrival is about to take.
+            Err(_) => match ticket.close() {
+                Some(slot) => Ok(slot),
+                None => self
+                    .take_free()
+                    .ok_or_else(|| self.refused(Refused::Waited)),
+            },
+        }
+    }
+
+    /// A free slot for a waiter whose wait ran out, if one is free and no request is
+    /// arriving to take it.
+    fn take_free(self: &Arc<Self>) -> Option<Slot> {
+        let mut state = self.lock();
+        if state.in_flight < self.limits.in_flight && !state.arriving(Instant::now()) {
+            state.in_flight += 1;
+            return Some(Slot(self.clone()));
+        }
+        None
+    }
+
+    fn refused(&self, why: Refused) -> Refused {
+        self.shed.fetch_add(1, Ordering::Relaxed);
+        self.load.shed();
+        why
+    }
+
+    /// Frees a slot, and hands the free slots to the newest waiters: to any, once
+    /// requests stop arriving, else only to fresh ones (the next arrival takes the slot).
+    fn release(&self) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.in_flight -= 1;
+        while state.in_flight < self.limits.in_flight {
+            let Some(newest) = state.waiting.back() else {
+                break;
+            };
+            let stale = now.saturating_duration_since(newest.since) > FRESH;
+            if !newest.left() && stale && state.arriving(now) {
+                break;
+            }
+            let newest = state.waiting.pop_back().expect("a waiter at the back");
+            if newest.slot.send(()).is_ok() {
+                state.in_flight += 1;
+            }
+        }
+    }
 }
 
-/// Serves a `/quota/*` request only if a permit is free, holding it until the answer is
-/// built; answers the others 503 overloaded without reading their body.
+/// Serves a `/quota/*` request once it has a slot, holding the slot until the answer is
+/// built; answers the ones refused 503 overloaded without reading their body.
 pub(crate) async fn middleware(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
@@ -72,43 +288,37 @@ pub(crate) async fn middleware(
     let Some(admission) = admission else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
-    match admission.permits.clone().try_acquire_owned() {
-        Ok(_permit) => Ok(next.call(req).await?.map_into_left_body()),
-        Err(_) => {
-            admission.shed.fetch_add(1, Ordering::Relaxed);
+    match admission.admit().await {
+        Ok(_slot) => Ok(next.call(req).await?.map_into_left_body()),
+        Err(why) => {
             static SITE: Throttle = Throttle::new();
+            let limits = admission.limits;
             if let Some(count) = SITE.event() {
                 tracing::warn!(
                     count,
-                    limit = admission.limit,
+                    in_flight = limits.in_flight,
+                    queued = limits.queued,
                     "shedding load: quota requests answered 503 overloaded"
                 );
             }
-            admission.load.shed();
-            let error = ApiError::Overloaded(format!(
-                "the service has {} requests in flight, the most it serves at once; retry shortly",
-                admission.limit
-            ));
-            Ok(req.error_response(error).map_into_right_body())
+            let detail = match why {
+                Refused::QueueFull => format!(
+                    "the service has {} requests in flight and {} waiting, the most it takes; \
+                     retry shortly",
+                    limits.in_flight, limits.queued
+                ),
+                Refused::Waited => format!(
+                    "the service has {} requests in flight, the most it serves at once, and no \
+                     slot came free for this one; retry shortly",
+                    limits.in_flight
+                ),
+            };
+            Ok(req
+                .error_response(ApiError::Overloaded(detail))
+                .map_into_right_body())
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permits_count_the_requests_in_flight() {
-        let admission = Admission::new(2, Arc::default());
-        assert_eq!((admission.in_flight(), admission.limit()), (0, 2));
-        let first = admission.permits.clone().try_acquire_owned();
-        let second = admission.permits.clone().try_acquire_owned();
-        assert!(first.is_ok() && second.is_ok());
-        assert_eq!(admission.in_flight(), 2);
-        assert!(admission.permits.clone().try_acquire_owned().is_err());
-        drop(first);
-        assert_eq!(admission.in_flight(), 1);
-        assert_eq!(Admission::new(0, Arc::default()).limit(), 1, "at least one");
-    }
-}
+mod tests;

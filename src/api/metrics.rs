@@ -24,7 +24,8 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         ledger_backlog_max: state.engine.backlog().map(|b| b.max()),
         store_memory: state.engine.counters().memory().await,
         in_flight: state.admission.in_flight(),
-        max_in_flight: state.admission.limit(),
+        max_in_flight: state.admission.limits().in_flight,
+        queued: state.admission.queued(),
         overloaded: state.admission.shed(),
     };
     HttpResponse::Ok()

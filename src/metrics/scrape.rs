@@ -87,8 +87,13 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         ConstGauge::new(i64::try_from(live.max_in_flight).unwrap_or(i64::MAX)),
     );
     registry.register(
+        "quota_queued_requests",
+        "Quota requests waiting for a slot now (at most QUOTA_MAX_QUEUED)",
+        ConstGauge::new(i64::try_from(live.queued).unwrap_or(i64::MAX)),
+    );
+    registry.register(
         "quota_overloaded",
-        "Quota requests answered 503 overloaded because QUOTA_MAX_IN_FLIGHT were in flight",
+        "Quota requests answered 503 overloaded: no slot came free within QUOTA_QUEUE_WAIT_MS, or the queue was full",
         ConstCounter::new(live.overloaded),
     );
     registry

@@ -231,6 +231,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         }),
         in_flight: 3,
         max_in_flight: 256,
+        queued: 5,
         overloaded: 11,
     };
     let text = metrics.render(&cache_with("a"), &live);
@@ -251,6 +252,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_redis_maxmemory_policy{policy=\"noeviction\"}", "1"),
         ("quota_in_flight_requests", "3"),
         ("quota_max_in_flight_requests", "256"),
+        ("quota_queued_requests", "5"),
         ("quota_overloaded_total", "11"),
         (version.as_str(), "1"),
     ];
@@ -299,7 +301,9 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_in_flight_requests gauge",
         "# HELP quota_max_in_flight_requests The most quota requests served at once (QUOTA_MAX_IN_FLIGHT).",
         "# TYPE quota_max_in_flight_requests gauge",
-        "# HELP quota_overloaded_total Quota requests answered 503 overloaded because QUOTA_MAX_IN_FLIGHT were in flight.",
+        "# HELP quota_queued_requests Quota requests waiting for a slot now (at most QUOTA_MAX_QUEUED).",
+        "# TYPE quota_queued_requests gauge",
+        "# HELP quota_overloaded_total Quota requests answered 503 overloaded: no slot came free within QUOTA_QUEUE_WAIT_MS, or the queue was full.",
         "# TYPE quota_overloaded_total counter",
         "# HELP quota_build_info Always 1; labelled with the version.",
         "# TYPE quota_build_info gauge",

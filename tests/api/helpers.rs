@@ -238,6 +238,8 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         policy_poll: Duration::from_millis(500),
         // Above the bursts of the concurrency tests: they test exact limits, not shedding.
         max_in_flight: 1_024,
+        max_queued: 4_096,
+        queue_wait: Duration::from_millis(250),
         ledger_backlog_max: 1_000_000,
     };
     FreshSettings { settings, database }

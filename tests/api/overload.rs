@@ -1,5 +1,6 @@
-//! Overload is not a store outage: past `QUOTA_MAX_IN_FLIGHT`, quota requests are answered
-//! 503 overloaded at once, admin and health stay responsive, and fail-open never applies.
+//! Overload is not a store outage: past `QUOTA_MAX_IN_FLIGHT`, quota requests wait for a
+//! slot (at most `QUOTA_MAX_QUEUED` of them, at most `QUOTA_QUEUE_WAIT_MS`) or are answered
+//! 503 overloaded, admin and health stay responsive, and fail-open never applies.
 
 use crate::helpers::{
     calendar_policy, fresh_settings, spawn_with, Answer, CounterBackend, PolicyBackend,
@@ -11,19 +12,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// An app whose Redis answers only when the test says, serving at most 2 quota requests
-/// at once, with a deadline long enough to outlast the pause.
+/// at once and answering the excess at once (no queue), with a deadline long enough to
+/// outlast the pause.
 async fn app_with_a_frozen_redis(on_error: OnStoreError) -> (TestApp, PrivateRedis) {
-    app_with_redis(on_error, Duration::from_secs(5)).await
+    app_with_redis(on_error, Duration::from_secs(5), 0, Duration::ZERO).await
 }
 
-/// The app of [`app_with_a_frozen_redis`], with a Redis deadline of `deadline`.
-async fn app_with_redis(on_error: OnStoreError, deadline: Duration) -> (TestApp, PrivateRedis) {
+/// The app of [`app_with_a_frozen_redis`], with a Redis deadline of `deadline`, and a queue
+/// of `queued` requests waiting at most `wait`.
+async fn app_with_redis(
+    on_error: OnStoreError,
+    deadline: Duration,
+    queued: usize,
+    wait: Duration,
+) -> (TestApp, PrivateRedis) {
     let redis = PrivateRedis::start().await;
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
     settings.redis_urls = vec![redis.url.clone()];
     settings.redis_timeout = deadline;
     settings.on_store_error = on_error;
     settings.max_in_flight = 2;
+    settings.max_queued = queued;
+    settings.queue_wait = wait;
     let app = spawn_with(settings).await;
     app.must_create_policy(calendar_policy("p", "sms", 1_000, "day", "UTC"))
         .await;
@@ -122,7 +132,13 @@ async fn overload_never_fails_open() {
 /// and even under `allow` it is never let through degraded.
 #[tokio::test]
 async fn a_timeout_while_shedding_is_overload_never_a_degraded_allow() {
-    let (app, redis) = app_with_redis(OnStoreError::Allow, Duration::from_millis(400)).await;
+    let (app, redis) = app_with_redis(
+        OnStoreError::Allow,
+        Duration::from_millis(400),
+        0,
+        Duration::ZERO,
+    )
+    .await;
     let (app, admitted) = freeze_with_two_in_flight(app, &redis).await;
     for i in 0..5 {
         app.consume("sms", &format!("v-{i}"), 1)
@@ -144,4 +160,129 @@ async fn a_timeout_while_shedding_is_overload_never_a_degraded_allow() {
     let after = app.consume("sms", "w", 1).await;
     assert_eq!(after.status, StatusCode::OK, "{}", after.body);
     assert_eq!(after.body["degraded"], false);
+}
+
+/// Past the limit a request waits for a slot, and is served when one comes free.
+#[tokio::test]
+async fn a_request_past_the_limit_waits_for_a_slot_and_is_served() {
+    let (app, redis) = app_with_redis(
+        OnStoreError::Deny,
+        Duration::from_secs(5),
+        8,
+        Duration::from_secs(10),
+    )
+    .await;
+    let (app, admitted) = freeze_with_two_in_flight(app, &redis).await;
+    let waiting = tokio::spawn({
+        let app = app.clone();
+        async move { app.consume("sms", "late", 1).await }
+    });
+    crate::helpers::eventually(Duration::from_secs(5), "a request waiting", || {
+        let queued = app.admission.queued();
+        async move { (queued == 1).then_some(()) }
+    })
+    .await;
+    let text = app
+        .send(app.client.get(format!("{}/healthz", app.address)))
+        .await;
+    assert_eq!(text.status, StatusCode::OK, "health stays responsive");
+    redis.resume();
+    for task in admitted.into_iter().chain([waiting]) {
+        let answer = task.await.unwrap();
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    assert_eq!(
+        app.usage("sms", "late").await.body["policies"][0]["used"],
+        1
+    );
+    let text = app.metrics_text().await;
+    assert!(text.contains("quota_overloaded_total 0"), "{text}");
+    assert!(text.contains("quota_queued_requests 0"), "{text}");
+}
+
+/// A request that gets no slot within `QUOTA_QUEUE_WAIT_MS` is answered 503 overloaded, and
+/// charges nothing.
+#[tokio::test]
+async fn a_request_that_gets_no_slot_in_time_is_answered_overloaded() {
+    let wait = Duration::from_millis(300);
+    let (app, redis) = app_with_redis(OnStoreError::Allow, Duration::from_secs(5), 8, wait).await;
+    let (app, admitted) = freeze_with_two_in_flight(app, &redis).await;
+    let started = std::time::Instant::now();
+    let shed = app.consume("sms", "late", 1).await;
+    let waited = started.elapsed();
+    let problem = shed.assert_problem(503);
+    assert_eq!(problem["type"], "urn:quota-ledger:problem:overloaded");
+    assert_eq!(shed.header("retry-after"), Some("1"));
+    assert!(
+        waited >= wait && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+    redis.resume();
+    for task in admitted {
+        assert_eq!(task.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(
+        app.usage("sms", "late").await.body["policies"][0]["used"],
+        0
+    );
+    let text = app.metrics_text().await;
+    assert!(text.contains("quota_overloaded_total 1"), "{text}");
+    assert!(text.contains("quota_degraded_allows_total 0"), "{text}");
+}
+
+/// Saturated while Redis is healthy: 300 consumes at once against 2 slots and a queue of
+/// 16 (waiting at most 50 ms), under `allow`. Every answer is a counted 200 or a 503
+/// overloaded; the breaker stays closed, no call is taken for a store failure, and nothing
+/// is let through unchecked.
+#[tokio::test]
+async fn saturation_with_a_healthy_redis_never_trips_the_breaker_nor_fails_open() {
+    let (app, _redis) = app_with_redis(
+        OnStoreError::Allow,
+        Duration::from_millis(50),
+        16,
+        Duration::from_millis(50),
+    )
+    .await;
+    let app = Arc::new(app);
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { app.consume("sms", "crowd", 1).await })
+        })
+        .collect();
+    let (mut allowed, mut overloaded) = (0, 0);
+    for task in tasks {
+        let answer = task.await.unwrap();
+        match answer.status.as_u16() {
+            200 => {
+                assert_eq!(answer.body["degraded"], false, "{}", answer.body);
+                allowed += 1;
+            }
+            503 => {
+                let problem = answer.assert_problem(503);
+                assert_eq!(problem["type"], "urn:quota-ledger:problem:overloaded");
+                overloaded += 1;
+            }
+            other => panic!("{other}: {}", answer.body),
+        }
+    }
+    assert!(overloaded > 0, "300 at once against 2 slots and 16 places");
+    assert_eq!(
+        app.usage("sms", "crowd").await.body["policies"][0]["used"],
+        allowed,
+        "every 200 was counted"
+    );
+    let text = app.metrics_text().await;
+    for line in [
+        "quota_degraded_allows_total 0",
+        "quota_counter_store_circuit_open 0",
+        "quota_store_errors_total{store=\"counter\",kind=\"timeout\"} 0",
+        "quota_store_errors_total{store=\"counter\",kind=\"unavailable\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    assert!(
+        text.contains(&format!("quota_overloaded_total {overloaded}")),
+        "{text}"
+    );
 }
