@@ -7,7 +7,7 @@ use crate::domain::{
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema};
+use utoipa::openapi::schema::Schema;
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
@@ -119,28 +119,25 @@ pub(crate) struct PolicyInput {
 #[serde(transparent)]
 pub(crate) struct NewPolicyInput(pub(crate) PolicyInput);
 
+/// [`PolicyInput`]'s schema, with `id` a required [`Slug`]: one object, not an `allOf`
+/// narrowing a nullable field, which generators cannot merge.
 impl PartialSchema for NewPolicyInput {
     fn schema() -> RefOr<Schema> {
-        AllOfBuilder::new()
-            .item(Ref::from_schema_name(PolicyInput::name()))
-            .item(
-                ObjectBuilder::new()
-                    .property("id", Ref::from_schema_name(Slug::name()))
-                    .required("id"),
-            )
-            .description(Some("A policy as created by `POST`: `id` is required."))
-            .into()
+        let RefOr::T(Schema::Object(mut object)) = PolicyInput::schema() else {
+            unreachable!("PolicyInput derives an object schema")
+        };
+        object
+            .properties
+            .insert("id".to_owned(), Ref::from_schema_name(Slug::name()).into());
+        object.required.insert(0, "id".to_owned());
+        object.description = Some("A policy as created by `POST`: `id` is required.".into());
+        RefOr::T(Schema::Object(object))
     }
 }
 
 impl ToSchema for NewPolicyInput {
     fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        for (name, schema) in [
-            (PolicyInput::name(), PolicyInput::schema()),
-            (Slug::name(), Slug::schema()),
-        ] {
-            schemas.push((name.into_owned(), schema));
-        }
+        schemas.push((Slug::name().into_owned(), Slug::schema()));
         PolicyInput::schemas(schemas);
     }
 }

@@ -223,7 +223,6 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
         (status = 422, description = "Invalid filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Ledger store down", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[get("/quota/ledger")]
 pub(crate) async fn list_ledger(

@@ -14,7 +14,7 @@ use std::time::Instant;
 /// a subject; `action` and `policy` labels take only the values of configured policies.
 #[utoipa::path(tag = "health", responses(
     (status = 200, description = "Counters, histograms and gauges", body = String,
-        content_type = "text/plain; version=0.0.4"),
+        content_type = "text/plain; version=0.0.4; charset=utf-8"),
 ))]
 #[get("/metrics")]
 pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {

@@ -121,7 +121,6 @@ fn optional_amount(errors: &mut FieldErrors, value: Option<i64>) -> Option<Quant
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "A store is down", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[post("/quota/refund")]
 pub(crate) async fn refund(
@@ -154,8 +153,11 @@ pub(crate) async fn refund(
     tag = "quota",
     request_body = HoldInput,
     responses(
-        (status = 200, description = "Held", body = HoldAnswer),
-        (status = 429, description = "Denied; nothing held", body = HoldAnswer),
+        (status = 200, description = "Held", body = HoldAnswer,
+            headers(("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
+        (status = 429, description = "Denied; nothing held", body = HoldAnswer,
+            headers(("Retry-After" = String, description = "Seconds until the same request would pass; absent if it never can"),
+                ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
@@ -165,7 +167,6 @@ pub(crate) async fn refund(
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down (fail closed), overloaded, or the ledger backlog full (see the problem type)", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[post("/quota/holds")]
 pub(crate) async fn create_hold(
@@ -203,7 +204,7 @@ pub(crate) async fn create_hold(
 #[utoipa::path(
     tag = "quota",
     params(("id" = String, Path, description = "The hold_id")),
-    request_body(content = Option<CommitInput>, description = "Optional; an empty body commits everything"),
+    request_body(content = CommitInput, description = "Optional; an empty body commits everything"),
     responses(
         (status = 200, description = "Committed", body = SettleAnswer),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
@@ -215,7 +216,6 @@ pub(crate) async fn create_hold(
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[post("/quota/holds/{id}/commit")]
 pub(crate) async fn commit_hold(
@@ -256,7 +256,6 @@ pub(crate) async fn commit_hold(
         (status = 409, description = "Already settled or expired", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[post("/quota/holds/{id}/release")]
 pub(crate) async fn release_hold(

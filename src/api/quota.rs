@@ -69,7 +69,7 @@ pub(crate) struct ConsumeAnswer {
     pub(crate) subject: String,
     /// The amount asked for.
     pub(crate) amount: u64,
-    /// Identifies this consume (for refunds and the ledger); null for checks.
+    /// Identifies this consume (for refunds and the ledger); null for checks and denials.
     pub(crate) consumption_id: Option<String>,
     /// True when this answer replays an earlier one with the same idempotency key.
     pub(crate) replayed: bool,
@@ -280,7 +280,6 @@ pub(super) fn respond(
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down (fail closed), overloaded, or the ledger backlog full (see the problem type)", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[post("/quota/consume")]
 pub(crate) async fn consume(
@@ -290,10 +289,15 @@ pub(crate) async fn consume(
 ) -> Result<HttpResponse, ApiError> {
     let request = parse_counted(&state, Endpoint::Consume, body)?;
     let consumed = super::metrics::consume(&state, &request, None).await?;
+    // A denial charged nothing, so there is nothing to refund: no id.
+    let consumption_id = consumed
+        .consumption_id
+        .filter(|_| consumed.decision.allowed)
+        .map(|id| id.to_string());
     let (mut response, answer) = respond(
         &request,
         consumed.decision,
-        consumed.consumption_id.map(|id| id.to_string()),
+        consumption_id,
         consumed.replayed,
     );
     Ok(response.json(answer))
@@ -317,7 +321,6 @@ pub(crate) async fn consume(
         (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down (fail closed)", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[post("/quota/check")]
 pub(crate) async fn check(
@@ -343,7 +346,6 @@ pub(crate) async fn check(
         (status = 422, description = "Missing or invalid action or subject", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("client_token" = []), ())
 )]
 #[get("/quota/usage")]
 pub(crate) async fn usage(

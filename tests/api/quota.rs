@@ -227,6 +227,13 @@ async fn check_answers_like_consume_and_charges_nothing(counters: CounterBackend
         assert_eq!(check.body["consumption_id"], Value::Null);
     }
     assert_eq!(app.consume("a", "s", 1).await.status, StatusCode::OK);
+    let denied = app.consume("a", "s", 1).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.body["consumption_id"],
+        Value::Null,
+        "a denial charged nothing: no id to refund"
+    );
     let check = app.check("a", "s", 1).await;
     assert_eq!(check.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(check.header("retry-after").is_some());
