@@ -192,6 +192,7 @@ const LAYERS: &[(&str, &str)] = &[
     ("metrics", "engine domain"),
     ("config", "engine domain"),
     ("api", "engine domain clock keys policy metrics config logs"),
+    ("cli", "api domain"),
     (
         "startup",
         "api engine domain clock counters ledger policy metrics config db",

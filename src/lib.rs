@@ -19,6 +19,7 @@
 pub mod api;
 #[cfg(test)]
 mod architecture;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod counters;

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use quota_ledger::cli::policies::{self, Exit, Remote};
 use quota_ledger::config::{ConfigArgs, Settings};
 use quota_ledger::startup::Application;
 use tracing_subscriber::EnvFilter;
@@ -39,6 +40,53 @@ enum Command {
     /// Operate on the counters in Redis.
     #[command(subcommand)]
     Counters(CountersCommand),
+    /// Policies as code: export, diff and apply policy files over the admin API of a
+    /// running service (QUOTA_ADMIN_TOKEN).
+    Policies {
+        /// The service's base URL.
+        #[arg(
+            long,
+            env = "QUOTA_URL",
+            value_name = "URL",
+            default_value = "http://127.0.0.1:8080",
+            global = true
+        )]
+        url: String,
+        #[command(subcommand)]
+        command: PoliciesCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PoliciesCommand {
+    /// Print every policy of the service as a policy file (YAML, or JSON with --json).
+    Export {
+        /// JSON instead of YAML.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print what `apply FILE` would change; exit 0 when nothing would, 2 when something
+    /// would, 1 when FILE is invalid.
+    Diff {
+        /// The policy file, YAML or JSON: {"policies": [...]}.
+        file: std::path::PathBuf,
+        /// Also list the policies FILE omits as deletions.
+        #[arg(long)]
+        prune: bool,
+    },
+    /// Create and update policies to match FILE, validating all of it first; exit 1 when
+    /// FILE is invalid (nothing changed), 3 when a policy changed on the service meanwhile
+    /// (not overwritten).
+    Apply {
+        /// The policy file, YAML or JSON: {"policies": [...]}.
+        file: std::path::PathBuf,
+        /// Also delete the policies FILE omits.
+        #[arg(long)]
+        prune: bool,
+        /// Print the changes without making them.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +120,15 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = Settings::from_args(cli.config).context("reading the configuration")?;
+    if let Some(Command::Policies { url, command }) = cli.command {
+        let token = settings
+            .admin_token
+            .as_ref()
+            .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
+        let remote = Remote::new(&url, token.expose())?;
+        let exit = policies_command(&remote, command).await?;
+        std::process::exit(exit as i32);
+    }
     init_logging(settings.log_json);
     if let Some(Command::Migrate) = cli.command {
         quota_ledger::db::migrate_url(&settings.database_url).await?;
@@ -94,6 +151,46 @@ async fn main() -> anyhow::Result<()> {
         app.port()
     );
     app.run_until_stopped().await.context("serving")
+}
+
+/// `policies export | diff | apply`: the exit status (errors reaching or from the service
+/// are returned, and exit 1).
+async fn policies_command(remote: &Remote, command: PoliciesCommand) -> anyhow::Result<Exit> {
+    let (file, prune, dry_run, is_diff) = match command {
+        PoliciesCommand::Export { json } => {
+            print!("{}", policies::export(remote, json).await?);
+            return Ok(Exit::Done);
+        }
+        PoliciesCommand::Diff { file, prune } => (file, prune, true, true),
+        PoliciesCommand::Apply {
+            file,
+            prune,
+            dry_run,
+        } => (file, prune, dry_run, false),
+    };
+    let desired = match policies::load(&file) {
+        Ok(desired) => desired,
+        Err(exit) => return Ok(exit),
+    };
+    let plan = policies::plan(remote, &desired, prune).await?;
+    println!("{}", plan.describe());
+    if dry_run {
+        return Ok(match is_diff && !plan.changes.is_empty() {
+            true => Exit::Changes,
+            false => Exit::Done,
+        });
+    }
+    let applied = policies::execute(remote, &plan).await?;
+    for line in &applied.done {
+        println!("{line}");
+    }
+    match applied.conflict {
+        Some(conflict) => {
+            eprintln!("conflict: {conflict}; run `policies diff` again and re-apply");
+            Ok(Exit::Conflict)
+        }
+        None => Ok(Exit::Done),
+    }
 }
 
 /// `counters rebuild`: the service's own wiring (on a loopback port of its own, never

@@ -176,17 +176,18 @@ def main() -> None:
 
     # 3. The fourth: 429, and the body is the same typed answer.
     step = "3. consume over the limit (429)"
-    denied = answer(
-        consume.sync_detailed(client=quota, body=ConsumeInput(action=SMS, subject=SUBJECT)),
-        HTTPStatus.TOO_MANY_REQUESTS,
-        ConsumeAnswer,
-    )
+    denied_response = consume.sync_detailed(client=quota, body=ConsumeInput(action=SMS, subject=SUBJECT))
+    denied = answer(denied_response, HTTPStatus.TOO_MANY_REQUESTS, ConsumeAnswer)
     check_that(not denied.allowed, "allowed is true on a 429")
     retry_after: int | None = denied.retry_after_seconds
     if retry_after is None:
         fail("no retry_after_seconds on a 429 that can pass tomorrow")
     # Until the next midnight in New York: at most 25 hours on a DST day.
     check_that(0 < retry_after <= 25 * 3600, f"retry_after_seconds {retry_after}")
+    # The generated client does not type response headers: Retry-After is read from the
+    # response's header map (case-insensitive at run time).
+    header = denied_response.headers.get("retry-after")
+    check_that(header == str(retry_after), f"Retry-After {header!r}, retry_after_seconds {retry_after}")
     check_that(not denied.policies[0].allowed, "the denying policy says allowed")
     check_that(denied.policies[0].used == SMS_LIMIT, f"a denial charged: used {denied.policies[0].used}")
     check_that(denied.policies[0].remaining == 0, f"remaining {denied.policies[0].remaining}")

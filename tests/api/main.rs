@@ -16,6 +16,7 @@ mod openapi;
 mod outages;
 mod overload;
 mod payments;
+mod policies_file;
 mod propagation;
 mod quota;
 mod redis_loss;

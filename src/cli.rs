@@ -1,0 +1,4 @@
+//! Commands that talk to a running service over its HTTP API (the top layer, beside
+//! `startup`): `policies export | diff | apply`.
+
+pub mod policies;
