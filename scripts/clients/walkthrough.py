@@ -30,6 +30,8 @@ from quota_ledger_client.api.quota import (
     usage,
 )
 from quota_ledger_client.models import (
+    CalendarWindow,
+    CalendarWindowType,
     ConsumeAnswer,
     ConsumeInput,
     EntryKindDto,
@@ -45,11 +47,9 @@ from quota_ledger_client.models import (
     Problem,
     RefundInput,
     SettleAnswer,
+    RollingWindow,
+    RollingWindowType,
     UsageAnswer,
-    WindowDtoType0,  # the calendar window
-    WindowDtoType0Type,
-    WindowDtoType1,  # the rolling window
-    WindowDtoType1Type,
 )
 from quota_ledger_client.types import UNSET, Response
 
@@ -109,8 +109,8 @@ def main() -> None:
                 action=SMS,
                 measure=MeasureDto.COUNT,
                 limit=SMS_LIMIT,
-                window=WindowDtoType0(
-                    type_=WindowDtoType0Type.CALENDAR,
+                window=CalendarWindow(
+                    type_=CalendarWindowType.CALENDAR,
                     period=PeriodDto.DAY,
                     timezone="America/New_York",
                 ),
@@ -125,7 +125,7 @@ def main() -> None:
     check_that(sms_policy.mode == ModeDto.ENFORCE, f"default mode {sms_policy.mode}")
     check_that(sms_policy.enabled, "a new policy is enabled by default")
     check_that(sms_policy.version == 1, f"a new policy has version {sms_policy.version}")
-    check_that(isinstance(sms_policy.window, WindowDtoType0), f"window {sms_policy.window!r}")
+    check_that(isinstance(sms_policy.window, CalendarWindow), f"window {sms_policy.window!r}")
 
     transfer_policy = answer(
         create_policy.sync_detailed(
@@ -136,7 +136,7 @@ def main() -> None:
                 measure=MeasureDto.AMOUNT,
                 unit="USD cents",
                 limit=TRANSFER_LIMIT,
-                window=WindowDtoType1(type_=WindowDtoType1Type.ROLLING, seconds=86_400, bucket_seconds=3_600),
+                window=RollingWindow(type_=RollingWindowType.ROLLING, seconds=86_400, bucket_seconds=3_600),
             ),
         ),
         HTTPStatus.CREATED,
@@ -145,7 +145,7 @@ def main() -> None:
     check_that(transfer_policy.unit == "USD cents", f"unit {transfer_policy.unit!r}")
     window = transfer_policy.window
     check_that(
-        isinstance(window, WindowDtoType1) and window.seconds == 86_400 and window.bucket_seconds == 3_600,
+        isinstance(window, RollingWindow) and window.seconds == 86_400 and window.bucket_seconds == 3_600,
         f"rolling window read back as {window!r}",
     )
 
@@ -328,7 +328,7 @@ def main() -> None:
     got = answer(get_policy.sync_detailed(SMS_POLICY, client=admin), HTTPStatus.OK, PolicyOut)
     calendar = got.window
     check_that(
-        isinstance(calendar, WindowDtoType0)
+        isinstance(calendar, CalendarWindow)
         and calendar.period == PeriodDto.DAY
         and calendar.timezone == "America/New_York",
         f"window read back as {calendar!r}",
@@ -342,7 +342,7 @@ def main() -> None:
                 action=SMS,
                 measure=MeasureDto.COUNT,
                 limit=-1,
-                window=WindowDtoType0(type_=WindowDtoType0Type.CALENDAR, period=PeriodDto.DAY),
+                window=CalendarWindow(type_=CalendarWindowType.CALENDAR, period=PeriodDto.DAY),
             ),
         ),
         HTTPStatus.UNPROCESSABLE_ENTITY,

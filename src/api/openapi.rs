@@ -64,10 +64,14 @@ impl Modify for ClosedWindowVariants {
             return;
         };
         if let Some(RefOr::T(Schema::OneOf(window))) = components.schemas.get_mut("WindowDto") {
-            for variant in &mut window.items {
+            // Titled, so that generators name the variants' types (`CalendarWindow`), not
+            // `WindowDtoType0`.
+            let titles = ["CalendarWindow", "RollingWindow", "TokenBucketWindow"];
+            for (variant, title) in window.items.iter_mut().zip(titles) {
                 if let RefOr::T(Schema::Object(object)) = variant {
                     object.additional_properties =
                         Some(Box::new(AdditionalProperties::FreeForm(false)));
+                    object.title = Some(title.to_owned());
                 }
             }
         }
