@@ -184,6 +184,7 @@ const LAYERS: &[(&str, &str)] = &[
     ("clock", ""),
     ("logs", ""),
     ("db", ""),
+    ("telemetry", "logs"),
     ("keys", "domain"),
     ("engine", "domain clock keys logs"),
     ("counters", "engine domain clock keys logs"),
@@ -191,7 +192,10 @@ const LAYERS: &[(&str, &str)] = &[
     ("policy", "engine domain db"),
     ("metrics", "engine domain"),
     ("config", "engine domain"),
-    ("api", "engine domain clock keys policy metrics config logs"),
+    (
+        "api",
+        "engine domain clock keys policy metrics config logs telemetry",
+    ),
     ("cli", "api domain"),
     (
         "startup",

@@ -32,3 +32,4 @@ mod logs;
 pub mod metrics;
 pub mod policy;
 pub mod startup;
+pub mod telemetry;

@@ -3,9 +3,23 @@
 //! for. Under a flood, one line per failed request would cost the CPU the service needs,
 //! and bury everything else; the metrics still count every event.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Whether spans are exported (`telemetry` sets it once, at start).
+static SPANS_EXPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported over OTLP: only then do requests and their store calls make
+/// spans beyond the request's own (one relaxed load when they do not).
+pub fn spans_exported() -> bool {
+    SPANS_EXPORTED.load(Ordering::Relaxed)
+}
+
+/// Records that spans are exported from now on.
+pub(crate) fn export_spans() {
+    SPANS_EXPORTED.store(true, Ordering::Relaxed);
+}
 
 /// How often one call site writes a line, at most.
 const EVERY: Duration = Duration::from_secs(1);

@@ -5,7 +5,6 @@ use clap::{Parser, Subcommand};
 use quota_ledger::cli::policies::{self, Exit, Remote};
 use quota_ledger::config::{ConfigArgs, Settings};
 use quota_ledger::startup::Application;
-use tracing_subscriber::EnvFilter;
 
 /// mimalloc: the hot path allocates many small, short-lived buffers per request, which
 /// glibc's malloc served at about 15% of the service's CPU.
@@ -102,16 +101,6 @@ enum CountersCommand {
     },
 }
 
-fn init_logging(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -129,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
         let exit = policies_command(&remote, command).await?;
         std::process::exit(exit as i32);
     }
-    init_logging(settings.log_json);
+    let telemetry = quota_ledger::telemetry::init(settings.log_json)?;
     if let Some(Command::Migrate) = cli.command {
         quota_ledger::db::migrate_url(&settings.database_url).await?;
         tracing::info!("migrations applied");
@@ -150,7 +139,9 @@ async fn main() -> anyhow::Result<()> {
         "quota-ledger listening on port {}; Swagger UI: {base}/swagger-ui/",
         app.port()
     );
-    app.run_until_stopped().await.context("serving")
+    let served = app.run_until_stopped().await.context("serving");
+    telemetry.shutdown();
+    served
 }
 
 /// `policies export | diff | apply`: the exit status (errors reaching or from the service

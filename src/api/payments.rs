@@ -192,6 +192,7 @@ pub(crate) async fn create_hold(
     .ok_or_else(|| ApiError::from(errors))?;
     let held =
         super::metrics::consume(&state, &request, Some(input.ttl_seconds.unsigned_abs())).await?;
+    super::quota::record_decision(held.decision.allowed);
     let (mut response, decision) = respond(&request, held.decision, None, held.replayed);
     Ok(response.json(HoldAnswer {
         decision,

@@ -201,6 +201,14 @@ pub(super) fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> 
     })
 }
 
+/// Names the decision on the request's span, when traces are exported.
+pub(super) fn record_decision(allowed: bool) {
+    if crate::telemetry::exporting() {
+        let decision = if allowed { "allowed" } else { "denied" };
+        tracing::Span::current().record("decision", decision);
+    }
+}
+
 /// `"<policy>";<a>=<x>;<b>=<y>`: one IETF RateLimit field value, written without `format!`.
 fn rate_limit_field(policy: &str, (a, x): (&str, u64), (b, y): (&str, u64)) -> String {
     let mut numbers = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -289,6 +297,7 @@ pub(crate) async fn consume(
 ) -> Result<HttpResponse, ApiError> {
     let request = parse_counted(&state, Endpoint::Consume, body)?;
     let consumed = super::metrics::consume(&state, &request, None).await?;
+    record_decision(consumed.decision.allowed);
     // A denial charged nothing, so there is nothing to refund: no id.
     let consumption_id = consumed
         .consumption_id
@@ -330,6 +339,7 @@ pub(crate) async fn check(
 ) -> Result<HttpResponse, ApiError> {
     let request = parse_counted(&state, Endpoint::Check, body)?;
     let decision = super::metrics::check(&state, &request).await?;
+    record_decision(decision.allowed);
     let (mut response, answer) = respond(&request, decision, None, false);
     Ok(response.json(answer))
 }

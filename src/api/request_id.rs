@@ -40,10 +40,13 @@ pub(crate) async fn middleware(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
     let id = request_id(&req);
+    let method = req.method().clone();
     // ERROR level so that the span is enabled under any filter: a `warn` line of the
     // request still carries its id when RUST_LOG=warn.
-    let span = tracing::error_span!("request", request_id = %id);
-    let method = req.method().clone();
+    let span = match crate::telemetry::exporting() {
+        false => tracing::error_span!("request", request_id = %id),
+        true => traced_span(&req, &id),
+    };
     let log = |route: Option<&str>, status: u16| {
         span.in_scope(|| {
             tracing::info!(
@@ -61,7 +64,14 @@ pub(crate) async fn middleware(
                 response.headers_mut().insert(REQUEST_ID, value);
             }
             let route = response.request().match_pattern();
-            log(route.as_deref(), response.status().as_u16());
+            let status = response.status().as_u16();
+            log(route.as_deref(), status);
+            if crate::telemetry::exporting() {
+                span.record("http.response.status_code", i64::from(status));
+                if status >= 500 {
+                    span.record("otel.status_code", "ERROR");
+                }
+            }
             Ok(response)
         }
         // Not expected (errors are answered as responses inside); actix renders it, and
@@ -71,6 +81,37 @@ pub(crate) async fn middleware(
             Err(error)
         }
     }
+}
+
+/// The request's span when traces are exported: named after the route, with the
+/// attributes of an HTTP server span, a child of the caller's trace when the request
+/// carries a W3C `traceparent`, and its `trace_id` for the log lines.
+fn traced_span(req: &ServiceRequest, id: &str) -> tracing::Span {
+    let route = req.match_pattern();
+    let name = format!(
+        "{} {}",
+        req.method(),
+        route.as_deref().unwrap_or("(no route)")
+    );
+    let span = tracing::error_span!(
+        "request",
+        request_id = %id,
+        otel.name = %name,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %req.method(),
+        http.route = route.as_deref().unwrap_or(""),
+        http.response.status_code = tracing::field::Empty,
+        decision = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+    );
+    let headers = req
+        .headers()
+        .iter()
+        .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
+    let trace_id = crate::telemetry::adopt_parent(&span, headers);
+    span.record("trace_id", trace_id.as_str());
+    span
 }
 
 #[cfg(test)]

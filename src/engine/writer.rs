@@ -14,6 +14,7 @@ use crate::domain::LedgerEntry;
 use std::ops::Range;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 /// Entries per batch, roughly: a request's entries are never split across batches, so a
 /// batch may pass this by one request's worth.
@@ -53,12 +54,26 @@ impl LedgerWriter {
         if entries.is_empty() {
             return Ok(());
         }
+        let span = match crate::logs::spans_exported() {
+            true => tracing::trace_span!(
+                "sql",
+                otel.name = "sql ledger insert (group commit)",
+                otel.kind = "client",
+                db.operation = "INSERT",
+                entries = entries.len(),
+            ),
+            false => tracing::Span::none(),
+        };
         let (done, outcome) = oneshot::channel();
-        self.queue
-            .send(Job { entries, done })
-            .await
-            .map_err(|_| gone())?;
-        outcome.await.map_err(|_| gone())?
+        async {
+            self.queue
+                .send(Job { entries, done })
+                .await
+                .map_err(|_| gone())?;
+            outcome.await.map_err(|_| gone())?
+        }
+        .instrument(span)
+        .await
     }
 
     /// Resolves once every entry queued before it was committed (or its batch failed):

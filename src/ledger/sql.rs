@@ -88,7 +88,7 @@ fn column_amount(id: &str, value: u64) -> Result<i64, LedgerError> {
 }
 
 macro_rules! sql_ledger_store {
-    ($store:ident, $db:ty, $row:ty) => {
+    ($store:ident, $db:ty, $row:ty, $system:literal) => {
         impl $store {
             fn entry_from_row(row: &$row) -> Result<LedgerEntry, LedgerError> {
                 let id: String = row.try_get("id").map_err(db_error)?;
@@ -236,6 +236,8 @@ macro_rules! sql_ledger_store {
                 Ok(inserted)
             }
 
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger page", otel.kind = "client", db.system = $system))]
+
             async fn page(
                 &self,
                 filter: &LedgerFilter,
@@ -258,6 +260,8 @@ macro_rules! sql_ledger_store {
                 })
             }
 
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger charge_of", otel.kind = "client", db.system = $system))]
+
             async fn charge_of(
                 &self,
                 consumption_id: ConsumptionId,
@@ -267,10 +271,14 @@ macro_rules! sql_ledger_store {
                     .await
             }
 
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger hold_of", otel.kind = "client", db.system = $system))]
+
             async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError> {
                 self.first_of("hold_id", &hold_id.to_string(), EntryKind::Hold)
                     .await
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger refunded", otel.kind = "client", db.system = $system))]
 
             async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError> {
                 let consumption_id = consumption_id.to_string();
@@ -355,8 +363,18 @@ macro_rules! sql_ledger_store {
     };
 }
 
-sql_ledger_store!(PostgresLedgerStore, sqlx::Postgres, sqlx::postgres::PgRow);
-sql_ledger_store!(SqliteLedgerStore, sqlx::Sqlite, sqlx::sqlite::SqliteRow);
+sql_ledger_store!(
+    PostgresLedgerStore,
+    sqlx::Postgres,
+    sqlx::postgres::PgRow,
+    "postgresql"
+);
+sql_ledger_store!(
+    SqliteLedgerStore,
+    sqlx::Sqlite,
+    sqlx::sqlite::SqliteRow,
+    "sqlite"
+);
 
 #[cfg(test)]
 mod tests {

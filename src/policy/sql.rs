@@ -52,7 +52,7 @@ const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
 
 macro_rules! sql_policy_store {
-    ($store:ident, $row:ty) => {
+    ($store:ident, $row:ty, $system:literal) => {
         impl $store {
             fn policy_from_row(row: &$row) -> StoreResult<Policy> {
                 let text = |name: &str| -> StoreResult<String> { Ok(row.try_get(name)?) };
@@ -110,11 +110,15 @@ macro_rules! sql_policy_store {
                 Ok(())
             }
 
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy list_policies", otel.kind = "client", db.system = $system))]
+
             async fn list_policies(&self) -> StoreResult<Vec<Policy>> {
                 let sql = format!("SELECT {POLICY_COLUMNS} FROM policies ORDER BY id");
                 let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
                 rows.iter().map(Self::policy_from_row).collect()
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy get_policy", otel.kind = "client", db.system = $system))]
 
             async fn get_policy(&self, id: &PolicyId) -> StoreResult<Option<Policy>> {
                 let sql = format!("SELECT {POLICY_COLUMNS} FROM policies WHERE id = $1");
@@ -124,6 +128,8 @@ macro_rules! sql_policy_store {
                     .await?;
                 row.as_ref().map(Self::policy_from_row).transpose()
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy insert_policy", otel.kind = "client", db.system = $system))]
 
             async fn insert_policy(&self, p: &Policy) -> StoreResult<()> {
                 let mut change = self.begin_change().await?;
@@ -135,6 +141,8 @@ macro_rules! sql_policy_store {
                 Self::commit_change(change).await?;
                 Ok(())
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy update_policy", otel.kind = "client", db.system = $system))]
 
             async fn update_policy(&self, p: &Policy, expected_version: i64) -> StoreResult<bool> {
                 let mut change = self.begin_change().await?;
@@ -150,6 +158,8 @@ macro_rules! sql_policy_store {
                 Ok(true)
             }
 
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy delete_policy", otel.kind = "client", db.system = $system))]
+
             async fn delete_policy(
                 &self,
                 id: &PolicyId,
@@ -163,6 +173,8 @@ macro_rules! sql_policy_store {
                 Self::commit_change(change).await?;
                 Ok(true)
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy list_overrides", otel.kind = "client", db.system = $system))]
 
             async fn list_overrides(
                 &self,
@@ -178,6 +190,8 @@ macro_rules! sql_policy_store {
                     .await?;
                 rows.iter().map(Self::override_from_row).collect()
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy get_override", otel.kind = "client", db.system = $system))]
 
             async fn get_override(
                 &self,
@@ -196,12 +210,16 @@ macro_rules! sql_policy_store {
                 row.as_ref().map(Self::override_from_row).transpose()
             }
 
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy upsert_override", otel.kind = "client", db.system = $system))]
+
             async fn upsert_override(&self, o: &Override) -> StoreResult<()> {
                 let mut change = self.begin_change().await?;
                 Self::upsert_override_row(&mut change.tx, o).await?;
                 Self::commit_change(change).await?;
                 Ok(())
             }
+
+            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy delete_override", otel.kind = "client", db.system = $system))]
 
             async fn delete_override(
                 &self,
@@ -229,5 +247,5 @@ macro_rules! sql_policy_store {
     };
 }
 
-sql_policy_store!(PostgresPolicyStore, sqlx::postgres::PgRow);
-sql_policy_store!(SqlitePolicyStore, sqlx::sqlite::SqliteRow);
+sql_policy_store!(PostgresPolicyStore, sqlx::postgres::PgRow, "postgresql");
+sql_policy_store!(SqlitePolicyStore, sqlx::sqlite::SqliteRow, "sqlite");

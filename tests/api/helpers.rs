@@ -619,6 +619,11 @@ impl Drop for PrivateRedis {
 pub struct Service(Option<std::process::Child>);
 
 impl Service {
+    /// Starts `command` (the binary, configured by the caller); killed when dropped.
+    pub fn spawn(command: &mut std::process::Command) -> Self {
+        Self(Some(command.spawn().expect("starting the binary")))
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill_9(&mut self) {
         if let Some(child) = self.0.as_mut() {

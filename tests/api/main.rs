@@ -23,3 +23,4 @@ mod redis_loss;
 mod redis_settings;
 mod restarts;
 mod shutdown;
+mod traces;

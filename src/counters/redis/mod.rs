@@ -32,6 +32,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, ServerErrorKind, Value};
+use tracing::Instrument;
 
 use super::circuit::CircuitBreaker;
 use crate::engine::load::Load;
@@ -318,7 +319,22 @@ impl RedisCounterStore {
     }
 
     /// Runs `call` of `script` under the circuit breaker and the timeout.
+    /// One script call, as a `redis` child span of the request when traces are exported.
     async fn exec(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
+        let span = match within_a_request() {
+            true => tracing::trace_span!(
+                "redis",
+                otel.name = "redis EVALSHA",
+                otel.kind = "client",
+                db.system = "redis",
+                db.operation = "EVALSHA",
+            ),
+            false => tracing::Span::none(),
+        };
+        self.exec_script(script, call).instrument(span).await
+    }
+
+    async fn exec_script(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
         if let Some(why) = self.refusal.get() {
             return Err(StoreError::Misconfigured(why));
         }
@@ -374,11 +390,32 @@ impl RedisCounterStore {
 
     /// Runs a plain command (no script) under the timeout.
     async fn plain<T: redis::FromRedisValue>(&self, call: &Cmd) -> Result<T, StoreError> {
-        match self.connection().await? {
-            Connection::Standalone(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
-            Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
+        let span = match within_a_request() {
+            true => tracing::trace_span!(
+                "redis",
+                otel.name = "redis command",
+                otel.kind = "client",
+                db.system = "redis",
+            ),
+            false => tracing::Span::none(),
+        };
+        async {
+            match self.connection().await? {
+                Connection::Standalone(mut c) => {
+                    bounded(self.timeout, call.query_async(&mut c)).await
+                }
+                Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
+            }
         }
+        .instrument(span)
+        .await
     }
+}
+
+/// Whether spans are exported and the caller runs inside one (a request's): background
+/// work (the drain, the sweeper, rebuilds) makes no span of its own for each Redis call.
+fn within_a_request() -> bool {
+    crate::logs::spans_exported() && !tracing::Span::current().is_none()
 }
 
 /// Sends `call`; if the server has lost `script` (NOSCRIPT: a restart, a failover, a
