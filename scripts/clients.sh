@@ -8,7 +8,7 @@
 # error, an answer that does not parse) fails the check.
 #
 #   1. Tools, installed once with pinned versions, inside the repo only:
-#        target/clients-venv   openapi-python-client, mypy (pip, cache in target/)
+#        target/clients-venv   openapi-python-client, mypy, jsonschema (pip, cache in target/)
 #        target/clients-node   @hey-api/openapi-ts, typescript, @types/node (npm --prefix,
 #                              cache in target/)
 #      Each is (re)installed only when missing or at another version. The TypeScript client
@@ -20,8 +20,16 @@
 #   3. target/clients/openapi.json: the document fetched from the running service.
 #   4. Python: `openapi-python-client generate --path openapi.json --output-path
 #      target/clients/python --fail-on-warning` (a warning means a skipped operation or
-#      model); `mypy --strict` over scripts/clients/walkthrough.py and the whole generated
-#      package; then the walkthrough, with the package on PYTHONPATH.
+#      model); `mypy --strict` over scripts/clients/walkthrough.py, scripts/clients/validate.py
+#      and the whole generated package; then the walkthrough, with the package on PYTHONPATH.
+#      The walkthrough also records every answer its client receives (an httpx response hook)
+#      and validate.py checks each against target/clients/openapi.json: the status declared for
+#      the operation (path templates matched), the Content-Type one of its media types, the
+#      JSON body valid against that schema (jsonschema, Draft 2020-12, $refs resolved in the
+#      whole document; formats date-time, int32, int64 checked), the declared headers present
+#      (Retry-After on a 429 only when the body has a retry_after_seconds). It then checks that
+#      altered copies of real answers are rejected, and prints "validated N responses of M
+#      operations against the document".
 #   5. TypeScript: `openapi-ts -i openapi.json -o target/clients/ts/src/client` (default
 #      plugins, default fetch client); `tsc --strict` over the generated code and
 #      scripts/clients/walkthrough.ts (target/clients/ts/tsconfig.json: target es2022, module
@@ -45,12 +53,20 @@ BIN=${1:-${CLIENTS_BINARY:-target/release/quota-ledger}}
 readonly BIN
 
 # Pinned tools. openapi-ts 0.95.0 is the newest release that runs on Node 20 (0.96 needs
-# Node >= 22.13); the runtime of the generated Python client is httpx and attrs.
+# Node >= 22.13); the runtime of the generated Python client is httpx and attrs. jsonschema
+# validates the walkthrough's answers (with its dependencies referencing,
+# jsonschema-specifications and rpds-py; attrs is pinned above); it ships no type hints, so
+# mypy --strict reads typeshed's types-jsonschema.
 readonly PY_PINS=(
 	openapi-python-client==0.29.1
 	mypy==2.4.1
 	httpx==0.28.1
 	attrs==26.1.0
+	jsonschema==4.26.0
+	referencing==0.37.0
+	jsonschema-specifications==2025.9.1
+	rpds-py==2026.9.1
+	types-jsonschema==4.26.0.20261006
 )
 readonly NODE_PINS=(
 	@hey-api/openapi-ts@0.95.0
@@ -284,13 +300,15 @@ mypy_python() {
 	# The generated package is checked too, every module of it, not only what the
 	# walkthrough imports.
 	(cd "$OUT" && MYPYPATH=$PY_OUT "$VENV/bin/mypy" --strict --cache-dir "$MYPY_CACHE_DIR" \
-		"$ROOT/scripts/clients/walkthrough.py" "$PY_OUT/quota_ledger_client")
+		"$ROOT/scripts/clients/walkthrough.py" "$ROOT/scripts/clients/validate.py" \
+		"$PY_OUT/quota_ledger_client")
 }
 
 run_python() {
 	# No __pycache__ next to the walkthrough or in the generated package: bytecode goes to target/.
+	# The answers are validated against the document the client was generated from.
 	PYTHONPATH=$PY_OUT PYTHONPYCACHEPREFIX=$OUT/pycache \
-		"$VENV/bin/python" "$ROOT/scripts/clients/walkthrough.py" "$URL" "$TOKEN"
+		"$VENV/bin/python" "$ROOT/scripts/clients/walkthrough.py" "$URL" "$TOKEN" "$SPEC"
 }
 
 generate_ts() {

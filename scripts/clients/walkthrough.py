@@ -1,21 +1,35 @@
 """The README walkthrough, through the Python client that openapi-python-client generates
 from the service's own OpenAPI document (package `quota_ledger_client`), used as generated.
 
-    python walkthrough.py [BASE_URL [ADMIN_TOKEN]]     (or env BASE_URL, ADMIN_TOKEN)
+    python walkthrough.py [BASE_URL [ADMIN_TOKEN [OPENAPI_JSON]]]
+                                        (or env BASE_URL, ADMIN_TOKEN, OPENAPI_JSON)
 
 Run by scripts/clients.sh against a fresh service (empty database, no client tokens): it
 type-checks this file with `mypy --strict` first, so every field read below is a typed
 attribute of a generated model, and every call goes through a generated API function (no
 raw HTTP). Exits non-zero, naming the step, on the first answer that is not the expected one.
+
+Every answer the generated client receives is also recorded (an httpx response hook) and
+checked against the OpenAPI document by validate.py: a declared status, a declared
+Content-Type, the body valid against the declared schema (JSON Schema 2020-12), the declared
+headers present. The document is OPENAPI_JSON, the one the client was generated from (without
+it, the one the service serves). Each mismatch is reported with its step as it happens, and
+fails the run at the end; then altered copies of real answers must be rejected, so that the
+check is seen to be able to fail.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import os
 import sys
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+import httpx
 
 from quota_ledger_client import AuthenticatedClient, Client
 from quota_ledger_client.api.admin import create_policy, get_policy, list_policies
@@ -52,6 +66,7 @@ from quota_ledger_client.models import (
     UsageAnswer,
 )
 from quota_ledger_client.types import UNSET, Response
+from validate import Answer, Validator
 
 # The walkthrough's names: the README's, with a limit small enough to reach.
 SMS_POLICY = "sms-per-day"
@@ -88,16 +103,93 @@ def answer(response: Response[U], status: HTTPStatus, kind: type[T]) -> T:
     return parsed
 
 
+def report(problem: str) -> None:
+    print(f"walkthrough.py: step '{step}': answer not as documented: {problem}", file=sys.stderr)
+
+
+def load_document(base_url: str, path: str) -> dict[str, Any]:
+    """The OpenAPI document: the file at `path`, or else the one the service serves."""
+    if path:
+        with open(path, encoding="utf-8") as file:
+            document = json.load(file)
+    else:
+        document = httpx.get(base_url.rstrip("/") + "/api-docs/openapi.json").raise_for_status().json()
+    if not isinstance(document, dict) or not isinstance(document.get("paths"), dict):
+        fail(f"not an OpenAPI document: {path or base_url}")
+    return document
+
+
+def altered(answer: Answer, change: Callable[[Any], None]) -> Answer:
+    """A copy of `answer` whose JSON body `change` edited in place."""
+    body = json.loads(answer.body)
+    change(body)
+    return dataclasses.replace(answer, body=json.dumps(body).encode())
+
+
+def rejects_altered_answers(validator: Validator) -> None:
+    """Altered copies of real answers must each fail the check, with the expected message."""
+
+    def first(path: str, status: int) -> Answer:
+        for recorded in validator.answers:
+            if recorded.path == path and recorded.status == status:
+                return recorded
+        fail(f"no {status} answer to {path} was recorded")
+
+    allowed = first("/quota/consume", 200)
+    denied = first("/quota/consume", 429)
+    committed = next((a for a in validator.answers if a.path.endswith("/commit") and a.status == 200), None)
+    if committed is None:
+        fail("no 200 answer to a commit was recorded")
+
+    def without(name: str) -> Callable[[Any], None]:
+        return lambda body: body.pop(name)
+
+    def setting(name: str, value: object) -> Callable[[Any], None]:
+        return lambda body: body.__setitem__(name, value)
+
+    def entry_at(value: str) -> Callable[[Any], None]:
+        return lambda body: body["entry"].__setitem__("at", value)
+
+    def headers_without(answer: Answer, name: str) -> Answer:
+        return dataclasses.replace(answer, headers={k: v for k, v in answer.headers.items() if k != name})
+
+    cases: list[tuple[str, Answer, str]] = [
+        ("a consume answer without policies", altered(allowed, without("policies")), "'policies' is a required property"),
+        ("a consume answer with a string amount", altered(allowed, setting("amount", "1")), "is not of type 'integer'"),
+        ("a consume answer with an unknown mode", altered(allowed, lambda b: b["policies"][0].__setitem__("mode", "x")), "is not one of"),
+        ("a settle answer with a bad date-time", altered(committed, entry_at("yesterday")), "is not a 'date-time'"),
+        ("a 429 without Retry-After", headers_without(denied, "retry-after"), "header Retry-After is missing"),
+        ("a 200 without RateLimit", headers_without(allowed, "ratelimit"), "header RateLimit is missing"),
+        ("a consume answer as a 418", dataclasses.replace(allowed, status=418), "status 418 is not declared"),
+        (
+            "a consume answer as text/html",
+            dataclasses.replace(allowed, headers={**allowed.headers, "content-type": "text/html"}),
+            "Content-Type 'text/html' is not declared",
+        ),
+        ("an answer to an undocumented path", dataclasses.replace(allowed, path="/quota/consumed"), "no path of the document"),
+    ]
+    for what, answer_, expected in cases:
+        _, problems = validator.check(answer_)
+        if not any(expected in problem for problem in problems):
+            fail(f"the check accepted {what} (expected {expected!r}, got {problems})")
+
+
 def main() -> None:
     global step
     base_url = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("BASE_URL", "")
     token = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("ADMIN_TOKEN", "")
+    document_path = sys.argv[3] if len(sys.argv) > 3 else os.environ.get("OPENAPI_JSON", "")
     if not base_url or not token:
-        fail("usage: walkthrough.py BASE_URL ADMIN_TOKEN (or env BASE_URL, ADMIN_TOKEN)")
+        fail("usage: walkthrough.py BASE_URL ADMIN_TOKEN [OPENAPI_JSON] (or env BASE_URL, ADMIN_TOKEN, OPENAPI_JSON)")
+
+    # Every answer either client receives is checked against the document as it arrives.
+    validator = Validator(load_document(base_url, document_path), base_url)
+    validator.on_problem = report
+    hooks: dict[str, Any] = {"event_hooks": {"response": [validator.record]}}
 
     # /admin/* takes the admin token; /quota/* is open when no client tokens are configured.
-    admin = AuthenticatedClient(base_url=base_url, token=token, raise_on_unexpected_status=True)
-    quota = Client(base_url=base_url, raise_on_unexpected_status=True)
+    admin = AuthenticatedClient(base_url=base_url, token=token, raise_on_unexpected_status=True, httpx_args=hooks)
+    quota = Client(base_url=base_url, raise_on_unexpected_status=True, httpx_args=hooks)
 
     # 1. Policies: 3 SMS per calendar day in New York; $2,000.00 in any rolling 24 hours.
     step = "1. create policies"
@@ -355,6 +447,28 @@ def main() -> None:
     missing = answer(get_policy.sync_detailed("bad-limit", client=admin), HTTPStatus.NOT_FOUND, Problem)
     check_that(missing.status == 404, f"the invalid policy was created: {missing!r}")
 
+    # 10. Every answer above, against the document; and the check can fail.
+    step = "10. answers against the document"
+    if validator.problems:
+        fail(f"{len(validator.problems)} mismatches with the document (each reported above)")
+    # The hook saw the answers of every operation called above.
+    called = {
+        "POST /admin/policies (create_policy)",
+        "GET /admin/policies (list_policies)",
+        "GET /admin/policies/{id} (get_policy)",
+        "POST /quota/consume (consume)",
+        "POST /quota/check (check)",
+        "GET /quota/usage (usage)",
+        "POST /quota/refund (refund)",
+        "POST /quota/holds (create_hold)",
+        "POST /quota/holds/{id}/commit (commit_hold)",
+        "POST /quota/holds/{id}/release (release_hold)",
+        "GET /quota/ledger (list_ledger)",
+    }
+    check_that(validator.operations == called, f"answers recorded of {sorted(validator.operations)}")
+    rejects_altered_answers(validator)
+
+    print(f"walkthrough.py: {validator.summary()}")
     print("walkthrough.py: all steps passed")
 
 

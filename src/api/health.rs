@@ -64,6 +64,8 @@ pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     };
     match ready {
         true => HttpResponse::Ok().json(body),
-        false => HttpResponse::ServiceUnavailable().json(body),
+        false => HttpResponse::ServiceUnavailable()
+            .insert_header((actix_web::http::header::RETRY_AFTER, "5"))
+            .json(body),
     }
 }

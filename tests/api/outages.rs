@@ -24,6 +24,11 @@ async fn with_redis_down_the_service_starts_reports_unready_and_fails_closed() {
         .send(app.client.get(format!("{}/readyz", app.address)))
         .await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        ready.header("retry-after"),
+        Some("5"),
+        "every 503 says when to retry"
+    );
     assert_eq!(ready.body["stores"]["counter_store"], "down");
     assert_eq!(ready.body["stores"]["policy_store"], "ok");
 
