@@ -317,6 +317,28 @@ run_flood() {
 		}'
 }
 
+# ledger_lag: once the Redis streams are empty (at most 60 s), the p99 of
+# quota_ledger_lag_seconds (decision to SQL commit) read off /metrics: the upper bound of the
+# bucket that holds the 99th percentile; prints "p99_s=X count=N".
+ledger_lag() {
+	local i
+	for ((i = 0; i < 600; i++)); do
+		[[ $(metric quota_ledger_backlog_entries) == 0 ]] && break
+		sleep 0.1
+	done
+	curl -s "$BASE/metrics" | awk '
+		/^quota_ledger_lag_seconds_bucket/ {
+			match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
+			n++; bound[n] = le; cum[n] = $2
+		}
+		/^quota_ledger_lag_seconds_count / { count = $2 }
+		END {
+			p = "none"
+			for (i = 1; i <= n; i++) if (count > 0 && cum[i] >= 0.99 * count) { p = bound[i]; break }
+			printf "p99_s=%s count=%d\n", p, count
+		}'
+}
+
 rss_kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
 
 bench_mode() {
@@ -338,6 +360,7 @@ bench_mode() {
 		log "$mode: calendar day at $FLOOD_CONNECTIONS connections"
 		record "flood:$mode $(run_flood sms 100000)"
 	fi
+	record "lag:$mode $(ledger_lag)"
 	record "rss:$mode $(rss_kib "$SERVICE_PID" VmRSS) $(rss_kib "$SERVICE_PID" VmHWM)"
 	if [[ $mode == redis ]]; then
 		record "keys:redis $(rcli dbsize)"
@@ -623,6 +646,13 @@ print_table() {
 		printf '  %-58s %8s\n' "  answered 503 overloaded" "$v"
 		v=$(( $(field unavailable "$line") + $(field degraded "$line") ))
 		printf '  %-58s %8s  %-16s %s\n' "  store-down 503s + degraded allows" "$v" "0" "$(verdict "$v == 0")"
+	done
+	for mode in "${MODES[@]}"; do
+		line=$(result "lag:$mode")
+		[[ -n $line ]] || continue
+		v=$(field p99_s "$line")
+		printf '  %-58s %8s  %-16s %s\n' "$mode ledger lag p99, decision to SQL ($(field count "$line") entries)" "<= $v s" "<= 1 s" \
+			"$(verdict "$(sed 's/+Inf\|none/1e9/' <<<"$v") <= 1")"
 	done
 	local rps waiting bytes size drained per_entry
 	read -r rps waiting bytes size drained <<<"$(result backlog:redis)"

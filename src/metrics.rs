@@ -67,7 +67,7 @@ const BUCKETS: [f64; 11] = [
 const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "timeout", "protocol"];
 
 /// Gauges read from the stores at scrape time.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Live {
     /// Whether the counter store's circuit breaker is open (calls fail without trying).
     pub(crate) circuit_open: bool,
@@ -86,6 +86,8 @@ pub(crate) struct Live {
     pub(crate) queued: usize,
     /// `/quota/*` requests answered 503 overloaded since the start.
     pub(crate) overloaded: u64,
+    /// How long ledger entries took from their decision to their SQL commit.
+    pub(crate) ledger_lag: crate::engine::lag::LagSnapshot,
 }
 
 /// The service's metrics; shared by every worker.

@@ -11,6 +11,7 @@ use crate::config::{Secret, Settings};
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
 use crate::engine::drain::Drainer;
+use crate::engine::lag::Lag;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
 use crate::engine::policies::PolicyCache;
@@ -129,6 +130,7 @@ async fn counter_store(
     settings: &Settings,
     ledger: &Arc<dyn LedgerStore>,
     load: &Arc<Load>,
+    lag: &Arc<Lag>,
 ) -> anyhow::Result<Counters> {
     if settings.redis_urls.is_empty() {
         let store = Arc::new(MemoryCounterStore::new());
@@ -152,12 +154,15 @@ async fn counter_store(
         .allowing_eviction(settings.redis_allow_eviction)
         .prefixed(&settings.redis_prefix),
     );
-    let drain = Arc::new(Drainer::new(
-        store.clone(),
-        ledger.clone(),
-        settings.redis_prefix.clone(),
-        settings.ledger_claim_idle,
-    ));
+    let drain = Arc::new(
+        Drainer::new(
+            store.clone(),
+            ledger.clone(),
+            settings.redis_prefix.clone(),
+            settings.ledger_claim_idle,
+        )
+        .recording_lag(lag.clone()),
+    );
     Ok(Counters {
         store: store.clone(),
         drain: Some(drain),
@@ -239,13 +244,14 @@ impl Application {
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let mut tasks = BackgroundTasks::default();
         let load = Arc::new(Load::new());
-        let counters = counter_store(&settings, &ledger, &load).await?;
+        let ledger_lag = Arc::new(Lag::default());
+        let counters = counter_store(&settings, &ledger, &load, &ledger_lag).await?;
         if let Some(drain) = &counters.drain {
             tasks.0.push(drain.clone().spawn());
         }
         let ports = Ports {
             counters: counters.store,
-            writer: LedgerWriter::spawn(ledger.clone()),
+            writer: LedgerWriter::spawn_recording(ledger.clone(), ledger_lag.clone()),
             ledger,
             drain: counters.drain,
             cache,
@@ -276,6 +282,7 @@ impl Application {
         engine.reopen_if_wanted(true).await;
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
+            ledger_lag,
             policies,
             embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),

@@ -36,6 +36,8 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<Metrics>,
     /// Bounds the `/quota/*` requests in flight.
     pub(crate) admission: Arc<admission::Admission>,
+    /// How long ledger entries took to reach SQL (the drain and the writer record it).
+    pub(crate) ledger_lag: Arc<crate::engine::lag::Lag>,
 }
 
 impl AppState {

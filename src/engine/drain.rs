@@ -8,6 +8,7 @@
 //! claimed by a living one once idle for `claim_idle`. Nothing is lost, nothing duplicated.
 
 use super::codec;
+use super::lag::Lag;
 use super::ledger::{LedgerError, LedgerStore};
 use super::store::StoreError;
 use super::stream::{LedgerStream, Read, StreamEntry};
@@ -40,6 +41,8 @@ pub struct Drainer {
     retry_pending: AtomicBool,
     /// One pass at a time (the background loop and refunds may both ask).
     pass: tokio::sync::Mutex<Instant>,
+    /// Each moved entry's lag, decision to SQL commit.
+    lag: Arc<Lag>,
 }
 
 impl Drainer {
@@ -59,7 +62,15 @@ impl Drainer {
             // A new consumer has nothing pending, but reading once is cheap and simple.
             retry_pending: AtomicBool::new(true),
             pass: tokio::sync::Mutex::new(Instant::now()),
+            lag: Arc::default(),
         }
+    }
+
+    /// Records each moved entry's lag (decision to SQL commit) in `lag`.
+    #[must_use]
+    pub fn recording_lag(mut self, lag: Arc<Lag>) -> Self {
+        self.lag = lag;
+        self
     }
 
     /// One pass over every shard, until each is empty; returns how many entries were moved.
@@ -149,7 +160,12 @@ impl Drainer {
             return Ok(());
         }
         let refused = match self.ledger.append(&pass.entries).await {
-            Ok(_) => Vec::new(),
+            Ok(_) => {
+                let committed = chrono::Utc::now();
+                self.lag
+                    .observe_all(committed, pass.entries.iter().map(|e| e.at));
+                Vec::new()
+            }
             // One entry breaking a constraint must not hold back the others.
             Err(LedgerError::Corrupt(why)) => self.insert_in_parts(&pass.entries, &why).await?,
             Err(error) => return Err(error.into()),

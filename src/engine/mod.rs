@@ -12,6 +12,7 @@ pub mod codec;
 pub(crate) mod consume;
 pub mod drain;
 pub(crate) mod giveback;
+pub mod lag;
 pub mod ledger;
 pub mod load;
 mod plan;

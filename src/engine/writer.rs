@@ -9,6 +9,7 @@
 //! batch. While a batch commits, the next one queues up, so the busier the service, the
 //! larger the batches and the fewer the fsyncs per entry.
 
+use super::lag::Lag;
 use super::ledger::{LedgerError, LedgerStore};
 use crate::domain::LedgerEntry;
 use std::ops::Range;
@@ -41,8 +42,13 @@ pub struct LedgerWriter {
 impl LedgerWriter {
     /// Starts the writer task on the current Tokio runtime.
     pub fn spawn(store: Arc<dyn LedgerStore>) -> Self {
+        Self::spawn_recording(store, Arc::default())
+    }
+
+    /// [`LedgerWriter::spawn`], recording each committed entry's lag in `lag`.
+    pub fn spawn_recording(store: Arc<dyn LedgerStore>, lag: Arc<Lag>) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(run(store, jobs));
+        tokio::spawn(run(store, jobs, lag));
         Self { queue }
     }
 
@@ -97,7 +103,7 @@ fn gone() -> LedgerError {
 
 /// The writer task: batches of whatever is queued, until every handle is dropped and
 /// the queue is empty.
-async fn run(store: Arc<dyn LedgerStore>, mut jobs: mpsc::Receiver<Job>) {
+async fn run(store: Arc<dyn LedgerStore>, mut jobs: mpsc::Receiver<Job>, lag: Arc<Lag>) {
     while let Some(first) = jobs.recv().await {
         let mut count = first.entries.len();
         let mut batch = vec![first];
@@ -110,13 +116,13 @@ async fn run(store: Arc<dyn LedgerStore>, mut jobs: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        commit(store.as_ref(), batch).await;
+        commit(store.as_ref(), batch, &lag).await;
     }
     tracing::debug!("ledger writer stopped: every handle was dropped");
 }
 
 /// Writes one batch and answers each of its callers.
-async fn commit(store: &dyn LedgerStore, batch: Vec<Job>) {
+async fn commit(store: &dyn LedgerStore, batch: Vec<Job>, lag: &Lag) {
     let mut entries = Vec::with_capacity(batch.iter().map(|j| j.entries.len()).sum());
     let mut waiters: Vec<(Range<usize>, oneshot::Sender<_>)> = Vec::with_capacity(batch.len());
     for job in batch {
@@ -126,6 +132,7 @@ async fn commit(store: &dyn LedgerStore, batch: Vec<Job>) {
     }
     match store.append(&entries).await {
         Ok(_) => {
+            lag.observe_all(chrono::Utc::now(), entries.iter().map(|e| e.at));
             for (_, done) in waiters {
                 // A caller that stopped waiting is fine: its entries are committed.
                 let _ = done.send(Ok(()));

@@ -87,6 +87,11 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         ConstGauge::new(i64::try_from(live.max_in_flight).unwrap_or(i64::MAX)),
     );
     registry.register(
+        "quota_ledger_lag_seconds",
+        "Time from a decision to its ledger entry's commit in SQL (the drain in Redis mode, the group commit embedded)",
+        LagHistogram(live.ledger_lag.clone()),
+    );
+    registry.register(
         "quota_queued_requests",
         "Quota requests waiting for a slot now (at most QUOTA_MAX_QUEUED)",
         ConstGauge::new(i64::try_from(live.queued).unwrap_or(i64::MAX)),
@@ -104,4 +109,26 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
             ConstGauge::new(1),
         );
     registry
+}
+
+/// A histogram read from the engine's [`crate::engine::lag::Lag`] at scrape time.
+#[derive(Debug)]
+struct LagHistogram(crate::engine::lag::LagSnapshot);
+
+impl prometheus_client::encoding::EncodeMetric for LagHistogram {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.0.sum,
+            self.0.count,
+            &self.0.buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
 }

@@ -233,6 +233,13 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         max_in_flight: 256,
         queued: 5,
         overloaded: 11,
+        ledger_lag: {
+            let lag = crate::engine::lag::Lag::default();
+            let now = Utc::now();
+            let decided = [now, now, now - chrono::Duration::milliseconds(700)];
+            lag.observe_all(now, decided.into_iter());
+            lag.snapshot()
+        },
     };
     let text = metrics.render(&cache_with("a"), &live);
     let samples = samples(&text);
@@ -253,6 +260,12 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_in_flight_requests", "3"),
         ("quota_max_in_flight_requests", "256"),
         ("quota_queued_requests", "5"),
+        ("quota_ledger_lag_seconds_bucket{le=\"0.005\"}", "2"),
+        ("quota_ledger_lag_seconds_bucket{le=\"0.5\"}", "2"),
+        ("quota_ledger_lag_seconds_bucket{le=\"1.0\"}", "3"),
+        ("quota_ledger_lag_seconds_bucket{le=\"+Inf\"}", "3"),
+        ("quota_ledger_lag_seconds_count", "3"),
+        ("quota_ledger_lag_seconds_sum", "0.7"),
         ("quota_overloaded_total", "11"),
         (version.as_str(), "1"),
     ];
@@ -301,6 +314,8 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_in_flight_requests gauge",
         "# HELP quota_max_in_flight_requests The most quota requests served at once (QUOTA_MAX_IN_FLIGHT).",
         "# TYPE quota_max_in_flight_requests gauge",
+        "# HELP quota_ledger_lag_seconds Time from a decision to its ledger entry's commit in SQL (the drain in Redis mode, the group commit embedded).",
+        "# TYPE quota_ledger_lag_seconds histogram",
         "# HELP quota_queued_requests Quota requests waiting for a slot now (at most QUOTA_MAX_QUEUED).",
         "# TYPE quota_queued_requests gauge",
         "# HELP quota_overloaded_total Quota requests answered 503 overloaded: no slot came free within QUOTA_QUEUE_WAIT_MS, or the queue was full.",

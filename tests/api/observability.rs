@@ -342,3 +342,30 @@ async fn a_counter_store_outage_is_counted_as_store_errors_and_degraded_or_unava
         );
     }
 }
+
+/// Every ledger entry that reaches SQL is counted in `quota_ledger_lag_seconds`: by the
+/// group commit on the embedded default, by the drain on Redis.
+async fn the_ledger_lag_counts_every_entry_committed_in_sql(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Sqlite, counters).await;
+    app.must_create_policy(calendar_policy("p", "a", 100, "day", "UTC"))
+        .await;
+    for i in 0..5 {
+        let answer = app.consume("a", &format!("s-{i}"), 1).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    crate::helpers::eventually(
+        std::time::Duration::from_secs(10),
+        "5 entries counted in quota_ledger_lag_seconds",
+        || async {
+            let text = app.metrics_text().await;
+            let count = text
+                .lines()
+                .find_map(|l| l.strip_prefix("quota_ledger_lag_seconds_count "))
+                .and_then(|n| n.trim().parse::<u64>().ok());
+            (count == Some(5)).then_some(())
+        },
+    )
+    .await;
+}
+
+crate::on_counter_stores!(the_ledger_lag_counts_every_entry_committed_in_sql);

@@ -1,0 +1,114 @@
+//! Ledger lag: how long after its decision an entry's row is committed in SQL. The drain
+//! (Redis mode) and the group-commit writer (embedded default) observe every entry they
+//! commit; `/metrics` exports the histogram as `quota_ledger_lag_seconds`.
+
+use chrono::{DateTime, Utc};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds of the buckets, in seconds (`+Inf` follows).
+pub const BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// A histogram of lags, shared by the writers of one application.
+#[derive(Debug, Default)]
+pub struct Lag {
+    /// Per bucket (not cumulative), the last one for `+Inf`.
+    counts: [AtomicU64; BUCKETS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+/// The histogram as read at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LagSnapshot {
+    /// `(upper bound in seconds, entries in that bucket alone)`; `f64::INFINITY` for `+Inf`.
+    pub buckets: Vec<(f64, u64)>,
+    /// Sum of the lags, in seconds.
+    pub sum: f64,
+    /// Entries observed.
+    pub count: u64,
+}
+
+impl Lag {
+    /// Records the entries decided at `decided`, committed at `committed` (a lag below zero,
+    /// from clocks apart, counts as zero).
+    pub fn observe_all(
+        &self,
+        committed: DateTime<Utc>,
+        decided: impl Iterator<Item = DateTime<Utc>>,
+    ) {
+        for at in decided {
+            let micros = (committed - at)
+                .num_microseconds()
+                .unwrap_or(i64::MAX)
+                .max(0);
+            let seconds = micros as f64 / 1e6;
+            let bucket = BUCKETS
+                .iter()
+                .position(|bound| seconds <= *bound)
+                .unwrap_or(BUCKETS.len());
+            self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+            self.sum_micros
+                .fetch_add(micros.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// The histogram now.
+    pub fn snapshot(&self) -> LagSnapshot {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        LagSnapshot {
+            buckets: BUCKETS
+                .iter()
+                .copied()
+                .chain([f64::INFINITY])
+                .zip(counts.iter().copied())
+                .collect(),
+            sum: self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count: counts.iter().sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+
+    #[test]
+    fn each_lag_lands_in_its_bucket_and_a_negative_one_counts_as_zero() {
+        let lag = Lag::default();
+        let now = Utc::now();
+        let decided = [
+            now - Duration::milliseconds(3),
+            now - Duration::milliseconds(700),
+            now - Duration::seconds(90),
+            now + Duration::seconds(1),
+        ];
+        lag.observe_all(now, decided.into_iter());
+        let snapshot = lag.snapshot();
+        assert_eq!(snapshot.count, 4);
+        let count_at = |bound: f64| {
+            snapshot
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == bound)
+                .map(|(_, n)| *n)
+        };
+        assert_eq!(
+            count_at(0.005),
+            Some(2),
+            "3 ms, and the one from the future"
+        );
+        assert_eq!(count_at(1.0), Some(1));
+        assert_eq!(
+            count_at(f64::INFINITY),
+            Some(1),
+            "90 s is past the last bound"
+        );
+        assert!((snapshot.sum - 90.703).abs() < 1e-6, "{}", snapshot.sum);
+    }
+}
