@@ -433,6 +433,18 @@ impl TestApp {
         self.send(self.admin(reqwest::Method::GET, path)).await
     }
 
+    /// The OpenAPI document the app serves at `/api-docs/openapi.json`.
+    pub async fn served_spec(&self) -> Value {
+        self.client
+            .get(format!("{}/api-docs/openapi.json", self.address))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// `POST /quota/consume`.
     pub async fn consume(&self, action: &str, subject: &str, amount: u64) -> Answer {
         self.quota(

@@ -4,7 +4,7 @@
 
 use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend, TestApp};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::json;
 
 async fn app() -> TestApp {
     spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await
@@ -116,15 +116,7 @@ async fn whole_numbers_may_be_written_with_a_fraction_or_an_exponent() {
 #[tokio::test]
 async fn the_spec_states_the_rules_the_server_enforces() {
     let app = app().await;
-    let spec: Value = app
-        .client
-        .get(format!("{}/api-docs/openapi.json", app.address))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.served_spec().await;
     let schemas = &spec["components"]["schemas"];
     assert_eq!(schemas["Slug"]["pattern"], "^[a-z0-9._-]+$");
     assert_eq!(schemas["Slug"]["maxLength"], 64);
@@ -176,15 +168,7 @@ async fn the_spec_states_the_rules_the_server_enforces() {
 #[tokio::test]
 async fn the_spec_is_shaped_for_client_generators() {
     let app = app().await;
-    let spec: Value = app
-        .client
-        .get(format!("{}/api-docs/openapi.json", app.address))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.served_spec().await;
     let schemas = &spec["components"]["schemas"];
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {

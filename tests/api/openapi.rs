@@ -19,15 +19,7 @@ fn the_committed_spec_matches_the_code() {
 #[tokio::test]
 async fn the_served_spec_is_the_generated_one_and_documents_the_contract() {
     let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    let served: serde_json::Value = app
-        .client
-        .get(format!("{}/api-docs/openapi.json", app.address))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let served = app.served_spec().await;
     let generated: serde_json::Value =
         serde_json::from_str(&quota_ledger::api::openapi::spec_json()).unwrap();
     assert_eq!(served, generated);

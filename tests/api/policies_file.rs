@@ -86,22 +86,8 @@ async fn listed(app: &TestApp) -> Vec<Value> {
         .collect()
 }
 
-const FILE: &str = r#"
-# Our limits, reviewed in git.
-policies:
-  - id: sms-per-day
-    action: sms
-    measure: count
-    limit: 10
-    window: {type: calendar, period: day, timezone: America/New_York}
-  - id: transfer-usd-24h
-    action: transfer
-    measure: amount
-    unit: USD cents
-    limit: 200000
-    window: {type: rolling, seconds: 86400, bucket_seconds: 3600}
-    description: At most $2,000.00 in any rolling 24 hours
-"#;
+/// The example policy file the README points to.
+const FILE: &str = include_str!("../../examples/policies.yaml");
 
 #[tokio::test]
 async fn apply_creates_then_changes_nothing_and_diff_exits_by_what_would_change() {

@@ -1,25 +1,17 @@
 use super::*;
 
-const FILE: &str = r#"
-policies:
-  - id: sms-per-day
-    action: sms
-    measure: count
-    limit: 10
-    window: {type: calendar, period: day, timezone: America/New_York}
-  - id: transfer-usd-24h
-    action: transfer
-    measure: amount
-    unit: USD cents
-    limit: 200000
-    window: {type: rolling, seconds: 86400, bucket_seconds: 3600}
-    version: 7
-    created_at: "2026-01-01T00:00:00Z"
-"#;
+/// The example policy file, with server-set fields added to its last entry (as an export
+/// would carry them).
+fn file() -> String {
+    format!(
+        "{}    version: 7\n    created_at: \"2026-01-01T00:00:00Z\"\n",
+        include_str!("../../../examples/policies.yaml")
+    )
+}
 
 #[test]
 fn a_file_is_read_in_canonical_form_with_server_set_fields_ignored() {
-    let policies = read_file(FILE).expect("a valid file");
+    let policies = read_file(&file()).expect("a valid file");
     assert_eq!(policies.len(), 2);
     let sms = &policies["sms-per-day"];
     assert_eq!(sms["mode"], "enforce", "defaults filled in");
