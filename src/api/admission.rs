@@ -18,10 +18,12 @@
 //! A freed slot goes to the newest waiter (adaptive LIFO): under a flood the requests
 //! that get a slot have hardly waited, so their latency stays that of the admitted load,
 //! and the ones left at the bottom of the stack are the ones refused. A waiter that has
-//! waited longer than [`FRESH`] is stale: while requests keep arriving (one within
-//! [`ARRIVING`]), a freed slot is left for the next arrival rather than given to a stale
-//! waiter, which would be answered late. Once arrivals pause, stale waiters get the free
-//! slots too: the queue never idles a slot that a waiter could use for long.
+//! waited longer than [`FRESH`] is stale: while the instance is saturated (a request had to
+//! queue within [`ARRIVING`]), a freed slot goes to a fresh waiter or is left for the next
+//! arrival, not to a stale waiter, which would be answered late. Once requests stop
+//! queueing (a burst is over, arrivals find free slots), stale waiters get the free slots,
+//! and a waiter whose wait ran out takes a slot no arrival took: after a burst, the queue
+//! is served, not left to time out while slots stand free.
 //! Admin, health and metrics endpoints are not counted: they stay responsive.
 
 use super::problem::ApiError;
@@ -41,7 +43,7 @@ use tokio::sync::oneshot;
 /// A waiter that has waited longer than this is stale (see the module's documentation).
 pub(crate) const FRESH: Duration = Duration::from_millis(10);
 
-/// Requests count as still arriving while the last one came within this long.
+/// The instance counts as saturated while a request had to queue within this long.
 pub(crate) const ARRIVING: Duration = Duration::from_millis(10);
 
 /// How requests are admitted: the configured bounds.
@@ -72,8 +74,8 @@ struct State {
     /// Newest at the back. A waiter whose receiver is gone (its request gave up) is
     /// skipped.
     waiting: VecDeque<Waiter>,
-    /// When the last request arrived.
-    last_arrival: Option<Instant>,
+    /// When a request last arrived to find no free slot (and queued).
+    last_queued: Option<Instant>,
 }
 
 /// A request waiting for a slot: a slot is handed over by sending on `slot`.
@@ -86,15 +88,6 @@ struct Waiter {
 impl Waiter {
     fn left(&self) -> bool {
         self.slot.is_closed()
-    }
-}
-
-impl State {
-    /// Whether requests are still arriving at `now`, so that a free slot is better left
-    /// to the next one than given to a stale waiter.
-    fn arriving(&self, now: Instant) -> bool {
-        self.last_arrival
-            .is_some_and(|last| now.saturating_duration_since(last) < ARRIVING)
     }
 }
 
@@ -190,7 +183,6 @@ impl Admission {
         let slot = {
             let now = Instant::now();
             let mut state = self.lock();
-            state.last_arrival = Some(now);
             if state.in_flight < self.limits.in_flight {
                 state.in_flight += 1;
                 return Ok(Slot(self.clone()));
@@ -207,6 +199,7 @@ impl Admission {
                 // takes its place.
                 state.waiting.pop_front();
             }
+            state.last_queued = Some(now);
             let (sender, slot) = oneshot::channel();
             state.waiting.push_back(Waiter {
                 slot: sender,
@@ -235,11 +228,22 @@ impl Admission {
         }
     }
 
-    /// A free slot for a waiter whose wait ran out, if one is free and no request is
-    /// arriving to take it.
+    /// Whether arriving requests take the slots as they are freed: one arrived to find no
+    /// free slot within [`ARRIVING`] (the instance is saturated). Then a freed slot is left to
+    /// the newest arrivals rather than given to a stale waiter; otherwise arrivals find free
+    /// slots, and a stale waiter is better served than left to time out.
+    fn arrivals_keep_up(&self, state: &State, now: Instant) -> bool {
+        state
+            .last_queued
+            .is_some_and(|last| now.saturating_duration_since(last) < ARRIVING)
+    }
+
+    /// A free slot for a waiter whose wait ran out, if one is free and arrivals do not keep
+    /// up with the slots.
     fn take_free(self: &Arc<Self>) -> Option<Slot> {
         let mut state = self.lock();
-        if state.in_flight < self.limits.in_flight && !state.arriving(Instant::now()) {
+        if state.in_flight < self.limits.in_flight && !self.arrivals_keep_up(&state, Instant::now())
+        {
             state.in_flight += 1;
             return Some(Slot(self.clone()));
         }
@@ -257,13 +261,14 @@ impl Admission {
     fn release(&self) {
         let now = Instant::now();
         let mut state = self.lock();
+        let keeping_up = self.arrivals_keep_up(&state, now);
         state.in_flight -= 1;
         while state.in_flight < self.limits.in_flight {
             let Some(newest) = state.waiting.back() else {
                 break;
             };
             let stale = now.saturating_duration_since(newest.since) > FRESH;
-            if !newest.left() && stale && state.arriving(now) {
+            if !newest.left() && stale && keeping_up {
                 break;
             }
             let newest = state.waiting.pop_back().expect("a waiter at the back");

@@ -164,9 +164,9 @@ async fn under_contention_no_more_than_the_limit_run_at_once_and_no_slot_is_lost
     assert_eq!(admission.shed(), 0);
 }
 
-/// Marks a request as having arrived just now, without taking a slot.
-fn arrival_now(admission: &Admission) {
-    admission.lock().last_arrival = Some(Instant::now());
+/// Marks a request as having queued just now (the instance is saturated).
+fn queued_now(admission: &Admission) {
+    admission.lock().last_queued = Some(Instant::now());
 }
 
 #[tokio::test]
@@ -180,7 +180,7 @@ async fn while_requests_arrive_a_freed_slot_is_left_for_them_not_for_a_stale_wai
     });
     until_queued(&admission, 1).await;
     tokio::time::sleep(FRESH * 3).await;
-    arrival_now(&admission);
+    queued_now(&admission);
     drop(second);
     assert_eq!(
         (admission.in_flight(), admission.queued()),
@@ -217,7 +217,7 @@ async fn a_waiter_whose_wait_ran_out_takes_a_slot_no_arrival_took() {
     });
     until_queued(&admission, 1).await;
     tokio::time::sleep(FRESH * 3).await;
-    arrival_now(&admission);
+    queued_now(&admission);
     drop(second);
     assert_eq!(
         admission.in_flight(),
@@ -230,4 +230,24 @@ async fn a_waiter_whose_wait_ran_out_takes_a_slot_no_arrival_took() {
         "taken when the wait ran out"
     );
     assert_eq!(admission.shed(), 0);
+}
+
+#[tokio::test]
+async fn after_a_burst_a_stale_waiter_gets_the_next_freed_slot() {
+    let admission = admission(2, 8, 5_000);
+    let _first = admission.admit().await.expect("a free slot");
+    let second = admission.admit().await.expect("a free slot");
+    let stale = tokio::spawn({
+        let admission = admission.clone();
+        async move { admission.admit().await.map(drop) }
+    });
+    until_queued(&admission, 1).await;
+    // The burst is over: nothing has queued since the waiter, which is stale by now.
+    tokio::time::sleep(ARRIVING.max(FRESH) * 3).await;
+    drop(second);
+    let served = tokio::time::timeout(Duration::from_secs(1), stale)
+        .await
+        .expect("served at once, not left to wait out its 5 s while a slot stood free");
+    assert_eq!(served.expect("the task ran"), Ok(()));
+    assert_eq!((admission.in_flight(), admission.shed()), (1, 0));
 }
