@@ -12,7 +12,7 @@ use crate::api::dto::{PolicyInput, PolicyOut};
 use crate::domain::{Policy, PolicyId, PolicySpec};
 use anyhow::{anyhow, bail, Context};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -400,11 +400,59 @@ pub async fn export(remote: &Remote, json_format: bool) -> anyhow::Result<String
         .into_values()
         .map(|(p, _)| p)
         .collect();
-    let file = json!({ "policies": policies });
+    let mut file = yaml_serde::Mapping::new();
+    file.insert(
+        "policies".into(),
+        yaml_serde::Value::Sequence(policies.iter().map(in_field_order).collect()),
+    );
+    let file = yaml_serde::Value::Mapping(file);
     Ok(match json_format {
         true => format!("{}\n", serde_json::to_string_pretty(&file)?),
         false => yaml_serde::to_string(&file).context("writing YAML")?,
     })
+}
+
+/// The order an exported policy's fields are written in: the API's, `id` first, so that a
+/// file reads (and diffs) like the policies it came from. Nested objects keep theirs.
+const FIELD_ORDER: [&str; 10] = [
+    "id",
+    "action",
+    "measure",
+    "unit",
+    "limit",
+    "window",
+    "mode",
+    "enabled",
+    "ledger_denials",
+    "description",
+];
+
+/// `policy` as YAML with its fields in [`FIELD_ORDER`] (any other field after them), and its
+/// window's `type` first.
+fn in_field_order(policy: &Value) -> yaml_serde::Value {
+    ordered(policy, &FIELD_ORDER)
+}
+
+/// The object `value` as a YAML mapping with the fields `first` names first, in that order,
+/// then the others; a `window` inside is ordered with its `type` first.
+fn ordered(value: &Value, first: &[&str]) -> yaml_serde::Value {
+    let Some(fields) = value.as_object() else {
+        return yaml_serde::to_value(value).unwrap_or(yaml_serde::Value::Null);
+    };
+    let known = first.iter().filter_map(|k| Some((*k, fields.get(*k)?)));
+    let rest = fields
+        .iter()
+        .filter(|(k, _)| !first.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), v));
+    let mut mapping = yaml_serde::Mapping::new();
+    for (key, value) in known.chain(rest) {
+        let value = match key {
+            "window" => ordered(value, &["type"]),
+            _ => yaml_serde::to_value(value).unwrap_or(yaml_serde::Value::Null),
+        };
+        mapping.insert(key.into(), value);
+    }
+    yaml_serde::Value::Mapping(mapping)
 }
 
 /// Reads and validates the file at `path`: its policies, or every problem printed on

@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 /// The example policy file, with server-set fields added to its last entry (as an export
 /// would carry them).
@@ -110,4 +111,17 @@ fn a_plan_describes_each_change_and_what_it_keeps() {
         ),
         vec![("limit".to_owned(), "10".to_owned(), "20".to_owned())]
     );
+}
+
+#[test]
+fn an_exported_policy_lists_its_id_first_and_its_fields_in_the_apis_order() {
+    let policies = read_file(&file()).expect("a valid file");
+    let yaml = yaml_serde::to_string(&in_field_order(&policies["sms-per-day"])).expect("YAML");
+    let keys: Vec<&str> = yaml
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    assert_eq!(keys, FIELD_ORDER, "{yaml}");
+    assert!(yaml.contains("window:\n  type: calendar\n"), "{yaml}");
 }
