@@ -10,6 +10,12 @@ fn admission(in_flight: usize, queued: usize, wait_ms: u64) -> Arc<Admission> {
     Arc::new(Admission::new(limits, Arc::default()))
 }
 
+/// A request waiting for a slot in its own task: when it was served, or why not.
+fn waiter(admission: &Arc<Admission>) -> tokio::task::JoinHandle<Result<Instant, Refused>> {
+    let admission = admission.clone();
+    tokio::spawn(async move { admission.admit().await.map(|_slot| Instant::now()) })
+}
+
 /// Waits (a little) until `admission` has `n` requests queued.
 async fn until_queued(admission: &Admission, n: usize) {
     for _ in 0..500 {
@@ -51,15 +57,9 @@ async fn slots_count_the_requests_in_flight_and_at_least_one_is_served() {
 async fn a_freed_slot_goes_to_the_newest_waiter() {
     let admission = admission(1, 8, 5_000);
     let slot = admission.admit().await.expect("a free slot");
-    let older = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(|_slot| Instant::now()) }
-    });
+    let older = waiter(&admission);
     until_queued(&admission, 1).await;
-    let newer = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(|_slot| Instant::now()) }
-    });
+    let newer = waiter(&admission);
     until_queued(&admission, 2).await;
     drop(slot);
     let newer = newer
@@ -79,24 +79,21 @@ async fn a_freed_slot_goes_to_the_newest_waiter() {
 async fn a_full_queue_refuses_its_oldest_waiter_and_keeps_the_newest() {
     let admission = admission(1, 1, 5_000);
     let slot = admission.admit().await.expect("a free slot");
-    let older = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(drop) }
-    });
+    let older = waiter(&admission);
     until_queued(&admission, 1).await;
-    let newer = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(drop) }
-    });
+    let newer = waiter(&admission);
     let started = Instant::now();
-    assert_eq!(older.await.expect("the task ran"), Err(Refused::Waited));
+    assert_eq!(
+        older.await.expect("the task ran").map(drop),
+        Err(Refused::Waited)
+    );
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "refused at once"
     );
     assert_eq!(admission.queued(), 1);
     drop(slot);
-    assert_eq!(newer.await.expect("the task ran"), Ok(()));
+    assert_eq!(newer.await.expect("the task ran").map(drop), Ok(()));
     assert_eq!((admission.in_flight(), admission.shed()), (0, 1));
 }
 
@@ -174,10 +171,7 @@ async fn while_requests_arrive_a_freed_slot_is_left_for_them_not_for_a_stale_wai
     let admission = admission(2, 8, 5_000);
     let first = admission.admit().await.expect("a free slot");
     let second = admission.admit().await.expect("a free slot");
-    let stale = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(|_slot| Instant::now()) }
-    });
+    let stale = waiter(&admission);
     until_queued(&admission, 1).await;
     tokio::time::sleep(FRESH * 3).await;
     queued_now(&admission);
@@ -211,10 +205,7 @@ async fn a_waiter_whose_wait_ran_out_takes_a_slot_no_arrival_took() {
     let admission = admission(2, 8, 100);
     let _first = admission.admit().await.expect("a free slot");
     let second = admission.admit().await.expect("a free slot");
-    let stale = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(drop) }
-    });
+    let stale = waiter(&admission);
     until_queued(&admission, 1).await;
     tokio::time::sleep(FRESH * 3).await;
     queued_now(&admission);
@@ -225,7 +216,7 @@ async fn a_waiter_whose_wait_ran_out_takes_a_slot_no_arrival_took() {
         "left for an arrival that never comes"
     );
     assert_eq!(
-        stale.await.expect("the task ran"),
+        stale.await.expect("the task ran").map(drop),
         Ok(()),
         "taken when the wait ran out"
     );
@@ -237,10 +228,7 @@ async fn after_a_burst_a_stale_waiter_gets_the_next_freed_slot() {
     let admission = admission(2, 8, 5_000);
     let _first = admission.admit().await.expect("a free slot");
     let second = admission.admit().await.expect("a free slot");
-    let stale = tokio::spawn({
-        let admission = admission.clone();
-        async move { admission.admit().await.map(drop) }
-    });
+    let stale = waiter(&admission);
     until_queued(&admission, 1).await;
     // The burst is over: nothing has queued since the waiter, which is stale by now.
     tokio::time::sleep(ARRIVING.max(FRESH) * 3).await;
@@ -248,6 +236,6 @@ async fn after_a_burst_a_stale_waiter_gets_the_next_freed_slot() {
     let served = tokio::time::timeout(Duration::from_secs(1), stale)
         .await
         .expect("served at once, not left to wait out its 5 s while a slot stood free");
-    assert_eq!(served.expect("the task ran"), Ok(()));
+    assert_eq!(served.expect("the task ran").map(drop), Ok(()));
     assert_eq!((admission.in_flight(), admission.shed()), (1, 0));
 }

@@ -318,22 +318,14 @@ impl RedisCounterStore {
         Err(StoreError::Misconfigured(why))
     }
 
-    /// Runs `call` of `script` under the circuit breaker and the timeout.
     /// One script call, as a `redis` child span of the request when traces are exported.
     async fn exec(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
-        let span = match within_a_request() {
-            true => tracing::trace_span!(
-                "redis",
-                otel.name = "redis EVALSHA",
-                otel.kind = "client",
-                db.system = "redis",
-                db.operation = "EVALSHA",
-            ),
-            false => tracing::Span::none(),
-        };
-        self.exec_script(script, call).instrument(span).await
+        self.exec_script(script, call)
+            .instrument(redis_span("redis EVALSHA"))
+            .await
     }
 
+    /// Runs `call` of `script` under the circuit breaker and the timeout.
     async fn exec_script(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
         if let Some(why) = self.refusal.get() {
             return Err(StoreError::Misconfigured(why));
@@ -390,15 +382,6 @@ impl RedisCounterStore {
 
     /// Runs a plain command (no script) under the timeout.
     async fn plain<T: redis::FromRedisValue>(&self, call: &Cmd) -> Result<T, StoreError> {
-        let span = match within_a_request() {
-            true => tracing::trace_span!(
-                "redis",
-                otel.name = "redis command",
-                otel.kind = "client",
-                db.system = "redis",
-            ),
-            false => tracing::Span::none(),
-        };
         async {
             match self.connection().await? {
                 Connection::Standalone(mut c) => {
@@ -407,15 +390,24 @@ impl RedisCounterStore {
                 Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
             }
         }
-        .instrument(span)
+        .instrument(redis_span("redis command"))
         .await
     }
 }
 
-/// Whether spans are exported and the caller runs inside one (a request's): background
-/// work (the drain, the sweeper, rebuilds) makes no span of its own for each Redis call.
-fn within_a_request() -> bool {
-    crate::logs::spans_exported() && !tracing::Span::current().is_none()
+/// The span of one Redis call named `name`: a client child span of the request when spans
+/// are exported and the caller runs inside one; none for background work (the drain, the
+/// sweeper, rebuilds), which makes no span per call.
+fn redis_span(name: &'static str) -> tracing::Span {
+    if !crate::logs::spans_exported() || tracing::Span::current().is_none() {
+        return tracing::Span::none();
+    }
+    tracing::trace_span!(
+        "redis",
+        otel.name = name,
+        otel.kind = "client",
+        db.system = "redis",
+    )
 }
 
 /// Sends `call`; if the server has lost `script` (NOSCRIPT: a restart, a failover, a
