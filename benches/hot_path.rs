@@ -60,6 +60,8 @@ fn policy(id: &str, measure: Measure, window: Window) -> Policy {
             enabled: true,
             ledger_denials: false,
             description: String::new(),
+            scope: Default::default(),
+            conditions: Default::default(),
         },
         created_at: now(),
         updated_at: now(),

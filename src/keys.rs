@@ -33,7 +33,7 @@
 //! for the key itself. A calendar counter of a short action and subject (`sms`, `u12345`)
 //! has a 28-byte name.
 
-use crate::domain::{Action, Policy, Subject};
+use crate::domain::{Action, Budget, Policy, Subject};
 
 /// How many shards (hash tags) keys are spread over.
 pub const SHARDS: u16 = 64;
@@ -64,6 +64,59 @@ pub(crate) fn shard(action: &str, subject: &str) -> u16 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     (hash % u64::from(SHARDS)) as u16
+}
+
+/// The shard of a budget shared by subjects (its scope names no subject): FNV-1a over the
+/// action, a 0xFE byte (never in UTF-8, so never a [`shard`] input), then the budget's keys
+/// and values in key order, separated by 0xFF, modulo [`SHARDS`]. Every policy of an action
+/// with the same scope keys and values shares it. Fixed forever, like [`shard`].
+pub(crate) fn budget_shard(action: &str, budget: &Budget) -> u16 {
+    let mut pairs: Vec<(&str, &str)> = budget.iter().collect();
+    pairs.sort_unstable();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |byte: u8| {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    action.bytes().for_each(&mut eat);
+    eat(0xfe);
+    for (key, value) in pairs {
+        eat(0xff);
+        key.bytes().for_each(&mut eat);
+        eat(0xff);
+        value.bytes().for_each(&mut eat);
+    }
+    (hash % u64::from(SHARDS)) as u16
+}
+
+/// The counter of a budget shared by subjects, `<p>{<s>}<policy key>[<period>]<action>|`
+/// then the budget's values in scope order, each but the last as `<length>:<value>` (the
+/// policy key fixes how many there are; the global budget has none), in
+/// [`budget_shard`]'s shard.
+pub(crate) fn shared_counter(
+    prefix: &str,
+    action: &Action,
+    policy_key: &PolicyKey,
+    period: Option<i64>,
+    budget: &Budget,
+) -> String {
+    let mut key = shard_prefix(prefix, budget_shard(action.as_str(), budget));
+    key.push_str(policy_key.as_str());
+    if let Some(period) = period {
+        push_period(&mut key, period);
+    }
+    key.push_str(action.as_str());
+    key.push('|');
+    let values: Vec<&str> = budget.iter().map(|(_, value)| value).collect();
+    if let Some((last, rest)) = values.split_last() {
+        for value in rest {
+            key.push_str(&value.len().to_string());
+            key.push(':');
+            key.push_str(value);
+        }
+        key.push_str(last);
+    }
+    key
 }
 
 /// The shard a hash tag names (the inverse of the name [`shard_prefix`] gives it).
@@ -144,11 +197,20 @@ pub fn policy_key(policy: &Policy) -> PolicyKey {
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
     let window = policy.spec.window.fingerprint();
-    let parts = [
+    // A fourth part only for a scope other than the default, so that every policy keeps
+    // the key it had before scopes existed.
+    let scope = match policy.spec.scope.is_default() {
+        true => String::new(),
+        false => format!("s:{}", policy.spec.scope.names()),
+    };
+    let mut parts = vec![
         policy.id.as_str().as_bytes(),
         policy.spec.measure.as_str().as_bytes(),
         window.as_bytes(),
     ];
+    if !scope.is_empty() {
+        parts.push(scope.as_bytes());
+    }
     let mut hash = FNV_OFFSET;
     for (i, part) in parts.iter().enumerate() {
         let separator = (i > 0).then_some(&0xff_u8);
@@ -195,6 +257,19 @@ pub struct SubjectKeys {
     tail: String,
 }
 
+/// The subject's part of a counter key under a scope naming more than the subject: the
+/// other values in scope order, each as `<length in bytes>:<value>`, then the subject.
+/// Injective: a policy's scope fixes how many values come before the subject.
+fn push_budget(key: &mut String, budget: &Budget) {
+    for (name, value) in budget.iter() {
+        if name != crate::domain::SUBJECT_KEY {
+            key.push_str(&value.len().to_string());
+            key.push(':');
+            key.push_str(value);
+        }
+    }
+}
+
 impl SubjectKeys {
     /// The keys of `subject` doing `action` under `prefix`.
     pub fn new(prefix: &str, action: &Action, subject: &Subject) -> Self {
@@ -221,6 +296,26 @@ impl SubjectKeys {
             push_period(&mut key, period);
         }
         key.push_str(&self.tail);
+        key
+    }
+
+    /// The counter key of the policy with `policy_key` for `budget`, one of the subject's
+    /// own (its scope names the subject): the default scope's is [`SubjectKeys::counter`].
+    pub fn budget_counter(
+        &self,
+        policy_key: &PolicyKey,
+        period: Option<i64>,
+        budget: &Budget,
+    ) -> String {
+        if budget.is_subject_only() {
+            return self.counter(policy_key, period);
+        }
+        let mut key = self.counter(policy_key, period);
+        // Everything up to `<action>|`, then the budget's other values and the subject.
+        let subject_len = self.tail.len() - self.tail.find('|').map_or(0, |bar| bar + 1);
+        let subject = key.split_off(key.len() - subject_len);
+        push_budget(&mut key, budget);
+        key.push_str(&subject);
         key
     }
 
@@ -269,6 +364,8 @@ mod tests {
                 enabled: true,
                 ledger_denials: false,
                 description: String::new(),
+                scope: Default::default(),
+                conditions: Default::default(),
             },
             created_at: DateTime::UNIX_EPOCH,
             updated_at: DateTime::UNIX_EPOCH,

@@ -2,11 +2,12 @@
 
 use super::wire::{whole_number, Slug, TimeZoneName};
 use crate::domain::{
-    Action, CalendarPeriod, FieldErrors, Measure, Mode, Override, OverrideSpec, Policy, PolicyId,
-    PolicySpec, Quantity, Window,
+    Action, CalendarPeriod, FieldErrors, Match, Measure, Mode, Override, OverrideSpec, Policy,
+    PolicyId, PolicySpec, Quantity, Scope, Window,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use utoipa::openapi::schema::Schema;
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
@@ -112,6 +113,17 @@ pub(crate) struct PolicyInput {
     /// Free text, at most 1,024 characters.
     #[schema(max_length = 1024)]
     pub(crate) description: Option<String>,
+    /// The keys whose values name one budget of the policy: `subject` or attribute keys
+    /// (`[a-z][a-z0-9_]{0,31}`), at most 4, no repeats. Default `["subject"]`: one budget
+    /// per subject. A request lacking an attribute the scope names is 422.
+    #[schema(max_items = 4, example = json!(["subject"]))]
+    pub(crate) scope: Option<Vec<String>>,
+    /// When the policy applies: for every key (`subject` or an attribute), the request's
+    /// value is one of those listed (1-64 per key). Absent or `{}`: always. With `limit: 0`
+    /// it is a deny list.
+    #[serde(rename = "match")]
+    #[schema(example = json!({"plan": ["free"]}))]
+    pub(crate) conditions: Option<BTreeMap<String, Vec<String>>>,
 }
 
 /// A policy as created by `POST`: a [`PolicyInput`] whose `id` is required.
@@ -165,6 +177,11 @@ pub(crate) struct PolicyOut {
     pub(crate) ledger_denials: bool,
     /// Free text.
     pub(crate) description: String,
+    /// The keys whose values name one budget (`["subject"]`: one per subject).
+    pub(crate) scope: Vec<String>,
+    /// When it applies (`{}`: always).
+    #[serde(rename = "match")]
+    pub(crate) conditions: BTreeMap<String, Vec<String>>,
     /// When it was created.
     pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.
@@ -307,28 +324,54 @@ impl PolicyInput {
         }
         let unit = text(&mut errors, "unit", self.unit, 64);
         let description = text(&mut errors, "description", self.description, MAX_TEXT);
-        match (action, limit, window) {
-            (Some(action), Some(limit), Some(window)) if errors.0.is_empty() => Ok((
-                id,
-                PolicySpec {
-                    action,
-                    measure: match self.measure {
-                        MeasureDto::Count => Measure::Count,
-                        MeasureDto::Amount => Measure::Amount,
+        let scope = match self.scope {
+            None => Some(Scope::default()),
+            Some(keys) => take_all(&mut errors, Scope::parse("scope", &keys)),
+        };
+
+        let conditions = match self.conditions {
+            None => Some(Match::default()),
+            Some(map) => take_all(&mut errors, Match::parse("match", map)),
+        };
+        match (action, limit, window, scope, conditions) {
+            (Some(action), Some(limit), Some(window), Some(scope), Some(conditions))
+                if errors.0.is_empty() =>
+            {
+                Ok((
+                    id,
+                    PolicySpec {
+                        action,
+                        measure: match self.measure {
+                            MeasureDto::Count => Measure::Count,
+                            MeasureDto::Amount => Measure::Amount,
+                        },
+                        unit,
+                        limit,
+                        window,
+                        mode: match self.mode {
+                            Some(ModeDto::Shadow) => Mode::Shadow,
+                            _ => Mode::Enforce,
+                        },
+                        enabled: self.enabled.unwrap_or(true),
+                        ledger_denials: self.ledger_denials.unwrap_or(false),
+                        description: description.unwrap_or_default(),
+                        scope,
+                        conditions,
                     },
-                    unit,
-                    limit,
-                    window,
-                    mode: match self.mode {
-                        Some(ModeDto::Shadow) => Mode::Shadow,
-                        _ => Mode::Enforce,
-                    },
-                    enabled: self.enabled.unwrap_or(true),
-                    ledger_denials: self.ledger_denials.unwrap_or(false),
-                    description: description.unwrap_or_default(),
-                },
-            )),
+                ))
+            }
             _ => Err(errors),
+        }
+    }
+}
+
+/// The value of `parsed`, or `None` with its errors added to `errors`.
+fn take_all<T>(errors: &mut FieldErrors, parsed: Result<T, FieldErrors>) -> Option<T> {
+    match parsed {
+        Ok(value) => Some(value),
+        Err(more) => {
+            errors.0.extend(more.0);
+            None
         }
     }
 }
@@ -352,6 +395,19 @@ impl From<&Policy> for PolicyOut {
             enabled: p.spec.enabled,
             ledger_denials: p.spec.ledger_denials,
             description: p.spec.description.clone(),
+            scope: p
+                .spec
+                .scope
+                .keys()
+                .iter()
+                .map(|k| k.as_str().to_owned())
+                .collect(),
+            conditions: p
+                .spec
+                .conditions
+                .iter()
+                .map(|(k, values)| (k.to_owned(), values.iter().cloned().collect()))
+                .collect(),
             created_at: p.created_at,
             updated_at: p.updated_at,
             version: p.version,

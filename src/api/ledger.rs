@@ -2,14 +2,15 @@
 
 use super::extract::ClientAuth;
 use super::problem::{ApiError, Problem};
-use super::wire::{Slug, SubjectText};
+use super::wire::{AttributesMap, Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, FieldError, FieldErrors, Subject};
-use crate::domain::{EntryKind, LedgerEntry, PolicyAmount};
+use crate::domain::{EntryKind, LedgerEntry};
 use crate::engine::ledger::{LedgerFilter, MAX_PAGE};
 use actix_web::{get, web};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 
 /// Entries per page when `limit` is not given.
@@ -58,6 +59,9 @@ pub(crate) struct PolicyAmountOut {
     /// a deny, the units asked for.
     #[schema(maximum = 9007199254740991_i64)]
     pub(crate) amount: u64,
+    /// The budget the units went to (see the consume answer's `budget`).
+    #[schema(example = json!({"subject": "user-42"}))]
+    pub(crate) budget: BTreeMap<String, String>,
 }
 
 /// A ledger entry as served.
@@ -86,6 +90,9 @@ pub(crate) struct LedgerEntryOut {
     pub(crate) idempotency_key: Option<String>,
     /// Per policy amounts.
     pub(crate) policies: Vec<PolicyAmountOut>,
+    /// The request's attributes (a give-back's are those of its charge or hold).
+    #[schema(value_type = AttributesMap)]
+    pub(crate) attributes: BTreeMap<String, String>,
 }
 
 impl From<&LedgerEntry> for LedgerEntryOut {
@@ -100,16 +107,20 @@ impl From<&LedgerEntry> for LedgerEntryOut {
             consumption_id: e.consumption_id.map(|id| id.to_string()),
             hold_id: e.hold_id.map(|id| id.to_string()),
             idempotency_key: e.idempotency_key.as_ref().map(ToString::to_string),
-            policies: e.policies.iter().map(PolicyAmountOut::from).collect(),
-        }
-    }
-}
-
-impl From<&PolicyAmount> for PolicyAmountOut {
-    fn from(p: &PolicyAmount) -> Self {
-        Self {
-            policy_id: p.policy_id.to_string(),
-            amount: p.amount,
+            policies: e
+                .policies
+                .iter()
+                .map(|p| PolicyAmountOut {
+                    policy_id: p.policy_id.to_string(),
+                    amount: p.amount,
+                    budget: super::quota::budget_out(&e.budget(&p.scope)),
+                })
+                .collect(),
+            attributes: e
+                .attributes
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
         }
     }
 }

@@ -4,7 +4,9 @@ use super::extract::{parse_json, ApiJson, ClientAuth};
 use super::ledger::LedgerEntryOut;
 use super::problem::{ApiError, Problem};
 use super::quota::{idempotency_key, parse, respond, usage_of, ConsumeAnswer, PolicyUsage};
-use super::wire::{optional_whole_number, whole_number, IdempotencyKey, Slug, SubjectText};
+use super::wire::{
+    optional_whole_number, whole_number, AttributesMap, IdempotencyKey, Slug, SubjectText,
+};
 use super::AppState;
 use crate::domain::{ConsumptionId, FieldErrors, HoldId, Quantity};
 use crate::engine::giveback::Settle;
@@ -54,6 +56,9 @@ pub(crate) struct HoldInput {
     /// Makes retries safe (scoped to action + subject).
     #[schema(value_type = Option<IdempotencyKey>)]
     pub(crate) idempotency_key: Option<String>,
+    /// What policies' `scope` and `match` read, e.g. `{"country": "NG"}`.
+    #[schema(value_type = Option<AttributesMap>)]
+    pub(crate) attributes: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The answer to a hold: the consume answer plus the hold.
@@ -187,6 +192,7 @@ pub(crate) async fn create_hold(
         &input.subject,
         input.amount,
         input.idempotency_key,
+        input.attributes,
         &mut errors,
     )
     .ok_or_else(|| ApiError::from(errors))?;

@@ -3,15 +3,16 @@
 use super::dto::{MeasureDto, ModeDto};
 use super::extract::{ApiJson, ClientAuth};
 use super::problem::{ApiError, Problem};
-use super::wire::{optional_whole_number, IdempotencyKey, Slug, SubjectText};
+use super::wire::{optional_whole_number, AttributesMap, IdempotencyKey, Slug, SubjectText};
 use super::AppState;
-use crate::domain::{Action, FieldErrors, Measure, Mode, Quantity, Subject};
+use crate::domain::{Action, Attributes, Budget, FieldErrors, Measure, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, PolicyDecision};
 use crate::metrics::Endpoint;
 use actix_web::http::{header, StatusCode};
 use actix_web::{get, post, web, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 
 /// A request to charge (or check) an amount.
@@ -34,6 +35,9 @@ pub(crate) struct ConsumeInput {
     /// longest window charged. Only charged answers are kept: a denied consume may be retried.
     #[schema(value_type = Option<IdempotencyKey>)]
     pub(crate) idempotency_key: Option<String>,
+    /// What policies' `scope` and `match` read, e.g. `{"country": "NG"}`.
+    #[schema(value_type = Option<AttributesMap>)]
+    pub(crate) attributes: Option<BTreeMap<String, String>>,
 }
 
 /// One policy's part of an answer.
@@ -56,6 +60,18 @@ pub(crate) struct PolicyUsage {
     pub(crate) resets_at: DateTime<Utc>,
     /// Whether this policy alone allows the request (shadow policies report, never deny).
     pub(crate) allowed: bool,
+    /// The budget the request falls in: the values of the policy's scope, e.g.
+    /// `{"subject": "user-42"}` (the default scope), `{"country": "NG"}`, `{}` (global).
+    #[schema(example = json!({"subject": "user-42"}))]
+    pub(crate) budget: BTreeMap<String, String>,
+}
+
+/// A budget as answers name it: its scope's keys and values.
+pub(super) fn budget_out(budget: &Budget) -> BTreeMap<String, String> {
+    budget
+        .iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
 }
 
 /// The answer to a consume or check (the same shape for 200 and 429).
@@ -92,7 +108,8 @@ pub(crate) struct UsageAnswer {
     pub(crate) policies: Vec<PolicyUsage>,
 }
 
-/// Which usage to read. Both are required; a missing one is named in the 422.
+/// Which usage to read. Both are required; a missing one is named in the 422. Attributes
+/// come as `attributes[<key>]=<value>` (declared beside these).
 #[derive(Debug, Deserialize, IntoParams)]
 pub(crate) struct UsageQuery {
     /// The action.
@@ -101,6 +118,34 @@ pub(crate) struct UsageQuery {
     /// The subject.
     #[param(required = true, value_type = SubjectText, example = "user-42")]
     pub(crate) subject: Option<String>,
+    /// Every other parameter: `attributes[<key>]` ones, any other is refused.
+    #[serde(flatten)]
+    #[param(ignore)]
+    pub(crate) rest: BTreeMap<String, String>,
+}
+
+/// The attributes of a usage query: its `attributes[<key>]=<value>` parameters; any other
+/// unknown parameter is an error.
+fn usage_attributes(
+    rest: &BTreeMap<String, String>,
+    errors: &mut FieldErrors,
+) -> Option<Attributes> {
+    let mut map = BTreeMap::new();
+    for (name, value) in rest {
+        match name
+            .strip_prefix("attributes[")
+            .and_then(|n| n.strip_suffix(']'))
+        {
+            Some(key) => {
+                map.insert(key.to_owned(), value.clone());
+            }
+            None => errors.push(crate::domain::FieldError::new(
+                name.as_str(),
+                "unknown query parameter (attributes go as attributes[<key>]=<value>)",
+            )),
+        }
+    }
+    attributes(Some(map), errors)
 }
 
 pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
@@ -119,6 +164,7 @@ pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
         remaining: p.remaining,
         resets_at: p.resets_at,
         allowed: p.allowed,
+        budget: budget_out(&p.budget),
     }
 }
 
@@ -137,12 +183,27 @@ pub(super) fn idempotency_key(
         })
 }
 
+/// Parses a request's attributes, adding any error to `errors`.
+pub(super) fn attributes(
+    map: Option<BTreeMap<String, String>>,
+    errors: &mut FieldErrors,
+) -> Option<Attributes> {
+    match Attributes::parse("attributes", map.unwrap_or_default()) {
+        Ok(attributes) => Some(attributes),
+        Err(more) => {
+            errors.0.extend(more.0);
+            None
+        }
+    }
+}
+
 /// Validates a consume (or hold) body into an engine request, collecting field errors.
 pub(super) fn parse(
     action: &str,
     subject: &str,
     amount: Option<i64>,
     key: Option<String>,
+    attributes: Option<BTreeMap<String, String>>,
     errors: &mut FieldErrors,
 ) -> Option<ConsumeRequest> {
     let action = errors.take(Action::parse("action", action));
@@ -152,8 +213,9 @@ pub(super) fn parse(
         i128::from(amount.unwrap_or(1)),
     ));
     let idempotency_key = errors.take(idempotency_key(key));
-    match (action, subject, amount, idempotency_key) {
-        (Some(action), Some(subject), Some(amount), Some(idempotency_key))
+    let attributes = self::attributes(attributes, errors);
+    match (action, subject, amount, idempotency_key, attributes) {
+        (Some(action), Some(subject), Some(amount), Some(idempotency_key), Some(attributes))
             if errors.0.is_empty() =>
         {
             Some(ConsumeRequest {
@@ -161,6 +223,7 @@ pub(super) fn parse(
                 subject,
                 amount,
                 idempotency_key,
+                attributes,
             })
         }
         _ => None,
@@ -174,6 +237,7 @@ fn parse_consume(input: &ConsumeInput) -> Result<ConsumeRequest, ApiError> {
         &input.subject,
         input.amount,
         input.idempotency_key.clone(),
+        input.attributes.clone(),
         &mut errors,
     )
     .ok_or_else(|| errors.into())
@@ -347,7 +411,11 @@ pub(crate) async fn check(
 /// Current usage per enabled policy of the action, for one subject.
 #[utoipa::path(
     tag = "quota",
-    params(UsageQuery),
+    params(
+        UsageQuery,
+        ("attributes" = Option<AttributesMap>, Query, style = DeepObject, explode,
+            description = "The request's attributes, as `attributes[country]=NG`: what the policies' `scope` and `match` read"),
+    ),
     responses(
         (status = 200, description = "Usage", body = UsageAnswer),
         (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
@@ -372,10 +440,13 @@ pub(crate) async fn usage(
         "subject",
         query.subject.as_deref().unwrap_or(""),
     ));
-    let (Some(action), Some(subject)) = (action, subject) else {
+    let attributes = usage_attributes(&query.rest, &mut errors);
+    let (Some(action), Some(subject), Some(attributes), true) =
+        (action, subject, attributes, errors.0.is_empty())
+    else {
         return Err(errors.into());
     };
-    let outcome = state.engine.usage(&action, &subject).await;
+    let outcome = state.engine.usage(&action, &subject, &attributes).await;
     state.metrics.observe_store(outcome.as_ref());
     let decision = outcome?;
     Ok(web::Json(UsageAnswer {

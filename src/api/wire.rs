@@ -104,6 +104,42 @@ impl ToSchema for TimeZoneName {
     }
 }
 
+/// Schema of a request's attributes (see `domain::budget`): at most 16 keys of
+/// `[a-z][a-z0-9_]{0,31}` (not `subject`), each a string of 1-128 printable characters.
+#[derive(Debug)]
+pub(crate) struct AttributesMap;
+
+impl PartialSchema for AttributesMap {
+    fn schema() -> RefOr<Schema> {
+        let value = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(128))
+            .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"));
+        let name = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[a-z][a-z0-9_]{0,31}$"));
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "Attributes of the request, e.g. `{\"country\": \"NG\", \"plan\": \"free\"}`: \
+                 at most 16 keys of `[a-z][a-z0-9_]{0,31}` (not `subject`), each a string of \
+                 1-128 printable characters. A policy's `scope` and `match` name them.",
+            ))
+            .max_properties(Some(crate::domain::MAX_ATTRIBUTES))
+            .property_names(Some(name))
+            .additional_properties(Some(value))
+            .examples([serde_json::json!({"country": "NG", "plan": "free"})])
+            .into()
+    }
+}
+
+impl ToSchema for AttributesMap {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Attributes")
+    }
+}
+
 /// Reads a JSON Schema `integer`: any JSON number without a fractional part, so `3`, `3.0`
 /// and `3e2` alike; `1.5` is an error naming the field (422).
 ///

@@ -414,13 +414,15 @@ pub async fn export(remote: &Remote, json_format: bool) -> anyhow::Result<String
 
 /// The order an exported policy's fields are written in: the API's, `id` first, so that a
 /// file reads (and diffs) like the policies it came from. Nested objects keep theirs.
-const FIELD_ORDER: [&str; 10] = [
+const FIELD_ORDER: [&str; 12] = [
     "id",
     "action",
     "measure",
     "unit",
     "limit",
     "window",
+    "scope",
+    "match",
     "mode",
     "enabled",
     "ledger_denials",

@@ -225,6 +225,11 @@ impl Harness {
         format!("ql-test:{{{}}}:{name}", self.tag)
     }
 
+    /// A key of this test under another hash tag (another shard, another cluster slot).
+    pub(super) fn other_tag_key(&self, name: &str) -> String {
+        format!("ql-test:{{{}-2}}:{name}", self.tag)
+    }
+
     /// Evaluates and expects an answer.
     pub(super) async fn eval(&self, now_ms: i64, charges: &[Charge], commit: bool) -> Evaluation {
         self.store

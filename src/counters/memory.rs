@@ -39,8 +39,10 @@ const SWEEP_MIN_CALLS: usize = 64;
 ///
 /// Each shard is a `std::sync::Mutex`, not a Tokio one: the critical section is a few hash-map
 /// operations with no `.await` inside, so a blocking lock is both correct and cheaper, and an
-/// async mutex would only add a queue. All keys of one decision share a hash tag and therefore
-/// a shard, so a decision takes exactly one lock, once, which makes it atomic.
+/// async mutex would only add a queue. The keys of one subject share a hash tag and therefore
+/// a shard, so most decisions take one lock, once, which makes them atomic; one that also
+/// charges budgets shared by subjects (other hash tags) takes every shard it touches
+/// ([`MemoryCounterStore::with_keys`]).
 pub struct MemoryCounterStore {
     /// The shards, chosen by hashing a key's hash tag.
     shards: Box<[Mutex<Shard>]>,
@@ -77,9 +79,47 @@ impl MemoryCounterStore {
 
     /// The shard that holds every key carrying the same hash tag as `key`.
     fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[self.shard_index(key)]
+    }
+
+    fn shard_index(&self, key: &str) -> usize {
         let hash = self.hasher.hash_one(hash_tag(key));
         // The modulo keeps the value below SHARDS, so the cast cannot truncate.
-        &self.shards[(hash % SHARDS as u64) as usize]
+        (hash % SHARDS as u64) as usize
+    }
+
+    /// Runs `f` atomically over `keys` (at least one): on the shard of the first key, with
+    /// the entries of the other keys moved into it for the call and back after it. Every
+    /// shard involved is locked for the whole call, in ascending order (never a deadlock).
+    fn with_keys<R>(&self, keys: &[&str], f: impl FnOnce(&mut Shard) -> R) -> R {
+        let anchor = keys.first().map_or(0, |key| self.shard_index(key));
+        let foreign: Vec<(&str, usize)> = keys
+            .iter()
+            .map(|key| (*key, self.shard_index(key)))
+            .filter(|(_, index)| *index != anchor)
+            .collect();
+        if foreign.is_empty() {
+            return f(&mut lock(&self.shards[anchor]));
+        }
+        let mut order: Vec<usize> = foreign.iter().map(|(_, index)| *index).collect();
+        order.push(anchor);
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<_> = order.iter().map(|&i| lock(&self.shards[i])).collect();
+        let at = |index: usize| order.iter().position(|&i| i == index).unwrap_or(0);
+        let home = at(anchor);
+        for (key, index) in &foreign {
+            if let Some(entry) = guards[at(*index)].entries.remove(*key) {
+                guards[home].entries.insert((*key).to_owned(), entry);
+            }
+        }
+        let result = f(&mut guards[home]);
+        for (key, index) in &foreign {
+            if let Some(entry) = guards[home].entries.remove(*key) {
+                guards[at(*index)].entries.insert((*key).to_owned(), entry);
+            }
+        }
+        result
     }
 
     /// Milliseconds until `key` expires as seen at `now_ms`, `None` if it is absent.
@@ -170,15 +210,15 @@ impl CounterStore for MemoryCounterStore {
         charges: &[Charge],
         commit: bool,
     ) -> Result<Evaluation, StoreError> {
-        check_charges(now_ms, charges)?;
-        let Some(first) = charges.first() else {
+        check_charges(now_ms, charges, true)?;
+        if charges.is_empty() {
             return Ok(Evaluation {
                 allowed: true,
                 outcomes: Vec::new(),
             });
-        };
-        let mut guard = lock(self.shard(&first.key));
-        evaluate_in(&mut guard, now_ms, charges, commit)
+        }
+        let keys: Vec<&str> = charges.iter().map(|c| c.key.as_str()).collect();
+        self.with_keys(&keys, |shard| evaluate_in(shard, now_ms, charges, commit))
     }
 
     async fn decide(
@@ -188,127 +228,31 @@ impl CounterStore for MemoryCounterStore {
         commit: bool,
         effects: &Effects,
     ) -> Result<Decided, StoreError> {
-        check_charges(now_ms, charges)?;
-        let Some(first) = charges.first() else {
+        check_charges(now_ms, charges, true)?;
+        let mut keys: Vec<&str> = charges.iter().map(|c| c.key.as_str()).collect();
+        keys.extend(effects.idempotency.as_ref().map(|i| i.key.as_str()));
+        if let Some(hold) = &effects.hold {
+            keys.extend([hold.record_key.as_str(), hold.index_key.as_str()]);
+        }
+        if keys.is_empty() {
             return Ok(Decided::Fresh(Evaluation {
                 allowed: true,
                 outcomes: Vec::new(),
             }));
-        };
-        let mut guard = lock(self.shard(&first.key));
-        let shard = &mut *guard;
-        if let Some(idem) = &effects.idempotency {
-            if let Some(kept) = counting::text(shard.entries.get(&idem.key), now_ms) {
-                return codec::decode_replay(kept);
-            }
         }
-        let evaluation = evaluate_in(shard, now_ms, charges, commit)?;
-        if commit && evaluation.allowed {
-            if let Some(idem) = &effects.idempotency {
-                let kept = codec::encode_replay(&idem.record, &evaluation);
-                counting::set_text(&mut shard.entries, &idem.key, kept, now_ms + idem.ttl_ms);
-            }
-            if let Some(hold) = &effects.hold {
-                let kept = format!("open\n{}", hold.record);
-                counting::set_text(
-                    &mut shard.entries,
-                    &hold.record_key,
-                    kept,
-                    now_ms + hold.ttl_ms,
-                );
-                counting::index_add(
-                    &mut shard.entries,
-                    &hold.index_key,
-                    &hold.hold_id,
-                    hold.expires_at_ms,
-                );
-            }
-        }
-        Ok(Decided::Fresh(evaluation))
+        self.with_keys(&keys, |shard| {
+            decide_in(shard, now_ms, charges, commit, effects)
+        })
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
-        let mut guard = lock(self.shard(&request.control_key));
-        let entries = &mut guard.entries;
-        if let Some(idem) = &request.idempotency {
-            if let Some(kept) = counting::text(entries.get(&idem.key), now_ms) {
-                return Ok(GivenBack::Replayed(kept.to_owned()));
-            }
-        }
-        let step = match request.kind {
-            GiveBackKind::Refund {
-                amount,
-                total,
-                refunded,
-            } => refund_step(
-                entries,
-                &request.control_key,
-                now_ms,
-                amount,
-                total,
-                refunded,
-            ),
-            GiveBackKind::Commit {
-                settle,
-                total,
-                expires_at_ms,
-            } => settle_step(
-                entries,
-                request,
-                now_ms,
-                ("committed", false, total - settle, expires_at_ms),
-            ),
-            GiveBackKind::Release {
-                total,
-                expires_at_ms,
-            } => settle_step(
-                entries,
-                request,
-                now_ms,
-                ("released", true, total, expires_at_ms),
-            ),
-            GiveBackKind::Expire {
-                total,
-                expires_at_ms,
-            } => settle_step(
-                entries,
-                request,
-                now_ms,
-                ("expired", true, total, expires_at_ms),
-            ),
-        };
-        let (full, by_amount_gets, result) = match step {
-            Ok(step) => step,
-            Err(answer) => return Ok(answer),
-        };
-        for counter in &request.counters {
-            let give = match (counter.by_amount, full) {
-                (true, _) => by_amount_gets.min(counter.charged),
-                (false, true) => counter.charged,
-                (false, false) => 0,
-            };
-            if give > 0 {
-                counting::restore(
-                    entries.get_mut(&counter.key),
-                    &counter.restore,
-                    give,
-                    now_ms,
-                );
-            }
-        }
-        if matches!(request.kind, GiveBackKind::Refund { .. }) {
-            counting::set_text(
-                entries,
-                &request.control_key,
-                result.to_string(),
-                now_ms + REFUNDED_TTL_MS,
-            );
-        }
-        if let Some(idem) = &request.idempotency {
-            let kept = format!("{}\n{result}", idem.record);
-            counting::set_text(entries, &idem.key, kept, now_ms + idem.ttl_ms);
-        }
-        Ok(GivenBack::Done { refunded: result })
+        let mut keys = vec![request.control_key.as_str()];
+        keys.extend(request.counters.iter().map(|c| c.key.as_str()));
+        keys.extend(request.hold_index.as_ref().map(|(index, _)| index.as_str()));
+        keys.extend(request.idempotency.as_ref().map(|i| i.key.as_str()));
+        self.with_keys(&keys, |shard| {
+            give_back_in(&mut shard.entries, now_ms, request)
+        })
     }
 
     async fn expired_holds(
@@ -333,6 +277,131 @@ impl CounterStore for MemoryCounterStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// A decision with its effects, on the shard holding every key it touches.
+fn decide_in(
+    shard: &mut Shard,
+    now_ms: i64,
+    charges: &[Charge],
+    commit: bool,
+    effects: &Effects,
+) -> Result<Decided, StoreError> {
+    if let Some(idem) = &effects.idempotency {
+        if let Some(kept) = counting::text(shard.entries.get(&idem.key), now_ms) {
+            return codec::decode_replay(kept);
+        }
+    }
+    let evaluation = evaluate_in(shard, now_ms, charges, commit)?;
+    if commit && evaluation.allowed {
+        if let Some(idem) = &effects.idempotency {
+            let kept = codec::encode_replay(&idem.record, &evaluation);
+            counting::set_text(&mut shard.entries, &idem.key, kept, now_ms + idem.ttl_ms);
+        }
+        if let Some(hold) = &effects.hold {
+            let kept = format!("open\n{}", hold.record);
+            counting::set_text(
+                &mut shard.entries,
+                &hold.record_key,
+                kept,
+                now_ms + hold.ttl_ms,
+            );
+            counting::index_add(
+                &mut shard.entries,
+                &hold.index_key,
+                &hold.hold_id,
+                hold.expires_at_ms,
+            );
+        }
+    }
+    Ok(Decided::Fresh(evaluation))
+}
+
+/// A give-back, on the shard holding every key it touches.
+fn give_back_in(
+    entries: &mut HashMap<String, Entry>,
+    now_ms: i64,
+    request: &GiveBack,
+) -> Result<GivenBack, StoreError> {
+    if let Some(idem) = &request.idempotency {
+        if let Some(kept) = counting::text(entries.get(&idem.key), now_ms) {
+            return Ok(GivenBack::Replayed(kept.to_owned()));
+        }
+    }
+    let step = match request.kind {
+        GiveBackKind::Refund {
+            amount,
+            total,
+            refunded,
+        } => refund_step(
+            entries,
+            &request.control_key,
+            now_ms,
+            amount,
+            total,
+            refunded,
+        ),
+        GiveBackKind::Commit {
+            settle,
+            total,
+            expires_at_ms,
+        } => settle_step(
+            entries,
+            request,
+            now_ms,
+            ("committed", false, total - settle, expires_at_ms),
+        ),
+        GiveBackKind::Release {
+            total,
+            expires_at_ms,
+        } => settle_step(
+            entries,
+            request,
+            now_ms,
+            ("released", true, total, expires_at_ms),
+        ),
+        GiveBackKind::Expire {
+            total,
+            expires_at_ms,
+        } => settle_step(
+            entries,
+            request,
+            now_ms,
+            ("expired", true, total, expires_at_ms),
+        ),
+    };
+    let (full, by_amount_gets, result) = match step {
+        Ok(step) => step,
+        Err(answer) => return Ok(answer),
+    };
+    for counter in &request.counters {
+        let give = match (counter.by_amount, full) {
+            (true, _) => by_amount_gets.min(counter.charged),
+            (false, true) => counter.charged,
+            (false, false) => 0,
+        };
+        if give > 0 {
+            counting::restore(
+                entries.get_mut(&counter.key),
+                &counter.restore,
+                give,
+                now_ms,
+            );
+        }
+    }
+    if matches!(request.kind, GiveBackKind::Refund { .. }) {
+        counting::set_text(
+            entries,
+            &request.control_key,
+            result.to_string(),
+            now_ms + REFUNDED_TTL_MS,
+        );
+    }
+    if let Some(idem) = &request.idempotency {
+        let kept = format!("{}\n{result}", idem.record);
+        counting::set_text(entries, &idem.key, kept, now_ms + idem.ttl_ms);
+    }
+    Ok(GivenBack::Done { refunded: result })
 }
 
 /// What a give-back returns to its counters: whether count policies get their charge back

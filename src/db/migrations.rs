@@ -31,6 +31,10 @@ pub(super) const POSTGRES: Files = &[
         "20261201090000_create_counter_snapshots.sql",
         include_str!("../../migrations/postgres/20261201090000_create_counter_snapshots.sql"),
     ),
+    (
+        "20261215090000_add_budget_columns.sql",
+        include_str!("../../migrations/postgres/20261215090000_add_budget_columns.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -50,6 +54,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261201090000_create_counter_snapshots.sql",
         include_str!("../../migrations/sqlite/20261201090000_create_counter_snapshots.sql"),
+    ),
+    (
+        "20261215090000_add_budget_columns.sql",
+        include_str!("../../migrations/sqlite/20261215090000_add_budget_columns.sql"),
     ),
 ];
 

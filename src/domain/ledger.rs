@@ -4,7 +4,7 @@
 //! know no format: stream entries and SQL columns are written and read by
 //! `engine::codec`, the one codec of every persisted record.
 
-use super::{Action, PolicyId, Subject};
+use super::{Action, Attributes, Budget, PolicyId, Scope, Subject};
 use chrono::{DateTime, Utc};
 use std::fmt;
 
@@ -66,6 +66,9 @@ pub struct PolicyAmount {
     /// Units charged (charge, hold) or given back (refund, commit, release, expire); for a
     /// deny, the units that were asked for.
     pub amount: u64,
+    /// The policy's scope when the entry was made: with the entry's subject and attributes,
+    /// it names the budget the units went to ([`LedgerEntry::budget`]).
+    pub scope: Scope,
 }
 
 /// How one counter gets units back, as it was when the charge was made.
@@ -110,6 +113,8 @@ pub struct CounterCharge {
     pub by_amount: bool,
     /// What the charge put on the counter.
     pub charged: u64,
+    /// The policy's scope: the budget the counter belongs to (see [`PolicyAmount::scope`]).
+    pub scope: Scope,
 }
 
 /// One ledger entry.
@@ -135,6 +140,8 @@ pub struct LedgerEntry {
     pub idempotency_key: Option<IdempotencyKey>,
     /// Per policy amounts.
     pub policies: Vec<PolicyAmount>,
+    /// The request's attributes (give-backs copy those of their charge or hold).
+    pub attributes: Attributes,
     /// Charges and holds: the counters charged, so that they can be given back. Empty for
     /// every other kind. Internal: not part of the public API.
     pub counters: Vec<CounterCharge>,
@@ -144,6 +151,14 @@ pub struct LedgerEntry {
     /// for retries, exactly as the counter store keeps it, so that a restart can keep it
     /// again. Internal.
     pub kept_answer: Option<KeptAnswer>,
+}
+
+impl LedgerEntry {
+    /// The budget of `scope` this entry's request fell in: the values of the scope's keys
+    /// (an entry always carries those its scopes name).
+    pub fn budget(&self, scope: &Scope) -> Budget {
+        scope.budget_of(&self.subject, &self.attributes)
+    }
 }
 
 /// The answer a counter store keeps under an idempotency key, and until when.

@@ -4,6 +4,7 @@
 //! Everything here is parsed once at the edge (the API or a store row) and is valid by
 //! construction afterwards. Nothing in this module knows HTTP, SQL or Redis.
 
+mod budget;
 mod error;
 mod ids;
 mod ledger;
@@ -11,6 +12,7 @@ mod policy;
 mod quantity;
 mod window;
 
+pub use budget::{Attributes, Budget, Match, Scope, ScopeKey, MAX_ATTRIBUTES, SUBJECT_KEY};
 pub(crate) use error::{FieldError, FieldErrors};
 pub use ids::{Action, PolicyId, Subject};
 pub use ledger::{

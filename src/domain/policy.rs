@@ -1,6 +1,6 @@
 //! Policies (a limit on an action) and per-subject overrides.
 
-use super::{Action, FieldError, PolicyId, Quantity, Subject, Window};
+use super::{Action, FieldError, Match, PolicyId, Quantity, Scope, Subject, Window};
 use chrono::{DateTime, Utc};
 
 /// What one consume charges against a policy.
@@ -89,15 +89,19 @@ pub struct PolicySpec {
     pub ledger_denials: bool,
     /// Free text for operators.
     pub description: String,
+    /// The keys whose values name one budget (default: one per subject).
+    pub scope: Scope,
+    /// When the policy applies (`match` on the wire); empty, always.
+    pub conditions: Match,
 }
 
 impl PolicySpec {
     /// Whether switching from `self` to `next` keeps the counted usage.
     ///
-    /// Usage is kept when only the limit, mode, description or switches change; a new
-    /// window or measure starts counting afresh (counter keys include both).
+    /// Usage is kept when only the limit, mode, description, switches or `match` change; a
+    /// new window, measure or scope starts counting afresh (counter keys include them).
     pub(crate) fn keeps_usage_of(&self, next: &PolicySpec) -> bool {
-        self.window == next.window && self.measure == next.measure
+        self.window == next.window && self.measure == next.measure && self.scope == next.scope
     }
 }
 
@@ -132,7 +136,8 @@ pub struct OverrideSpec {
 pub struct Override {
     /// The policy it belongs to.
     pub(crate) policy_id: PolicyId,
-    /// The subject it applies to.
+    /// The budget it applies to, as [`super::Budget::text`] names it: the subject, for
+    /// the default scope.
     pub(crate) subject: Subject,
     /// The operator-controlled fields.
     pub(crate) spec: OverrideSpec,

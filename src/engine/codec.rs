@@ -15,11 +15,12 @@
 
 use super::store::{Decided, Evaluation, Outcome, StoreError};
 use crate::domain::{
-    Action, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,
-    LedgerEntry, Measure, Mode, PolicyAmount, PolicyId, Restore, Subject,
+    Action, Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
+    KeptAnswer, LedgerEntry, Measure, Mode, PolicyAmount, PolicyId, Restore, Scope, Subject,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 mod entry;
 mod snapshot;
@@ -55,6 +56,51 @@ fn to_json<T: Serialize>(value: &T) -> String {
 
 fn from_json<'a, T: Deserialize<'a>>(what: &'static str, text: &'a str) -> Result<T, CodecError> {
     serde_json::from_str(text).map_err(|e| CodecError::new(what, e))
+}
+
+/// A scope as records keep it: its key names joined by `,` (see [`Scope::names`]), absent
+/// for the default scope (so records of default-scope policies read as they always did).
+fn scope_wire(scope: &Scope) -> Option<String> {
+    (!scope.is_default()).then(|| scope.names())
+}
+
+fn scope_from_wire(what: &'static str, wire: Option<&str>) -> Result<Scope, CodecError> {
+    match wire {
+        None => Ok(Scope::default()),
+        Some(names) => field(what, Scope::from_names(names)),
+    }
+}
+
+/// A request's attributes as records keep them: a JSON object, sorted by key.
+type AttributesWire = BTreeMap<String, String>;
+
+fn attributes_wire(attributes: &Attributes) -> AttributesWire {
+    attributes
+        .iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+fn attributes_from_wire(
+    what: &'static str,
+    wire: AttributesWire,
+) -> Result<Attributes, CodecError> {
+    field(what, Attributes::parse("attributes", wire))
+}
+
+/// A request's attributes as the SQL ledger's `attributes` column holds them (`None`
+/// when there are none).
+pub(crate) fn encode_attributes(attributes: &Attributes) -> Option<String> {
+    (!attributes.is_empty()).then(|| to_json(&attributes_wire(attributes)))
+}
+
+/// Reads what [`encode_attributes`] wrote.
+pub(crate) fn decode_attributes(text: Option<&str>) -> Result<Attributes, CodecError> {
+    const WHAT: &str = "attributes of an entry";
+    match text {
+        None => Ok(Attributes::default()),
+        Some(text) => attributes_from_wire(WHAT, from_json(WHAT, text)?),
+    }
 }
 
 fn field<T, E: std::fmt::Display>(
@@ -125,6 +171,8 @@ pub(crate) struct ConsumeRecord {
     pub(crate) at_ms: i64,
     /// The static part of each policy's answer.
     pub(crate) policies: Vec<KeptPolicy>,
+    /// The request's attributes: with the subject and each policy's scope, its budgets.
+    pub(crate) attributes: Attributes,
 }
 
 /// The static part of one policy's answer, kept with an idempotency record.
@@ -140,6 +188,8 @@ pub(crate) struct KeptPolicy {
     pub(crate) limit: u64,
     /// The window's length, seconds.
     pub(crate) window_seconds: u64,
+    /// The policy's scope when it was charged.
+    pub(crate) scope: Scope,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -150,6 +200,8 @@ struct ConsumeWire {
     amount: u64,
     at_ms: i64,
     policies: Vec<KeptPolicyWire>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    attributes: AttributesWire,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -159,6 +211,8 @@ struct KeptPolicyWire {
     shadow: bool,
     limit: u64,
     window_seconds: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
 }
 
 /// A consume's idempotency record, before the store appends the evaluation's numbers.
@@ -178,8 +232,10 @@ pub(crate) fn encode_consume_record(record: &ConsumeRecord) -> String {
                 shadow: p.mode == Mode::Shadow,
                 limit: p.limit,
                 window_seconds: p.window_seconds,
+                scope: scope_wire(&p.scope),
             })
             .collect(),
+        attributes: attributes_wire(&record.attributes),
     })
 }
 
@@ -217,9 +273,11 @@ pub(crate) fn decode_consume_record(text: &str) -> Result<ConsumeRecord, CodecEr
                     },
                     limit: p.limit,
                     window_seconds: p.window_seconds,
+                    scope: scope_from_wire(WHAT, p.scope.as_deref())?,
                 })
             })
             .collect::<Result<_, CodecError>>()?,
+        attributes: attributes_from_wire(WHAT, wire.attributes)?,
     })
 }
 
@@ -236,6 +294,8 @@ pub(crate) struct HoldRecord {
     pub(crate) expires_at_ms: i64,
     /// The counters it was charged to.
     pub(crate) counters: Vec<CounterCharge>,
+    /// The request's attributes (its settlement's entry keeps them).
+    pub(crate) attributes: Attributes,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -245,6 +305,8 @@ struct HoldWire {
     amount: u64,
     expires_at_ms: i64,
     counters: Vec<CounterWire>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    attributes: AttributesWire,
 }
 
 /// A hold's record, without the state line the store keeps before it.
@@ -255,6 +317,7 @@ pub(crate) fn encode_hold_record(record: &HoldRecord) -> String {
         amount: record.amount,
         expires_at_ms: record.expires_at_ms,
         counters: record.counters.iter().map(CounterWire::from).collect(),
+        attributes: attributes_wire(&record.attributes),
     })
 }
 
@@ -271,6 +334,7 @@ pub(crate) fn decode_hold_record(text: &str) -> Result<HoldRecord, CodecError> {
         amount: wire.amount,
         expires_at_ms: wire.expires_at_ms,
         counters: decode_counter_wires(wire.counters)?,
+        attributes: attributes_from_wire(WHAT, wire.attributes)?,
     })
 }
 
@@ -294,6 +358,8 @@ struct CounterWire {
     end_ms: i64,
     by_amount: bool,
     charged: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -322,6 +388,7 @@ impl From<&CounterCharge> for CounterWire {
             end_ms,
             by_amount: c.by_amount,
             charged: c.charged,
+            scope: scope_wire(&c.scope),
         }
     }
 }
@@ -360,6 +427,7 @@ fn decode_counter_wires(wires: Vec<CounterWire>) -> Result<Vec<CounterCharge>, C
                 restore,
                 by_amount: w.by_amount,
                 charged: w.charged,
+                scope: scope_from_wire(WHAT, w.scope.as_deref())?,
             })
         })
         .collect()
@@ -471,6 +539,8 @@ pub(crate) fn decode_detail(text: Option<&str>) -> Result<Detail, CodecError> {
 struct PolicyAmountWire {
     policy_id: String,
     amount: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
 }
 
 /// An entry's per-policy amounts, for the SQL ledger's `policies` column.
@@ -484,6 +554,7 @@ fn policies_wire(policies: &[PolicyAmount]) -> Vec<PolicyAmountWire> {
         .map(|p| PolicyAmountWire {
             policy_id: p.policy_id.to_string(),
             amount: p.amount,
+            scope: scope_wire(&p.scope),
         })
         .collect()
 }
@@ -503,6 +574,7 @@ fn policies_from_wire(wires: Vec<PolicyAmountWire>) -> Result<Vec<PolicyAmount>,
                     PolicyId::parse("policy_id", &p.policy_id),
                 )?,
                 amount: p.amount,
+                scope: scope_from_wire("policies of an entry", p.scope.as_deref())?,
             })
         })
         .collect()
@@ -522,6 +594,8 @@ struct EntryWire {
     policies: Vec<PolicyAmountWire>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     detail: Option<DetailWire>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    attributes: AttributesWire,
 }
 
 /// A ledger entry as a stream entry or a refund's idempotency record: its compact form
@@ -556,6 +630,7 @@ fn encode_entry_json(entry: &LedgerEntry) -> String {
         idempotency_key: entry.idempotency_key.as_ref().map(ToString::to_string),
         policies: policies_wire(&entry.policies),
         detail: detail_wire(&Detail::of(entry)),
+        attributes: attributes_wire(&entry.attributes),
     })
 }
 
@@ -567,6 +642,7 @@ pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
     const WHAT: &str = "ledger entry";
     let wire: EntryWire = from_json(WHAT, text)?;
     let detail = detail_from_wire(wire.detail)?;
+    let attributes = attributes_from_wire(WHAT, wire.attributes)?;
     entry_from_parts(
         EntryParts {
             id: &wire.id,
@@ -580,6 +656,7 @@ pub(crate) fn decode_entry(text: &str) -> Result<LedgerEntry, CodecError> {
             idempotency_key: wire.idempotency_key.as_deref(),
         },
         policies_from_wire(wire.policies)?,
+        attributes,
         detail,
     )
 }
@@ -611,6 +688,7 @@ pub(crate) struct EntryParts<'a> {
 pub(crate) fn entry_from_parts(
     parts: EntryParts<'_>,
     policies: Vec<PolicyAmount>,
+    attributes: Attributes,
     detail: Detail,
 ) -> Result<LedgerEntry, CodecError> {
     const WHAT: &str = "ledger entry";
@@ -635,6 +713,7 @@ pub(crate) fn entry_from_parts(
             .map(|key| field(WHAT, IdempotencyKey::parse(key)))
             .transpose()?,
         policies,
+        attributes,
         counters: detail.counters,
         hold_expires_at: detail.hold_expires_at,
         kept_answer: detail.kept_answer,
@@ -653,6 +732,11 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
 
+    /// A scope other than the default, so that round trips carry it.
+    fn org_scope() -> Scope {
+        Scope::parse("scope", &["subject", "org"]).expect("a valid scope")
+    }
+
     fn counter(restore: Restore) -> CounterCharge {
         CounterCharge {
             policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
@@ -660,6 +744,7 @@ mod tests {
             restore,
             by_amount: true,
             charged: 40,
+            scope: org_scope(),
         }
     }
 
@@ -680,7 +765,16 @@ mod tests {
             policies: vec![PolicyAmount {
                 policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
                 amount: 40,
+                scope: org_scope(),
             }],
+            attributes: Attributes::parse(
+                "attributes",
+                [
+                    ("org".to_owned(), "acme, inc".to_owned()),
+                    ("tz".to_owned(), "Asia/Tokyo".to_owned()),
+                ],
+            )
+            .expect("valid attributes"),
             counters: vec![
                 counter(Restore::Calendar {
                     period_end_ms: 86_400_000,
@@ -761,6 +855,7 @@ mod tests {
             amount: 40,
             expires_at_ms: 1_234,
             counters: entry.counters.clone(),
+            attributes: entry.attributes.clone(),
         };
         let kept = format!("open\n{}", encode_hold_record(&hold));
         assert_eq!(decode_hold_record(&kept), Ok(hold));
@@ -775,7 +870,9 @@ mod tests {
                 mode: Mode::Shadow,
                 limit: 100,
                 window_seconds: 86_400,
+                scope: org_scope(),
             }],
+            attributes: entry.attributes.clone(),
         };
         assert_eq!(
             decode_consume_record(&encode_consume_record(&consume)),
@@ -813,7 +910,9 @@ mod tests {
             policies: vec![PolicyAmount {
                 policy_id: policy_id.clone(),
                 amount: 200_000,
+                scope: Scope::default(),
             }],
+            attributes: Attributes::default(),
             counters: vec![CounterCharge {
                 policy_id,
                 // A rolling counter's key, as `crate::keys` lays it out.
@@ -825,6 +924,7 @@ mod tests {
                 },
                 by_amount: true,
                 charged: 200_000,
+                scope: Scope::default(),
             }],
             ..hold_entry()
         };
@@ -842,6 +942,7 @@ mod tests {
             mode: Mode::Shadow,
             limit: 100,
             window_seconds: 86_400,
+            scope: org_scope(),
         }];
         for entry in [charge_entry(), hold_entry()] {
             let entry = LedgerEntry {
@@ -866,6 +967,7 @@ mod tests {
                 amount: entry.amount,
                 at_ms: entry.at.timestamp_millis(),
                 policies: policies.clone(),
+                attributes: entry.attributes.clone(),
             };
             assert_eq!(decode_consume_record(record), Ok(expected));
             assert_eq!(

@@ -74,6 +74,7 @@ impl Attempt {
             hold_id: hold.as_ref().map(|(t, _)| t.hold_id),
             idempotency_key: request.idempotency_key.clone(),
             policies: plan.policy_amounts(denial),
+            attributes: request.attributes.clone(),
             counters: if denial {
                 Vec::new()
             } else {
@@ -126,9 +127,11 @@ impl Engine {
         request: &ConsumeRequest,
         hold_ttl: Option<u64>,
     ) -> Result<Consumed, EngineError> {
-        let plan = self.plan(&request.action, &request.subject, request.amount)?;
+        let plan = self.plan(request)?;
         let attempt = Attempt::new(&plan, request, hold_ttl);
-        if plan.charges.is_empty() {
+        // A hold goes to the store even when no policy applies: its record must exist, so
+        // that it can be settled.
+        if plan.charges.is_empty() && hold_ttl.is_none() {
             self.record(vec![attempt.allowed_entry.clone()]).await?;
             return Ok(attempt.answer(plan.empty_decision()));
         }
@@ -189,6 +192,7 @@ impl Engine {
                 amount: request.amount.get(),
                 at_ms: now_ms,
                 policies: plan.kept_policies(),
+                attributes: request.attributes.clone(),
             };
             let scope = if hold.is_some() { 'h' } else { 'c' };
             let idem = IdempotencyRecord {
@@ -220,6 +224,7 @@ impl Engine {
                 amount: request.amount.get(),
                 expires_at_ms,
                 counters: attempt.allowed_entry.counters.clone(),
+                attributes: request.attributes.clone(),
             };
             let hold_id = ticket.hold_id.to_string();
             HoldOpen {
@@ -268,7 +273,13 @@ fn replay(
         )));
     }
     Ok(Consumed {
-        decision: replayed_decision(&kept.policies, evaluation, from_millis(kept.at_ms)),
+        decision: replayed_decision(
+            &request.subject,
+            &kept.attributes,
+            &kept.policies,
+            evaluation,
+            from_millis(kept.at_ms),
+        ),
         consumption_id: kept.consumption_id,
         hold: kept.hold.map(|(hold_id, at)| HoldTicket {
             hold_id,

@@ -48,6 +48,7 @@ fn given(counters: &[CounterCharge], by_amount: u64, full: bool) -> Vec<PolicyAm
                 (false, true) => c.charged,
                 (false, false) => 0,
             },
+            scope: c.scope.clone(),
         })
         .filter(|p| p.amount > 0)
         .collect()
@@ -87,6 +88,7 @@ impl Engine {
             hold_id: None,
             idempotency_key,
             policies: given(&charge.counters, amount, refunded + amount == total),
+            attributes: charge.attributes.clone(),
             counters: Vec::new(),
             hold_expires_at: None,
             kept_answer: None,
@@ -364,6 +366,7 @@ impl Engine {
             hold_id: Some(hold_id),
             idempotency_key: None,
             policies,
+            attributes: record.attributes.clone(),
             counters: Vec::new(),
             hold_expires_at: None,
             kept_answer: None,
@@ -400,7 +403,10 @@ impl Engine {
 
     /// The answer to a give-back: its entry, with the subject's usage after it.
     async fn settled(&self, entry: LedgerEntry, replayed: bool) -> Settled {
-        let usage = self.usage(&entry.action, &entry.subject).await.ok();
+        let usage = self
+            .usage(&entry.action, &entry.subject, &entry.attributes)
+            .await
+            .ok();
         Settled {
             entry,
             usage,

@@ -26,7 +26,10 @@ pub mod window;
 pub mod writer;
 
 use crate::clock::Clock;
-use crate::domain::{Action, IdempotencyKey, Measure, Mode, PolicyId, Quantity, Subject};
+use crate::domain::{
+    Action, Attributes, Budget, FieldErrors, IdempotencyKey, Measure, Mode, PolicyId, Quantity,
+    Subject,
+};
 use crate::logs::Throttle;
 use chrono::{DateTime, TimeZone, Utc};
 use drain::Drainer;
@@ -51,6 +54,8 @@ pub(crate) struct ConsumeRequest {
     pub(crate) amount: Quantity,
     /// Makes retries safe: scoped to action + subject.
     pub(crate) idempotency_key: Option<IdempotencyKey>,
+    /// What the policies' scopes and `match` conditions read.
+    pub(crate) attributes: Attributes,
 }
 
 /// One policy's part of a decision.
@@ -74,6 +79,8 @@ pub(crate) struct PolicyDecision {
     pub(crate) allowed: bool,
     /// The window's length in seconds (for the `RateLimit-Policy` header).
     pub(crate) window_seconds: u64,
+    /// The budget the request falls in under this policy.
+    pub(crate) budget: Budget,
 }
 
 /// The answer to a consume or check.
@@ -97,6 +104,12 @@ pub(crate) enum EngineError {
     /// The action has no policies: never a silent allow.
     #[error("no policy limits the action '{0}'")]
     UnknownAction(Action),
+    /// The request lacks what a policy that applies needs (an attribute its scope names).
+    #[error("{0}")]
+    Invalid(FieldErrors),
+    /// The request needs what this deployment cannot do (shared budgets on Redis Cluster).
+    #[error("{0}")]
+    Unsupported(String),
     /// No such consumption or hold.
     #[error("{0}")]
     NotFound(String),
@@ -279,7 +292,7 @@ impl Engine {
 
     /// Decides `request` without charging (a check). Consumes go through [`Engine::consume`].
     pub(crate) async fn check(&self, request: &ConsumeRequest) -> Result<Decision, EngineError> {
-        let plan = self.plan(&request.action, &request.subject, request.amount)?;
+        let plan = self.plan(request)?;
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());
         }
@@ -293,13 +306,21 @@ impl Engine {
         }
     }
 
-    /// Current usage of every enabled policy of the action for the subject; charges nothing.
+    /// Current usage of every enabled policy of the action that applies to the subject with
+    /// `attributes`; charges nothing.
     pub(crate) async fn usage(
         &self,
         action: &Action,
         subject: &Subject,
+        attributes: &Attributes,
     ) -> Result<Decision, EngineError> {
-        let plan = self.plan(action, subject, Quantity::ZERO)?;
+        let plan = self.plan(&ConsumeRequest {
+            action: action.clone(),
+            subject: subject.clone(),
+            amount: Quantity::ZERO,
+            idempotency_key: None,
+            attributes: attributes.clone(),
+        })?;
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());
         }

@@ -3,12 +3,16 @@
 
 use super::codec::KeptPolicy;
 use super::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
-use super::{from_millis, seconds_until, window, Decision, Engine, EngineError, PolicyDecision};
+use super::{
+    from_millis, seconds_until, window, ConsumeRequest, Decision, Engine, EngineError,
+    PolicyDecision,
+};
 use crate::domain::{
-    Action, CounterCharge, Measure, Mode, Policy, PolicyAmount, Quantity, Subject, Window,
+    Attributes, Budget, CounterCharge, FieldErrors, Measure, Mode, Policy, PolicyAmount, Subject,
+    Window,
 };
 use crate::engine::policies::ActionPolicies;
-use crate::keys::SubjectKeys;
+use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
@@ -18,7 +22,12 @@ pub(super) struct Plan {
     pub(crate) policies: Arc<ActionPolicies>,
     /// The subject's keys.
     pub(crate) keys: SubjectKeys,
-    /// One charge per enabled policy, in policy order.
+    /// The enabled policies that apply to the request (their `match` admits it), as
+    /// indices into `policies.enabled`; one per charge.
+    pub(crate) applied: Vec<usize>,
+    /// The budget each charge goes to.
+    pub(crate) budgets: Vec<Budget>,
+    /// One charge per applied policy, in policy order.
     pub(crate) charges: Vec<Charge>,
     /// The window length of each policy, seconds.
     pub(crate) window_seconds: Vec<u64>,
@@ -27,39 +36,84 @@ pub(super) struct Plan {
 }
 
 impl Engine {
-    /// The plan of `amount` for `subject` doing `action`, at the clock's `now`.
-    pub(super) fn plan(
-        &self,
-        action: &Action,
-        subject: &Subject,
-        amount: Quantity,
-    ) -> Result<Plan, EngineError> {
+    /// The plan of `request` at the clock's `now`: the policies whose `match` admits it,
+    /// each with its budget. A request lacking an attribute that the scope of an applying
+    /// policy names is invalid (no budget is skipped silently).
+    pub(super) fn plan(&self, request: &ConsumeRequest) -> Result<Plan, EngineError> {
+        let ConsumeRequest {
+            action,
+            subject,
+            amount,
+            attributes,
+            ..
+        } = request;
         let policies = self
             .cache
             .action(action.as_str())
             .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
         let now = self.now();
         let keys = SubjectKeys::new(&self.prefix, action, subject);
-        let mut charges = Vec::with_capacity(policies.enabled.len());
-        let mut window_seconds = Vec::with_capacity(policies.enabled.len());
-        for (policy, policy_key) in policies.enabled.iter().zip(&policies.keys) {
+        let count = policies.enabled.len();
+        let (mut applied, mut budgets) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let mut charges = Vec::with_capacity(count);
+        let mut window_seconds = Vec::with_capacity(count);
+        let mut errors = FieldErrors::default();
+        for (i, (policy, policy_key)) in policies.enabled.iter().zip(&policies.keys).enumerate() {
+            if !policy.spec.conditions.admits(subject, attributes) {
+                continue;
+            }
+            let budget = match policy.spec.scope.is_default() {
+                true => Budget::of_subject(subject),
+                false => {
+                    let budget = policy
+                        .spec
+                        .scope
+                        .budget(policy.id.as_str(), subject, attributes);
+                    match errors.take(budget) {
+                        Some(budget) => budget,
+                        None => continue,
+                    }
+                }
+            };
             let (algorithm, period, seconds) = algorithm_for(policy, now);
             let cost = match amount.get() {
                 0 => 0,
-                _ => policy.spec.measure.cost(amount).get(),
+                _ => policy.spec.measure.cost(*amount).get(),
+            };
+            let key = match policy.spec.scope.has_subject() {
+                true => keys.budget_counter(policy_key, period, &budget),
+                false => keys::shared_counter(&self.prefix, action, policy_key, period, &budget),
             };
             charges.push(Charge {
-                key: keys.counter(policy_key, period),
+                key,
                 algorithm,
-                limit: policies.limit_for(policy, subject.as_str(), now),
+                limit: policies.limit_for(policy, &budget, now),
                 cost,
                 enforce: policy.spec.mode == Mode::Enforce,
             });
             window_seconds.push(seconds);
+            applied.push(i);
+            budgets.push(budget);
+        }
+        if !errors.0.is_empty() {
+            errors.0.dedup_by(|a, b| a.field == b.field);
+            return Err(EngineError::Invalid(errors));
+        }
+        if !self.counters.atomic_across_tags()
+            && charges
+                .iter()
+                .any(|c| keys::shard_of_tag(keys::hash_tag(&c.key)) != Some(keys.shard))
+        {
+            return Err(EngineError::Unsupported(format!(
+                "the action '{action}' has budgets shared by subjects (a scope without \
+                 'subject'), which this service does not decide on Redis Cluster yet"
+            )));
         }
         Ok(Plan {
             policies,
             keys,
+            applied,
+            budgets,
             charges,
             window_seconds,
             now,
@@ -73,7 +127,18 @@ impl Plan {
         self.now.timestamp_millis()
     }
 
-    /// The decision for an action whose policies are all disabled: allowed, nothing counted.
+    /// The `i`th charge's policy.
+    fn policy(&self, i: usize) -> &Policy {
+        &self.policies.enabled[self.applied[i]]
+    }
+
+    /// The charges' policies, in charge order.
+    fn applied_policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.applied.iter().map(|&i| &self.policies.enabled[i])
+    }
+
+    /// The decision when no policy applies (all disabled, or none matches): allowed,
+    /// nothing counted.
     pub(crate) fn empty_decision(&self) -> Decision {
         Decision {
             allowed: true,
@@ -131,7 +196,7 @@ impl Plan {
     }
 
     fn policy_decision(&self, i: usize, outcome: &Outcome) -> PolicyDecision {
-        let policy = &self.policies.enabled[i];
+        let policy = self.policy(i);
         let limit = self.charges[i].limit;
         PolicyDecision {
             policy_id: policy.id.clone(),
@@ -143,34 +208,32 @@ impl Plan {
             resets_at: from_millis(outcome.resets_at_ms),
             allowed: outcome.allowed,
             window_seconds: self.window_seconds[i],
+            budget: self.budgets[i].clone(),
         }
     }
 
     /// The per-policy amounts a charge of this plan puts on its policies.
     pub(crate) fn policy_amounts(&self, only_ledger_denials: bool) -> Vec<PolicyAmount> {
-        self.policies
-            .enabled
-            .iter()
+        self.applied_policies()
             .zip(&self.charges)
             .filter(|(p, _)| !only_ledger_denials || p.spec.ledger_denials)
             .map(|(p, c)| PolicyAmount {
                 policy_id: p.id.clone(),
                 amount: c.cost,
+                scope: p.spec.scope.clone(),
             })
             .collect()
     }
 
     /// Whether a denial of this plan is recorded in the ledger.
     pub(crate) fn records_denials(&self) -> bool {
-        self.policies.enabled.iter().any(|p| p.spec.ledger_denials)
+        self.applied_policies().any(|p| p.spec.ledger_denials)
     }
 
     /// The counters this plan charges, with how to give each charge back later.
     pub(crate) fn counter_charges(&self) -> Vec<CounterCharge> {
         let now_ms = self.now_ms();
-        self.policies
-            .enabled
-            .iter()
+        self.applied_policies()
             .zip(&self.charges)
             .map(|(policy, charge)| CounterCharge {
                 policy_id: policy.id.clone(),
@@ -189,15 +252,14 @@ impl Plan {
                 },
                 by_amount: policy.spec.measure == Measure::Amount,
                 charged: charge.cost,
+                scope: policy.spec.scope.clone(),
             })
             .collect()
     }
 
     /// The static part of each policy's answer, for an idempotency record.
     pub(crate) fn kept_policies(&self) -> Vec<KeptPolicy> {
-        self.policies
-            .enabled
-            .iter()
+        self.applied_policies()
             .zip(&self.charges)
             .zip(&self.window_seconds)
             .map(|((p, c), seconds)| KeptPolicy {
@@ -206,6 +268,7 @@ impl Plan {
                 mode: p.spec.mode,
                 limit: c.limit,
                 window_seconds: *seconds,
+                scope: p.spec.scope.clone(),
             })
             .collect()
     }
@@ -217,8 +280,11 @@ impl Plan {
     }
 }
 
-/// Rebuilds a decision from an idempotency record and the evaluation it kept.
+/// Rebuilds a decision from an idempotency record (kept with the original request's
+/// `attributes`) and the evaluation it kept, for a retry by `subject`.
 pub(super) fn replayed_decision(
+    subject: &Subject,
+    attributes: &Attributes,
     kept: &[KeptPolicy],
     evaluation: &Evaluation,
     at: DateTime<Utc>,
@@ -236,6 +302,7 @@ pub(super) fn replayed_decision(
             resets_at: from_millis(o.resets_at_ms),
             allowed: o.allowed,
             window_seconds: k.window_seconds,
+            budget: k.scope.budget_of(subject, attributes),
         })
         .collect();
     Decision {

@@ -1,6 +1,6 @@
 //! The in-process policy cache: what the consume path reads instead of the database.
 
-use crate::domain::{Action, Override, OverrideSpec, Policy, PolicyId};
+use crate::domain::{Action, Budget, Override, OverrideSpec, Policy, PolicyId};
 use crate::keys::{self, PolicyKey};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -13,16 +13,17 @@ pub(crate) struct ActionPolicies {
     pub(crate) enabled: Vec<Arc<Policy>>,
     /// Each enabled policy's part of its counter keys, computed once here (same order).
     pub(crate) keys: Vec<PolicyKey>,
-    /// Overrides by policy id, then subject.
+    /// Overrides by policy id, then budget text ([`Budget::text`]: the subject's, for the
+    /// default scope).
     overrides: HashMap<PolicyId, HashMap<String, OverrideSpec>>,
 }
 
 impl ActionPolicies {
-    /// The limit for `subject` under `policy` at `now`: an active override's, or the policy's.
-    pub(crate) fn limit_for(&self, policy: &Policy, subject: &str, now: DateTime<Utc>) -> u64 {
+    /// The limit of `budget` under `policy` at `now`: an active override's, or the policy's.
+    pub(crate) fn limit_for(&self, policy: &Policy, budget: &Budget, now: DateTime<Utc>) -> u64 {
         self.overrides
             .get(&policy.id)
-            .and_then(|by_subject| by_subject.get(subject))
+            .and_then(|by_budget| by_budget.get(&budget.text()))
             .filter(|o| o.expires_at.is_none_or(|at| now < at))
             .map_or(policy.spec.limit.get(), |o| o.limit.get())
     }
@@ -40,6 +41,9 @@ struct Snapshot {
     version: Option<i64>,
     /// The window of every policy, enabled or not (how far back a rebuild reads).
     windows: Vec<crate::domain::Window>,
+    /// Whether some policy, enabled or not, has budgets shared by subjects (a scope without
+    /// `subject`): a shard's counters then come from entries of every shard.
+    shared_budgets: bool,
 }
 
 /// Policies and overrides held in memory, rebuilt from the policy store on change
@@ -79,6 +83,11 @@ impl PolicyCache {
         self.current().windows.clone()
     }
 
+    /// Whether some policy, enabled or not, has budgets shared by subjects.
+    pub(crate) fn has_shared_budgets(&self) -> bool {
+        self.current().shared_budgets
+    }
+
     /// When the cache was last rebuilt; `None` before the first reload.
     pub(crate) fn last_reload(&self) -> Option<DateTime<Utc>> {
         self.current().loaded_at
@@ -109,6 +118,7 @@ impl PolicyCache {
         let mut building: HashMap<Action, ActionPolicies> = HashMap::new();
         let mut action_of: HashMap<PolicyId, Action> = HashMap::new();
         snapshot.windows = policies.iter().map(|p| p.spec.window).collect();
+        snapshot.shared_budgets = policies.iter().any(|p| !p.spec.scope.has_subject());
         for policy in policies {
             action_of.insert(policy.id.clone(), policy.spec.action.clone());
             let entry = building.entry(policy.spec.action.clone()).or_default();

@@ -252,6 +252,7 @@ impl Engine {
             amount: entry.amount,
             expires_at_ms: expires_at.timestamp_millis(),
             counters: entry.counters.clone(),
+            attributes: entry.attributes.clone(),
         };
         let (shard, member) = (hold_id.shard(), hold_id.to_string());
         let ops = vec![

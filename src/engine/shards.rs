@@ -181,8 +181,15 @@ impl Engine {
         }
         let _keeper = self.keep_locks(shards.clone(), &mine, &token);
         // Every entry Redis still holds goes to SQL first: the replay reads SQL. That
-        // includes those another instance's drain has read and is writing now.
-        if !self.drained(&mine).await {
+        // includes those another instance's drain has read and is writing now. With budgets
+        // shared by subjects, an entry that charged these shards may wait in any shard's
+        // stream: then every stream is drained.
+        let shared = self.cache.has_shared_budgets();
+        let to_drain: BTreeSet<u16> = match shared {
+            true => (0..keys::SHARDS).collect(),
+            false => mine.clone(),
+        };
+        if !self.drained(&to_drain).await {
             tracing::warn!(
                 shards = mine.len(),
                 "the ledger streams of shards to rebuild do not drain (is the ledger database down?); will retry"
@@ -194,8 +201,13 @@ impl Engine {
         let store = scratch();
         let rebuilt = self
             .rebuild_matching(store.as_ref(), &|entry: &LedgerEntry| {
+                // A budget shared by subjects lives in a shard of its own, charged by
+                // entries of every shard: then every entry is replayed (and only these
+                // shards' keys written back).
                 action.is_none_or(|action| entry.action == *action)
-                    && mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str()))
+                    && (shared
+                        || mine
+                            .contains(&keys::shard(entry.action.as_str(), entry.subject.as_str())))
             })
             .await?;
         let now_ms = self.now().timestamp_millis();

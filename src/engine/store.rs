@@ -320,6 +320,12 @@ pub trait CounterStore: Send + Sync + 'static {
         false
     }
 
+    /// Whether one call may touch keys of several hash tags (shards) and still be atomic:
+    /// the in-process store and a standalone Redis, not a Redis Cluster (one slot per call).
+    fn atomic_across_tags(&self) -> bool {
+        true
+    }
+
     /// Checks that the store answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -361,8 +367,13 @@ pub(crate) const MAX_TIME_MS: i64 = 1 << 51;
 ///
 /// Checked: quantities within 2^53 - 1, times within ±2^51 ms, positive window parameters,
 /// `limit × period_ms <= 2^53 - 1` for token buckets, `buckets × bucket_ms <= 2^51` for
-/// rolling windows, distinct keys and one hash tag for all keys (one cluster slot, one shard).
-pub(crate) fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
+/// rolling windows, distinct keys and, unless the store decides `across` hash tags
+/// atomically, one hash tag for all keys (one cluster slot, one shard).
+pub(crate) fn check_charges(
+    now_ms: i64,
+    charges: &[Charge],
+    across: bool,
+) -> Result<(), StoreError> {
     let invalid =
         |i: usize, what: &str| StoreError::Protocol(format!("invalid charge {i}: {what}"));
     if now_ms.unsigned_abs() > MAX_TIME_MS.unsigned_abs() {
@@ -397,7 +408,7 @@ pub(crate) fn check_charges(now_ms: i64, charges: &[Charge]) -> Result<(), Store
         if !window_ok {
             return Err(invalid(i, "window parameters out of range"));
         }
-        if tag != Some(crate::keys::hash_tag(&charge.key)) {
+        if !across && tag != Some(crate::keys::hash_tag(&charge.key)) {
             return Err(invalid(i, "all keys of one decision must share a hash tag"));
         }
         if charges[..i].iter().any(|other| other.key == charge.key) {

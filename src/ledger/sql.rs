@@ -62,7 +62,7 @@ pub(crate) const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq 
      (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY at LIMIT $2)";
 
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
-     idempotency_key, policies, detail";
+     idempotency_key, policies, detail, attributes";
 
 /// Sorts a database failure: a broken constraint is a bug in what we tried to store
 /// (retrying cannot help); anything else is the database being unavailable.
@@ -117,7 +117,11 @@ macro_rules! sql_ledger_store {
                 let policies = codec::decode_policies(&policies).map_err(|e| corrupt(&id, e))?;
                 let detail =
                     codec::decode_detail(detail.as_deref()).map_err(|e| corrupt(&id, e))?;
-                codec::entry_from_parts(parts, policies, detail).map_err(|e| corrupt(&id, e))
+                let attributes: Option<String> = row.try_get("attributes").map_err(db_error)?;
+                let attributes = codec::decode_attributes(attributes.as_deref())
+                    .map_err(|e| corrupt(&id, e))?;
+                codec::entry_from_parts(parts, policies, attributes, detail)
+                    .map_err(|e| corrupt(&id, e))
             }
 
             /// Inserts one chunk of entries in one statement; returns how many were new.
@@ -145,7 +149,8 @@ macro_rules! sql_ledger_store {
                         .push_bind(e.hold_id.map(|id| id.to_string()))
                         .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
                         .push_bind(codec::encode_policies(&e.policies))
-                        .push_bind(codec::encode_detail(e));
+                        .push_bind(codec::encode_detail(e))
+                        .push_bind(codec::encode_attributes(&e.attributes));
                 });
                 sql.push(" ON CONFLICT (id) DO NOTHING");
                 let done = sql.build().execute(conn).await.map_err(db_error)?;

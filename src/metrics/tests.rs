@@ -32,6 +32,9 @@ fn policy_decision(id: &str, mode: Mode, allowed: bool) -> PolicyDecision {
         resets_at: DateTime::UNIX_EPOCH,
         allowed,
         window_seconds: 60,
+        budget: crate::domain::Budget::of_subject(
+            &crate::domain::Subject::parse("subject", "s").expect("valid subject"),
+        ),
     }
 }
 
@@ -59,6 +62,8 @@ fn cache_with(action: &str) -> PolicyCache {
             enabled: true,
             ledger_denials: false,
             description: String::new(),
+            scope: Default::default(),
+            conditions: Default::default(),
         },
         created_at: DateTime::UNIX_EPOCH,
         updated_at: DateTime::UNIX_EPOCH,

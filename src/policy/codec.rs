@@ -1,7 +1,7 @@
 //! Turning stored columns back into domain values (and windows into their stored JSON).
 
 use super::PolicyStoreError;
-use crate::domain::{CalendarPeriod, Window};
+use crate::domain::{CalendarPeriod, Match, Scope, Window};
 use serde_json::{json, Value};
 
 /// The stored JSON form of a window (the same shape as on the wire).
@@ -36,6 +36,40 @@ pub(crate) fn window_from_json(text: &str) -> Result<Window, PolicyStoreError> {
     window.map_err(|e| corrupt(&e.message))
 }
 
+/// The stored form of a scope: its key names joined by `,`; `None` (NULL) for the default.
+pub(crate) fn scope_to_column(scope: &Scope) -> Option<String> {
+    (!scope.is_default()).then(|| scope.names())
+}
+
+/// Parses a stored scope.
+pub(crate) fn scope_from_column(text: Option<&str>) -> Result<Scope, PolicyStoreError> {
+    match text {
+        None => Ok(Scope::default()),
+        Some(names) => Scope::from_names(names)
+            .map_err(|e| PolicyStoreError::Corrupt(format!("scope '{names}': {e}"))),
+    }
+}
+
+/// The stored form of a `match`: a JSON object of arrays; `None` (NULL) when empty.
+pub(crate) fn match_to_column(conditions: &Match) -> Option<String> {
+    let map: serde_json::Map<String, Value> = conditions
+        .iter()
+        .map(|(key, values)| (key.to_owned(), json!(values)))
+        .collect();
+    (!map.is_empty()).then(|| Value::Object(map).to_string())
+}
+
+/// Parses a stored `match`.
+pub(crate) fn match_from_column(text: Option<&str>) -> Result<Match, PolicyStoreError> {
+    let Some(text) = text else {
+        return Ok(Match::default());
+    };
+    let corrupt = |why: String| PolicyStoreError::Corrupt(format!("match {text}: {why}"));
+    let map: std::collections::BTreeMap<String, Vec<String>> =
+        serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
+    Match::parse("match", map).map_err(|e| corrupt(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +86,29 @@ mod tests {
             assert_eq!(window_from_json(&text).expect("parses"), window, "{text}");
         }
         assert!(window_from_json("{\"type\":\"sundial\"}").is_err());
+    }
+
+    #[test]
+    fn scopes_and_matches_survive_a_round_trip_and_defaults_are_null() {
+        assert_eq!(scope_to_column(&Scope::default()), None);
+        for keys in [&["org", "subject"][..], &[][..], &["country"][..]] {
+            let scope = Scope::parse("scope", keys).expect("valid");
+            let column = scope_to_column(&scope);
+            assert!(column.is_some(), "{keys:?}");
+            assert_eq!(scope_from_column(column.as_deref()).ok(), Some(scope));
+        }
+        assert_eq!(match_to_column(&Match::default()), None);
+        let conditions = Match::parse(
+            "match",
+            [(
+                "plan".to_owned(),
+                vec!["free".to_owned(), "trial".to_owned()],
+            )],
+        )
+        .expect("valid");
+        let column = match_to_column(&conditions);
+        assert_eq!(column.as_deref(), Some(r#"{"plan":["free","trial"]}"#));
+        assert_eq!(match_from_column(column.as_deref()).ok(), Some(conditions));
+        assert!(match_from_column(Some("[1]")).is_err());
     }
 }

@@ -177,6 +177,8 @@ pub(crate) mod tests {
                 enabled: true,
                 ledger_denials: false,
                 description: String::new(),
+                scope: Default::default(),
+                conditions: Default::default(),
             },
             created_at: at,
             updated_at: at,

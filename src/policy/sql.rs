@@ -6,7 +6,7 @@
 //! `policy_changes` marker first, in its own transaction, so other instances can see it
 //! and writes run one at a time (`writes.rs`).
 
-use super::codec::window_from_json;
+use super::codec::{match_from_column, scope_from_column, window_from_json};
 use super::{ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
 use crate::domain::{
     Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
@@ -47,7 +47,7 @@ fn quantity(value: i64) -> StoreResult<Quantity> {
 
 pub(super) const POLICY_COLUMNS: &str =
     "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
-     ledger_denials, description, created_at, updated_at, version";
+     ledger_denials, description, created_at, updated_at, version, scope, match_spec";
 const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
 
@@ -77,6 +77,12 @@ macro_rules! sql_policy_store {
                         enabled: row.try_get("enabled")?,
                         ledger_denials: row.try_get("ledger_denials")?,
                         description: text("description")?,
+                        scope: scope_from_column(
+                            row.try_get::<Option<String>, _>("scope")?.as_deref(),
+                        )?,
+                        conditions: match_from_column(
+                            row.try_get::<Option<String>, _>("match_spec")?.as_deref(),
+                        )?,
                     },
                     created_at: row.try_get("created_at")?,
                     updated_at: row.try_get("updated_at")?,

@@ -3,7 +3,7 @@
 //!
 //! Like `sql.rs`, one macro writes them for Postgres and SQLite.
 
-use super::codec::window_to_json;
+use super::codec::{match_to_column, scope_to_column, window_to_json};
 use super::sql::{PostgresPolicyStore, SqlitePolicyStore, POLICY_COLUMNS};
 use super::{PolicyStoreError, StoreResult, MAX_POLICIES_PER_ACTION};
 use crate::domain::{Override, Policy, PolicyId, Subject};
@@ -82,7 +82,7 @@ macro_rules! sql_write_statements {
             ) -> sqlx::Result<()> {
                 let sql = format!(
                     "INSERT INTO policies ({POLICY_COLUMNS}) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
                 );
                 sqlx::query(&sql)
                     .bind(p.id.as_str())
@@ -98,6 +98,8 @@ macro_rules! sql_write_statements {
                     .bind(p.created_at)
                     .bind(p.updated_at)
                     .bind(p.version)
+                    .bind(scope_to_column(&p.spec.scope))
+                    .bind(match_to_column(&p.spec.conditions))
                     .execute(conn)
                     .await?;
                 Ok(())
@@ -111,8 +113,8 @@ macro_rules! sql_write_statements {
                 let done = sqlx::query(
                     "UPDATE policies SET action = $2, measure = $3, unit = $4, limit_value = $5, \
                      window_spec = $6, mode = $7, enabled = $8, ledger_denials = $9, \
-                     description = $10, updated_at = $11, version = $12 \
-                     WHERE id = $1 AND version = $13",
+                     description = $10, updated_at = $11, version = $12, scope = $14, \
+                     match_spec = $15 WHERE id = $1 AND version = $13",
                 )
                 .bind(p.id.as_str())
                 .bind(p.spec.action.as_str())
@@ -127,6 +129,8 @@ macro_rules! sql_write_statements {
                 .bind(p.updated_at)
                 .bind(p.version)
                 .bind(expected_version)
+                .bind(scope_to_column(&p.spec.scope))
+                .bind(match_to_column(&p.spec.conditions))
                 .execute(conn)
                 .await?;
                 Ok(done.rows_affected() == 1)

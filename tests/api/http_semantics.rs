@@ -161,7 +161,13 @@ async fn the_spec_states_the_rules_the_server_enforces() {
     let usage = spec["paths"]["/quota/usage"]["get"]["parameters"]
         .as_array()
         .unwrap();
-    assert!(usage.iter().all(|p| p["required"] == true));
+    for parameter in usage {
+        let required = parameter["name"] == "action" || parameter["name"] == "subject";
+        assert_eq!(parameter["required"] == true, required, "{parameter}");
+    }
+    let attributes = usage.iter().find(|p| p["name"] == "attributes").unwrap();
+    assert_eq!(attributes["style"], "deepObject", "{attributes}");
+    assert_eq!(attributes["explode"], true, "{attributes}");
 }
 
 /// What client generators need of the document: they take it literally.

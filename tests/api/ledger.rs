@@ -81,7 +81,9 @@ pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
         policies: vec![PolicyAmount {
             policy_id: policy_id.clone(),
             amount: 500,
+            scope: Default::default(),
         }],
+        attributes: Default::default(),
         counters: vec![CounterCharge {
             policy_id,
             key: "k1".to_owned(),
@@ -92,6 +94,7 @@ pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
             },
             by_amount: true,
             charged: 500,
+            scope: Default::default(),
         }],
         hold_expires_at: None,
         kept_answer: None,

@@ -6,6 +6,7 @@ mod helpers;
 
 mod admin;
 mod backlog;
+mod budgets;
 mod concurrency;
 mod crash;
 mod errors;

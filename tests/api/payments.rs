@@ -314,7 +314,7 @@ async fn the_ledger_records_every_step_newest_first(counters: CounterBackend) {
     assert_eq!(items[2]["consumption_id"], id);
     assert_eq!(
         items[2]["policies"],
-        json!([{"policy_id": "dollars", "amount": 600}])
+        json!([{"policy_id": "dollars", "amount": 600, "budget": {"subject": "u"}}])
     );
     assert!(
         items[2].get("detail").is_none(),

@@ -248,3 +248,38 @@ fn the_binary_refuses_to_rebuild_counters_it_keeps_in_process() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("REDIS_URL is not set"), "{stderr}");
 }
+
+/// A budget shared by subjects (here the whole action's) lives in a shard of its own,
+/// charged from every subject's shard: its usage comes back from the entries of all of them.
+#[tokio::test]
+async fn a_global_budget_is_rebuilt_from_the_entries_of_every_subject() {
+    let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await).await;
+    app.must_create_policy(
+        json!({"id": "sms-platform", "action": "sms", "measure": "count",
+        "limit": 10, "scope": [], "window": {"type": "calendar", "period": "day"}}),
+    )
+    .await;
+    for subject in ["u1", "u2", "u3", "u4", "u5", "u6"] {
+        let answer = app.consume("sms", subject, 1).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    app.engine.drain_ledger_now().await;
+    lose_keys(&app, &[std::env::var("QUOTA_TEST_REDIS_URL").unwrap()]).await;
+    let used = eventually(
+        WITHIN,
+        "the global budget is the ledger's again",
+        || async {
+            let answer = app.check("sms", "u9", 1).await;
+            (answer.status == StatusCode::OK).then(|| answer.body["policies"][0]["used"].clone())
+        },
+    )
+    .await;
+    assert_eq!(used, 6, "every subject's charge counts again");
+    let mut allowed = 6;
+    for subject in ["a", "b", "c", "d", "e", "f"] {
+        if app.consume("sms", subject, 1).await.status == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 10, "the platform-wide cap holds after the rebuild");
+}

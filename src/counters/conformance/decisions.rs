@@ -13,6 +13,7 @@ scenarios!(
     a_limit_lowered_below_usage_denies_and_reports_the_usage,
     every_charged_key_expires_once_its_usage_is_gone_plus_the_grace,
     malformed_decisions_are_rejected_before_touching_any_key,
+    charges_of_several_hash_tags_are_all_or_none_where_the_store_allows_them,
     an_empty_decision_is_allowed,
     concurrent_decisions_never_allow_more_than_the_limit,
 );
@@ -186,8 +187,14 @@ async fn malformed_decisions_are_rejected_before_touching_any_key(h: &Harness) {
     };
     let overflowing = charge(&h.key("tok"), token_bucket(1_000), MAX / 999, 1);
     let no_buckets = charge(&h.key("roll"), rolling(1_000, 0), 10, 1);
+    if !h.store.atomic_across_tags() {
+        let error = h.eval_err(T0, &[a.clone(), other_tag]).await;
+        assert!(
+            matches!(error, StoreError::Protocol(_)),
+            "two hash tags: {error}"
+        );
+    }
     for (what, charges) in [
-        ("two hash tags", vec![a.clone(), other_tag]),
         ("one key twice", vec![a.clone(), a.clone()]),
         ("a limit above 2^53 - 1", vec![too_big]),
         ("limit × period_ms above 2^53 - 1", vec![overflowing]),
@@ -201,6 +208,23 @@ async fn malformed_decisions_are_rejected_before_touching_any_key(h: &Harness) {
         StoreError::Protocol(_)
     ));
     assert!(!h.exists(&a.key, T0).await);
+}
+
+/// A store atomic across hash tags (memory, standalone Redis) decides charges of several
+/// shards in one call: all charged or none (budgets shared by subjects).
+async fn charges_of_several_hash_tags_are_all_or_none_where_the_store_allows_them(h: &Harness) {
+    if !h.store.atomic_across_tags() {
+        return;
+    }
+    let own = charge(&h.key("own"), calendar(END), 10, 1);
+    let shared = charge(&h.other_tag_key("shared"), calendar(END), 2, 1);
+    for expected in [true, true, false] {
+        let evaluation = h.eval(T0, &[own.clone(), shared.clone()], true).await;
+        assert_eq!(evaluation.allowed, expected);
+    }
+    let peek = h.eval(T0, &[own.clone(), shared.clone()], false).await;
+    assert_eq!(peek.outcomes[0].used, 2, "the denial charged neither");
+    assert_eq!(peek.outcomes[1].used, 2);
 }
 
 async fn an_empty_decision_is_allowed(h: &Harness) {

@@ -131,18 +131,20 @@ fn counter_state(state: CounterState) -> State {
 impl MemoryCounterStore {
     /// Puts every charge's cost on its counter at `now_ms`, whatever the limits.
     fn force(&self, now_ms: i64, charges: &[Charge]) -> Result<(), StoreError> {
-        check_charges(now_ms, charges)?;
-        let Some(first) = charges.first() else {
+        check_charges(now_ms, charges, true)?;
+        if charges.is_empty() {
             return Ok(());
-        };
-        let mut guard = lock(self.shard(&first.key));
-        for charge in charges {
-            let entry = guard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
-            if let Some(write) = counting::read(entry, now_ms, charge)?.write {
-                counting::apply(&mut guard.entries, charge, now_ms, write);
-            }
         }
-        Ok(())
+        let keys: Vec<&str> = charges.iter().map(|c| c.key.as_str()).collect();
+        self.with_keys(&keys, |shard| {
+            for charge in charges {
+                let entry = shard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
+                if let Some(write) = counting::read(entry, now_ms, charge)?.write {
+                    counting::apply(&mut shard.entries, charge, now_ms, write);
+                }
+            }
+            Ok(())
+        })
     }
 }
 

@@ -450,8 +450,8 @@ impl CounterStore for RedisCounterStore {
         commit: bool,
         effects: &Effects,
     ) -> Result<Decided, StoreError> {
-        check_charges(now_ms, charges)?;
-        if charges.is_empty() {
+        check_charges(now_ms, charges, !self.cluster)?;
+        if charges.is_empty() && effects.hold.is_none() {
             return Ok(Decided::Fresh(Evaluation {
                 allowed: true,
                 outcomes: Vec::new(),
@@ -506,6 +506,10 @@ impl CounterStore for RedisCounterStore {
 
     fn streams_ledger(&self) -> bool {
         true
+    }
+
+    fn atomic_across_tags(&self) -> bool {
+        !self.cluster
     }
 
     fn circuit_open(&self) -> bool {

@@ -17,6 +17,19 @@ pub(super) const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
 /// The give-back script (refunds, hold settlement); its header documents KEYS and ARGV.
 pub(super) const GIVEBACK_LUA: &str = include_str!("scripts/giveback.lua");
 
+/// The epochs of the distinct shards of `keys`, in order of first appearance (one, unless
+/// a decision charges budgets of several shards).
+fn epochs_of<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut epochs: Vec<String> = Vec::with_capacity(1);
+    for key in keys {
+        let epoch = keys::epoch_of(key);
+        if !epochs.contains(&epoch) {
+            epochs.push(epoch);
+        }
+    }
+    epochs
+}
+
 /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
 /// front: two allocations per decision (a `ScriptInvocation` would make one per argument).
 pub(super) fn consume_cmd(
@@ -41,9 +54,23 @@ pub(super) fn consume_cmd(
     let extra_keys = usize::from(effects.idempotency.is_some())
         + usize::from(effects.ledger.is_some())
         + 2 * usize::from(effects.hold.is_some());
+    // The epoch of every shard the call touches: its charges' and its effects' (home).
+    let home = effects
+        .idempotency
+        .as_ref()
+        .map(|i| i.key.as_str())
+        .or(effects.ledger.as_ref().map(|l| l.stream.as_str()))
+        .or(effects.hold.as_ref().map(|h| h.record_key.as_str()));
+    let epoch_keys = match epochs {
+        true => epochs_of(
+            home.into_iter()
+                .chain(charges.iter().map(|c| c.key.as_str())),
+        ),
+        false => Vec::new(),
+    };
     call.arg("EVALSHA")
         .arg(script.get_hash())
-        .arg(charges.len() + extra_keys + usize::from(epochs));
+        .arg(charges.len() + extra_keys + epoch_keys.len());
     for charge in charges {
         call.arg(charge.key.as_str());
     }
@@ -57,10 +84,8 @@ pub(super) fn consume_cmd(
         call.arg(hold.record_key.as_str())
             .arg(hold.index_key.as_str());
     }
-    if epochs {
-        call.arg(keys::epoch_of(
-            charges.first().map_or("", |c| c.key.as_str()),
-        ));
+    for epoch in &epoch_keys {
+        call.arg(epoch.as_str());
     }
     // ARGV layout (see the script's header): now, commit, six values per charge, effects.
     call.arg(now_ms).arg(u8::from(commit));
@@ -113,9 +138,16 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
     let extra_keys = usize::from(request.hold_index.is_some())
         + usize::from(request.ledger.is_some())
         + usize::from(request.idempotency.is_some());
+    let epoch_keys = match epochs {
+        true => epochs_of(
+            std::iter::once(request.control_key.as_str())
+                .chain(request.counters.iter().map(|c| c.key.as_str())),
+        ),
+        false => Vec::new(),
+    };
     call.arg("EVALSHA")
         .arg(script.get_hash())
-        .arg(request.counters.len() + 1 + extra_keys + usize::from(epochs));
+        .arg(request.counters.len() + 1 + extra_keys + epoch_keys.len());
     for counter in &request.counters {
         call.arg(counter.key.as_str());
     }
@@ -129,8 +161,8 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
     if let Some(idem) = &request.idempotency {
         call.arg(idem.key.as_str());
     }
-    if epochs {
-        call.arg(keys::epoch_of(&request.control_key));
+    for epoch in &epoch_keys {
+        call.arg(epoch.as_str());
     }
     let (op, total, amount, refunded, hold_expiry) = match request.kind {
         GiveBackKind::Refund {

@@ -15,7 +15,7 @@
 //!
 //! | # | field | form |
 //! |---|---|---|
-//! | 0 | version | `2` (JSON entries of earlier versions start with `{`) |
+//! | 0 | version | `3` (`2` lacks field 12; JSON entries of earlier versions start with `{`) |
 //! | 1 | id | [`b64`] |
 //! | 2 | at | Unix ms |
 //! | 3 | kind | one letter: `c`harge, `r`efund, `h`old, co`m`mit, re`l`ease, e`x`pire, `d`eny |
@@ -24,10 +24,11 @@
 //! | 7 | consumption id | [`b64`], or empty |
 //! | 8 | hold id | [`b64`] `.` shard, or empty |
 //! | 9 | idempotency key | as is, or empty |
-//! | 10 | policies | per policy: id `GS` amount (empty: the entry's amount) |
+//! | 10 | policies | per policy: id `GS` amount (empty: the entry's amount), then `GS` and its scope's key names joined by `,` unless it is the default scope |
 //! | 11 | counters | per counter: policy `GS` key `GS` restore `GS` by-amount (`1`/`0`) `GS` charged (empty: its policy's amount) |
-//! | 12 | a hold's expiry | Unix ms (optional) |
-//! | 13, 14 | a kept answer | its expiry (Unix ms), then its text, or its compact form (optional) |
+//! | 12 | attributes | per attribute: key `GS` value |
+//! | 13 | a hold's expiry | Unix ms (optional) |
+//! | 14, 15 | a kept answer | its expiry (Unix ms), then its text, or its compact form (optional) |
 //!
 //! A kept answer's **compact form** is what a keyed consume's stream entry carries, so that
 //! a Redis that lost its data gets the answer back from the ledger: per policy (in field 10's
@@ -37,20 +38,23 @@
 //! is the entry's own. A full text starts with `{` (the record's JSON).
 //!
 //! A counter's policy is the index of its policy in field 10 (empty: the counter's own
-//! position), or `~` and the id (`~` is no slug character). Its key is `+` and the part before `<action>|<subject>` when it ends so
+//! position), whose scope is the counter's, or `~` and the id (`~` is no slug character;
+//! the default scope). Its key is `+` and the part before `<action>|<subject>` when it ends so
 //! (it always does, `crate::keys`), or `=` and the whole key. Its restore is `c<period
 //! end ms>`, `r<bucket>,<bucket ms>,<buckets>` (the bucket empty when it is the one the
 //! entry's instant falls in) or `t<period ms>,<limit>`.
 
 use super::{encode_consume_record, field, CodecError, ConsumeRecord, EntryParts, KeptPolicy};
 use crate::domain::{
-    ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry, Measure,
-    Mode, PolicyAmount, PolicyId, Restore,
+    Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
+    Measure, Mode, PolicyAmount, PolicyId, Restore, Scope,
 };
 use chrono::{DateTime, Utc};
 use std::fmt::Write as _;
 
-const VERSION: &str = "2";
+const VERSION: &str = "3";
+/// The version before attributes (field 12), still read.
+const VERSION_2: &str = "2";
 const US: char = '\u{1f}';
 const RS: char = '\u{1e}';
 const GS: char = '\u{1d}';
@@ -131,6 +135,9 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
         if p.amount != entry.amount {
             let _ = write!(out, "{}", p.amount);
         }
+        if !p.scope.is_default() {
+            let _ = write!(out, "{GS}{}", p.scope.names());
+        }
     }
     out.push(US);
     for (i, c) in entry.counters.iter().enumerate() {
@@ -180,6 +187,13 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
         if Some(c.charged) != policy.map(|index| entry.policies[index].amount) {
             let _ = write!(out, "{}", c.charged);
         }
+    }
+    out.push(US);
+    for (i, (key, value)) in entry.attributes.iter().enumerate() {
+        if i > 0 {
+            out.push(RS);
+        }
+        let _ = write!(out, "{key}{GS}{value}");
     }
     let hold_expiry = entry.hold_expires_at.map(|at| at.timestamp_millis());
     if hold_expiry.is_some() || entry.kept_answer.is_some() {
@@ -259,6 +273,7 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
                 mode,
                 limit: number("kept limit", limit)?,
                 window_seconds: number("kept window", window)?,
+                scope: policy.scope.clone(),
             })
         })
         .collect::<Result<_, CodecError>>()?;
@@ -270,6 +285,7 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
         amount: entry.amount,
         at_ms: entry.at.timestamp_millis(),
         policies,
+        attributes: entry.attributes.clone(),
     };
     Ok(format!("{}\n{numbers}", encode_consume_record(&record)))
 }
@@ -288,17 +304,34 @@ fn optional(text: &str) -> Option<&str> {
     (!text.is_empty()).then_some(text)
 }
 
-/// Whether `text` is in the compact form (rather than an earlier version's JSON).
-pub(super) fn is_compact(text: &str) -> bool {
-    text.starts_with(VERSION) && text[VERSION.len()..].starts_with(US)
+/// The compact version `text` is in, if it is in the compact form (rather than an
+/// earlier version's JSON).
+fn compact_version(text: &str) -> Option<&'static str> {
+    [VERSION, VERSION_2]
+        .into_iter()
+        .find(|v| text.starts_with(v) && text[v.len()..].starts_with(US))
 }
 
-/// Reads what [`encode`] wrote.
+/// Whether `text` is in the compact form (rather than an earlier version's JSON).
+pub(super) fn is_compact(text: &str) -> bool {
+    compact_version(text).is_some()
+}
+
+/// Reads what [`encode`] (or version 2) wrote.
 pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
-    let fields: Vec<&str> = text.splitn(15, US).collect();
-    if fields.len() < 12 || fields[0] != VERSION {
+    let version = compact_version(text);
+    let mut fields: Vec<&str> = match version {
+        Some(VERSION) => text.splitn(16, US).collect(),
+        _ => text.splitn(15, US).collect(),
+    };
+    if fields.len() < 12 || version.is_none() {
         return Err(CodecError::new(WHAT, "not a compact entry"));
     }
+    let attributes = match version {
+        Some(VERSION) if fields.len() > 12 => decode_attributes(fields.remove(12))?,
+        Some(VERSION) => return Err(CodecError::new(WHAT, "no attributes field")),
+        _ => Attributes::default(),
+    };
     let kind = fields[3]
         .chars()
         .next()
@@ -345,6 +378,7 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
             idempotency_key: optional(fields[9]),
         },
         policies,
+        attributes,
         super::Detail {
             counters,
             hold_expires_at,
@@ -373,17 +407,33 @@ fn items(text: &str) -> impl Iterator<Item = &str> {
     text.split(RS).filter(|item| !item.is_empty())
 }
 
+fn decode_attributes(text: &str) -> Result<Attributes, CodecError> {
+    let pairs = items(text)
+        .map(|item| {
+            item.split_once(GS)
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| CodecError::new(WHAT, "an attribute without its value"))
+        })
+        .collect::<Result<Vec<_>, CodecError>>()?;
+    field(WHAT, Attributes::parse("attributes", pairs))
+}
+
 fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
     items(text)
         .map(|item| {
-            let (id, policy_amount) = item
-                .split_once(GS)
-                .ok_or_else(|| CodecError::new(WHAT, "a policy without its amount"))?;
+            let mut parts = item.splitn(3, GS);
+            let (Some(id), Some(policy_amount)) = (parts.next(), parts.next()) else {
+                return Err(CodecError::new(WHAT, "a policy without its amount"));
+            };
             Ok(PolicyAmount {
                 policy_id: field(WHAT, PolicyId::parse("policy_id", id))?,
                 amount: match optional(policy_amount) {
                     None => amount,
                     Some(text) => number("policy amount", text)?,
+                },
+                scope: match parts.next() {
+                    None => Scope::default(),
+                    Some(names) => field(WHAT, Scope::from_names(names))?,
                 },
             })
         })
@@ -403,8 +453,12 @@ fn decode_counters(
             let [policy, key, restore, by_amount, charged] = parts[..] else {
                 return Err(CodecError::new(WHAT, format!("counter '{item}'")));
             };
-            let (policy_id, policy_amount) = match policy.strip_prefix('~') {
-                Some(id) => (field(WHAT, PolicyId::parse("policy_id", id))?, None),
+            let (policy_id, policy_amount, scope) = match policy.strip_prefix('~') {
+                Some(id) => (
+                    field(WHAT, PolicyId::parse("policy_id", id))?,
+                    None,
+                    Scope::default(),
+                ),
                 None => {
                     let index = match optional(policy) {
                         None => i,
@@ -413,7 +467,11 @@ fn decode_counters(
                     let policy = policies
                         .get(index)
                         .ok_or_else(|| CodecError::new(WHAT, format!("policy index {index}")))?;
-                    (policy.policy_id.clone(), Some(policy.amount))
+                    (
+                        policy.policy_id.clone(),
+                        Some(policy.amount),
+                        policy.scope.clone(),
+                    )
                 }
             };
             let key = match (key.strip_prefix('+'), key.strip_prefix('=')) {
@@ -435,6 +493,7 @@ fn decode_counters(
                     (None, Some(amount)) => amount,
                     (None, None) => return Err(CodecError::new(WHAT, "a charge without units")),
                 },
+                scope,
             })
         })
         .collect()

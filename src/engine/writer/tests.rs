@@ -145,6 +145,7 @@ fn entry(label: &str) -> LedgerEntry {
         hold_id: None,
         idempotency_key: None,
         policies: Vec::new(),
+        attributes: Default::default(),
         counters: Vec::new(),
         hold_expires_at: None,
         kept_answer: None,

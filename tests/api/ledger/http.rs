@@ -69,7 +69,9 @@ async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: Po
                "action": "sms.send", "subject": "bob", "amount": 500, "consumption_id": null,
                "hold_id": hold_id("h-1").to_string(),
                "idempotency_key": "key-1",
-               "policies": [{"policy_id": "transfer-daily", "amount": 500}]}),
+               "policies": [{"policy_id": "transfer-daily", "amount": 500,
+                             "budget": {"subject": "bob"}}],
+               "attributes": {}}),
         "every public field, and never the internal detail"
     );
 

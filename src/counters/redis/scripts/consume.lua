@@ -2,9 +2,11 @@
 consume.lua: checks every charge of one quota decision and applies all of them or none.
 The Rust twin of this script is memory.rs; conformance.rs runs the same scenarios on both.
 
-KEYS[i]   the counter of charge i; all keys of one call share a hash tag (one cluster slot);
-          after the effects' keys (below), the shard's epoch, when given (the service
-          always gives it; the counting conformance suite, whose keys are in no shard, not)
+KEYS[i]   the counter of charge i; on a Redis Cluster all keys of one call share a hash tag
+          (one slot; a standalone Redis takes budgets of several shards in one call);
+          after the effects' keys (below), the epoch of every shard the call touches, when
+          given (the service always gives them; the counting conformance suite, whose keys
+          are in no shard, not)
 ARGV[1]   now_ms (integer, Unix milliseconds or a test clock)
 ARGV[2]   1 = apply the charges when the decision is allowed, 0 = only look (peek)
 then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
@@ -30,7 +32,7 @@ ARGV[e .. e + 8] with e = 3 + 6 * n:
   hold ttl     ms to keep the hold record
 so n = (#ARGV - 11) / 6.
 
-When the shard's epoch is missing (Redis lost its data, or the shard was never rebuilt
+When a shard's epoch is missing (Redis lost its data, or the shard was never rebuilt
 from the ledger), nothing is read or decided and the reply is { -2 }.
 When the idempotency record exists already, nothing is decided and the reply is
   { -1, record .. "\n" .. the original reply numbers, comma-separated }.
@@ -74,7 +76,9 @@ if has_ledger then stream_key = KEYS[k]; k = k + 1 end
 if has_hold then hold_key = KEYS[k]; index_key = KEYS[k + 1] end
 
 local effect_keys = (has_idem and 1 or 0) + (has_ledger and 1 or 0) + (has_hold and 2 or 0)
-if #KEYS > n + effect_keys and redis.call('EXISTS', KEYS[#KEYS]) == 0 then return { -2 } end
+for i = n + effect_keys + 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then return { -2 } end
+end
 
 if has_idem then
   local kept = redis.call('GET', idem_key)

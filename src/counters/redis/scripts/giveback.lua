@@ -4,8 +4,9 @@ release or expiry of a hold) atomically with its bookkeeping. The Rust twin is m
 
 KEYS: the n counters, then the control key (refund: the running refunded total of the
 consumption; hold: the hold's record), then, when flagged, the index of open holds, the
-ledger stream and the idempotency record, in that order, and last the shard's epoch when
-given (the service always gives it). All share one hash tag.
+ledger stream and the idempotency record, in that order, and last the epoch of every
+shard the call touches, when given (the service always gives them). On a Redis Cluster all
+share one hash tag.
 
 ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire
 ARGV[3]  n                 ARGV[4]  total (the charge or the held amount)
@@ -50,7 +51,9 @@ if ARGV[13] == '1' then stream_key = KEYS[k]; k = k + 1 end
 if ARGV[14] == '1' then idem_key = KEYS[k] end
 
 local flagged = (ARGV[12] == '1' and 1 or 0) + (ARGV[13] == '1' and 1 or 0) + (ARGV[14] == '1' and 1 or 0)
-if #KEYS > n + 1 + flagged and redis.call('EXISTS', KEYS[#KEYS]) == 0 then return { 5, 0 } end
+for i = n + 2 + flagged, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then return { 5, 0 } end
+end
 
 if idem_key then
   local kept = redis.call('GET', idem_key)

@@ -1,0 +1,539 @@
+//! Budgets over real HTTP on every counter store: attributes on consumes, `match`
+//! conditions (and deny lists), scopes naming the subject and attributes, overrides by
+//! budget, and the budgets every answer and ledger entry names.
+
+use crate::helpers::{app_with, Answer, CounterBackend, TestApp};
+use crate::on_counter_stores;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+fn sms(id: &str, limit: u64) -> Value {
+    json!({"id": id, "action": "sms", "measure": "count", "limit": limit,
+        "window": {"type": "calendar", "period": "day"}})
+}
+
+/// `sms` with `extra` fields merged in.
+fn sms_with(id: &str, limit: u64, extra: Value) -> Value {
+    let mut policy = sms(id, limit);
+    for (key, value) in extra.as_object().unwrap() {
+        policy[key] = value.clone();
+    }
+    policy
+}
+
+async fn send_sms(app: &TestApp, subject: &str, attributes: Value) -> Answer {
+    app.quota(
+        "/quota/consume",
+        json!({"action": "sms", "subject": subject, "attributes": attributes}),
+    )
+    .await
+}
+
+/// The policy ids an answer lists, in order.
+fn listed(answer: &Answer) -> Vec<String> {
+    answer.body["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn part<'a>(answer: &'a Answer, policy: &str) -> &'a Value {
+    answer.body["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["policy_id"] == policy))
+        .unwrap_or_else(|| panic!("{policy} in {}", answer.body))
+}
+
+async fn usage_with(app: &TestApp, subject: &str, attributes: &[(&str, &str)]) -> Answer {
+    let mut query = vec![("action".to_owned(), "sms".to_owned())];
+    query.push(("subject".to_owned(), subject.to_owned()));
+    for (key, value) in attributes {
+        query.push((format!("attributes[{key}]"), (*value).to_owned()));
+    }
+    app.send(
+        app.client
+            .get(format!("{}/quota/usage", app.address))
+            .query(&query),
+    )
+    .await
+}
+
+async fn a_match_applies_a_policy_only_to_the_requests_it_lists(counters: CounterBackend) {
+    let free = sms_with(
+        "free-plan",
+        2,
+        json!({"match": {"plan": ["free", "trial"]}}),
+    );
+    let app = app_with(counters, &[sms("per-user", 10), free]).await;
+    let free_user = send_sms(&app, "u-1", json!({"plan": "free"})).await;
+    assert_eq!(free_user.status, StatusCode::OK, "{}", free_user.body);
+    assert_eq!(listed(&free_user), ["free-plan", "per-user"]);
+    assert_eq!(
+        part(&free_user, "free-plan")["budget"],
+        json!({"subject": "u-1"})
+    );
+    let paid_user = send_sms(&app, "u-1", json!({"plan": "paid"})).await;
+    assert_eq!(listed(&paid_user), ["per-user"], "a value not listed");
+    let no_plan = send_sms(&app, "u-1", json!({})).await;
+    assert_eq!(
+        listed(&no_plan),
+        ["per-user"],
+        "a missing key does not match"
+    );
+    send_sms(&app, "u-1", json!({"plan": "trial"})).await;
+    let third = send_sms(&app, "u-1", json!({"plan": "free"})).await;
+    assert_eq!(
+        third.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        third.body
+    );
+    assert_eq!(part(&third, "free-plan")["allowed"], false);
+    assert_eq!(
+        part(&third, "per-user")["used"],
+        4,
+        "the denial charged nothing"
+    );
+    let paid = send_sms(&app, "u-1", json!({"plan": "paid"})).await;
+    assert_eq!(
+        paid.status,
+        StatusCode::OK,
+        "the free-plan cap does not apply"
+    );
+}
+
+async fn a_match_with_limit_0_is_a_deny_list(counters: CounterBackend) {
+    let deny = sms_with(
+        "blocked-countries",
+        0,
+        json!({"match": {"country": ["KP", "IR"]}}),
+    );
+    let app = app_with(counters, &[sms("per-user", 10), deny]).await;
+    let blocked = send_sms(&app, "u-1", json!({"country": "KP"})).await;
+    assert_eq!(
+        blocked.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        blocked.body
+    );
+    assert_eq!(blocked.body["retry_after_seconds"], Value::Null, "never");
+    assert_eq!(part(&blocked, "blocked-countries")["allowed"], false);
+    assert_eq!(part(&blocked, "per-user")["used"], 0);
+    let fine = send_sms(&app, "u-1", json!({"country": "NG"})).await;
+    assert_eq!(fine.status, StatusCode::OK, "{}", fine.body);
+    assert_eq!(listed(&fine), ["per-user"]);
+}
+
+async fn an_action_whose_policies_all_skip_the_request_allows_it_listing_none(
+    counters: CounterBackend,
+) {
+    let only_free = sms_with("free-plan", 1, json!({"match": {"plan": ["free"]}}));
+    let app = app_with(counters, &[only_free]).await;
+    let answer = send_sms(&app, "u-1", json!({"plan": "paid"})).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.body["policies"], json!([]));
+    // A hold that charges nothing still exists: it can be settled.
+    let hold = app
+        .quota(
+            "/quota/holds",
+            json!({"action": "sms", "subject": "u-1", "ttl_seconds": 60,
+                   "attributes": {"plan": "paid"}}),
+        )
+        .await;
+    assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
+    let hold_id = hold.body["hold_id"].as_str().unwrap();
+    let released = app
+        .quota(&format!("/quota/holds/{hold_id}/release"), json!({}))
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+}
+
+async fn a_scope_with_an_attribute_counts_each_value_apart_and_needs_it(counters: CounterBackend) {
+    let per_org = sms_with("per-user-org", 2, json!({"scope": ["subject", "org"]}));
+    let app = app_with(counters, &[sms("per-user", 10), per_org]).await;
+    for _ in 0..2 {
+        let answer = send_sms(&app, "u-1", json!({"org": "acme"})).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    let third = send_sms(&app, "u-1", json!({"org": "acme"})).await;
+    assert_eq!(
+        third.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        third.body
+    );
+    assert_eq!(
+        part(&third, "per-user-org")["budget"],
+        json!({"subject": "u-1", "org": "acme"})
+    );
+    let other_org = send_sms(&app, "u-1", json!({"org": "globex"})).await;
+    assert_eq!(other_org.status, StatusCode::OK, "another budget");
+    assert_eq!(part(&other_org, "per-user-org")["used"], 1);
+    assert_eq!(part(&other_org, "per-user")["used"], 3);
+
+    let missing = send_sms(&app, "u-1", json!({})).await;
+    let problem = missing.assert_problem(422);
+    assert_eq!(problem["errors"][0]["field"], "attributes.org", "{problem}");
+    let usage = app.usage("sms", "u-1").await;
+    assert_eq!(usage.status.as_u16(), 422, "{}", usage.body);
+    let usage = usage_with(&app, "u-1", &[("org", "acme")]).await;
+    assert_eq!(usage.status, StatusCode::OK, "{}", usage.body);
+    assert_eq!(part(&usage, "per-user-org")["used"], 2);
+    assert_eq!(
+        part(&usage, "per-user")["used"],
+        3,
+        "the 422 charged nothing"
+    );
+}
+
+async fn an_override_names_a_budget_of_the_policys_scope(counters: CounterBackend) {
+    let per_org = sms_with("per-user-org", 1, json!({"scope": ["subject", "org"]}));
+    let app = app_with(counters, &[per_org]).await;
+    let path = "/admin/policies/per-user-org/overrides";
+    let put = app
+        .send(
+            app.admin(Method::PUT, &format!("{path}/u-1,acme"))
+                .json(&json!({"limit": 3})),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{}", put.body);
+    let wrong = app
+        .send(
+            app.admin(Method::PUT, &format!("{path}/u-1"))
+                .json(&json!({"limit": 3})),
+        )
+        .await;
+    assert_eq!(wrong.assert_problem(422)["errors"][0]["field"], "subject");
+    for expected in [StatusCode::OK, StatusCode::OK, StatusCode::OK] {
+        let answer = send_sms(&app, "u-1", json!({"org": "acme"})).await;
+        assert_eq!(answer.status, expected, "{}", answer.body);
+        assert_eq!(part(&answer, "per-user-org")["limit"], 3);
+    }
+    let over = send_sms(&app, "u-1", json!({"org": "acme"})).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    let other = send_sms(&app, "u-1", json!({"org": "globex"})).await;
+    assert_eq!(
+        part(&other, "per-user-org")["limit"],
+        1,
+        "no override there"
+    );
+
+    let mut changed = sms_with("per-user-org", 1, json!({"scope": ["subject"]}));
+    changed.as_object_mut().unwrap().remove("id");
+    let refused = app
+        .send(
+            app.admin(Method::PUT, "/admin/policies/per-user-org")
+                .json(&changed),
+        )
+        .await;
+    refused.assert_problem(409);
+}
+
+async fn answers_and_ledger_entries_name_budgets_and_keep_attributes(counters: CounterBackend) {
+    let per_org = sms_with("per-user-org", 5, json!({"scope": ["subject", "org"]}));
+    let app = app_with(counters, &[sms("per-user", 10), per_org]).await;
+    let attributes = json!({"org": "acme", "tz": "Asia/Tokyo"});
+    let charged = app
+        .quota(
+            "/quota/consume",
+            json!({"action": "sms", "subject": "u-1", "attributes": attributes,
+                   "idempotency_key": "k-1"}),
+        )
+        .await;
+    assert_eq!(charged.status, StatusCode::OK, "{}", charged.body);
+    let retry = app
+        .quota(
+            "/quota/consume",
+            json!({"action": "sms", "subject": "u-1", "attributes": {"org": "other"},
+                   "idempotency_key": "k-1"}),
+        )
+        .await;
+    assert_eq!(retry.body["replayed"], true);
+    assert_eq!(
+        retry.body["policies"], charged.body["policies"],
+        "a replay names the original budgets"
+    );
+    let id = charged.body["consumption_id"].as_str().unwrap();
+    let refund = app
+        .quota("/quota/refund", json!({"consumption_id": id}))
+        .await;
+    assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+    assert_eq!(
+        refund.body["entry"]["attributes"], attributes,
+        "{}",
+        refund.body
+    );
+    assert_eq!(part(&refund, "per-user-org")["used"], 0, "{}", refund.body);
+
+    app.engine.drain_ledger_now().await;
+    let page = app
+        .send(
+            app.client
+                .get(format!("{}/quota/ledger?subject=u-1", app.address)),
+        )
+        .await;
+    let items = page.body["items"].as_array().unwrap();
+    let kinds: Vec<&str> = items.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["refund", "charge"]);
+    for item in items {
+        assert_eq!(item["attributes"], attributes, "{item}");
+        assert_eq!(
+            item["policies"],
+            json!([
+                {"policy_id": "per-user", "amount": 1, "budget": {"subject": "u-1"}},
+                {"policy_id": "per-user-org", "amount": 1,
+                 "budget": {"subject": "u-1", "org": "acme"}},
+            ]),
+            "{item}"
+        );
+    }
+}
+
+async fn a_hold_charges_its_budgets_and_gives_back_to_them(counters: CounterBackend) {
+    let per_org = sms_with("per-user-org", 5, json!({"scope": ["subject", "org"]}));
+    let app = app_with(counters, &[per_org]).await;
+    let hold = app
+        .quota(
+            "/quota/holds",
+            json!({"action": "sms", "subject": "u-1", "ttl_seconds": 60,
+                   "attributes": {"org": "acme"}}),
+        )
+        .await;
+    assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
+    assert_eq!(part(&hold, "per-user-org")["used"], 1);
+    let hold_id = hold.body["hold_id"].as_str().unwrap();
+    let released = app
+        .quota(&format!("/quota/holds/{hold_id}/release"), json!({}))
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert_eq!(released.body["entry"]["attributes"], json!({"org": "acme"}));
+    let usage = usage_with(&app, "u-1", &[("org", "acme")]).await;
+    assert_eq!(part(&usage, "per-user-org")["used"], 0, "{}", usage.body);
+}
+
+/// A global budget (`scope: []`) and a per-country one, shared by every subject, next to
+/// each subject's own; all charged or none.
+async fn shared_budgets_are_charged_with_the_subjects_all_or_none(counters: CounterBackend) {
+    let platform = sms_with("platform", 5, json!({"scope": []}));
+    let country = sms_with("per-country", 3, json!({"scope": ["country"]}));
+    let app = app_with(counters, &[sms("per-user", 2), platform, country]).await;
+    let mut allowed = 0;
+    for subject in ["u-1", "u-2", "u-3"] {
+        let answer = send_sms(&app, subject, json!({"country": "NG"})).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(part(&answer, "platform")["budget"], json!({}));
+        assert_eq!(
+            part(&answer, "per-country")["budget"],
+            json!({"country": "NG"})
+        );
+        allowed += 1;
+    }
+    // NG is full: the 4th is denied by the country budget, and charges nothing anywhere.
+    let denied = send_sms(&app, "u-4", json!({"country": "NG"})).await;
+    assert_eq!(
+        denied.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        denied.body
+    );
+    assert_eq!(part(&denied, "per-country")["allowed"], false);
+    assert_eq!(part(&denied, "platform")["allowed"], true);
+    assert_eq!(
+        part(&denied, "platform")["used"],
+        allowed,
+        "nothing charged"
+    );
+    assert_eq!(part(&denied, "per-user")["used"], 0, "nothing charged");
+    let ghana = send_sms(&app, "u-4", json!({"country": "GH"})).await;
+    assert_eq!(
+        ghana.status,
+        StatusCode::OK,
+        "another country, {}",
+        ghana.body
+    );
+    assert_eq!(part(&ghana, "platform")["used"], 4);
+    let missing = send_sms(&app, "u-5", json!({})).await;
+    assert_eq!(
+        missing.assert_problem(422)["errors"][0]["field"],
+        "attributes.country"
+    );
+    // A refund gives back to every budget it charged, the shared ones too.
+    let id = ghana.body["consumption_id"].as_str().unwrap();
+    let refund = app
+        .quota("/quota/refund", json!({"consumption_id": id}))
+        .await;
+    assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+    assert_eq!(part(&refund, "platform")["used"], 3, "{}", refund.body);
+    assert_eq!(part(&refund, "per-country")["used"], 0, "{}", refund.body);
+    // Overrides name the country, or `*` for the global budget.
+    let path = "/admin/policies";
+    for (segment, policy) in [("NG", "per-country"), ("*", "platform")] {
+        let put = app
+            .send(
+                app.admin(Method::PUT, &format!("{path}/{policy}/overrides/{segment}"))
+                    .json(&json!({"limit": 100})),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{}", put.body);
+    }
+    let wrong = app
+        .send(
+            app.admin(Method::PUT, &format!("{path}/platform/overrides/NG"))
+                .json(&json!({"limit": 100})),
+        )
+        .await;
+    wrong.assert_problem(422);
+    let raised = send_sms(&app, "u-6", json!({"country": "NG"})).await;
+    assert_eq!(raised.status, StatusCode::OK, "{}", raised.body);
+    assert_eq!(part(&raised, "per-country")["limit"], 100);
+    assert_eq!(part(&raised, "platform")["limit"], 100);
+}
+
+async fn shared_budgets_hold_exactly_under_concurrency(counters: CounterBackend) {
+    let platform = sms_with("platform", 100, json!({"scope": []}));
+    let app = std::sync::Arc::new(app_with(counters, &[sms("per-user", 3), platform]).await);
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let answer = send_sms(&app, &format!("s-{}", i % 50), json!({})).await;
+                (i % 50, answer.status)
+            })
+        })
+        .collect();
+    let mut per_subject = [0u32; 50];
+    let mut allowed = 0;
+    for task in tasks {
+        let (subject, status) = task.await.unwrap();
+        if status == StatusCode::OK {
+            allowed += 1;
+            per_subject[subject] += 1;
+        } else {
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+    assert_eq!(allowed, 100, "exactly the global budget");
+    assert!(per_subject.iter().all(|n| *n <= 3), "{per_subject:?}");
+}
+
+mod shared {
+    use super::*;
+
+    mod on_memory {
+        #[tokio::test]
+        async fn shared_budgets_are_charged_with_the_subjects_all_or_none() {
+            super::super::shared_budgets_are_charged_with_the_subjects_all_or_none(
+                super::CounterBackend::Memory,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn shared_budgets_hold_exactly_under_concurrency() {
+            super::super::shared_budgets_hold_exactly_under_concurrency(
+                super::CounterBackend::Memory,
+            )
+            .await
+        }
+    }
+    mod on_redis {
+        #[tokio::test]
+        async fn shared_budgets_are_charged_with_the_subjects_all_or_none() {
+            super::super::shared_budgets_are_charged_with_the_subjects_all_or_none(
+                super::CounterBackend::Redis,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn shared_budgets_hold_exactly_under_concurrency() {
+            super::super::shared_budgets_hold_exactly_under_concurrency(
+                super::CounterBackend::Redis,
+            )
+            .await
+        }
+    }
+
+    /// Redis Cluster does not decide shared budgets yet: such a policy is refused, clearly.
+    #[tokio::test]
+    async fn a_shared_budget_on_redis_cluster_is_refused_with_422() {
+        let app = app_with(CounterBackend::Cluster, &[]).await;
+        let answer = app
+            .create_policy(sms_with("platform", 5, json!({"scope": []})))
+            .await;
+        assert_eq!(answer.assert_problem(422)["errors"][0]["field"], "scope");
+    }
+
+    /// The embedded default rebuilds shared budgets on a restart, like every counter.
+    #[tokio::test]
+    async fn a_shared_budget_survives_a_crash_of_the_embedded_default() {
+        let platform = sms_with("platform", 4, json!({"scope": ["country"]}));
+        let app = app_with(CounterBackend::Memory, &[platform]).await;
+        for subject in ["u-1", "u-2", "u-3"] {
+            let answer = send_sms(&app, subject, json!({"country": "NG"})).await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        }
+        let app = app.crash_restart().await;
+        let fourth = send_sms(&app, "u-4", json!({"country": "NG"})).await;
+        assert_eq!(part(&fourth, "platform")["used"], 4, "{}", fourth.body);
+        let fifth = send_sms(&app, "u-5", json!({"country": "NG"})).await;
+        assert_eq!(
+            fifth.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            fifth.body
+        );
+    }
+}
+
+on_counter_stores!(
+    a_match_applies_a_policy_only_to_the_requests_it_lists,
+    a_match_with_limit_0_is_a_deny_list,
+    an_action_whose_policies_all_skip_the_request_allows_it_listing_none,
+    a_scope_with_an_attribute_counts_each_value_apart_and_needs_it,
+    an_override_names_a_budget_of_the_policys_scope,
+    answers_and_ledger_entries_name_budgets_and_keep_attributes,
+    a_hold_charges_its_budgets_and_gives_back_to_them,
+);
+
+/// Bad attributes, scopes and conditions are 422 naming the field, and change nothing.
+#[tokio::test]
+async fn bad_attributes_scopes_and_matches_are_422_naming_the_field() {
+    let app = app_with(CounterBackend::Memory, &[sms("per-user", 1)]).await;
+    let cases = [
+        (json!({"Country": "NG"}), "attributes"),
+        (json!({"subject": "u-2"}), "attributes.subject"),
+        (json!({"country": ""}), "attributes.country"),
+        (json!({"country": "x".repeat(129)}), "attributes.country"),
+    ];
+    for (attributes, field) in cases {
+        let answer = send_sms(&app, "u-1", attributes.clone()).await;
+        let problem = answer.assert_problem(422);
+        assert_eq!(
+            problem["errors"][0]["field"], field,
+            "{attributes}: {problem}"
+        );
+    }
+    let usage = app.usage("sms", "u-1").await;
+    assert_eq!(part(&usage, "per-user")["used"], 0, "nothing was charged");
+
+    let policies = [
+        (json!({"scope": ["org", "org"]}), "scope[1]"),
+        (json!({"scope": ["a", "b", "c", "d", "e"]}), "scope"),
+        (json!({"match": {"plan": []}}), "match.plan"),
+        (json!({"match": {"Plan": ["free"]}}), "match.Plan"),
+    ];
+    for (extra, field) in policies {
+        let answer = app.create_policy(sms_with("bad", 1, extra.clone())).await;
+        let problem = answer.assert_problem(422);
+        assert_eq!(problem["errors"][0]["field"], field, "{extra}: {problem}");
+    }
+    let unknown = app
+        .send(
+            app.client
+                .get(format!("{}/quota/usage", app.address))
+                .query(&[("action", "sms"), ("subject", "u-1"), ("country", "NG")]),
+        )
+        .await;
+    unknown.assert_problem(422);
+}
