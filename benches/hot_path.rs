@@ -62,6 +62,7 @@ fn policy(id: &str, measure: Measure, window: Window) -> Policy {
             description: String::new(),
             scope: Default::default(),
             conditions: Default::default(),
+            zone_attribute: None,
         },
         created_at: now(),
         updated_at: now(),

@@ -199,10 +199,17 @@ pub fn policy_key(policy: &Policy) -> PolicyKey {
     let window = policy.spec.window.fingerprint();
     // A fourth part only for a scope other than the default, so that every policy keeps
     // the key it had before scopes existed.
-    let scope = match policy.spec.scope.is_default() {
+    let mut scope = match policy.spec.scope.is_default() {
         true => String::new(),
         false => format!("s:{}", policy.spec.scope.names()),
     };
+    if let Some(attribute) = &policy.spec.zone_attribute {
+        if !scope.is_empty() {
+            scope.push(';');
+        }
+        scope.push_str("z:");
+        scope.push_str(attribute);
+    }
     let mut parts = vec![
         policy.id.as_str().as_bytes(),
         policy.spec.measure.as_str().as_bytes(),
@@ -366,6 +373,7 @@ mod tests {
                 description: String::new(),
                 scope: Default::default(),
                 conditions: Default::default(),
+                zone_attribute: None,
             },
             created_at: DateTime::UNIX_EPOCH,
             updated_at: DateTime::UNIX_EPOCH,

@@ -3,7 +3,7 @@
 use super::wire::{whole_number, Slug, TimeZoneName};
 use crate::domain::{
     Action, CalendarPeriod, FieldErrors, Match, Measure, Mode, Override, OverrideSpec, Policy,
-    PolicyId, PolicySpec, Quantity, Scope, Window,
+    PolicyId, PolicySpec, Quantity, Scope, ScopeKey, Window,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -25,6 +25,12 @@ pub(crate) enum WindowDto {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schema(value_type = Option<TimeZoneName>, example = "America/New_York")]
         timezone: Option<String>,
+        /// An attribute key (e.g. `tz`): a request carrying it counts in the IANA zone it
+        /// names (an unknown name is 422), else in `timezone`. A period, once started, runs
+        /// to its end in the zone it started in; another zone applies from the next period.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(example = "tz", pattern = "^[a-z][a-z0-9_]{0,31}$")]
+        timezone_attribute: Option<String>,
     },
     /// Total in any trailing `seconds` never exceeds the limit; counted in buckets.
     Rolling {
@@ -261,9 +267,27 @@ fn text(
 }
 
 impl WindowDto {
-    fn parse(&self) -> Result<Window, crate::domain::FieldError> {
+    /// The window, and a calendar window's zone attribute.
+    fn parse(&self) -> Result<(Window, Option<String>), crate::domain::FieldError> {
+        let zone_attribute = match self {
+            Self::Calendar {
+                timezone_attribute: Some(key),
+                ..
+            } => match ScopeKey::parse("window.timezone_attribute", key)? {
+                ScopeKey::Attr(key) => Some(key),
+                ScopeKey::Subject => {
+                    return Err(crate::domain::FieldError::new(
+                        "window.timezone_attribute",
+                        "must name an attribute, not the subject",
+                    ))
+                }
+            },
+            _ => None,
+        };
         let window = match self {
-            Self::Calendar { period, timezone } => {
+            Self::Calendar {
+                period, timezone, ..
+            } => {
                 let period = match period {
                     PeriodDto::Minute => CalendarPeriod::Minute,
                     PeriodDto::Hour => CalendarPeriod::Hour,
@@ -279,10 +303,12 @@ impl WindowDto {
             } => Window::rolling(i128::from(*seconds), i128::from(*bucket_seconds)),
             Self::TokenBucket { seconds } => Window::token_bucket(i128::from(*seconds)),
         };
-        window.map_err(|e| e.within("window"))
+        window
+            .map(|window| (window, zone_attribute))
+            .map_err(|e| e.within("window"))
     }
 
-    fn from_domain(window: &Window) -> Self {
+    fn from_domain(window: &Window, zone_attribute: Option<&str>) -> Self {
         match *window {
             Window::Calendar { period, timezone } => Self::Calendar {
                 period: match period {
@@ -293,6 +319,7 @@ impl WindowDto {
                     CalendarPeriod::Month => PeriodDto::Month,
                 },
                 timezone: Some(timezone.name().to_owned()),
+                timezone_attribute: zone_attribute.map(str::to_owned),
             },
             Window::Rolling {
                 seconds,
@@ -318,7 +345,10 @@ impl PolicyInput {
             .and_then(|id| errors.take(PolicyId::parse("id", id)));
         let action = errors.take(Action::parse("action", &self.action));
         let limit = errors.take(Quantity::parse("limit", i128::from(self.limit)));
-        let window = errors.take(self.window.parse());
+        let (window, zone_attribute) = match errors.take(self.window.parse()) {
+            Some((window, zone_attribute)) => (Some(window), zone_attribute),
+            None => (None, None),
+        };
         if let (Some(window), Some(limit)) = (&window, limit) {
             errors.take(window.check_limit("limit", limit.get()));
         }
@@ -357,6 +387,7 @@ impl PolicyInput {
                         description: description.unwrap_or_default(),
                         scope,
                         conditions,
+                        zone_attribute,
                     },
                 ))
             }
@@ -387,7 +418,7 @@ impl From<&Policy> for PolicyOut {
             },
             unit: p.spec.unit.clone(),
             limit: p.spec.limit.get(),
-            window: WindowDto::from_domain(&p.spec.window),
+            window: WindowDto::from_domain(&p.spec.window, p.spec.zone_attribute.as_deref()),
             mode: match p.spec.mode {
                 Mode::Enforce => ModeDto::Enforce,
                 Mode::Shadow => ModeDto::Shadow,

@@ -89,6 +89,15 @@ pub enum Restore {
         /// W / B.
         buckets: i64,
     },
+    /// A calendar period in the request's own zone (`timezone_attribute`): units go back
+    /// only to the period they were charged in.
+    ZonedCalendar {
+        /// The end of the period in the charging request's zone (what the charge offered
+        /// the store), Unix ms.
+        period_end_ms: i64,
+        /// When the units were charged, Unix ms.
+        charged_at_ms: i64,
+    },
     /// A token bucket.
     TokenBucket {
         /// Refill period, ms.

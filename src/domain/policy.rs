@@ -93,15 +93,22 @@ pub struct PolicySpec {
     pub scope: Scope,
     /// When the policy applies (`match` on the wire); empty, always.
     pub conditions: Match,
+    /// The attribute naming the request's own time zone (`window.timezone_attribute`;
+    /// calendar windows only): the period is computed in it, `window`'s zone otherwise.
+    pub zone_attribute: Option<String>,
 }
 
 impl PolicySpec {
     /// Whether switching from `self` to `next` keeps the counted usage.
     ///
     /// Usage is kept when only the limit, mode, description, switches or `match` change; a
-    /// new window, measure or scope starts counting afresh (counter keys include them).
+    /// new window, measure, scope or zone attribute starts counting afresh (counter keys
+    /// include them).
     pub(crate) fn keeps_usage_of(&self, next: &PolicySpec) -> bool {
-        self.window == next.window && self.measure == next.measure && self.scope == next.scope
+        self.window == next.window
+            && self.measure == next.measure
+            && self.scope == next.scope
+            && self.zone_attribute == next.zone_attribute
     }
 }
 

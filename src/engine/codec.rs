@@ -339,7 +339,8 @@ pub(crate) fn decode_hold_record(text: &str) -> Result<HoldRecord, CodecError> {
 }
 
 /// One counter of a charge, flat, as every version has written it (`kind` 1 calendar,
-/// 2 rolling, 3 token bucket; `span_ms` the bucket length or the refill period).
+/// 2 rolling, 3 token bucket, 4 zoned calendar; `span_ms` the bucket length or the refill
+/// period; a zoned calendar's `bucket` is when it was charged).
 #[derive(Serialize, Deserialize)]
 struct CounterWire {
     policy_id: String,
@@ -376,6 +377,10 @@ impl From<&CounterCharge> for CounterWire {
                 buckets,
             } => (2, bucket, bucket_ms, buckets, 0, 0),
             Restore::TokenBucket { period_ms, limit } => (3, 0, period_ms, 0, limit, 0),
+            Restore::ZonedCalendar {
+                period_end_ms,
+                charged_at_ms,
+            } => (4, charged_at_ms, 0, 0, 0, period_end_ms),
         };
         Self {
             policy_id: c.policy_id.to_string(),
@@ -410,6 +415,10 @@ fn decode_counter_wires(wires: Vec<CounterWire>) -> Result<Vec<CounterCharge>, C
                 3 if w.span_ms > 0 => Restore::TokenBucket {
                     period_ms: w.span_ms,
                     limit: w.limit,
+                },
+                4 => Restore::ZonedCalendar {
+                    period_end_ms: w.end_ms,
+                    charged_at_ms: w.bucket,
                 },
                 kind => {
                     return Err(CodecError::new(
@@ -788,6 +797,10 @@ mod tests {
                     period_ms: 1_000,
                     limit: 5,
                 }),
+                counter(Restore::ZonedCalendar {
+                    period_end_ms: 86_400_000,
+                    charged_at_ms: 1_795_000_000_000,
+                }),
             ],
             hold_expires_at: Some(
                 Utc.with_ymd_and_hms(2026, 11, 21, 12, 10, 0)
@@ -982,7 +995,7 @@ mod tests {
 
     #[test]
     fn a_counter_of_an_unknown_kind_is_an_error_not_a_calendar_counter() {
-        let text = r#"[{"policy_id":"p","key":"k","kind":4,"by_amount":true,"charged":1}]"#;
+        let text = r#"[{"policy_id":"p","key":"k","kind":5,"by_amount":true,"charged":1}]"#;
         assert!(decode_detail(Some(text)).is_err());
         let rolling_without_buckets =
             r#"[{"policy_id":"p","key":"k","kind":2,"span_ms":1000,"by_amount":true,"charged":1}]"#;

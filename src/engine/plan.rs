@@ -8,12 +8,13 @@ use super::{
     PolicyDecision,
 };
 use crate::domain::{
-    Attributes, Budget, CounterCharge, FieldErrors, Measure, Mode, Policy, PolicyAmount, Subject,
-    Window,
+    Attributes, Budget, CounterCharge, FieldError, FieldErrors, Measure, Mode, Policy,
+    PolicyAmount, Subject, Window,
 };
 use crate::engine::policies::ActionPolicies;
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use std::sync::Arc;
 
 /// Everything one decision needs, computed once.
@@ -75,7 +76,14 @@ impl Engine {
                     }
                 }
             };
-            let (algorithm, period, seconds) = algorithm_for(policy, now);
+            let zone = match zone_of(policy, attributes) {
+                Ok(zone) => zone,
+                Err(error) => {
+                    errors.push(error);
+                    continue;
+                }
+            };
+            let (algorithm, period, seconds) = algorithm_for(policy, zone, now);
             let cost = match amount.get() {
                 0 => 0,
                 _ => policy.spec.measure.cost(*amount).get(),
@@ -240,6 +248,10 @@ impl Plan {
                 key: charge.key.clone(),
                 restore: match charge.algorithm {
                     Algorithm::Calendar { period_end_ms } => Restore::Calendar { period_end_ms },
+                    Algorithm::ZonedCalendar { period_end_ms } => Restore::ZonedCalendar {
+                        period_end_ms,
+                        charged_at_ms: now_ms,
+                    },
                     Algorithm::Rolling { bucket_ms, buckets } => Restore::Rolling {
                         bucket: now_ms.div_euclid(bucket_ms),
                         bucket_ms,
@@ -314,10 +326,45 @@ pub(super) fn replayed_decision(
     }
 }
 
-/// The store algorithm for `policy` at `now`, the calendar period (start, Unix seconds) if
+/// The zone a calendar policy with a `timezone_attribute` counts in for a request: the
+/// attribute's, when the request has it (an unknown name is invalid), else the window's.
+/// `None` for every other policy.
+fn zone_of(policy: &Policy, attributes: &Attributes) -> Result<Option<Tz>, FieldError> {
+    let Some(attribute) = &policy.spec.zone_attribute else {
+        return Ok(None);
+    };
+    let Window::Calendar { timezone, .. } = policy.spec.window else {
+        return Ok(None);
+    };
+    match attributes.get(attribute) {
+        None => Ok(Some(timezone)),
+        Some(name) => name.parse().map(Some).map_err(|_| {
+            FieldError::new(
+                format!("attributes.{attribute}"),
+                format!("'{name}' is not an IANA time zone name (e.g. Asia/Tokyo)"),
+            )
+        }),
+    }
+}
+
+/// The store algorithm for `policy` at `now` (in `zone`, the request's own, when the policy
+/// has a zone attribute), the calendar period (start, Unix seconds) that its key names if
 /// any, and the window length in seconds.
-fn algorithm_for(policy: &Policy, now: DateTime<Utc>) -> (Algorithm, Option<i64>, u64) {
+fn algorithm_for(
+    policy: &Policy,
+    zone: Option<Tz>,
+    now: DateTime<Utc>,
+) -> (Algorithm, Option<i64>, u64) {
     match policy.spec.window {
+        Window::Calendar { period, timezone } if zone.is_some() => {
+            let zone = zone.unwrap_or(timezone);
+            let (start, end) = window::calendar_bounds(period, zone, now);
+            let seconds = (end - start).num_seconds().max(1) as u64;
+            let algorithm = Algorithm::ZonedCalendar {
+                period_end_ms: end.timestamp_millis(),
+            };
+            (algorithm, None, seconds)
+        }
         Window::Calendar { period, timezone } => {
             let (start, end) = window::calendar_bounds(period, timezone, now);
             let seconds = (end - start).num_seconds().max(1) as u64;

@@ -370,6 +370,10 @@ fn replayed_charge(counter: &CounterCharge, at_ms: i64) -> Charge {
             bucket_ms, buckets, ..
         } => (Algorithm::Rolling { bucket_ms, buckets }, MAX_UNITS),
         Restore::TokenBucket { period_ms, limit } => (Algorithm::TokenBucket { period_ms }, limit),
+        // Replayed at its own instant, in ledger order: the same periods start again.
+        Restore::ZonedCalendar { period_end_ms, .. } => {
+            (Algorithm::ZonedCalendar { period_end_ms }, MAX_UNITS)
+        }
     };
     Charge {
         key: counter.key.clone(),

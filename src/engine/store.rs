@@ -50,6 +50,14 @@ pub enum Algorithm {
         /// The refill period in milliseconds; `limit × period_ms <= 2^53 - 1`.
         period_ms: i64,
     },
+    /// A calendar period in the zone each request names (`timezone_attribute`): one key per
+    /// budget holding `used:start_ms:end_ms`. A period that is running (`now < end`) is
+    /// counted in, whatever zone the request claims; otherwise a new one starts at `now`
+    /// and ends at `period_end_ms`, the end of the current period in the request's zone.
+    ZonedCalendar {
+        /// End of the current period in the request's zone, Unix milliseconds.
+        period_end_ms: i64,
+    },
 }
 
 /// What one policy asks of the store in one decision.
@@ -387,7 +395,7 @@ pub(crate) fn check_charges(
             return Err(invalid(i, "limit and cost must be at most 2^53 - 1"));
         }
         let window_ok = match charge.algorithm {
-            Algorithm::Calendar { period_end_ms } => {
+            Algorithm::Calendar { period_end_ms } | Algorithm::ZonedCalendar { period_end_ms } => {
                 period_end_ms.unsigned_abs() <= MAX_TIME_MS.unsigned_abs()
             }
             Algorithm::Rolling { bucket_ms, buckets } => {

@@ -4,12 +4,17 @@ use super::PolicyStoreError;
 use crate::domain::{CalendarPeriod, Match, Scope, Window};
 use serde_json::{json, Value};
 
-/// The stored JSON form of a window (the same shape as on the wire).
-pub(crate) fn window_to_json(window: &Window) -> String {
+/// The stored JSON form of a window (the same shape as on the wire), with a calendar
+/// window's `timezone_attribute`, if any.
+pub(crate) fn window_to_json(window: &Window, zone_attribute: Option<&str>) -> String {
     let value = match window {
-        Window::Calendar { period, timezone } => {
-            json!({"type": "calendar", "period": period.as_str(), "timezone": timezone.name()})
-        }
+        Window::Calendar { period, timezone } => match zone_attribute {
+            None => {
+                json!({"type": "calendar", "period": period.as_str(), "timezone": timezone.name()})
+            }
+            Some(attribute) => json!({"type": "calendar", "period": period.as_str(),
+                "timezone": timezone.name(), "timezone_attribute": attribute}),
+        },
         Window::Rolling {
             seconds,
             bucket_seconds,
@@ -19,8 +24,8 @@ pub(crate) fn window_to_json(window: &Window) -> String {
     value.to_string()
 }
 
-/// Parses a stored window.
-pub(crate) fn window_from_json(text: &str) -> Result<Window, PolicyStoreError> {
+/// Parses a stored window, and its `timezone_attribute` if any.
+pub(crate) fn window_from_json(text: &str) -> Result<(Window, Option<String>), PolicyStoreError> {
     let corrupt = |why: &str| PolicyStoreError::Corrupt(format!("window {text}: {why}"));
     let value: Value = serde_json::from_str(text).map_err(|e| corrupt(&e.to_string()))?;
     let int = |name: &str| -> i128 { value[name].as_i64().map_or(-1, i128::from) };
@@ -33,7 +38,10 @@ pub(crate) fn window_from_json(text: &str) -> Result<Window, PolicyStoreError> {
         Some("token_bucket") => Window::token_bucket(int("seconds")),
         _ => return Err(corrupt("unknown type")),
     };
-    window.map_err(|e| corrupt(&e.message))
+    let zone_attribute = value["timezone_attribute"].as_str().map(str::to_owned);
+    window
+        .map(|window| (window, zone_attribute))
+        .map_err(|e| corrupt(&e.message))
 }
 
 /// The stored form of a scope: its key names joined by `,`; `None` (NULL) for the default.
@@ -82,9 +90,15 @@ mod tests {
             Window::token_bucket(60).expect("valid"),
         ];
         for window in windows {
-            let text = window_to_json(&window);
-            assert_eq!(window_from_json(&text).expect("parses"), window, "{text}");
+            let text = window_to_json(&window, None);
+            assert_eq!(window_from_json(&text).ok(), Some((window, None)), "{text}");
         }
+        let day = Window::calendar(CalendarPeriod::Day, "UTC").expect("valid");
+        let text = window_to_json(&day, Some("tz"));
+        assert_eq!(
+            window_from_json(&text).ok(),
+            Some((day, Some("tz".to_owned())))
+        );
         assert!(window_from_json("{\"type\":\"sundial\"}").is_err());
     }
 

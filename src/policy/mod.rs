@@ -179,6 +179,7 @@ pub(crate) mod tests {
                 description: String::new(),
                 scope: Default::default(),
                 conditions: Default::default(),
+                zone_attribute: None,
             },
             created_at: at,
             updated_at: at,

@@ -56,7 +56,7 @@ macro_rules! sql_policy_store {
         impl $store {
             fn policy_from_row(row: &$row) -> StoreResult<Policy> {
                 let text = |name: &str| -> StoreResult<String> { Ok(row.try_get(name)?) };
-                let window = window_from_json(&text("window_spec")?)?;
+                let (window, zone_attribute) = window_from_json(&text("window_spec")?)?;
                 let limit = quantity(row.try_get("limit_value")?)?;
                 window
                     .check_limit("limit", limit.get())
@@ -83,6 +83,7 @@ macro_rules! sql_policy_store {
                         conditions: match_from_column(
                             row.try_get::<Option<String>, _>("match_spec")?.as_deref(),
                         )?,
+                        zone_attribute,
                     },
                     created_at: row.try_get("created_at")?,
                     updated_at: row.try_get("updated_at")?,

@@ -90,7 +90,10 @@ macro_rules! sql_write_statements {
                     .bind(p.spec.measure.as_str())
                     .bind(p.spec.unit.as_deref())
                     .bind(p.spec.limit.get() as i64)
-                    .bind(window_to_json(&p.spec.window))
+                    .bind(window_to_json(
+                    &p.spec.window,
+                    p.spec.zone_attribute.as_deref(),
+                ))
                     .bind(p.spec.mode.as_str())
                     .bind(p.spec.enabled)
                     .bind(p.spec.ledger_denials)
@@ -121,7 +124,10 @@ macro_rules! sql_write_statements {
                 .bind(p.spec.measure.as_str())
                 .bind(p.spec.unit.as_deref())
                 .bind(p.spec.limit.get() as i64)
-                .bind(window_to_json(&p.spec.window))
+                .bind(window_to_json(
+                    &p.spec.window,
+                    p.spec.zone_attribute.as_deref(),
+                ))
                 .bind(p.spec.mode.as_str())
                 .bind(p.spec.enabled)
                 .bind(p.spec.ledger_denials)

@@ -486,6 +486,143 @@ mod shared {
     }
 }
 
+mod zones {
+    use super::*;
+
+    /// A day in the subject's own zone: `tz` names it, `UTC` when absent.
+    pub(super) fn zoned_day(limit: u64) -> Value {
+        json!({"id": "per-user-local-day", "action": "sms", "measure": "count", "limit": limit,
+        "window": {"type": "calendar", "period": "day", "timezone": "UTC",
+                   "timezone_attribute": "tz"}})
+    }
+
+    async fn a_period_runs_to_its_end_in_the_zone_it_started_in(counters: CounterBackend) {
+        // The clock starts at 2026-11-21T12:00Z: 02:00 on the 22nd in Kiritimati (UTC+14),
+        // 01:00 on the 21st in Niue (UTC-11).
+        let app = app_with(counters, &[zoned_day(3)]).await;
+        let first = send_sms(&app, "u-1", json!({"tz": "Pacific/Kiritimati"})).await;
+        assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+        let ends = "2026-11-22T10:00:00Z"; // Kiritimati's midnight
+        assert_eq!(part(&first, "per-user-local-day")["resets_at"], ends);
+        app.advance(60);
+        let niue = send_sms(&app, "u-1", json!({"tz": "Pacific/Niue"})).await;
+        assert_eq!(niue.status, StatusCode::OK, "{}", niue.body);
+        let policy = part(&niue, "per-user-local-day");
+        assert_eq!(
+            policy["resets_at"], ends,
+            "the running period wins: {policy}"
+        );
+        assert_eq!(policy["used"], 2, "no fresh day for another zone");
+        let utc = send_sms(&app, "u-1", json!({})).await;
+        assert_eq!(part(&utc, "per-user-local-day")["used"], 3);
+        let over = send_sms(&app, "u-1", json!({"tz": "Etc/GMT+12"})).await;
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{}", over.body);
+        assert_eq!(
+            over.body["retry_after_seconds"],
+            22 * 3600 - 60,
+            "{}",
+            over.body
+        );
+
+        // Once it ended, the next period follows the request's zone.
+        app.advance(22 * 3600);
+        let next = send_sms(&app, "u-1", json!({"tz": "Pacific/Niue"})).await;
+        assert_eq!(next.status, StatusCode::OK, "{}", next.body);
+        let policy = part(&next, "per-user-local-day");
+        assert_eq!(policy["used"], 1, "{policy}");
+        // 10:01Z is 23:01 on the 21st in Niue: a short period, to Niue's midnight.
+        assert_eq!(policy["resets_at"], "2026-11-22T11:00:00Z", "{policy}");
+        let bad = send_sms(&app, "u-1", json!({"tz": "Mars/Olympus_Mons"})).await;
+        assert_eq!(
+            bad.assert_problem(422)["errors"][0]["field"],
+            "attributes.tz"
+        );
+    }
+
+    async fn a_refund_goes_back_to_the_period_it_was_charged_in(counters: CounterBackend) {
+        let app = app_with(counters, &[zoned_day(5)]).await;
+        let old = send_sms(&app, "u-1", json!({"tz": "Asia/Tokyo"})).await;
+        assert_eq!(old.status, StatusCode::OK, "{}", old.body);
+        // Tokyo's day ends at 15:00Z; the next period starts with the next charge.
+        app.advance(4 * 3600);
+        let new = send_sms(&app, "u-1", json!({"tz": "Asia/Tokyo"})).await;
+        assert_eq!(part(&new, "per-user-local-day")["used"], 1, "{}", new.body);
+        let id = old.body["consumption_id"].as_str().unwrap();
+        let refund = app
+            .quota("/quota/refund", json!({"consumption_id": id}))
+            .await;
+        assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+        assert_eq!(
+            part(&refund, "per-user-local-day")["used"],
+            1,
+            "the units of an ended period do not come off this one: {}",
+            refund.body
+        );
+    }
+
+    on_counter_stores!(
+        a_period_runs_to_its_end_in_the_zone_it_started_in,
+        a_refund_goes_back_to_the_period_it_was_charged_in,
+    );
+}
+
+use zones::zoned_day;
+
+/// The embedded default keeps a zoned period across a crash: it is rebuilt from the ledger
+/// (the charges replayed at their own instants start the same periods).
+#[tokio::test]
+async fn a_zoned_period_survives_a_crash_of_the_embedded_default() {
+    let app = app_with(CounterBackend::Memory, &[zoned_day(3)]).await;
+    send_sms(&app, "u-1", json!({"tz": "Pacific/Kiritimati"})).await;
+    app.advance(60);
+    let app = app.crash_restart().await;
+    let after = send_sms(&app, "u-1", json!({"tz": "Pacific/Niue"})).await;
+    let policy = part(&after, "per-user-local-day");
+    assert_eq!(policy["used"], 2, "{policy}");
+    assert_eq!(policy["resets_at"], "2026-11-22T10:00:00Z", "{policy}");
+}
+
+/// `timezone_attribute` is a calendar window's, names an attribute, and reads back.
+#[tokio::test]
+async fn a_zone_attribute_is_validated_and_reads_back() {
+    let app = app_with(CounterBackend::Memory, &[]).await;
+    let created = app.must_create_policy(zoned_day(3)).await;
+    assert_eq!(created["window"]["timezone_attribute"], "tz", "{created}");
+    let read = app.admin_get("/admin/policies/per-user-local-day").await;
+    assert_eq!(
+        read.body["window"]["timezone_attribute"], "tz",
+        "{}",
+        read.body
+    );
+    for (window, status) in [
+        (
+            json!({"type": "calendar", "period": "day", "timezone_attribute": "Tz"}),
+            422,
+        ),
+        (
+            json!({"type": "calendar", "period": "day", "timezone_attribute": "subject"}),
+            422,
+        ),
+        (
+            json!({"type": "rolling", "seconds": 60, "bucket_seconds": 60,
+                "timezone_attribute": "tz"}),
+            400,
+        ),
+    ] {
+        let mut policy = zoned_day(1);
+        policy["id"] = json!("bad");
+        policy["window"] = window.clone();
+        let answer = app.create_policy(policy).await;
+        assert!(
+            answer.status.as_u16() == status || answer.status.as_u16() == 422,
+            "{window}: {} {}",
+            answer.status,
+            answer.body
+        );
+        assert!(answer.status.is_client_error(), "{window}");
+    }
+}
+
 on_counter_stores!(
     a_match_applies_a_policy_only_to_the_requests_it_lists,
     a_match_with_limit_0_is_a_deny_list,

@@ -174,11 +174,17 @@ fn cost() -> impl Strategy<Value = u64> {
 }
 
 fn policies() -> impl Strategy<Value = [Policy; 3]> {
-    let calendar = (1i64..=5_000, limit(), any::<bool>()).prop_map(|(p, limit, enforce)| Policy {
-        algorithm: Algorithm::Calendar { period_end_ms: p }, // the period length, see `charges`
-        limit,
-        enforce,
-    });
+    // The period length, see `charges`; half of the cases count zoned periods instead.
+    let calendar = (1i64..=5_000, limit(), any::<bool>(), any::<bool>()).prop_map(
+        |(p, limit, enforce, zoned)| Policy {
+            algorithm: match zoned {
+                false => Algorithm::Calendar { period_end_ms: p },
+                true => Algorithm::ZonedCalendar { period_end_ms: p },
+            },
+            limit,
+            enforce,
+        },
+    );
     let rolling =
         (1i64..=300, 1i64..=12, limit(), any::<bool>()).prop_map(|(b, n, limit, enforce)| Policy {
             algorithm: Algorithm::Rolling {
@@ -244,6 +250,14 @@ fn charges(h: &Harness, case: &Case, step: &Step, now: i64) -> Vec<Charge> {
                     },
                 )
             }
+            // A zoned period's candidate end moves with `now` (as another zone's would): the
+            // running period must win on both stores alike.
+            Algorithm::ZonedCalendar { period_end_ms: p } => (
+                h.key("zoned"),
+                Algorithm::ZonedCalendar {
+                    period_end_ms: (now.div_euclid(p) + 1) * p,
+                },
+            ),
             Algorithm::Rolling { .. } => (h.key("roll"), policy.algorithm),
             Algorithm::TokenBucket { .. } => (h.key("tok"), policy.algorithm),
         };

@@ -105,6 +105,8 @@ enum Change {
     },
     /// Store this GCRA state (token bucket).
     Gcra { s: u64, t: i64 },
+    /// Store this zoned period, as the string `used:start:end` (zoned calendar).
+    Zoned(String),
 }
 
 /// Pass 1: decides `charge` at `now_ms` from `entry` (absent or expired means no usage).
@@ -123,7 +125,56 @@ pub(super) fn read(
             rolling(state, now_ms, (bucket_ms, buckets), limit, cost)
         }
         Algorithm::TokenBucket { period_ms } => token_bucket(state, now_ms, period_ms, limit, cost),
+        Algorithm::ZonedCalendar { period_end_ms } => {
+            zoned_calendar(state, now_ms, period_end_ms, limit, cost)
+        }
     }
+}
+
+/// A zoned period's `(used, start_ms, end_ms)` from its string, as consume.lua writes it.
+fn zoned_period(text: &str) -> Option<(u64, i64, i64)> {
+    let mut parts = text.split(':');
+    let used = parts.next()?.parse().ok()?;
+    let start = parts.next()?.parse().ok()?;
+    let end = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((used, start, end))
+}
+
+/// A calendar period in the request's zone: the running period (`now < end`) whatever the
+/// zone, else a new one from `now` to `period_end_ms`.
+fn zoned_calendar(
+    state: Option<&State>,
+    now_ms: i64,
+    period_end_ms: i64,
+    limit: u64,
+    cost: u64,
+) -> Result<Reading, StoreError> {
+    let fits = cost <= limit;
+    let (used, start, end) = match state {
+        None => (0, now_ms, period_end_ms),
+        Some(State::Text(text)) => match zoned_period(text).ok_or_else(wrong_type)? {
+            (used, start, end) if now_ms < end => (used, start, end),
+            _ => (0, now_ms, period_end_ms),
+        },
+        Some(_) => return Err(wrong_type()),
+    };
+    let allowed = fits && used <= limit - cost;
+    let write = (cost > 0 && used < MAX_UNITS).then(|| {
+        let after = (used + cost).min(MAX_UNITS);
+        Write {
+            used: after,
+            resets_at_ms: end,
+            expires_at_ms: now_ms + (end - now_ms).max(0) + KEY_GRACE_MS,
+            change: Change::Zoned(format!("{after}:{start}:{end}")),
+        }
+    });
+    let outcome = Outcome {
+        used,
+        allowed,
+        resets_at_ms: if used > 0 { end } else { now_ms },
+        retry_at_ms: (!allowed && fits).then_some(end),
+    };
+    Ok(Reading { outcome, write })
 }
 
 /// A calendar period: one integer, reset by the caller moving to the next period's key.
@@ -288,6 +339,7 @@ pub(super) fn apply(
     let state = match write.change {
         Change::Counter(units) => State::Counter(units),
         Change::Gcra { s, t } => State::Gcra { s, t },
+        Change::Zoned(text) => State::Text(text),
         Change::Rolling {
             delta,
             current,
@@ -403,6 +455,14 @@ pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, n
     };
     match (&mut entry.state, restore) {
         (State::Counter(units), Restore::Calendar { .. }) => *units = units.saturating_sub(give),
+        (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
+            // Only the period the units were charged in gets them back.
+            if let Some((used, start, end)) = zoned_period(text) {
+                if (start..end).contains(charged_at_ms) {
+                    *text = format!("{}:{start}:{end}", used.saturating_sub(give));
+                }
+            }
+        }
         (
             State::Buckets(held),
             Restore::Rolling {

@@ -94,6 +94,7 @@ pub(super) fn consume_cmd(
             Algorithm::Calendar { period_end_ms } => (1, period_end_ms, 0),
             Algorithm::Rolling { bucket_ms, buckets } => (2, bucket_ms, buckets),
             Algorithm::TokenBucket { period_ms } => (3, period_ms, 0),
+            Algorithm::ZonedCalendar { period_end_ms } => (4, period_end_ms, 0),
         };
         call.arg(kind)
             .arg(p1)
@@ -220,6 +221,7 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
                 buckets,
             } => (2, bucket, bucket_ms, buckets),
             Restore::TokenBucket { period_ms, limit } => (3, period_ms, limit as i64, 0),
+            Restore::ZonedCalendar { charged_at_ms, .. } => (4, charged_at_ms, 0, 0),
         };
         call.arg(kind)
             .arg(p1)

@@ -42,7 +42,8 @@
 //! the default scope). Its key is `+` and the part before `<action>|<subject>` when it ends so
 //! (it always does, `crate::keys`), or `=` and the whole key. Its restore is `c<period
 //! end ms>`, `r<bucket>,<bucket ms>,<buckets>` (the bucket empty when it is the one the
-//! entry's instant falls in) or `t<period ms>,<limit>`.
+//! entry's instant falls in), `t<period ms>,<limit>` or `z<period end ms>` (a zoned calendar,
+//! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
 use super::{encode_consume_record, field, CodecError, ConsumeRecord, EntryParts, KeptPolicy};
 use crate::domain::{
@@ -182,6 +183,14 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
                 buckets,
             } => write!(out, "r{bucket},{bucket_ms},{buckets}"),
             Restore::TokenBucket { period_ms, limit } => write!(out, "t{period_ms},{limit}"),
+            Restore::ZonedCalendar {
+                period_end_ms,
+                charged_at_ms,
+            } if charged_at_ms == at_ms => write!(out, "z{period_end_ms}"),
+            Restore::ZonedCalendar {
+                period_end_ms,
+                charged_at_ms,
+            } => write!(out, "z{period_end_ms},{charged_at_ms}"),
         };
         let _ = write!(out, "{GS}{}{GS}", u8::from(c.by_amount));
         if Some(c.charged) != policy.map(|index| entry.policies[index].amount) {
@@ -524,6 +533,14 @@ fn decode_restore(text: &str, at_ms: i64) -> Result<Restore, CodecError> {
                 buckets,
             })
         }
+        ('z', [end]) => Ok(Restore::ZonedCalendar {
+            period_end_ms: number("period end", end)?,
+            charged_at_ms: at_ms,
+        }),
+        ('z', [end, charged_at]) => Ok(Restore::ZonedCalendar {
+            period_end_ms: number("period end", end)?,
+            charged_at_ms: number("charged at", charged_at)?,
+        }),
         ('t', [period_ms, limit]) => {
             let period_ms = number("period ms", period_ms)?;
             if period_ms <= 0 {

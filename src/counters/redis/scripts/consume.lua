@@ -10,8 +10,8 @@ KEYS[i]   the counter of charge i; on a Redis Cluster all keys of one call share
 ARGV[1]   now_ms (integer, Unix milliseconds or a test clock)
 ARGV[2]   1 = apply the charges when the decision is allowed, 0 = only look (peek)
 then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
-  kind     1 = calendar, 2 = rolling, 3 = token bucket
-  p1       calendar: period_end_ms; rolling: bucket_ms; token bucket: period_ms
+  kind     1 = calendar, 2 = rolling, 3 = token bucket, 4 = zoned calendar
+  p1       calendar, zoned calendar: period_end_ms; rolling: bucket_ms; token bucket: period_ms
   p2       rolling: buckets (W / B); 0 otherwise
   limit    0 ..= 2^53 - 1
   cost     0 ..= 2^53 - 1
@@ -45,6 +45,9 @@ State per key:
   calendar      string: units used in the period the key names
   rolling       hash: bucket index (floor(ms / bucket_ms), decimal) -> units
   token bucket  string "S:t": S = used * period_ms as of time t (drains by max(limit, 1) per ms)
+  zoned cal.    string "used:start:end": the running period (now < end) counts, whatever
+                period_end_ms the request offers; else a new one runs from now to
+                period_end_ms (the end of the period in the request's own time zone)
 
 Numbers: Lua numbers are doubles, exact for integers below 2^53. The caller (Rust) validates
 that limits and costs are <= 2^53 - 1, times are within +-2^51 and that
@@ -162,6 +165,27 @@ for i = 1, n do
       local b = 6 * i
       w[b - 5], w[b - 4], w[b - 3], w[b - 2], w[b - 1], w[b] =
         delta, r - now + GRACE, used + delta, r, h, lo
+    end
+
+  elseif kind == '4' then
+    local v, st, en = 0, now, p1
+    local raw = redis.call('GET', key)
+    if raw then
+      local u0, s0, e0 = string.match(raw, '^(%d+):(-?%d+):(-?%d+)$')
+      if not u0 then return redis.error_reply('WRONGTYPE zoned calendar value ' .. raw) end
+      if now < tonumber(e0) then v, st, en = tonumber(u0), tonumber(s0), tonumber(e0) end
+    end
+    used = v
+    ok = ok and v <= limit - cost
+    if v > 0 then resets = en end
+    if not ok and cost <= limit then retry = en end
+    if commit and cost > 0 and v < MAX then
+      local after = MAX
+      if cost <= MAX - v then after = v + cost end
+      local ttl = en - now
+      if ttl < 0 then ttl = 0 end
+      local b = 6 * i
+      w[b - 5], w[b - 4], w[b - 3], w[b - 2] = fmt('%d:%d:%d', after, st, en), ttl + GRACE, after, en
     end
 
   else -- '3': token bucket (GCRA)

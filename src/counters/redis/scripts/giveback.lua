@@ -18,8 +18,8 @@ ARGV[10] idempotency ttl (ms)         ARGV[11] idempotency record ('' when none)
 ARGV[12] '1' when the index key is given    ARGV[13] '1' when the stream key is given
 ARGV[14] '1' when the idempotency key is given
 then six values per counter i, at ARGV[15 + 6 * (i - 1)]:
-  kind 1 calendar | 2 rolling | 3 token bucket
-  p1   rolling: the bucket charged; token bucket: period_ms
+  kind 1 calendar | 2 rolling | 3 token bucket | 4 zoned calendar
+  p1   rolling: the bucket charged; token bucket: period_ms; zoned: when it was charged
   p2   rolling: bucket_ms; token bucket: the limit (drain rate)
   p3   rolling: buckets (W / B)
   by_amount  1: gets the amount back; 0 (count policy): gets its charge back only when
@@ -107,6 +107,18 @@ for i = 1, n do
         local left = v - give
         if left < 0 then left = 0 end
         redis.call('SET', key, fmt('%d', left), 'KEEPTTL')
+      end
+    elseif kind == '4' then
+      -- Only the period the units were charged in gets them back.
+      local raw = redis.call('GET', key)
+      if raw then
+        local u0, s0, e0 = string.match(raw, '^(%d+):(-?%d+):(-?%d+)$')
+        local at = tonumber(ARGV[a + 1])
+        if u0 and tonumber(s0) <= at and at < tonumber(e0) then
+          local left = tonumber(u0) - give
+          if left < 0 then left = 0 end
+          redis.call('SET', key, fmt('%d:%s:%s', left, s0, e0), 'KEEPTTL')
+        end
       end
     elseif kind == '2' then
       local idx, bms, nb = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
