@@ -12,6 +12,7 @@
 //! | a consumption's refunded total | `<p>{<s>}#rf<consumption id>` |
 //! | the shard's epoch: set once its state was rebuilt from the ledger | `<p>{<s>}#epoch` |
 //! | the lock of the shard's rebuild | `<p>{<s>}#rebuild` |
+//! | Redis Cluster, a consume across slots: its intent at home, the home's index of intents, its reservation in a foreign slot, a give-back's once-marker there | `<p>{<s>}#x<attempt>`, `<p>{<s>}#xs`, `<p>{<s>}#rv<attempt>`, `<p>{<s>}#gb<entry id>` |
 //!
 //! - `{<s>}` is the Redis Cluster **hash tag**: one character naming one of [`SHARDS`]
 //!   shards, a hash of (action, subject). Every key one decision touches, including the
@@ -167,6 +168,26 @@ pub(crate) fn epoch_of(key: &str) -> String {
 /// The lock one instance holds while it rebuilds the shard.
 pub(crate) fn rebuild_lock(prefix: &str, shard: u16) -> String {
     format!("{}#rebuild", shard_prefix(prefix, shard))
+}
+
+/// A consume across Redis Cluster slots: its intent, at home (`engine::crossslot`).
+pub(crate) fn intent(prefix: &str, shard: u16, attempt: &str) -> String {
+    format!("{}#x{attempt}", shard_prefix(prefix, shard))
+}
+
+/// The shard's index of open intents, scored by deadline (ms).
+pub(crate) fn intents_index(prefix: &str, shard: u16) -> String {
+    format!("{}#xs", shard_prefix(prefix, shard))
+}
+
+/// A consume across Redis Cluster slots: its reservation in a foreign slot.
+pub(crate) fn reservation(prefix: &str, shard: u16, attempt: &str) -> String {
+    format!("{}#rv{attempt}", shard_prefix(prefix, shard))
+}
+
+/// The marker of a give-back's share once given to a foreign slot's counters.
+pub(crate) fn giveback_marker(prefix: &str, shard: u16, entry: &str) -> String {
+    format!("{}#gb{entry}", shard_prefix(prefix, shard))
 }
 
 /// How much of one consumption has been refunded so far.

@@ -208,12 +208,9 @@ impl Metrics {
             Err(EngineError::Store(StoreError::Protocol(_))) => {
                 (action, RequestResult::Error, &[][..])
             }
-            Err(
-                EngineError::Conflict(_)
-                | EngineError::NotFound(_)
-                | EngineError::Invalid(_)
-                | EngineError::Unsupported(_),
-            ) => (action, RequestResult::Invalid, &[][..]),
+            Err(EngineError::Conflict(_) | EngineError::NotFound(_) | EngineError::Invalid(_)) => {
+                (action, RequestResult::Invalid, &[][..])
+            }
             Err(EngineError::Ledger(_)) => (action, RequestResult::Unavailable, &[][..]),
             Err(EngineError::Overloaded) => (action, RequestResult::Overloaded, &[][..]),
             Err(EngineError::BacklogFull { .. }) => (action, RequestResult::BacklogFull, &[][..]),
@@ -256,7 +253,6 @@ impl Metrics {
                 EngineError::UnknownAction(_)
                 | EngineError::NotFound(_)
                 | EngineError::Invalid(_)
-                | EngineError::Unsupported(_)
                 | EngineError::Conflict(_)
                 | EngineError::Ledger(_)
                 | EngineError::Overloaded

@@ -7,7 +7,7 @@ use super::extract::{if_match, AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
-use crate::domain::{Budget, Override, Policy, PolicyId, PolicySpec, Subject};
+use crate::domain::{Budget, Override, Policy, PolicyId, Subject};
 use crate::policy::PolicyStoreError;
 use actix_web::http::header::{self, ETag, EntityTag, IfMatch};
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
@@ -124,7 +124,6 @@ pub(crate) async fn create_policy(
     ApiJson(NewPolicyInput(body)): ApiJson<NewPolicyInput>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, spec) = body.parse()?;
-    deployable(&state, &spec)?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
     let now = state.engine.now();
     let policy = Policy {
@@ -206,7 +205,6 @@ pub(crate) async fn replace_policy(
 ) -> Result<HttpResponse, ApiError> {
     let current = existing(&state, &id).await?;
     let (body_id, spec) = body.0.parse()?;
-    deployable(&state, &spec)?;
     if body_id.is_some_and(|b| b != current.id) {
         return Err(ApiError::invalid("id", "must match the id in the path"));
     }
@@ -313,18 +311,6 @@ pub(crate) async fn list_overrides(
         items: items.iter().map(OverrideOut::from).collect(),
         next_cursor: None,
     }))
-}
-
-/// Refuses what this deployment cannot decide: budgets shared by subjects on Redis Cluster.
-fn deployable(state: &AppState, spec: &PolicySpec) -> Result<(), ApiError> {
-    if spec.scope.has_subject() || state.engine.counters().atomic_across_tags() {
-        return Ok(());
-    }
-    Err(ApiError::invalid(
-        "scope",
-        "budgets shared by subjects (a scope without 'subject') are not decided on Redis \
-         Cluster yet: add 'subject' to the scope, or use a standalone Redis",
-    ))
 }
 
 async fn override_target(

@@ -225,7 +225,6 @@ impl From<EngineError> for ApiError {
                 Self::NotFound(format!("no policy limits the action '{action}'"))
             }
             EngineError::Invalid(fields) => Self::Invalid(fields),
-            EngineError::Unsupported(why) => Self::Conflict(why),
             EngineError::Store(
                 StoreError::Unavailable(why)
                 | StoreError::NotConnected(why)

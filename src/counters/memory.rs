@@ -329,6 +329,14 @@ fn give_back_in(
         }
     }
     let step = match request.kind {
+        GiveBackKind::Abandon
+        | GiveBackKind::Undo
+        | GiveBackKind::Resolved
+        | GiveBackKind::RestoreOnce { .. } => {
+            return Err(StoreError::Protocol(
+                "the in-process store decides across shards atomically: nothing to undo".to_owned(),
+            ))
+        }
         GiveBackKind::Refund {
             amount,
             total,

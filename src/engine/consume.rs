@@ -143,10 +143,17 @@ impl Engine {
         let effects = self.effects(&plan, request, &attempt);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
-        let decided = self
-            .counters
-            .decide(plan.now_ms(), &plan.charges, true, &effects)
-            .await;
+        let decided = match self.across_slots(&plan) {
+            true => {
+                self.decide_across(&plan, &effects, &attempt.allowed_entry)
+                    .await
+            }
+            false => {
+                self.counters
+                    .decide(plan.now_ms(), &plan.charges, true, &effects)
+                    .await
+            }
+        };
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
                 let decision = plan.decision(&evaluation);
@@ -167,6 +174,9 @@ impl Engine {
                 Ok(attempt.answer(decision))
             }
             Ok(Decided::Replayed { record, evaluation }) => replay(request, &record, &evaluation),
+            Ok(Decided::Refused) => Err(EngineError::Store(StoreError::Protocol(
+                "a consume was refused as a reservation".to_owned(),
+            ))),
             Err(error) => {
                 let decision = self.on_store_failure(&plan, error)?;
                 // Failing open: the consume is accepted uncounted; the ledger still records it.
@@ -240,6 +250,7 @@ impl Engine {
             idempotency,
             ledger,
             hold,
+            ..Effects::default()
         }
     }
 }

@@ -93,7 +93,8 @@ impl Engine {
             hold_expires_at: None,
             kept_answer: None,
         };
-        let request = self.refund_give_back(&charge, &entry, refunded);
+        let mut request = self.refund_give_back(&charge, &entry, refunded);
+        let foreign = self.foreign_share(keys.shard, &mut request);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         match self
@@ -101,7 +102,9 @@ impl Engine {
             .give_back(now.timestamp_millis(), &request)
             .await?
         {
-            GivenBack::Done { .. } => {
+            GivenBack::Done { refunded: after } => {
+                self.share_foreign(&entry, foreign, after == total, amount)
+                    .await;
                 self.record_unless_streamed(&entry).await?;
                 Ok(self.settled(entry, false).await)
             }
@@ -297,7 +300,8 @@ impl Engine {
         how: Option<Settle>,
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
         let now = self.now();
-        let (entry, request) = self.hold_give_back(hold_id, record, how, now)?;
+        let (entry, mut request) = self.hold_give_back(hold_id, record, how, now)?;
+        let foreign = self.foreign_share(hold_id.shard(), &mut request);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         let done = self
@@ -305,6 +309,14 @@ impl Engine {
             .give_back(now.timestamp_millis(), &request)
             .await?;
         if matches!(done, GivenBack::Done { .. }) {
+            let (full, by_amount) = match request.kind {
+                GiveBackKind::Commit { settle, total, .. } => (false, total - settle),
+                GiveBackKind::Release { total, .. } | GiveBackKind::Expire { total, .. } => {
+                    (true, total)
+                }
+                _ => (false, 0),
+            };
+            self.share_foreign(&entry, foreign, full, by_amount).await;
             self.record_unless_streamed(&entry).await?;
         }
         Ok((entry, done))
@@ -381,6 +393,29 @@ impl Engine {
             idempotency: None,
         };
         Ok((entry, request))
+    }
+
+    /// Gives `entry`'s share back to the foreign shards of a Redis Cluster (see
+    /// [`Engine::restore_foreign`]). The entry is recorded already: a failure here leaves
+    /// those counters over-counting (never over-allowing) until their window ends; it is
+    /// logged, and the answer stands.
+    async fn share_foreign(
+        &self,
+        entry: &LedgerEntry,
+        foreign: std::collections::BTreeMap<u16, Vec<CounterCharge>>,
+        full: bool,
+        by_amount: u64,
+    ) {
+        if foreign.is_empty() {
+            return;
+        }
+        if let Err(error) = self.restore_foreign(entry, foreign, full, by_amount).await {
+            static SITE: Throttle = Throttle::new();
+            if let Some(count) = SITE.event() {
+                tracing::warn!(error = %error, entry_id = %entry.id, count,
+                    "giving back to a shared budget's slot failed; it over-counts until its window ends");
+            }
+        }
     }
 
     /// `entry` as the give-back script appends it to `shard`'s stream (Redis only).

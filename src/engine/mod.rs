@@ -10,6 +10,7 @@
 pub mod backlog;
 pub mod codec;
 pub(crate) mod consume;
+pub(crate) mod crossslot;
 pub mod drain;
 pub(crate) mod giveback;
 pub mod lag;
@@ -107,9 +108,6 @@ pub(crate) enum EngineError {
     /// The request lacks what a policy that applies needs (an attribute its scope names).
     #[error("{0}")]
     Invalid(FieldErrors),
-    /// The request needs what this deployment cannot do (shared budgets on Redis Cluster).
-    #[error("{0}")]
-    Unsupported(String),
     /// No such consumption or hold.
     #[error("{0}")]
     NotFound(String),
@@ -296,11 +294,15 @@ impl Engine {
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());
         }
-        match self
-            .counters
-            .evaluate(plan.now_ms(), &plan.charges, false)
-            .await
-        {
+        let evaluated = match self.across_slots(&plan) {
+            true => self.evaluate_across(&plan).await,
+            false => {
+                self.counters
+                    .evaluate(plan.now_ms(), &plan.charges, false)
+                    .await
+            }
+        };
+        match evaluated {
             Ok(evaluation) => Ok(plan.decision(&evaluation)),
             Err(error) => self.on_store_failure(&plan, error),
         }
@@ -324,10 +326,14 @@ impl Engine {
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());
         }
-        let evaluation = self
-            .counters
-            .evaluate(plan.now_ms(), &plan.charges, false)
-            .await?;
+        let evaluation = match self.across_slots(&plan) {
+            true => self.evaluate_across(&plan).await?,
+            false => {
+                self.counters
+                    .evaluate(plan.now_ms(), &plan.charges, false)
+                    .await?
+            }
+        };
         Ok(plan.decision(&evaluation))
     }
 

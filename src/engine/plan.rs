@@ -107,16 +107,6 @@ impl Engine {
             errors.0.dedup_by(|a, b| a.field == b.field);
             return Err(EngineError::Invalid(errors));
         }
-        if !self.counters.atomic_across_tags()
-            && charges
-                .iter()
-                .any(|c| keys::shard_of_tag(keys::hash_tag(&c.key)) != Some(keys.shard))
-        {
-            return Err(EngineError::Unsupported(format!(
-                "the action '{action}' has budgets shared by subjects (a scope without \
-                 'subject'), which this service does not decide on Redis Cluster yet"
-            )));
-        }
         Ok(Plan {
             policies,
             keys,

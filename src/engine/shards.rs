@@ -185,6 +185,13 @@ impl Engine {
         // shared by subjects, an entry that charged these shards may wait in any shard's
         // stream: then every stream is drained.
         let shared = self.cache.has_shared_budgets();
+        if shared && !self.counters.atomic_across_tags() {
+            // On a cluster, an attempt across slots that reserved in these shards before
+            // they closed commits (or can no longer) within its deadline and the skew:
+            // its entry is then in a stream, drained below.
+            let wait = super::crossslot::ATTEMPT_MS + super::crossslot::SKEW_MS;
+            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+        }
         let to_drain: BTreeSet<u16> = match shared {
             true => (0..keys::SHARDS).collect(),
             false => mine.clone(),

@@ -89,6 +89,18 @@ pub(crate) struct Outcome {
     pub(crate) retry_at_ms: Option<i64>,
 }
 
+impl Outcome {
+    /// No usage, allowed: what a charge that was not looked at reports.
+    pub(crate) fn empty(now_ms: i64) -> Self {
+        Self {
+            used: 0,
+            allowed: true,
+            resets_at_ms: now_ms,
+            retry_at_ms: None,
+        }
+    }
+}
+
 /// The store's answer for one decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evaluation {
@@ -108,6 +120,63 @@ pub struct Effects {
     pub(crate) ledger: Option<LedgerAppend>,
     /// Open a hold: keep its record and index it by expiry.
     pub(crate) hold: Option<HoldOpen>,
+    /// Redis Cluster, a consume across slots, at home: open its intent when the home
+    /// charges are applied (the idempotency record is then only checked, and the ledger
+    /// entry and hold wait for [`CounterStore::finalize`]).
+    pub(crate) intent: Option<IntentOpen>,
+    /// Redis Cluster, a consume across slots, in another slot: refuse when the attempt was
+    /// undone there already or its deadline passed; else record the reservation.
+    pub(crate) reservation: Option<ReservationOpen>,
+}
+
+/// The intent of a consume across Redis Cluster slots, kept at home (see `engine::crossslot`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntentOpen {
+    /// `keys::intent`.
+    pub(crate) key: String,
+    /// `keys::intents_index`.
+    pub(crate) index_key: String,
+    /// The attempt's id: the index's member.
+    pub(crate) member: String,
+    /// After it (Unix ms), the attempt can no longer commit.
+    pub(crate) deadline_ms: i64,
+    /// What undoing it takes (`codec::encode_intent`).
+    pub(crate) record: String,
+}
+
+/// A reservation of a consume across Redis Cluster slots, in one foreign slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationOpen {
+    /// `keys::reservation`.
+    pub(crate) key: String,
+    /// After it (Unix ms, by the caller's clock), the reservation is refused.
+    pub(crate) deadline_ms: i64,
+    /// The caller's clock when it sends the call (not the decision's instant): a stalled
+    /// caller cannot reserve after the deadline.
+    pub(crate) call_now_ms: i64,
+}
+
+/// The commit point of a consume across Redis Cluster slots, at home.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finalize {
+    /// The intent's key, its index and the attempt's id.
+    pub(crate) intent: IntentOpen,
+    /// The evaluation's reply numbers, as the consume script formats them (kept with the
+    /// idempotency record, and appended to a keyed ledger entry).
+    pub(crate) numbers: String,
+    /// The idempotency record to keep, the ledger entry and the hold to open.
+    pub(crate) effects: Effects,
+}
+
+/// The answer to a [`Finalize`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finalized {
+    /// Committed: the ledger entry is appended.
+    Committed,
+    /// The idempotency key was used by a concurrent retry that committed first.
+    Replayed(String),
+    /// Not open any more (abandoned, or past its deadline): nothing done.
+    Aborted,
 }
 
 /// An idempotency record to keep when the decision charges.
@@ -161,6 +230,9 @@ pub enum Decided {
         /// The evaluation of the original decision.
         evaluation: Evaluation,
     },
+    /// A reservation refused: its attempt was undone in that slot already, or its deadline
+    /// passed. Nothing was decided.
+    Refused,
 }
 
 /// What is being given back.
@@ -198,6 +270,23 @@ pub(crate) enum GiveBackKind {
         total: u64,
         /// Its expiry.
         expires_at_ms: i64,
+    },
+    /// Redis Cluster: abandon a consume's intent (the control key) at home, giving its home
+    /// charges back once, unless it committed (a conflict, `committed`).
+    Abandon,
+    /// Redis Cluster: undo a consume's reservation (the control key) in a foreign slot,
+    /// once; a missing one becomes a tombstone, so that a late reservation is refused.
+    Undo,
+    /// Redis Cluster: the attempt is resolved; drop it from the index of intents.
+    Resolved,
+    /// Redis Cluster: give a refund's or settlement's units back to a foreign slot's
+    /// counters once (the control key is the marker): count policies their charge when
+    /// `full`, amount policies `by_amount`.
+    RestoreOnce {
+        /// Count policies get their charge back.
+        full: bool,
+        /// What amount policies get back.
+        by_amount: u64,
     },
 }
 
@@ -332,6 +421,14 @@ pub trait CounterStore: Send + Sync + 'static {
     /// the in-process store and a standalone Redis, not a Redis Cluster (one slot per call).
     fn atomic_across_tags(&self) -> bool {
         true
+    }
+
+    /// Commits a consume across Redis Cluster slots at home (`engine::crossslot`). Only a
+    /// store that is not [`CounterStore::atomic_across_tags`] is ever asked.
+    async fn finalize(&self, _now_ms: i64, _request: &Finalize) -> Result<Finalized, StoreError> {
+        Err(StoreError::Protocol(
+            "this store decides across shards atomically: nothing to finalize".to_owned(),
+        ))
     }
 
     /// Checks that the store answers (for `/readyz`).

@@ -90,6 +90,9 @@ impl Drop for Periodic {
 /// How often expired holds are looked for.
 const HOLD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Every how many hold sweeps the unfinished consumes across slots are looked for.
+const ATTEMPT_SWEEP_TICKS: u32 = 4;
+
 /// The task that releases holds that expired unsettled. Safe with several instances: the
 /// release changes a hold's state only if it is still open, so each hold expires at most
 /// once. Aborted when dropped; [`Sweeper::stop`] stops it between two sweeps instead, so
@@ -106,14 +109,24 @@ impl Sweeper {
     pub(super) fn spawn(state: web::Data<AppState>) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
+            let mut ticks: u32 = 0;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(HOLD_SWEEP_EVERY) => {}
                     _ = stopped.changed() => break,
                 }
+                ticks = ticks.wrapping_add(1);
                 let expired = state.engine.expire_due_holds().await;
                 if expired > 0 {
                     tracing::info!(expired, "released expired holds");
+                }
+                // Every 2 s: a read of each of the 64 shards' intents (Redis Cluster with
+                // shared budgets only), well within the 60 s a crash's charges may last.
+                if ticks.is_multiple_of(ATTEMPT_SWEEP_TICKS) {
+                    let resolved = state.engine.resolve_attempts().await;
+                    if resolved > 0 {
+                        tracing::info!(resolved, "abandoned consumes across slots left unfinished");
+                    }
                 }
             }
         });

@@ -466,14 +466,22 @@ mod shared {
         }
     }
 
-    /// Redis Cluster does not decide shared budgets yet: such a policy is refused, clearly.
-    #[tokio::test]
-    async fn a_shared_budget_on_redis_cluster_is_refused_with_422() {
-        let app = app_with(CounterBackend::Cluster, &[]).await;
-        let answer = app
-            .create_policy(sms_with("platform", 5, json!({"scope": []})))
-            .await;
-        assert_eq!(answer.assert_problem(422)["errors"][0]["field"], "scope");
+    /// On Redis Cluster the shared budgets sit in other slots: the cross-slot protocol.
+    mod on_cluster {
+        #[tokio::test]
+        async fn shared_budgets_are_charged_with_the_subjects_all_or_none() {
+            super::super::shared_budgets_are_charged_with_the_subjects_all_or_none(
+                super::CounterBackend::Cluster,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn shared_budgets_hold_exactly_under_concurrency() {
+            super::super::shared_budgets_hold_exactly_under_concurrency(
+                super::CounterBackend::Cluster,
+            )
+            .await
+        }
     }
 
     /// The embedded default rebuilds shared budgets on a restart, like every counter.

@@ -674,6 +674,7 @@ pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Ser
             .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
             .env("DATABASE_URL", &settings.database_url)
             .env("REDIS_URL", settings.redis_urls.join(","))
+            .env("REDIS_CLUSTER", settings.redis_cluster.to_string())
             .env("QUOTA_REDIS_PREFIX", &settings.redis_prefix)
             .env("QUOTA_REDIS_TIMEOUT_MS", "2000")
             .env("QUOTA_LEDGER_CLAIM_IDLE_MS", "500")

@@ -37,8 +37,8 @@ use tracing::Instrument;
 use super::circuit::CircuitBreaker;
 use crate::engine::load::Load;
 use crate::engine::store::{
-    check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GivenBack,
-    StoreError, StoreMemory,
+    check_charges, Charge, CounterStore, Decided, Effects, Evaluation, Finalize, Finalized,
+    GiveBack, GivenBack, StoreError, StoreMemory,
 };
 use crate::logs::Throttle;
 
@@ -66,6 +66,8 @@ pub struct RedisCounterStore {
     script: Script,
     /// The give-back script.
     giveback: Script,
+    /// The commit point of a consume across cluster slots.
+    finalize: Script,
     /// The script that writes a shard's state rebuilt from the ledger.
     restore: Script,
     /// The script that reads a record unless its shard has no epoch.
@@ -166,6 +168,7 @@ impl RedisCounterStore {
             breaker: std::sync::Arc::default(),
             script: Script::new(script::CONSUME_LUA),
             giveback: Script::new(script::GIVEBACK_LUA),
+            finalize: Script::new(script::FINALIZE_LUA),
             restore: Script::new(shards::RESTORE_LUA),
             record: Script::new(include_str!("scripts/record.lua")),
             prefix: String::new(),
@@ -440,6 +443,9 @@ impl CounterStore for RedisCounterStore {
         {
             Decided::Fresh(evaluation) => Ok(evaluation),
             Decided::Replayed { evaluation, .. } => Ok(evaluation),
+            Decided::Refused => Err(StoreError::Protocol(
+                "a reservation refused without one".to_owned(),
+            )),
         }
     }
 
@@ -451,7 +457,7 @@ impl CounterStore for RedisCounterStore {
         effects: &Effects,
     ) -> Result<Decided, StoreError> {
         check_charges(now_ms, charges, !self.cluster)?;
-        if charges.is_empty() && effects.hold.is_none() {
+        if charges.is_empty() && effects.hold.is_none() && effects.intent.is_none() {
             return Ok(Decided::Fresh(Evaluation {
                 allowed: true,
                 outcomes: Vec::new(),
@@ -510,6 +516,12 @@ impl CounterStore for RedisCounterStore {
 
     fn atomic_across_tags(&self) -> bool {
         !self.cluster
+    }
+
+    async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
+        let call = script::finalize_cmd(&self.finalize, now_ms, request, self.epochs);
+        let reply = self.exec(&self.finalize, &call).await?;
+        script::parse_finalized(reply, &request.intent.key)
     }
 
     fn circuit_open(&self) -> bool {

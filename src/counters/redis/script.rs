@@ -1,12 +1,12 @@
-//! The two Lua scripts: building their `EVALSHA` calls and reading their replies.
+//! The decision scripts: building their `EVALSHA` calls and reading their replies.
 //!
-//! `scripts/consume.lua` and `scripts/giveback.lua` document their KEYS, ARGV and
-//! replies in their headers; this file is their Rust side.
+//! `scripts/consume.lua`, `scripts/giveback.lua` and `scripts/finalize.lua` document their
+//! KEYS, ARGV and replies in their headers; this file is their Rust side.
 
 use crate::engine::codec;
 use crate::engine::store::{
-    Algorithm, Charge, Decided, Effects, Evaluation, GiveBack, GiveBackKind, GivenBack, Outcome,
-    Restore, StoreError,
+    Algorithm, Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind,
+    GivenBack, Outcome, Restore, StoreError,
 };
 use crate::keys;
 use redis::{Cmd, Script, Value};
@@ -16,6 +16,9 @@ pub(super) const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
 
 /// The give-back script (refunds, hold settlement); its header documents KEYS and ARGV.
 pub(super) const GIVEBACK_LUA: &str = include_str!("scripts/giveback.lua");
+
+/// The commit point of a consume across Redis Cluster slots; its header documents it.
+pub(super) const FINALIZE_LUA: &str = include_str!("scripts/finalize.lua");
 
 /// The epochs of the distinct shards of `keys`, in order of first appearance (one, unless
 /// a decision charges budgets of several shards).
@@ -53,14 +56,18 @@ pub(super) fn consume_cmd(
     );
     let extra_keys = usize::from(effects.idempotency.is_some())
         + usize::from(effects.ledger.is_some())
-        + 2 * usize::from(effects.hold.is_some());
+        + 2 * usize::from(effects.hold.is_some())
+        + 2 * usize::from(effects.intent.is_some())
+        + usize::from(effects.reservation.is_some());
     // The epoch of every shard the call touches: its charges' and its effects' (home).
     let home = effects
         .idempotency
         .as_ref()
         .map(|i| i.key.as_str())
         .or(effects.ledger.as_ref().map(|l| l.stream.as_str()))
-        .or(effects.hold.as_ref().map(|h| h.record_key.as_str()));
+        .or(effects.hold.as_ref().map(|h| h.record_key.as_str()))
+        .or(effects.intent.as_ref().map(|i| i.key.as_str()))
+        .or(effects.reservation.as_ref().map(|r| r.key.as_str()));
     let epoch_keys = match epochs {
         true => epochs_of(
             home.into_iter()
@@ -83,6 +90,12 @@ pub(super) fn consume_cmd(
     if let Some(hold) = &effects.hold {
         call.arg(hold.record_key.as_str())
             .arg(hold.index_key.as_str());
+    }
+    if let Some(intent) = &effects.intent {
+        call.arg(intent.key.as_str()).arg(intent.index_key.as_str());
+    }
+    if let Some(reservation) = &effects.reservation {
+        call.arg(reservation.key.as_str());
     }
     for epoch in &epoch_keys {
         call.arg(epoch.as_str());
@@ -108,6 +121,8 @@ pub(super) fn consume_cmd(
         flag(effects.idempotency.is_some()),
         flag(effects.ledger.is_some()),
         flag(effects.hold.is_some()),
+        flag(effects.intent.is_some()),
+        flag(effects.reservation.is_some()),
     ]
     .into_iter()
     .collect();
@@ -130,7 +145,93 @@ pub(super) fn consume_cmd(
             .arg(hold.ttl_ms),
         None => call.arg("").arg("").arg("").arg(""),
     };
+    match (&effects.intent, &effects.reservation) {
+        (Some(intent), _) => call
+            .arg(intent.member.as_str())
+            .arg(intent.deadline_ms)
+            .arg(intent.record.as_str()),
+        (None, Some(reservation)) => call
+            .arg(reservation.call_now_ms)
+            .arg(reservation.deadline_ms)
+            .arg(""),
+        (None, None) => call.arg("").arg("").arg(""),
+    };
     call
+}
+
+/// The EVALSHA call of the finalize script.
+pub(super) fn finalize_cmd(script: &Script, now_ms: i64, request: &Finalize, epochs: bool) -> Cmd {
+    let effects = &request.effects;
+    let mut call = Cmd::with_capacity(24, 1024);
+    let keys = 2
+        + usize::from(effects.idempotency.is_some())
+        + usize::from(effects.ledger.is_some())
+        + 2 * usize::from(effects.hold.is_some())
+        + usize::from(epochs);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    call.arg(request.intent.key.as_str())
+        .arg(request.intent.index_key.as_str());
+    if let Some(idem) = &effects.idempotency {
+        call.arg(idem.key.as_str());
+    }
+    if let Some(ledger) = &effects.ledger {
+        call.arg(ledger.stream.as_str());
+    }
+    if let Some(hold) = &effects.hold {
+        call.arg(hold.record_key.as_str())
+            .arg(hold.index_key.as_str());
+    }
+    if epochs {
+        call.arg(keys::epoch_of(&request.intent.key));
+    }
+    let flag = |on: bool| if on { '1' } else { '0' };
+    let flags: String = [
+        flag(effects.idempotency.is_some()),
+        flag(effects.ledger.is_some()),
+        flag(effects.hold.is_some()),
+    ]
+    .into_iter()
+    .collect();
+    call.arg(now_ms)
+        .arg(request.intent.member.as_str())
+        .arg(flags);
+    match &effects.idempotency {
+        Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
+        None => call.arg("").arg(""),
+    };
+    call.arg(effects.ledger.as_ref().map_or("", |l| l.allowed.as_str()))
+        .arg(request.numbers.as_str());
+    match &effects.hold {
+        Some(hold) => call
+            .arg(hold.hold_id.as_str())
+            .arg(hold.expires_at_ms)
+            .arg(hold.record.as_str())
+            .arg(hold.ttl_ms),
+        None => call.arg("").arg("").arg("").arg(""),
+    };
+    call
+}
+
+/// Reads the finalize script's reply.
+pub(super) fn parse_finalized(reply: Value, intent_key: &str) -> Result<Finalized, StoreError> {
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(1)] => Ok(Finalized::Committed),
+            [Value::Int(0)] => Ok(Finalized::Aborted),
+            [Value::Int(-2)] => Err(StoreError::Rebuilding {
+                shard: shard_of(intent_key),
+            }),
+            [Value::Int(-1), Value::BulkString(bytes)] => Ok(Finalized::Replayed(
+                String::from_utf8_lossy(bytes).into_owned(),
+            )),
+            _ => Err(StoreError::Protocol(
+                "finalize.lua replied something unexpected".into(),
+            )),
+        },
+        _ => Err(StoreError::Protocol(
+            "finalize.lua replied something other than an array".into(),
+        )),
+    }
 }
 
 /// The EVALSHA call of the give-back script.
@@ -184,6 +285,10 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
             total,
             expires_at_ms,
         } => ("x", total, 0, 0, expires_at_ms),
+        GiveBackKind::Abandon => ("a", 0, 0, 0, 0),
+        GiveBackKind::Undo => ("u", 0, 0, 0, 0),
+        GiveBackKind::Resolved => ("d", 0, 0, 0, 0),
+        GiveBackKind::RestoreOnce { full, by_amount } => ("f", u64::from(full), by_amount, 0, 0),
     };
     call.arg(now_ms)
         .arg(op)
@@ -245,6 +350,9 @@ pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided,
         if let [Value::Int(-2)] = items.as_slice() {
             let shard = shard_of(charges.first().map_or("", |c| c.key.as_str()));
             return Err(StoreError::Rebuilding { shard });
+        }
+        if let [Value::Int(-3)] = items.as_slice() {
+            return Ok(Decided::Refused);
         }
         if let [Value::Int(-1), kept] = items.as_slice() {
             let text = match kept {

@@ -17,9 +17,10 @@ then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
   cost     0 ..= 2^53 - 1
   enforce  1 = enforce, 0 = shadow (counted and reported, never denies)
 
-then nine values for the consume's effects, always present (empty strings when unused), at
-ARGV[e .. e + 8] with e = 3 + 6 * n:
-  flags        three characters '0'/'1': idempotency record, ledger stream, hold
+then twelve values for the consume's effects, always present (empty strings when unused), at
+ARGV[e .. e + 11] with e = 3 + 6 * n:
+  flags        five characters '0'/'1': idempotency record, ledger stream, hold, intent,
+               reservation
   idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when flagged)
   idem record  what to keep with the reply numbers
   allowed      ledger entry appended when the decision is applied (KEYS[next]: the stream);
@@ -30,7 +31,19 @@ ARGV[e .. e + 8] with e = 3 + 6 * n:
   expires_at   its expiry, the index score              KEYS[next + 1]: the index of holds)
   hold record  what to keep for settling it
   hold ttl     ms to keep the hold record
-so n = (#ARGV - 11) / 6.
+  attempt      Redis Cluster, a consume across slots (engine::crossslot): its id, the
+               member of the index of intents (with a reservation: the caller's clock now)
+  deadline     after it (ms), the attempt can no longer commit, nor reserve
+  intent       the intent's record           (KEYS[next]: the intent, KEYS[next + 1]: the
+               index of intents, when the intent is flagged; KEYS[next]: the reservation,
+               when the reservation is flagged)
+so n = (#ARGV - 14) / 6.
+
+With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
+<record>`, and the idempotency record is only checked: it, the allowed ledger entry and the
+hold wait for finalize.lua. With a reservation (in a foreign slot), a reservation that
+exists already (undone) or a deadline passed is refused ({ -3 }); an allowed one is kept as
+`open\n<epoch>` for 60 s.
 
 When a shard's epoch is missing (Redis lost its data, or the shard was never rebuilt
 from the ledger), nothing is read or decided and the reply is { -2 }.
@@ -66,21 +79,34 @@ local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
-local n = (#ARGV - 11) / 6
+local n = (#ARGV - 14) / 6
 local e = 3 + 6 * n
 local flags = ARGV[e]
 local has_idem = string.sub(flags, 1, 1) == '1'
 local has_ledger = string.sub(flags, 2, 2) == '1'
 local has_hold = string.sub(flags, 3, 3) == '1'
+local has_intent = string.sub(flags, 4, 4) == '1'
+local has_reservation = string.sub(flags, 5, 5) == '1'
 local k = n + 1 -- next extra key
-local idem_key, stream_key, hold_key, index_key
+local idem_key, stream_key, hold_key, index_key, intent_key, intents_key, reservation_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end
 if has_ledger then stream_key = KEYS[k]; k = k + 1 end
-if has_hold then hold_key = KEYS[k]; index_key = KEYS[k + 1] end
+if has_hold then hold_key = KEYS[k]; index_key = KEYS[k + 1]; k = k + 2 end
+if has_intent then intent_key = KEYS[k]; intents_key = KEYS[k + 1]; k = k + 2 end
+if has_reservation then reservation_key = KEYS[k]; k = k + 1 end
 
-local effect_keys = (has_idem and 1 or 0) + (has_ledger and 1 or 0) + (has_hold and 2 or 0)
+local effect_keys = k - n - 1
+local epoch_now = ''
 for i = n + effect_keys + 1, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 0 then return { -2 } end
+  local epoch = redis.call('GET', KEYS[i])
+  if not epoch then return { -2 } end
+  if i == n + effect_keys + 1 then epoch_now = epoch end
+end
+
+if has_reservation then
+  if redis.call('EXISTS', reservation_key) == 1 or tonumber(ARGV[e + 9]) > tonumber(ARGV[e + 10]) then
+    return { -3 }
+  end
 end
 
 if has_idem then
@@ -262,7 +288,13 @@ if commit and out[1] == 1 then
 end
 
 -- Effects, in the same atomic step as the charges.
-if commit and out[1] == 1 then
+if commit and out[1] == 1 and has_intent then
+  redis.call('SET', intent_key, 'open\n' .. epoch_now .. '\n' .. ARGV[e + 10] .. '\n' .. ARGV[e + 11],
+    'PX', 600000)
+  redis.call('ZADD', intents_key, ARGV[e + 10], ARGV[e + 9])
+elseif commit and out[1] == 1 and has_reservation then
+  redis.call('SET', reservation_key, 'open\n' .. epoch_now, 'PX', 60000)
+elseif commit and out[1] == 1 then
   local numbers = ''
   if has_idem then
     local nums = {}

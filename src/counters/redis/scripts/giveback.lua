@@ -8,7 +8,14 @@ ledger stream and the idempotency record, in that order, and last the epoch of e
 shard the call touches, when given (the service always gives them). On a Redis Cluster all
 share one hash tag.
 
-ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire
+ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire;
+                            on a Redis Cluster, for consumes across slots (engine::crossslot):
+                            'a' abandon an intent (the control key) at home, 'u' undo a
+                            reservation in a foreign slot, 'd' drop a resolved attempt from
+                            the index of intents (ARGV[8] the member), 'f' give a refund's or
+                            settlement's share back to a foreign slot once (the control key
+                            is the marker; ARGV[4] 1 when count policies get theirs back,
+                            ARGV[5] what amount policies get)
 ARGV[3]  n                 ARGV[4]  total (the charge or the held amount)
 ARGV[5]  amount (refund) or settle (commit)
 ARGV[6]  refunded before, per the ledger (used when the running total has expired)
@@ -60,10 +67,41 @@ if idem_key then
   if kept then return { 3, kept } end
 end
 
+-- The current epoch of the (one) shard, to tell records made before a rebuild.
+local epoch_now = ''
+if #KEYS >= n + 2 + flagged then epoch_now = redis.call('GET', KEYS[#KEYS]) or '' end
+
 -- What each counter gets back: decided by the operation.
 local full, by_amount_gets
 local result = 0
-if op == 'r' then
+if op == 'a' then
+  -- Abandon a consume's intent at home: its home charges go back once, unless it committed
+  -- (or was made before a rebuild, which the rebuilt counters do not hold).
+  local record = redis.call('GET', control)
+  if not record then return { 4, 0 } end
+  local state, epoch = string.match(record, '^(%a+)\n([^\n]*)\n')
+  if state == 'committed' then return { 2, 'committed' } end
+  if state ~= 'open' then return { 1, 0 } end
+  redis.call('SET', control, 'abandoned' .. string.sub(record, #state + 1), 'KEEPTTL')
+  if epoch ~= epoch_now then n = 0 end
+  full, by_amount_gets = true, MAX
+elseif op == 'u' then
+  -- Undo a reservation in a foreign slot, once; a missing one leaves a tombstone, so that
+  -- a reservation arriving late is refused.
+  local record = redis.call('GET', control)
+  if record and string.sub(record, 1, 6) == 'undone' then return { 1, 0 } end
+  redis.call('SET', control, 'undone', 'PX', 60000)
+  if not record or string.match(record, '^open\n([^\n]*)') ~= epoch_now then return { 1, 0 } end
+  full, by_amount_gets = true, MAX
+elseif op == 'd' then
+  -- The attempt is resolved: out of the index of intents.
+  if index_key then redis.call('ZREM', index_key, ARGV[8]) end
+  return { 1, 0 }
+elseif op == 'f' then
+  -- A give-back's share in a foreign slot, once per entry (the control key is the marker).
+  if not redis.call('SET', control, '1', 'NX', 'PX', 600000) then return { 1, 0 } end
+  full, by_amount_gets = total == 1, amount
+elseif op == 'r' then
   local before = tonumber(redis.call('GET', control) or ARGV[6])
   if before + amount > total then return { 2, before } end
   result = before + amount
