@@ -1,6 +1,10 @@
 -- wrk script: POST /quota/consume for a random subject "u<n>", n uniform in [1, SUBJECTS].
 --
---   wrk -t2 -c50 -d10s -s consume.lua http://127.0.0.1:PORT/quota/consume -- ACTION SUBJECTS [AMOUNT]
+--   wrk -t2 -c50 -d10s -s consume.lua http://127.0.0.1:PORT/quota/consume -- ACTION SUBJECTS [AMOUNT [COUNTRIES]]
+--
+-- AMOUNT "" is the default amount (1). COUNTRIES, a comma-separated list of country codes
+-- ("NG,IN,US"), adds "attributes":{"country":"<C>"} to every body, C uniform in the list:
+-- the budgets scoped by country are then few and hot (budgets, issue 10).
 --
 -- done() prints one machine-readable line (latencies in milliseconds):
 --   BENCH requests=N seconds=S rps=R p50_ms=X p99_ms=Y socket_errors=E non2xx=M
@@ -14,12 +18,22 @@ function setup(thread)
 end
 
 function init(args)
-  local action, subjects, amount = args[1], tonumber(args[2]), args[3]
-  assert(action and subjects, "usage: -- ACTION SUBJECTS [AMOUNT]")
+  local action, subjects, amount, countries = args[1], tonumber(args[2]), args[3], args[4]
+  assert(action and subjects, "usage: -- ACTION SUBJECTS [AMOUNT [COUNTRIES]]")
   n_subjects = subjects
   math.randomseed(os.time() * 1000 + id)
+  if amount == "" then amount = nil end
   head = '{"action":"' .. action .. '","subject":"u'
   tail = amount and ('","amount":' .. amount .. '}') or '"}'
+  -- One tail per country, built once: a request only picks one.
+  if countries and countries ~= "" then
+    tails = {}
+    for country in countries:gmatch("[^,]+") do
+      tails[#tails + 1] = '","attributes":{"country":"' .. country .. '"'
+        .. (amount and ('},"amount":' .. amount .. '}') or '}}')
+    end
+    n_tails = #tails
+  end
   -- The request line and headers are written once: wrk.format per request (a table of
   -- headers, string.format per line) would cost the load generator more CPU than the body.
   prefix = "POST " .. wrk.path .. " HTTP/1.1\r\nHost: " .. wrk.host .. ":" .. wrk.port
@@ -27,7 +41,12 @@ function init(args)
 end
 
 function request()
-  local body = head .. math.random(1, n_subjects) .. tail
+  local body
+  if tails then
+    body = head .. math.random(1, n_subjects) .. tails[math.random(1, n_tails)]
+  else
+    body = head .. math.random(1, n_subjects) .. tail
+  end
   return prefix .. #body .. "\r\n\r\n" .. body
 end
 
