@@ -17,7 +17,9 @@
 //!    index. An intent that committed refuses to be abandoned: the consume was charged.
 //!
 //! The sweeper ([`Engine::resolve_attempts`], every instance, every 2 s) abandons the
-//! intents whose deadline passed [`SKEW_MS`] ago: what a crashed or stalled instance left. Records made
+//! intents whose deadline passed [`SKEW_MS`] ago: what a crashed or stalled instance left.
+//! A refund or settlement across slots keeps a pending record in the same index (given
+//! back at home, with the other slots' share still to give): the sweeper gives that share. Records made
 //! before a rebuild of their shard are never given back after it (they carry its epoch).
 //!
 //! Costs (k foreign shards): an allowed consume is k + 2 calls in sequence; a denial at
@@ -41,6 +43,9 @@ pub(crate) const ATTEMPT_MS: i64 = 5_000;
 /// The clock skew between instances tolerated, ms: the sweeper waits this long past an
 /// intent's deadline before abandoning it.
 pub(crate) const SKEW_MS: i64 = 5_000;
+
+/// How long a give-back's once-marker is kept in a foreign slot, ms (giveback.lua's `f`).
+pub(crate) const MARKER_TTL_MS: i64 = 600_000;
 
 /// How many due intents one sweep resolves per shard.
 const SWEEP_BATCH: usize = 100;
@@ -281,6 +286,7 @@ impl Engine {
         let intent_key = keys::intent(&self.prefix, home, member);
         let request = GiveBack {
             kind: GiveBackKind::Abandon,
+            pending: None,
             control_key: intent_key.clone(),
             hold_index: None,
             counters: record.home.clone(),
@@ -293,6 +299,7 @@ impl Engine {
         for (shard, counters) in &record.foreign {
             let request = GiveBack {
                 kind: GiveBackKind::Undo,
+                pending: None,
                 control_key: keys::reservation(&self.prefix, *shard, member),
                 hold_index: None,
                 counters: counters.clone(),
@@ -303,6 +310,7 @@ impl Engine {
         }
         let resolved = GiveBack {
             kind: GiveBackKind::Resolved,
+            pending: None,
             control_key: intent_key,
             hold_index: Some((keys::intents_index(&self.prefix, home), member.to_owned())),
             counters: Vec::new(),
@@ -345,6 +353,15 @@ impl Engine {
             None => None,
         };
         match record {
+            // A give-back whose share of other slots may not have been given: again, once.
+            Some((state, record)) if state.starts_with("pending ") => {
+                let mut parts = state.split(' ').skip(1);
+                let full = parts.next() == Some("1");
+                let by_amount = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                let foreign = record.foreign.into_iter().collect();
+                self.restore_foreign(shard, member, foreign, full, by_amount)
+                    .await?;
+            }
             Some((state, record)) if state != "committed" => {
                 self.abandon(shard, member, &record, None).await?;
             }
@@ -352,6 +369,7 @@ impl Engine {
             _ => {
                 let resolved = GiveBack {
                     kind: GiveBackKind::Resolved,
+                    pending: None,
                     control_key: key,
                     hold_index: Some((keys::intents_index(&self.prefix, shard), member.to_owned())),
                     counters: Vec::new(),
@@ -387,21 +405,51 @@ impl Engine {
         foreign
     }
 
-    /// Gives `entry`'s share back to foreign shards, once each (a marker per entry): count
-    /// policies their charge when `full`, amount policies `by_amount`.
+    /// The record kept at home with a give-back whose share of other slots is given next
+    /// (`GiveBack::pending`): the sweeper redoes the share if the instance dies first.
+    pub(super) fn pending_share(
+        &self,
+        home: u16,
+        entry: &LedgerEntry,
+        foreign: &BTreeMap<u16, Vec<CounterCharge>>,
+    ) -> Option<IntentOpen> {
+        if foreign.is_empty() {
+            return None;
+        }
+        let member = entry.id.to_string();
+        let record = IntentRecord {
+            home: Vec::new(),
+            foreign: foreign
+                .iter()
+                .map(|(shard, counters)| (*shard, counters.clone()))
+                .collect(),
+        };
+        Some(IntentOpen {
+            key: keys::intent(&self.prefix, home, &member),
+            index_key: keys::intents_index(&self.prefix, home),
+            member,
+            deadline_ms: self.now().timestamp_millis() + ATTEMPT_MS,
+            record: codec::encode_intent(&record),
+        })
+    }
+
+    /// Gives the entry `id`'s share back to foreign shards, once each (a marker per entry):
+    /// count policies their charge when `full`, amount policies `by_amount`; then drops its
+    /// pending record at `home` from the index.
     pub(super) async fn restore_foreign(
         &self,
-        entry: &LedgerEntry,
+        home: u16,
+        id: &str,
         foreign: BTreeMap<u16, Vec<CounterCharge>>,
         full: bool,
         by_amount: u64,
     ) -> Result<(), StoreError> {
         let now_ms = self.now().timestamp_millis();
-        let id = entry.id.to_string();
         for (shard, counters) in foreign {
             let request = GiveBack {
                 kind: GiveBackKind::RestoreOnce { full, by_amount },
-                control_key: keys::giveback_marker(&self.prefix, shard, &id),
+                pending: None,
+                control_key: keys::giveback_marker(&self.prefix, shard, id),
                 hold_index: None,
                 counters,
                 ledger: None,
@@ -409,6 +457,16 @@ impl Engine {
             };
             self.counters.give_back(now_ms, &request).await?;
         }
+        let resolved = GiveBack {
+            kind: GiveBackKind::Resolved,
+            pending: None,
+            control_key: keys::intent(&self.prefix, home, id),
+            hold_index: Some((keys::intents_index(&self.prefix, home), id.to_owned())),
+            counters: Vec::new(),
+            ledger: None,
+            idempotency: None,
+        };
+        self.counters.give_back(now_ms, &resolved).await?;
         Ok(())
     }
 }

@@ -95,6 +95,7 @@ impl Engine {
         };
         let mut request = self.refund_give_back(&charge, &entry, refunded);
         let foreign = self.foreign_share(keys.shard, &mut request);
+        request.pending = self.pending_share(keys.shard, &entry, &foreign);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         match self
@@ -103,7 +104,7 @@ impl Engine {
             .await?
         {
             GivenBack::Done { refunded: after } => {
-                self.share_foreign(&entry, foreign, after == total, amount)
+                self.share_foreign(keys.shard, &entry, foreign, after == total, amount)
                     .await;
                 self.record_unless_streamed(&entry).await?;
                 Ok(self.settled(entry, false).await)
@@ -146,6 +147,7 @@ impl Engine {
                 total: charge.amount,
                 refunded,
             },
+            pending: None,
             control_key: keys::refunded_total(&self.prefix, keys.shard, &consumption_id),
             hold_index: None,
             counters: charge.counters.clone(),
@@ -280,6 +282,7 @@ impl Engine {
                 total: 0,
                 expires_at_ms: 0,
             },
+            pending: None,
             control_key: keys::hold_record(&self.prefix, shard, member),
             hold_index: Some((keys::holds_index(&self.prefix, shard), member.to_owned())),
             counters: Vec::new(),
@@ -302,6 +305,7 @@ impl Engine {
         let now = self.now();
         let (entry, mut request) = self.hold_give_back(hold_id, record, how, now)?;
         let foreign = self.foreign_share(hold_id.shard(), &mut request);
+        request.pending = self.pending_share(hold_id.shard(), &entry, &foreign);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         let done = self
@@ -316,7 +320,8 @@ impl Engine {
                 }
                 _ => (false, 0),
             };
-            self.share_foreign(&entry, foreign, full, by_amount).await;
+            self.share_foreign(hold_id.shard(), &entry, foreign, full, by_amount)
+                .await;
             self.record_unless_streamed(&entry).await?;
         }
         Ok((entry, done))
@@ -386,6 +391,7 @@ impl Engine {
         let (shard, member) = (hold_id.shard(), hold_id.to_string());
         let request = GiveBack {
             kind,
+            pending: None,
             control_key: keys::hold_record(&self.prefix, shard, &member),
             hold_index: Some((keys::holds_index(&self.prefix, shard), member)),
             counters: record.counters.clone(),
@@ -396,11 +402,12 @@ impl Engine {
     }
 
     /// Gives `entry`'s share back to the foreign shards of a Redis Cluster (see
-    /// [`Engine::restore_foreign`]). The entry is recorded already: a failure here leaves
-    /// those counters over-counting (never over-allowing) until their window ends; it is
-    /// logged, and the answer stands.
+    /// [`Engine::restore_foreign`]). The entry is recorded already, with a pending record
+    /// at `home`: a failure here is logged, the answer stands, and the sweeper gives the
+    /// share back later.
     async fn share_foreign(
         &self,
+        home: u16,
         entry: &LedgerEntry,
         foreign: std::collections::BTreeMap<u16, Vec<CounterCharge>>,
         full: bool,
@@ -409,11 +416,15 @@ impl Engine {
         if foreign.is_empty() {
             return;
         }
-        if let Err(error) = self.restore_foreign(entry, foreign, full, by_amount).await {
+        let id = entry.id.to_string();
+        if let Err(error) = self
+            .restore_foreign(home, &id, foreign, full, by_amount)
+            .await
+        {
             static SITE: Throttle = Throttle::new();
             if let Some(count) = SITE.event() {
                 tracing::warn!(error = %error, entry_id = %entry.id, count,
-                    "giving back to a shared budget's slot failed; it over-counts until its window ends");
+                    "giving back to a shared budget's slot failed; the sweeper will");
             }
         }
     }

@@ -51,8 +51,9 @@ pub(crate) enum ReplayOp {
     GiveBack {
         /// When, Unix ms.
         at_ms: i64,
-        /// The request, as the engine made it then.
-        request: GiveBack,
+        /// The request, as the engine made it then (boxed: it is much larger than the
+        /// other steps).
+        request: Box<GiveBack>,
     },
     /// Keeps `text` at `key` until `expires_at_ms`: a hold's record, or a kept answer.
     Record {
@@ -217,7 +218,39 @@ impl Engine {
             }
             EntryKind::Deny => {}
         }
+        ops.extend(self.share_markers(entry, &ops));
         Ok(ops)
+    }
+
+    /// On a Redis Cluster, the once-markers of a give-back's share in other slots than its
+    /// home (`engine::crossslot`): the replay gives that share back, so a share the sweeper
+    /// would redo after the rebuild must find it given.
+    fn share_markers(&self, entry: &LedgerEntry, ops: &[ReplayOp]) -> Vec<ReplayOp> {
+        if self.counters.atomic_across_tags() {
+            return Vec::new();
+        }
+        let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
+        let mut shards: Vec<u16> = ops
+            .iter()
+            .filter_map(|op| match op {
+                ReplayOp::GiveBack { request, .. } => Some(&request.counters),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|c| keys::shard_of_tag(keys::hash_tag(&c.key)))
+            .filter(|shard| *shard != home)
+            .collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let id = entry.id.to_string();
+        shards
+            .into_iter()
+            .map(|shard| ReplayOp::Record {
+                key: keys::giveback_marker(&self.prefix, shard, &id),
+                text: "1".to_owned(),
+                expires_at_ms: entry.at.timestamp_millis() + super::crossslot::MARKER_TTL_MS,
+            })
+            .collect()
     }
 
     /// The answer kept for retries of a charge or hold, while it is still kept.
@@ -300,7 +333,10 @@ impl Engine {
             .insert(consumption_id, refunded + entry.amount);
         request.ledger = None;
         let at_ms = entry.at.timestamp_millis();
-        Ok(Some(ReplayOp::GiveBack { at_ms, request }))
+        Ok(Some(ReplayOp::GiveBack {
+            at_ms,
+            request: Box::new(request),
+        }))
     }
 
     /// A hold's settlement or expiry, if the hold was opened within the horizon, or
@@ -338,7 +374,10 @@ impl Engine {
         let (_, mut request) = self.hold_give_back(hold_id, &record, how, entry.at)?;
         request.ledger = None;
         let at_ms = entry.at.timestamp_millis();
-        Ok(Some(ReplayOp::GiveBack { at_ms, request }))
+        Ok(Some(ReplayOp::GiveBack {
+            at_ms,
+            request: Box::new(request),
+        }))
     }
 }
 

@@ -305,6 +305,9 @@ pub struct GiveBack {
     pub(crate) ledger: Option<(String, String)>,
     /// For refunds with an idempotency key: the record to keep (and replay).
     pub(crate) idempotency: Option<IdempotencyRecord>,
+    /// Redis Cluster: the share of other slots still to give back, kept at home with the
+    /// give-back, so that a crash before it is given is redone by the sweeper.
+    pub(crate) pending: Option<IntentOpen>,
 }
 
 /// The store's answer to a [`GiveBack`].

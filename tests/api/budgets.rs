@@ -391,6 +391,30 @@ async fn shared_budgets_are_charged_with_the_subjects_all_or_none(counters: Coun
     assert_eq!(raised.status, StatusCode::OK, "{}", raised.body);
     assert_eq!(part(&raised, "per-country")["limit"], 100);
     assert_eq!(part(&raised, "platform")["limit"], 100);
+    // A hold charges every budget; its release gives every one back.
+    let platform_used = part(&raised, "platform")["used"].as_u64().unwrap();
+    let hold = app
+        .quota(
+            "/quota/holds",
+            json!({"action": "sms", "subject": "u-7", "ttl_seconds": 60,
+                   "attributes": {"country": "GH"}}),
+        )
+        .await;
+    assert_eq!(hold.status, StatusCode::OK, "{}", hold.body);
+    assert_eq!(part(&hold, "platform")["used"], platform_used + 1);
+    assert_eq!(part(&hold, "per-country")["used"], 1, "{}", hold.body);
+    let hold_id = hold.body["hold_id"].as_str().unwrap();
+    let released = app
+        .quota(&format!("/quota/holds/{hold_id}/release"), json!({}))
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    assert_eq!(part(&released, "platform")["used"], platform_used);
+    assert_eq!(
+        part(&released, "per-country")["used"],
+        0,
+        "{}",
+        released.body
+    );
 }
 
 /// 300 concurrent consumes over 50 subjects against a global budget of 100 and per-subject

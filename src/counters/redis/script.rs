@@ -239,7 +239,8 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
     let mut call = Cmd::with_capacity(24 + 7 * request.counters.len(), 1024);
     let extra_keys = usize::from(request.hold_index.is_some())
         + usize::from(request.ledger.is_some())
-        + usize::from(request.idempotency.is_some());
+        + usize::from(request.idempotency.is_some())
+        + 2 * usize::from(request.pending.is_some());
     let epoch_keys = match epochs {
         true => epochs_of(
             std::iter::once(request.control_key.as_str())
@@ -262,6 +263,10 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
     }
     if let Some(idem) = &request.idempotency {
         call.arg(idem.key.as_str());
+    }
+    if let Some(pending) = &request.pending {
+        call.arg(pending.key.as_str())
+            .arg(pending.index_key.as_str());
     }
     for epoch in &epoch_keys {
         call.arg(epoch.as_str());
@@ -335,6 +340,14 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
             .arg(u8::from(counter.by_amount))
             .arg(counter.charged);
     }
+    match &request.pending {
+        Some(pending) => call
+            .arg(1)
+            .arg(pending.member.as_str())
+            .arg(pending.deadline_ms)
+            .arg(pending.record.as_str()),
+        None => call.arg(0).arg("").arg("").arg(""),
+    };
     call
 }
 

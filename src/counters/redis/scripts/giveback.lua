@@ -24,7 +24,9 @@ ARGV[9]  ledger entry to append on success
 ARGV[10] idempotency ttl (ms)         ARGV[11] idempotency record ('' when none)
 ARGV[12] '1' when the index key is given    ARGV[13] '1' when the stream key is given
 ARGV[14] '1' when the idempotency key is given
-then six values per counter i, at ARGV[15 + 6 * (i - 1)]:
+then six values per counter i, at ARGV[15 + 6 * (i - 1)] (and after them, at ARGV[p] with
+p = 15 + 6 * n, '1' when a pending share of other slots is kept at home, KEYS[next] and
+KEYS[next + 1] its record and the index of intents; then its member, deadline and record):
   kind 1 calendar | 2 rolling | 3 token bucket | 4 zoned calendar
   p1   rolling: the bucket charged; token bucket: period_ms; zoned: when it was charged
   p2   rolling: bucket_ms; token bucket: the limit (drain rate)
@@ -55,9 +57,15 @@ local k = n + 2
 local index_key, stream_key, idem_key
 if ARGV[12] == '1' then index_key = KEYS[k]; k = k + 1 end
 if ARGV[13] == '1' then stream_key = KEYS[k]; k = k + 1 end
-if ARGV[14] == '1' then idem_key = KEYS[k] end
+if ARGV[14] == '1' then idem_key = KEYS[k]; k = k + 1 end
+
+-- After the counters' values: the pending share of other slots (Redis Cluster).
+local p = 15 + 6 * n
+local pending_key, pendings_key
+if ARGV[p] == '1' then pending_key = KEYS[k]; pendings_key = KEYS[k + 1] end
 
 local flagged = (ARGV[12] == '1' and 1 or 0) + (ARGV[13] == '1' and 1 or 0) + (ARGV[14] == '1' and 1 or 0)
+  + (ARGV[p] == '1' and 2 or 0)
 for i = n + 2 + flagged, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then return { 5, 0 } end
 end
@@ -195,6 +203,12 @@ if op == 'r' then
   redis.call('SET', control, fmt('%d', result), 'PX', 2592000000)
 end
 if stream_key then redis.call('XADD', stream_key, '*', 'e', ARGV[9]) end
+if pending_key then
+  -- The share of other slots, given back next; the sweeper redoes it after a crash.
+  redis.call('SET', pending_key, fmt('pending %d %d\n', full and 1 or 0, by_amount_gets)
+    .. epoch_now .. '\n' .. ARGV[p + 2] .. '\n' .. ARGV[p + 3], 'PX', 600000)
+  redis.call('ZADD', pendings_key, ARGV[p + 2], ARGV[p + 1])
+end
 if idem_key and ARGV[11] ~= '' then
   redis.call('SET', idem_key, ARGV[11] .. '\n' .. fmt('%d', result), 'PX', ARGV[10])
 end
