@@ -44,6 +44,7 @@ from quota_ledger_client.api.quota import (
     usage,
 )
 from quota_ledger_client.models import (
+    Attributes,
     CalendarWindow,
     CalendarWindowType,
     ConsumeAnswer,
@@ -294,7 +295,17 @@ def main() -> None:
 
     # 4. Usage.
     step = "4. usage"
-    current = answer(usage.sync_detailed(client=quota, action=SMS, subject=SUBJECT), HTTPStatus.OK, UsageAnswer)
+    # Attributes as the generated client sends them (the policy's scope does not read them).
+    current = answer(
+        usage.sync_detailed(
+            client=quota, action=SMS, subject=SUBJECT, attributes=Attributes.from_dict({"country": "NG"})
+        ),
+        HTTPStatus.OK,
+        UsageAnswer,
+    )
+    check_that(
+        current.policies[0].budget.to_dict() == {"subject": SUBJECT}, f"budget {current.policies[0].budget!r}"
+    )
     check_that(current.action == SMS and current.subject == SUBJECT, f"usage of {current.action}/{current.subject}")
     check_that(len(current.policies) == 1, f"usage lists {len(current.policies)} policies")
     check_that(current.policies[0].used == SMS_LIMIT, f"usage used {current.policies[0].used}")

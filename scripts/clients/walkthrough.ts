@@ -179,7 +179,12 @@ async function main(): Promise<void> {
 
   // 4. Usage.
   step = '4. usage';
-  const current = ok(await usage({ client: quota, query: { action: SMS, subject: SUBJECT } }), 200);
+  // Attributes as the generated client sends them (the policy's scope does not read them).
+  const current = ok(
+    await usage({ client: quota, query: { action: SMS, subject: SUBJECT, attributes: { country: 'NG' } } }),
+    200,
+  );
+  checkThat(current.policies[0]?.budget['subject'] === SUBJECT, `budget ${show(current.policies)}`);
   checkThat(current.action === SMS && current.subject === SUBJECT, `usage of ${show(current)}`);
   checkThat(current.policies.length === 1, `usage lists ${current.policies.length} policies`);
   checkThat(current.policies[0]?.used === SMS_LIMIT, `usage ${show(current.policies)}`);

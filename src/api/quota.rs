@@ -124,28 +124,21 @@ pub(crate) struct UsageQuery {
     pub(crate) rest: BTreeMap<String, String>,
 }
 
-/// The attributes of a usage query: its `attributes[<key>]=<value>` parameters; any other
-/// unknown parameter is an error.
+/// The attributes of a usage query: its `attributes[<key>]=<value>` parameters (the
+/// document's `deepObject`), or plain `<key>=<value>` ones, as client generators that
+/// flatten an object parameter send them. Every name is checked as an attribute key.
 fn usage_attributes(
     rest: &BTreeMap<String, String>,
     errors: &mut FieldErrors,
 ) -> Option<Attributes> {
-    let mut map = BTreeMap::new();
-    for (name, value) in rest {
-        match name
+    let map = rest.iter().map(|(name, value)| {
+        let key = name
             .strip_prefix("attributes[")
             .and_then(|n| n.strip_suffix(']'))
-        {
-            Some(key) => {
-                map.insert(key.to_owned(), value.clone());
-            }
-            None => errors.push(crate::domain::FieldError::new(
-                name.as_str(),
-                "unknown query parameter (attributes go as attributes[<key>]=<value>)",
-            )),
-        }
-    }
-    attributes(Some(map), errors)
+            .unwrap_or(name);
+        (key.to_owned(), value.clone())
+    });
+    attributes(Some(map.collect()), errors)
 }
 
 pub(super) fn usage_of(p: &PolicyDecision) -> PolicyUsage {
@@ -414,7 +407,7 @@ pub(crate) async fn check(
     params(
         UsageQuery,
         ("attributes" = Option<AttributesMap>, Query, style = DeepObject, explode,
-            description = "The request's attributes, as `attributes[country]=NG`: what the policies' `scope` and `match` read"),
+            description = "The request's attributes, as `attributes[country]=NG` (plain `country=NG` is accepted too): what the policies' `scope` and `match` read"),
     ),
     responses(
         (status = 200, description = "Usage", body = UsageAnswer),
