@@ -50,6 +50,20 @@ pub(crate) const MARKER_TTL_MS: i64 = 600_000;
 /// How many due intents one sweep resolves per shard.
 const SWEEP_BATCH: usize = 100;
 
+/// The give-back that drops a resolved attempt (or pending give-back) `member` from the
+/// index of intents of `home`.
+fn resolved(prefix: &str, home: u16, member: &str) -> GiveBack {
+    GiveBack {
+        kind: GiveBackKind::Resolved,
+        pending: None,
+        control_key: keys::intent(prefix, home, member),
+        hold_index: Some((keys::intents_index(prefix, home), member.to_owned())),
+        counters: Vec::new(),
+        ledger: None,
+        idempotency: None,
+    }
+}
+
 /// The charges of one shard, as indices into the plan's charges.
 struct Group {
     shard: u16,
@@ -308,15 +322,7 @@ impl Engine {
             };
             self.counters.give_back(now_ms, &request).await?;
         }
-        let resolved = GiveBack {
-            kind: GiveBackKind::Resolved,
-            pending: None,
-            control_key: intent_key,
-            hold_index: Some((keys::intents_index(&self.prefix, home), member.to_owned())),
-            counters: Vec::new(),
-            ledger: None,
-            idempotency: None,
-        };
+        let resolved = resolved(&self.prefix, home, member);
         self.counters.give_back(now_ms, &resolved).await?;
         Ok(false)
     }
@@ -367,15 +373,7 @@ impl Engine {
             }
             // Committed, or long gone: only out of the index.
             _ => {
-                let resolved = GiveBack {
-                    kind: GiveBackKind::Resolved,
-                    pending: None,
-                    control_key: key,
-                    hold_index: Some((keys::intents_index(&self.prefix, shard), member.to_owned())),
-                    counters: Vec::new(),
-                    ledger: None,
-                    idempotency: None,
-                };
+                let resolved = resolved(&self.prefix, shard, member);
                 self.counters.give_back(now_ms, &resolved).await?;
             }
         }
@@ -457,15 +455,7 @@ impl Engine {
             };
             self.counters.give_back(now_ms, &request).await?;
         }
-        let resolved = GiveBack {
-            kind: GiveBackKind::Resolved,
-            pending: None,
-            control_key: keys::intent(&self.prefix, home, id),
-            hold_index: Some((keys::intents_index(&self.prefix, home), id.to_owned())),
-            counters: Vec::new(),
-            ledger: None,
-            idempotency: None,
-        };
+        let resolved = resolved(&self.prefix, home, id);
         self.counters.give_back(now_ms, &resolved).await?;
         Ok(())
     }

@@ -457,56 +457,11 @@ async fn shared_budgets_hold_exactly_under_concurrency(counters: CounterBackend)
 mod shared {
     use super::*;
 
-    mod on_memory {
-        #[tokio::test]
-        async fn shared_budgets_are_charged_with_the_subjects_all_or_none() {
-            super::super::shared_budgets_are_charged_with_the_subjects_all_or_none(
-                super::CounterBackend::Memory,
-            )
-            .await
-        }
-        #[tokio::test]
-        async fn shared_budgets_hold_exactly_under_concurrency() {
-            super::super::shared_budgets_hold_exactly_under_concurrency(
-                super::CounterBackend::Memory,
-            )
-            .await
-        }
-    }
-    mod on_redis {
-        #[tokio::test]
-        async fn shared_budgets_are_charged_with_the_subjects_all_or_none() {
-            super::super::shared_budgets_are_charged_with_the_subjects_all_or_none(
-                super::CounterBackend::Redis,
-            )
-            .await
-        }
-        #[tokio::test]
-        async fn shared_budgets_hold_exactly_under_concurrency() {
-            super::super::shared_budgets_hold_exactly_under_concurrency(
-                super::CounterBackend::Redis,
-            )
-            .await
-        }
-    }
-
-    /// On Redis Cluster the shared budgets sit in other slots: the cross-slot protocol.
-    mod on_cluster {
-        #[tokio::test]
-        async fn shared_budgets_are_charged_with_the_subjects_all_or_none() {
-            super::super::shared_budgets_are_charged_with_the_subjects_all_or_none(
-                super::CounterBackend::Cluster,
-            )
-            .await
-        }
-        #[tokio::test]
-        async fn shared_budgets_hold_exactly_under_concurrency() {
-            super::super::shared_budgets_hold_exactly_under_concurrency(
-                super::CounterBackend::Cluster,
-            )
-            .await
-        }
-    }
+    // On Redis Cluster the shared budgets sit in other slots: the cross-slot protocol.
+    on_counter_stores!(
+        shared_budgets_are_charged_with_the_subjects_all_or_none,
+        shared_budgets_hold_exactly_under_concurrency,
+    );
 
     /// The embedded default rebuilds shared budgets on a restart, like every counter.
     #[tokio::test]

@@ -149,7 +149,6 @@ fn zoned_calendar(
     limit: u64,
     cost: u64,
 ) -> Result<Reading, StoreError> {
-    let fits = cost <= limit;
     let (used, start, end) = match state {
         None => (0, now_ms, period_end_ms),
         Some(State::Text(text)) => match zoned_period(text).ok_or_else(wrong_type)? {
@@ -158,23 +157,38 @@ fn zoned_calendar(
         },
         Some(_) => return Err(wrong_type()),
     };
+    Ok(period(used, now_ms, end, (limit, cost), |after| {
+        Change::Zoned(format!("{after}:{start}:{end}"))
+    }))
+}
+
+/// A period's reading (calendar, zoned): `used` so far, the period ending at `end_ms`;
+/// `change` is the state that holds `after` units.
+fn period(
+    used: u64,
+    now_ms: i64,
+    end_ms: i64,
+    (limit, cost): (u64, u64),
+    change: impl FnOnce(u64) -> Change,
+) -> Reading {
+    let fits = cost <= limit; // the charge can pass at all
     let allowed = fits && used <= limit - cost;
     let write = (cost > 0 && used < MAX_UNITS).then(|| {
         let after = (used + cost).min(MAX_UNITS);
         Write {
             used: after,
-            resets_at_ms: end,
-            expires_at_ms: now_ms + (end - now_ms).max(0) + KEY_GRACE_MS,
-            change: Change::Zoned(format!("{after}:{start}:{end}")),
+            resets_at_ms: end_ms,
+            expires_at_ms: now_ms + (end_ms - now_ms).max(0) + KEY_GRACE_MS,
+            change: change(after),
         }
     });
     let outcome = Outcome {
         used,
         allowed,
-        resets_at_ms: if used > 0 { end } else { now_ms },
-        retry_at_ms: (!allowed && fits).then_some(end),
+        resets_at_ms: if used > 0 { end_ms } else { now_ms },
+        retry_at_ms: (!allowed && fits).then_some(end_ms),
     };
-    Ok(Reading { outcome, write })
+    Reading { outcome, write }
 }
 
 /// A calendar period: one integer, reset by the caller moving to the next period's key.
@@ -185,29 +199,18 @@ fn calendar(
     limit: u64,
     cost: u64,
 ) -> Result<Reading, StoreError> {
-    let fits = cost <= limit; // the charge can pass at all
     let used = match state {
         None => 0,
         Some(State::Counter(units)) => *units,
         Some(_) => return Err(wrong_type()),
     };
-    let allowed = fits && used <= limit - cost;
-    let write = (cost > 0 && used < MAX_UNITS).then(|| {
-        let after = (used + cost).min(MAX_UNITS);
-        Write {
-            used: after,
-            resets_at_ms: period_end_ms,
-            expires_at_ms: now_ms + (period_end_ms - now_ms).max(0) + KEY_GRACE_MS,
-            change: Change::Counter(after),
-        }
-    });
-    let outcome = Outcome {
+    Ok(period(
         used,
-        allowed,
-        resets_at_ms: if used > 0 { period_end_ms } else { now_ms },
-        retry_at_ms: (!allowed && fits).then_some(period_end_ms),
-    };
-    Ok(Reading { outcome, write })
+        now_ms,
+        period_end_ms,
+        (limit, cost),
+        Change::Counter,
+    ))
 }
 
 /// A rolling window: units per bucket; buckets `>= current - buckets` count.
