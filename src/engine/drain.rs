@@ -278,10 +278,50 @@ impl Pass {
     }
 }
 
+/// A stream id, `<ms>-<seq>`, as numbers (in the order Redis gives ids).
+fn stream_id(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
 impl Drainer {
     /// How many entries wait in the streams; `None` if the stream store did not answer.
     pub async fn backlog(&self) -> Option<u64> {
         self.waiting_in(0..SHARDS).await
+    }
+
+    /// The newest entry of each stream of `shards` now (shards whose stream is empty are
+    /// left out): what [`Drainer::drained_to`] waits for. `None` if the store did not answer.
+    pub(crate) async fn marks(
+        &self,
+        shards: impl IntoIterator<Item = u16>,
+    ) -> Option<Vec<(u16, String)>> {
+        let mut marks = Vec::new();
+        for shard in shards {
+            let last = self
+                .streams
+                .last_id(&ledger_stream(&self.prefix, shard))
+                .await
+                .ok()?;
+            marks.extend(last.map(|id| (shard, id)));
+        }
+        Some(marks)
+    }
+
+    /// Whether every entry up to each mark has left its stream (it is in SQL: moved entries
+    /// are deleted), whatever was appended after the marks.
+    pub(crate) async fn drained_to(&self, marks: &[(u16, String)]) -> Option<bool> {
+        for (shard, mark) in marks {
+            let first = self
+                .streams
+                .first_id(&ledger_stream(&self.prefix, *shard))
+                .await
+                .ok()?;
+            if first.is_some_and(|first| stream_id(&first) <= stream_id(mark)) {
+                return Some(false);
+            }
+        }
+        Some(true)
     }
 
     /// How many entries wait in the streams of `shards` (read by no drain yet, or read and
@@ -296,5 +336,18 @@ impl Drainer {
                 .ok()?;
         }
         Some(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_id;
+
+    #[test]
+    fn stream_ids_order_by_time_then_sequence_as_numbers() {
+        assert!(stream_id("1700000000000-9") < stream_id("1700000000001-0"));
+        assert!(stream_id("5-10") > stream_id("5-9"), "numbers, not text");
+        assert!(stream_id("10-0") > stream_id("9-99"));
+        assert_eq!(stream_id("5-0"), (5, 0));
     }
 }

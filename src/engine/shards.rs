@@ -252,16 +252,21 @@ impl Engine {
         Ok(reopened)
     }
 
-    /// Drains until the streams of `shards` are empty (no decision adds to them while they
-    /// are closed), for at most [`DRAIN_WAIT`]; false if they are not by then.
+    /// Drains until every entry the streams of `shards` held on the call is in SQL, for at
+    /// most [`DRAIN_WAIT`]; false if they are not by then. Entries appended meanwhile (by
+    /// open shards, when every stream is drained for budgets shared by subjects) are not
+    /// waited for: they cannot have charged the closed shards.
     async fn drained(&self, shards: &BTreeSet<u16>) -> bool {
         let Some(drain) = &self.drain else {
             return true;
         };
         let started = std::time::Instant::now();
+        let Some(marks) = drain.marks(shards.iter().copied()).await else {
+            return false;
+        };
         loop {
             drain.drain_once().await;
-            if drain.waiting_in(shards.iter().copied()).await == Some(0) {
+            if drain.drained_to(&marks).await == Some(true) {
                 return true;
             }
             if started.elapsed() > DRAIN_WAIT {

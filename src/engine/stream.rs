@@ -46,6 +46,13 @@ pub trait LedgerStream: Send + Sync + 'static {
     /// How many entries `stream` holds; all of them wait to be moved (moved ones are deleted).
     async fn stream_len(&self, stream: &str) -> Result<u64, StoreError>;
 
+    /// The id of the newest entry `stream` holds (`None` when it is empty).
+    async fn last_id(&self, stream: &str) -> Result<Option<String>, StoreError>;
+
+    /// The id of the oldest entry `stream` holds: the oldest still waiting to be moved
+    /// (`None` when it is empty).
+    async fn first_id(&self, stream: &str) -> Result<Option<String>, StoreError>;
+
     /// Acknowledges and deletes entries that are safely in SQL.
     async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError>;
 }

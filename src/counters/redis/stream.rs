@@ -139,6 +139,20 @@ impl LedgerStream for RedisCounterStore {
         self.query(&call).await
     }
 
+    async fn last_id(&self, stream: &str) -> Result<Option<String>, StoreError> {
+        let mut call = redis::cmd("XREVRANGE");
+        call.arg(stream).arg("+").arg("-").arg("COUNT").arg(1);
+        let reply: Value = self.query(&call).await?;
+        Ok(entries(&reply).into_iter().next().map(|(id, _)| id))
+    }
+
+    async fn first_id(&self, stream: &str) -> Result<Option<String>, StoreError> {
+        let mut call = redis::cmd("XRANGE");
+        call.arg(stream).arg("-").arg("+").arg("COUNT").arg(1);
+        let reply: Value = self.query(&call).await?;
+        Ok(entries(&reply).into_iter().next().map(|(id, _)| id))
+    }
+
     /// Acknowledges and deletes entries that are safely in SQL.
     async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError> {
         if ids.is_empty() {
