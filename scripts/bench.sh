@@ -22,7 +22,9 @@
 #      SQLite lock held by another process, as a Postgres outage looks to the drain): the
 #      consumes/s, the ledger entries left waiting in Redis, the Redis memory each takes and
 #      the size of one, and how long the backlog takes to drain once the database is back;
-# then prints one table with the targets of issues 6 and 10 beside the measured figures.
+#   6. the idle Redis load: the commands per second Redis runs for 1, then 4 instances with
+#      no traffic (their ledger drain and hold sweeper);
+# then prints one table with the targets of issues 6, 10 and 12 beside the measured figures.
 #
 # Installs what is missing (wrk, redis-server, redis-tools, curl) with apt-get, builds
 # the release binary with cargo (incrementally), and stops everything it started on exit.
@@ -41,6 +43,7 @@
 #   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
 #   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
 #   BENCH_OUT=FILE             also write the table to FILE
+#   BENCH_IDLE_SECONDS=10      seconds the idle Redis load is counted over (0: not measured)
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -53,6 +56,7 @@ readonly THREADS=${BENCH_THREADS:-2}
 read -r -a SUBJECT_COUNTS <<<"${BENCH_SUBJECTS:-1000 100000 1000000}"
 readonly SUBJECT_COUNTS
 readonly MEMORY_SUBJECTS=${BENCH_MEMORY_SUBJECTS:-100000}
+readonly IDLE_SECONDS=${BENCH_IDLE_SECONDS:-10}
 read -r -a MODES <<<"${BENCH_MODES:-redis embedded}"
 readonly MODES
 readonly ADMIN_TOKEN=bench-admin-token
@@ -442,6 +446,30 @@ bench_backlog() {
 	rcli flushall >/dev/null
 }
 
+# commands_processed: Redis's count of the commands it has run so far.
+commands_processed() { rcli info stats | awk -F: '/^total_commands_processed:/ { print $2 + 0 }'; }
+
+# bench_idle N: N instances on Redis with no traffic (each on a database of its own): the
+# commands per second Redis runs for their background work (the ledger drain, the hold
+# sweeper, readiness) over BENCH_IDLE_SECONDS, after 3 s for their starts to settle.
+bench_idle() {
+	local n=$1 pids=() pid i c0 c1
+	for ((i = 0; i < n; i++)); do
+		start_service redis
+		pids+=("$SERVICE_PID")
+	done
+	SERVICE_PID=""
+	sleep 3
+	c0=$(commands_processed)
+	sleep "$IDLE_SECONDS"
+	c1=$(commands_processed)
+	for pid in "${pids[@]}"; do
+		stop_pid "$pid"
+	done
+	# The two INFO calls that measured are Redis commands too: not counted.
+	record "idle:$n $(awk -v d="$((c1 - c0 - 1))" -v s="$IDLE_SECONDS" 'BEGIN { printf "%.1f", d / s }')"
+}
+
 # bench_restart DB: the embedded service restarted on the ledger its runs left (every entry
 # inside the windows of its policies), after the graceful stop that ended them and saved a
 # snapshot: the time from the start of the process until its first consume is answered,
@@ -741,6 +769,15 @@ print_table() {
 			"$(awk -v e="$per_entry" -v r="$rps" 'BEGIN { printf "%.1f", (e > 0 && r > 0 ? 2^30 / e / r / 60 : 0) }')"
 		printf '  %-58s %8s\n' "  backlog drained after the database came back in" "$drained s"
 	fi
+	local one four
+	one=$(result idle:1)
+	four=$(result idle:4)
+	if [[ -n $one && -n $four ]]; then
+		printf '  %-58s %8s  %-16s %s\n' "idle Redis commands/s, 1 instance (drain, sweeper)" "$one" "<= 10" \
+			"$(verdict "$one <= 10")"
+		printf '  %-58s %8s  %-16s %s\n' "idle Redis commands/s, 4 instances in all" "$four" "<= 40" \
+			"$(verdict "$four <= 40")"
+	fi
 	read -r entries seconds replayed <<<"$(result restart:embedded)"
 	if [[ -n ${seconds:-} ]]; then
 		# Issue 16's target is 5 s at 1M entries: scaled linearly to the ledger's entries.
@@ -771,6 +808,11 @@ for mode in "${MODES[@]}"; do
 	if [[ $mode == redis ]]; then
 		bench_memory
 		bench_backlog
+		if ((IDLE_SECONDS > 0)); then
+			log "idle Redis load: 1, then 4 instances with no traffic"
+			bench_idle 1
+			bench_idle 4
+		fi
 	else
 		bench_restart "$SERVICE_DB"
 	fi
