@@ -161,8 +161,13 @@ pub(crate) fn epoch(prefix: &str, shard: u16) -> String {
 
 /// The epoch of the shard `key` (any key of [`SubjectKeys`] or of a shard) lives in.
 pub(crate) fn epoch_of(key: &str) -> String {
+    format!("{}#epoch", shard_part(key))
+}
+
+/// The start of `key` that names its shard, `<prefix>{<s>}`: equal for every key of a shard.
+pub(crate) fn shard_part(key: &str) -> &str {
     let end = key.find('}').map_or(key.len(), |close| close + 1);
-    format!("{}#epoch", &key[..end])
+    &key[..end]
 }
 
 /// The lock one instance holds while it rebuilds the shard.

@@ -95,7 +95,8 @@ impl Engine {
     ) -> Result<Decided, StoreError> {
         let home = plan.keys.shard;
         let (home_charges, groups) = groups(plan);
-        let counters = plan.counter_charges();
+        // The allowed entry's counters are the plan's, in charge order.
+        let counters = &allowed.counters;
         let pick = |indices: &[usize]| -> Vec<CounterCharge> {
             indices.iter().map(|&i| counters[i].clone()).collect()
         };
@@ -242,28 +243,38 @@ impl Engine {
     pub(super) async fn evaluate_across(&self, plan: &Plan) -> Result<Evaluation, StoreError> {
         let (home, groups) = groups(plan);
         let outcomes = vec![None; plan.charges.len()];
-        let denied = self.denied(plan, outcomes, &groups, Some(&home)).await?;
-        match denied {
-            Decided::Fresh(mut evaluation) => {
-                evaluation.allowed = plan
-                    .charges
-                    .iter()
-                    .zip(&evaluation.outcomes)
-                    .all(|(charge, outcome)| outcome.allowed || !charge.enforce);
-                Ok(evaluation)
-            }
-            _ => Err(StoreError::Protocol("a read replayed an answer".to_owned())),
-        }
+        let outcomes = self.read_rest(plan, outcomes, &groups, Some(&home)).await?;
+        let allowed = plan
+            .charges
+            .iter()
+            .zip(&outcomes)
+            .all(|(charge, outcome)| outcome.allowed || !charge.enforce);
+        Ok(Evaluation { allowed, outcomes })
     }
 
     /// The denial's answer: the outcomes known, and the others read (charging nothing).
     async fn denied(
         &self,
         plan: &Plan,
-        mut outcomes: Vec<Option<Outcome>>,
+        outcomes: Vec<Option<Outcome>>,
         groups: &[Group],
         home: Option<&Vec<usize>>,
     ) -> Result<Decided, StoreError> {
+        let outcomes = self.read_rest(plan, outcomes, groups, home).await?;
+        Ok(Decided::Fresh(Evaluation {
+            allowed: false,
+            outcomes,
+        }))
+    }
+
+    /// Every outcome: those known, and the others read group by group (charging nothing).
+    async fn read_rest(
+        &self,
+        plan: &Plan,
+        mut outcomes: Vec<Option<Outcome>>,
+        groups: &[Group],
+        home: Option<&Vec<usize>>,
+    ) -> Result<Vec<Outcome>, StoreError> {
         let mut to_read: Vec<&Vec<usize>> = groups.iter().map(|g| &g.charges).collect();
         to_read.extend(home);
         for indices in to_read {
@@ -277,13 +288,10 @@ impl Engine {
                 .await?;
             place(&mut outcomes, indices, &peek);
         }
-        Ok(Decided::Fresh(Evaluation {
-            allowed: false,
-            outcomes: outcomes
-                .into_iter()
-                .map(|o| o.unwrap_or_else(|| Outcome::empty(plan.now_ms())))
-                .collect(),
-        }))
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::empty(plan.now_ms())))
+            .collect())
     }
 
     /// Abandons the attempt `member` of home shard `home`: its intent (home charges given

@@ -25,12 +25,50 @@ pub(super) const FINALIZE_LUA: &str = include_str!("scripts/finalize.lua");
 fn epochs_of<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut epochs: Vec<String> = Vec::with_capacity(1);
     for key in keys {
-        let epoch = keys::epoch_of(key);
-        if !epochs.contains(&epoch) {
-            epochs.push(epoch);
+        let shard = keys::shard_part(key);
+        if !epochs
+            .iter()
+            .any(|e| e.strip_suffix("#epoch") == Some(shard))
+        {
+            epochs.push(keys::epoch_of(key));
         }
     }
     epochs
+}
+
+/// The keys of a consume's effects, in the scripts' order: the idempotency record, the
+/// ledger stream, the hold's record and the index of holds (each when present).
+fn push_effect_keys(call: &mut Cmd, effects: &Effects) {
+    if let Some(idem) = &effects.idempotency {
+        call.arg(idem.key.as_str());
+    }
+    if let Some(ledger) = &effects.ledger {
+        call.arg(ledger.stream.as_str());
+    }
+    if let Some(hold) = &effects.hold {
+        call.arg(hold.record_key.as_str())
+            .arg(hold.index_key.as_str());
+    }
+}
+
+/// The idempotency record's two arguments (ttl, record), empty when there is none.
+fn push_idempotency_args(call: &mut Cmd, effects: &Effects) {
+    match &effects.idempotency {
+        Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
+        None => call.arg("").arg(""),
+    };
+}
+
+/// The hold's four arguments (id, expiry, record, ttl), empty when there is none.
+fn push_hold_args(call: &mut Cmd, effects: &Effects) {
+    match &effects.hold {
+        Some(hold) => call
+            .arg(hold.hold_id.as_str())
+            .arg(hold.expires_at_ms)
+            .arg(hold.record.as_str())
+            .arg(hold.ttl_ms),
+        None => call.arg("").arg("").arg("").arg(""),
+    };
 }
 
 /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
@@ -81,16 +119,7 @@ pub(super) fn consume_cmd(
     for charge in charges {
         call.arg(charge.key.as_str());
     }
-    if let Some(idem) = &effects.idempotency {
-        call.arg(idem.key.as_str());
-    }
-    if let Some(ledger) = &effects.ledger {
-        call.arg(ledger.stream.as_str());
-    }
-    if let Some(hold) = &effects.hold {
-        call.arg(hold.record_key.as_str())
-            .arg(hold.index_key.as_str());
-    }
+    push_effect_keys(&mut call, effects);
     if let Some(intent) = &effects.intent {
         call.arg(intent.key.as_str()).arg(intent.index_key.as_str());
     }
@@ -127,24 +156,14 @@ pub(super) fn consume_cmd(
     .into_iter()
     .collect();
     call.arg(flags);
-    match &effects.idempotency {
-        Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
-        None => call.arg("").arg(""),
-    };
+    push_idempotency_args(&mut call, effects);
     match &effects.ledger {
         Some(ledger) => call
             .arg(ledger.allowed.as_str())
             .arg(ledger.denied.as_deref().unwrap_or("")),
         None => call.arg("").arg(""),
     };
-    match &effects.hold {
-        Some(hold) => call
-            .arg(hold.hold_id.as_str())
-            .arg(hold.expires_at_ms)
-            .arg(hold.record.as_str())
-            .arg(hold.ttl_ms),
-        None => call.arg("").arg("").arg("").arg(""),
-    };
+    push_hold_args(&mut call, effects);
     match (&effects.intent, &effects.reservation) {
         (Some(intent), _) => call
             .arg(intent.member.as_str())
@@ -171,16 +190,7 @@ pub(super) fn finalize_cmd(script: &Script, now_ms: i64, request: &Finalize, epo
     call.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     call.arg(request.intent.key.as_str())
         .arg(request.intent.index_key.as_str());
-    if let Some(idem) = &effects.idempotency {
-        call.arg(idem.key.as_str());
-    }
-    if let Some(ledger) = &effects.ledger {
-        call.arg(ledger.stream.as_str());
-    }
-    if let Some(hold) = &effects.hold {
-        call.arg(hold.record_key.as_str())
-            .arg(hold.index_key.as_str());
-    }
+    push_effect_keys(&mut call, effects);
     if epochs {
         call.arg(keys::epoch_of(&request.intent.key));
     }
@@ -195,20 +205,10 @@ pub(super) fn finalize_cmd(script: &Script, now_ms: i64, request: &Finalize, epo
     call.arg(now_ms)
         .arg(request.intent.member.as_str())
         .arg(flags);
-    match &effects.idempotency {
-        Some(idem) => call.arg(idem.ttl_ms).arg(idem.record.as_str()),
-        None => call.arg("").arg(""),
-    };
+    push_idempotency_args(&mut call, effects);
     call.arg(effects.ledger.as_ref().map_or("", |l| l.allowed.as_str()))
         .arg(request.numbers.as_str());
-    match &effects.hold {
-        Some(hold) => call
-            .arg(hold.hold_id.as_str())
-            .arg(hold.expires_at_ms)
-            .arg(hold.record.as_str())
-            .arg(hold.ttl_ms),
-        None => call.arg("").arg("").arg("").arg(""),
-    };
+    push_hold_args(&mut call, effects);
     call
 }
 
