@@ -170,6 +170,12 @@ pub(crate) fn shard_part(key: &str) -> &str {
     &key[..end]
 }
 
+/// The lease of the janitor: the one instance that sweeps after dead ones
+/// (`engine::janitor`). Outside every shard.
+pub(crate) fn janitor_lease(prefix: &str) -> String {
+    format!("{prefix}janitor")
+}
+
 /// The lock one instance holds while it rebuilds the shard.
 pub(crate) fn rebuild_lock(prefix: &str, shard: u16) -> String {
     format!("{}#rebuild", shard_prefix(prefix, shard))

@@ -71,6 +71,8 @@ const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "timeout", "protocol"];
 pub(crate) struct Live {
     /// Whether the counter store's circuit breaker is open (calls fail without trying).
     pub(crate) circuit_open: bool,
+    /// Whether this instance holds the janitor lease.
+    pub(crate) janitor: bool,
     /// Ledger entries in the Redis streams not yet moved to SQL; `None` without Redis (or
     /// when Redis did not answer).
     pub(crate) ledger_backlog: Option<u64>,

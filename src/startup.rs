@@ -10,7 +10,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Secret, Settings};
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
-use crate::engine::drain::Drainer;
+use crate::engine::drain::{Appends, Drainer};
+use crate::engine::janitor::Janitor;
 use crate::engine::lag::Lag;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
@@ -71,24 +72,28 @@ impl Drop for BackgroundTasks {
 }
 
 /// Counts the ledger entries waiting in the Redis streams every
-/// [`MEASURE_EVERY`](crate::engine::backlog::MEASURE_EVERY), which bounds consumes by
-/// `QUOTA_LEDGER_BACKLOG_MAX`; looks at Redis's memory settings every
+/// [`MEASURE_EVERY`](crate::engine::backlog::MEASURE_EVERY) while any may wait (this
+/// instance appended since the last count, or the last count found some), which bounds
+/// consumes by `QUOTA_LEDGER_BACKLOG_MAX`; looks at Redis's memory settings every
 /// [`MEMORY_LOOK_EVERY`](crate::engine::backlog::MEMORY_LOOK_EVERY); and rebuilds the
-/// shards that lost their epoch, as soon as a decision finds one and every
-/// [`SHARD_LOOK_EVERY`](crate::engine::shards::SHARD_LOOK_EVERY) (Redis only).
+/// shards that lost their epoch, as soon as a decision finds one and (the janitor only)
+/// every [`SHARD_LOOK_EVERY`](crate::engine::shards::SHARD_LOOK_EVERY) (Redis only).
 fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
     use crate::engine::backlog::{MEASURE_EVERY, MEMORY_LOOK_EVERY};
     use crate::engine::shards::SHARD_LOOK_EVERY;
     tokio::spawn(async move {
         let mut full = false;
         let mut last_look = std::time::Instant::now();
-        let mut last_shard_look = std::time::Instant::now();
+        let mut last_shard_look: Option<std::time::Instant> = None;
         loop {
             tokio::time::sleep(MEASURE_EVERY).await;
-            state.engine.measure_backlog().await;
-            let look = last_shard_look.elapsed() >= SHARD_LOOK_EVERY;
+            if state.engine.backlog().is_some_and(|b| b.may_wait()) {
+                state.engine.measure_backlog().await;
+            }
+            let janitor = state.engine.janitor().held();
+            let look = janitor && last_shard_look.is_none_or(|at| at.elapsed() >= SHARD_LOOK_EVERY);
             if look {
-                last_shard_look = std::time::Instant::now();
+                last_shard_look = Some(std::time::Instant::now());
             }
             state.engine.reopen_if_wanted(look).await;
             if last_look.elapsed() >= MEMORY_LOOK_EVERY {
@@ -142,6 +147,7 @@ async fn counter_store(
             shards: None,
         });
     }
+    let appends = Arc::new(Appends::default());
     let store = Arc::new(
         RedisCounterStore::connect(
             &settings.redis_urls,
@@ -152,7 +158,8 @@ async fn counter_store(
         .context("connecting to Redis (REDIS_URL)")?
         .judged_by(load.clone())
         .allowing_eviction(settings.redis_allow_eviction)
-        .prefixed(&settings.redis_prefix),
+        .prefixed(&settings.redis_prefix)
+        .reporting_to(appends.clone()),
     );
     let drain = Arc::new(
         Drainer::new(
@@ -161,7 +168,8 @@ async fn counter_store(
             settings.redis_prefix.clone(),
             settings.ledger_claim_idle,
         )
-        .recording_lag(lag.clone()),
+        .recording_lag(lag.clone())
+        .woken_by(appends),
     );
     Ok(Counters {
         store: store.clone(),
@@ -246,8 +254,16 @@ impl Application {
         let load = Arc::new(Load::new());
         let ledger_lag = Arc::new(Lag::default());
         let counters = counter_store(&settings, &ledger, &load, &ledger_lag).await?;
+        let janitor = Arc::new(Janitor::new(
+            counters.store.clone(),
+            &settings.redis_prefix,
+            settings.ledger_claim_idle,
+        ));
+        // The janitor's first sweeps may start at once.
+        janitor.keep().await;
+        tasks.0.push(janitor.clone().spawn());
         if let Some(drain) = &counters.drain {
-            tasks.0.push(drain.clone().spawn());
+            tasks.0.push(drain.clone().spawn(janitor.clone()));
         }
         let ports = Ports {
             counters: counters.store,
@@ -264,6 +280,7 @@ impl Application {
                 .then(|| Arc::new(scratch_store) as ScratchStore),
             shards: counters.shards.clone(),
             snapshots: counters.embedded.as_ref().map(embedded::Embedded::ports),
+            janitor,
         };
         let engine = Engine::new(
             ports,
@@ -354,6 +371,7 @@ impl Application {
         let served = self.server.await;
         drop(self.refresher); // the background tasks end with the server
         self.sweeper.stop().await;
+        self.state.engine.janitor().give_up().await;
         if let Some(periodic) = self.periodic {
             periodic.stop().await;
             self.state.engine.snapshot_now().await;

@@ -20,6 +20,7 @@ use std::time::Instant;
 pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let live = Live {
         circuit_open: state.engine.counters().circuit_open(),
+        janitor: state.engine.janitor().held(),
         ledger_backlog: state.engine.measure_backlog().await,
         ledger_backlog_max: state.engine.backlog().map(|b| b.max()),
         store_memory: state.engine.counters().memory().await,

@@ -269,6 +269,11 @@ impl CounterStore for MemoryCounterStore {
         ))
     }
 
+    async fn next_due(&self, index_key: &str) -> Result<Option<i64>, StoreError> {
+        let guard = lock(self.shard(index_key));
+        Ok(counting::index_first(guard.entries.get(index_key)))
+    }
+
     async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError> {
         let guard = lock(self.shard(record_key));
         Ok(counting::text(guard.entries.get(record_key), now_ms).map(str::to_owned))

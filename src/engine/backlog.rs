@@ -60,6 +60,13 @@ impl Backlog {
             .saturating_add(self.appended.load(Ordering::Acquire))
     }
 
+    /// Whether entries may wait, as far as this instance knows: it appended since the last
+    /// measure, or that measure found some. An idle instance does not measure: the first
+    /// entry it appends makes it measure again within [`MEASURE_EVERY`].
+    pub(crate) fn may_wait(&self) -> bool {
+        self.waiting() > 0
+    }
+
     /// Whether no entry may be added: the backlog is at its bound.
     pub(crate) fn is_full(&self) -> bool {
         self.waiting() >= self.max

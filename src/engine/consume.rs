@@ -228,6 +228,7 @@ impl Engine {
         });
         let hold = hold.map(|(ticket, ttl_ms)| {
             let expires_at_ms = ticket.expires_at.timestamp_millis();
+            self.hold_dues.expect(plan.keys.shard, expires_at_ms);
             let record = HoldRecord {
                 action: request.action.clone(),
                 subject: request.subject.clone(),

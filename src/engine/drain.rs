@@ -6,18 +6,56 @@
 //! A crash between insert and acknowledgement redelivers entries that are already in SQL,
 //! which the insert ignores; entries a dead instance had read but not acknowledged are
 //! claimed by a living one once idle for `claim_idle`. Nothing is lost, nothing duplicated.
+//!
+//! An instance does not poll: its counter store tells it which shards' streams it
+//! appended to ([`Appends`]), and its drain wakes for those. What a dead instance left in
+//! the streams is the [janitor](super::janitor)'s: every half claim timeout it measures
+//! each stream and drains (and claims from) those that hold anything. With no traffic,
+//! the drains of every instance together cost Redis 64 `XLEN` per half claim timeout.
 
 use super::codec;
+use super::janitor::Janitor;
 use super::lag::Lag;
 use super::ledger::{LedgerError, LedgerStore};
 use super::store::StoreError;
 use super::stream::{LedgerStream, Read, StreamEntry};
 use crate::domain::LedgerEntry;
 use crate::keys::{ledger_stream, SHARDS};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The shards whose streams this instance appended to since its drain last looked, and
+/// the wake-up of the drain. The counter store reports every call that may have appended
+/// (after the call, so that the entry is there when the drain reads).
+#[derive(Debug, Default)]
+pub struct Appends {
+    /// One bit per shard.
+    shards: AtomicU64,
+    wake: tokio::sync::Notify,
+}
+
+// One bit per shard in a u64.
+const _: () = assert!(SHARDS <= 64);
+
+/// Every shard.
+const ALL: u64 = u64::MAX >> (64 - SHARDS);
+
+impl Appends {
+    /// A call to the store may have appended to `shard`'s stream.
+    pub fn appended(&self, shard: u16) {
+        let bit = 1u64 << (shard % SHARDS);
+        // Already set: a wake-up was given since the drain last took the set.
+        if self.shards.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The shards appended to since the last call.
+    fn take(&self) -> u64 {
+        self.shards.swap(0, Ordering::AcqRel)
+    }
+}
 /// Entries read per command.
 const BATCH: usize = 500;
 
@@ -37,8 +75,11 @@ pub struct Drainer {
     prefix: String,
     consumer: String,
     claim_idle: Duration,
-    /// Set when an insert failed: the next pass rereads this consumer's pending entries.
-    retry_pending: AtomicBool,
+    /// The shards of a failed pass: the next pass rereads this consumer's pending entries
+    /// there.
+    retry: AtomicU64,
+    /// What this instance appended, reported by its counter store.
+    appends: Arc<Appends>,
     /// One pass at a time (the background loop and refunds may both ask).
     pass: tokio::sync::Mutex<Instant>,
     /// Each moved entry's lag, decision to SQL commit.
@@ -59,8 +100,9 @@ impl Drainer {
             prefix,
             consumer: format!("drain-{}", uuid::Uuid::new_v4().simple()),
             claim_idle,
-            // A new consumer has nothing pending, but reading once is cheap and simple.
-            retry_pending: AtomicBool::new(true),
+            // A new consumer has nothing pending; its first pass (the start's) reads anyway.
+            retry: AtomicU64::new(ALL),
+            appends: Arc::default(),
             pass: tokio::sync::Mutex::new(Instant::now()),
             lag: Arc::default(),
         }
@@ -73,40 +115,63 @@ impl Drainer {
         self
     }
 
+    /// Has the drain woken by `appends` (the counter store reports to the same).
+    #[must_use]
+    pub fn woken_by(mut self, appends: Arc<Appends>) -> Self {
+        self.appends = appends;
+        self
+    }
+
     /// One pass over every shard, until each is empty; returns how many entries were moved.
+    /// Claims idle entries too, if it has not for half the claim timeout.
+    pub async fn drain_once(&self) -> usize {
+        let claim = {
+            let mut last_claim = self.pass.lock().await;
+            let claim = last_claim.elapsed() >= self.claim_idle / 2;
+            if claim {
+                *last_claim = Instant::now();
+            }
+            claim
+        };
+        self.drain_shards(ALL, if claim { ALL } else { 0 }).await
+    }
+
+    /// One pass over the streams of `shards` (bits), until each is empty, claiming idle
+    /// entries in those of `claim`; returns how many entries were moved.
     ///
     /// Entries from all shards share transactions of up to [`FLUSH_AT`] entries: one
     /// commit (and one fsync) per few thousand entries rather than per shard and batch.
-    pub async fn drain_once(&self) -> usize {
-        let mut last_claim = self.pass.lock().await;
-        let claim = last_claim.elapsed() >= self.claim_idle / 2;
-        if claim {
-            *last_claim = Instant::now();
-        }
-        let pending = self.retry_pending.swap(false, Ordering::AcqRel);
-        let mut sources = Vec::with_capacity(3);
-        if pending {
-            sources.push(Source::Pending);
-        }
-        sources.push(Source::New);
-        if claim {
-            sources.push(Source::Idle);
-        }
+    async fn drain_shards(&self, shards: u64, claim: u64) -> usize {
+        let _one_at_a_time = self.pass.lock().await;
+        let retry = self.retry.swap(0, Ordering::AcqRel);
+        let shards = shards | retry | claim;
         let mut pass = Pass::default();
-        match self.run_pass(&sources, &mut pass).await {
+        match self.run_pass(shards, retry, claim, &mut pass).await {
             Ok(()) => pass.moved,
             Err(error) => {
                 tracing::warn!(error = %error, "draining the ledger streams failed; will retry");
-                self.retry_pending.store(true, Ordering::Release);
+                self.retry.fetch_or(shards, Ordering::AcqRel);
                 pass.moved
             }
         }
     }
 
-    async fn run_pass(&self, sources: &[Source], pass: &mut Pass) -> anyhow::Result<()> {
-        for shard in 0..SHARDS {
+    async fn run_pass(
+        &self,
+        shards: u64,
+        retry: u64,
+        claim: u64,
+        pass: &mut Pass,
+    ) -> anyhow::Result<()> {
+        for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
             let stream = ledger_stream(&self.prefix, shard);
-            for &source in sources {
+            let bit = 1u64 << shard;
+            let sources = [
+                (retry & bit != 0).then_some(Source::Pending),
+                Some(Source::New),
+                (claim & bit != 0).then_some(Source::Idle),
+            ];
+            for source in sources.into_iter().flatten() {
                 // Pending entries stay pending until flushed: page through them by id.
                 let mut after = String::from("0");
                 loop {
@@ -218,20 +283,72 @@ impl Drainer {
         Ok(refused)
     }
 
-    /// Runs passes forever. After a pass that filled a transaction the next starts at
-    /// once; otherwise it waits a little, so that entries gather into larger transactions
-    /// (a refund that needs its charge in SQL drains at once, through [`Drainer::drain_once`]).
-    pub(crate) fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Runs passes forever: one over every shard at the start, then one whenever this
+    /// instance appended, over the shards it appended to, and (while it is the `janitor`)
+    /// one every half claim timeout over the shards whose streams hold anything. After a
+    /// pass that filled a transaction the next may start at once; otherwise it waits a
+    /// little, so that entries gather into larger transactions (a refund that needs its
+    /// charge in SQL drains at once, through [`Drainer::drain_once`]).
+    pub(crate) fn spawn(self: Arc<Self>, janitor: Arc<Janitor>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
+            let sweep_every = self.sweep_every();
+            let mut swept: Option<Instant> = None;
+            self.drain_once().await;
             loop {
-                let pause = match self.drain_once().await {
-                    0 => IDLE_PAUSE,
+                let sweep_in = swept.map_or(Duration::ZERO, |at| {
+                    sweep_every.saturating_sub(at.elapsed())
+                });
+                let wait = match self.retry.load(Ordering::Acquire) {
+                    0 => sweep_in,
+                    _ => sweep_in.min(IDLE_PAUSE),
+                };
+                tokio::select! {
+                    () = self.appends.wake.notified() => {}
+                    () = tokio::time::sleep(wait) => {}
+                }
+                let mut shards = self.appends.take();
+                let mut claim = 0;
+                if janitor.held() && swept.is_none_or(|at| at.elapsed() >= sweep_every) {
+                    swept = Some(Instant::now());
+                    claim = self.waiting_shards().await.unwrap_or(0);
+                    shards |= claim;
+                } else if !janitor.held() {
+                    // Sweep at once on becoming the janitor.
+                    swept = None;
+                }
+                if shards == 0 && self.retry.load(Ordering::Acquire) == 0 {
+                    continue;
+                }
+                let pause = match self.drain_shards(shards, claim).await {
+                    0 => Duration::ZERO,
                     n if n < FLUSH_AT => BUSY_PAUSE,
                     _ => Duration::ZERO,
                 };
                 tokio::time::sleep(pause).await;
             }
         })
+    }
+
+    /// How often the janitor measures every stream: half the claim timeout, within
+    /// 250 ms and 15 s.
+    fn sweep_every(&self) -> Duration {
+        (self.claim_idle / 2).clamp(Duration::from_millis(250), Duration::from_secs(15))
+    }
+
+    /// The shards (bits) whose streams hold entries; `None` if the store did not answer.
+    async fn waiting_shards(&self) -> Option<u64> {
+        let mut shards = 0;
+        for shard in 0..SHARDS {
+            let length = self
+                .streams
+                .stream_len(&ledger_stream(&self.prefix, shard))
+                .await
+                .ok()?;
+            if length > 0 {
+                shards |= 1 << shard;
+            }
+        }
+        Some(shards)
     }
 }
 

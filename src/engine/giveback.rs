@@ -12,9 +12,41 @@ use crate::domain::{
 use crate::keys::{self, SubjectKeys};
 use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 /// Refund idempotency records are kept a day.
 const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
+
+/// When the first hold known to this instance falls due, per shard: the holds it opened,
+/// and those the janitor's look found. Only shards with a hold due are swept.
+#[derive(Debug)]
+pub(crate) struct HoldDues([AtomicI64; keys::SHARDS as usize]);
+
+impl Default for HoldDues {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicI64::new(i64::MAX)))
+    }
+}
+
+impl HoldDues {
+    /// A hold of `shard` falls due at `at_ms`.
+    pub(crate) fn expect(&self, shard: u16, at_ms: i64) {
+        if let Some(due) = self.0.get(usize::from(shard)) {
+            due.fetch_min(at_ms, Ordering::AcqRel);
+        }
+    }
+
+    /// The shards with a hold due at `now_ms`, forgotten (the sweep learns the next).
+    fn take_due(&self, now_ms: i64) -> Vec<u16> {
+        (0..keys::SHARDS)
+            .filter(|&shard| {
+                let due = &self.0[usize::from(shard)];
+                due.load(Ordering::Acquire) <= now_ms
+                    && due.swap(i64::MAX, Ordering::AcqRel) <= now_ms
+            })
+            .collect()
+    }
+}
 
 /// The answer to a refund or a settlement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,8 +249,44 @@ impl Engine {
 
     /// Releases every expired hold of every shard; returns how many.
     pub async fn expire_due_holds(&self) -> usize {
-        let mut expired = 0;
+        self.expire_holds_of(0..keys::SHARDS).await
+    }
+
+    /// Releases the expired holds of the shards where one is known to be due (opened by
+    /// this instance, or seen by [`Engine::look_for_holds`]); then learns when each of
+    /// those shards' next hold falls due. Runs every half second: with nothing due it
+    /// costs the store nothing.
+    pub(crate) async fn expire_scheduled_holds(&self) -> usize {
+        let now_ms = self.now().timestamp_millis();
+        let due = self.hold_dues.take_due(now_ms);
+        let expired = self.expire_holds_of(due.iter().copied()).await;
+        for shard in due {
+            let index = keys::holds_index(&self.prefix, shard);
+            match self.counters.next_due(&index).await {
+                Ok(Some(at_ms)) => self.hold_dues.expect(shard, at_ms),
+                Ok(None) => {}
+                // Look again at the next tick.
+                Err(_) => self.hold_dues.expect(shard, now_ms),
+            }
+        }
+        expired
+    }
+
+    /// The janitor's look at every shard's holds (those of instances that died among
+    /// them): when the first falls due.
+    pub(crate) async fn look_for_holds(&self) {
         for shard in 0..keys::SHARDS {
+            let index = keys::holds_index(&self.prefix, shard);
+            if let Ok(Some(at_ms)) = self.counters.next_due(&index).await {
+                self.hold_dues.expect(shard, at_ms);
+            }
+        }
+    }
+
+    /// Releases the expired holds of `shards`; returns how many.
+    async fn expire_holds_of(&self, shards: impl IntoIterator<Item = u16>) -> usize {
+        let mut expired = 0;
+        for shard in shards {
             let index = keys::holds_index(&self.prefix, shard);
             let now_ms = self.now().timestamp_millis();
             let due = match self.counters.expired_holds(&index, now_ms, 100).await {
@@ -458,5 +526,26 @@ impl Engine {
             usage,
             replayed,
         }
+    }
+}
+
+#[cfg(test)]
+mod hold_due_tests {
+    use super::HoldDues;
+
+    #[test]
+    fn a_shard_is_due_once_its_first_hold_is_and_then_forgotten_until_told_again() {
+        let dues = HoldDues::default();
+        assert!(dues.take_due(i64::MAX - 1).is_empty(), "nothing known");
+        dues.expect(3, 2_000);
+        dues.expect(3, 1_000);
+        dues.expect(7, 5_000);
+        assert!(dues.take_due(999).is_empty(), "the first of shard 3 is at 1000");
+        assert_eq!(dues.take_due(1_000), vec![3]);
+        assert!(
+            dues.take_due(4_000).is_empty(),
+            "taken: its sweep learns the next from the store"
+        );
+        assert_eq!(dues.take_due(5_000), vec![7]);
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod consume;
 pub(crate) mod crossslot;
 pub mod drain;
 pub(crate) mod giveback;
+pub mod janitor;
 pub mod lag;
 pub mod ledger;
 pub mod load;
@@ -169,6 +170,8 @@ pub(crate) struct Ports {
     pub(crate) scratch: Option<shards::ScratchStore>,
     /// The in-process store and the table its snapshots go to (the embedded default).
     pub(crate) snapshots: Option<snapshot::Snapshots>,
+    /// Whether this instance sweeps after dead ones.
+    pub(crate) janitor: Arc<janitor::Janitor>,
 }
 
 /// The quota engine; shared by every request.
@@ -195,6 +198,9 @@ pub struct Engine {
     /// ledger entry is committed; a snapshot holds it alone while it copies the store, so
     /// the copy is exactly the replay of the entries committed by then (a consistent cut).
     cut: tokio::sync::RwLock<()>,
+    /// When the holds this instance knows of fall due, per shard.
+    hold_dues: giveback::HoldDues,
+    janitor: Arc<janitor::Janitor>,
 }
 
 impl Engine {
@@ -212,6 +218,7 @@ impl Engine {
             shards,
             scratch,
             snapshots,
+            janitor,
         } = ports;
         Self {
             shards,
@@ -230,7 +237,14 @@ impl Engine {
             load,
             snapshots,
             cut: tokio::sync::RwLock::new(()),
+            hold_dues: giveback::HoldDues::default(),
+            janitor,
         }
+    }
+
+    /// Whether this instance sweeps after dead ones, and its lease.
+    pub fn janitor(&self) -> &Arc<janitor::Janitor> {
+        &self.janitor
     }
 
     /// Writes ledger entries durably (group commit) before the caller answers; used when

@@ -45,9 +45,9 @@ const DRAIN_WAIT: Duration = Duration::from_secs(10);
 /// How long `counters rebuild` waits for shards that other instances rebuild.
 const REBUILD_WAIT: Duration = Duration::from_secs(600);
 
-/// How often each instance looks for shards without an epoch, besides when a decision
-/// finds one.
-pub(crate) const SHARD_LOOK_EVERY: Duration = Duration::from_secs(2);
+/// How often the janitor looks for shards without an epoch (Redis lost their data while no
+/// request came), besides when a decision of any instance finds one.
+pub(crate) const SHARD_LOOK_EVERY: Duration = Duration::from_secs(30);
 
 /// How often a rebuilding instance extends its locks while it replays the ledger.
 const LOCK_KEEP_EVERY: Duration = Duration::from_secs(10);

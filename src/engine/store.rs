@@ -411,6 +411,21 @@ pub trait CounterStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<String>, StoreError>;
 
+    /// The expiry of the hold of `index_key` that expires first, if any (in ms).
+    async fn next_due(&self, index_key: &str) -> Result<Option<i64>, StoreError>;
+
+    /// Takes the lease `key` for `owner` for `ttl_ms`, or extends it when `owner` holds it
+    /// already; false while another owner holds it. A store private to one process has
+    /// one instance: the default always grants it.
+    async fn lease(&self, _key: &str, _owner: &str, _ttl_ms: u64) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    /// Gives the lease `key` up if `owner` holds it.
+    async fn release(&self, _key: &str, _owner: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The text record kept at `record_key` at `now_ms`, if any: a hold, a refunded total.
     async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError>;
 

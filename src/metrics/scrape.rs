@@ -38,6 +38,11 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         "1 while the counter store's circuit breaker fails calls without trying",
         ConstGauge::new(i64::from(live.circuit_open)),
     );
+    registry.register(
+        "quota_janitor",
+        "1 while this instance is the janitor: it sweeps after dead instances (their ledger entries and holds)",
+        ConstGauge::new(i64::from(live.janitor)),
+    );
     if let Some(backlog) = live.ledger_backlog {
         registry.register(
             "quota_ledger_backlog_entries",

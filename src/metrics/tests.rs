@@ -228,6 +228,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
 
     let live = Live {
         circuit_open: true,
+        janitor: true,
         ledger_backlog: Some(7),
         ledger_backlog_max: Some(1_000),
         store_memory: Some(StoreMemory {
@@ -257,6 +258,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_policy_cache_policies", "1"),
         ("quota_policy_cache_overrides", "0"),
         ("quota_counter_store_circuit_open", "1"),
+        ("quota_janitor", "1"),
         ("quota_ledger_backlog_entries", "7"),
         ("quota_ledger_backlog_max_entries", "1000"),
         ("quota_redis_used_memory_bytes", "2048"),
@@ -314,6 +316,8 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_policy_cache_last_reload_timestamp_seconds gauge",
         "# HELP quota_counter_store_circuit_open 1 while the counter store's circuit breaker fails calls without trying.",
         "# TYPE quota_counter_store_circuit_open gauge",
+        "# HELP quota_janitor 1 while this instance is the janitor: it sweeps after dead instances (their ledger entries and holds).",
+        "# TYPE quota_janitor gauge",
         "# HELP quota_ledger_backlog_entries Ledger entries waiting in the Redis streams to be moved into SQL.",
         "# TYPE quota_ledger_backlog_entries gauge",
         "# HELP quota_in_flight_requests Quota requests being served now (admin, health and metrics are not counted).",

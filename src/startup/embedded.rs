@@ -87,11 +87,14 @@ impl Drop for Periodic {
     }
 }
 
-/// How often expired holds are looked for.
+/// How often the holds known to fall due are released.
 const HOLD_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Every how many hold sweeps the unfinished consumes across slots are looked for.
-const ATTEMPT_SWEEP_TICKS: u32 = 4;
+/// Every how many hold sweeps the janitor looks for unfinished consumes across slots.
+const ATTEMPT_SWEEP_TICKS: u32 = 10;
+
+/// Every how many hold sweeps the janitor looks at every shard's holds.
+const HOLD_LOOK_TICKS: u32 = 60;
 
 /// The task that releases holds that expired unsettled. Safe with several instances: the
 /// release changes a hold's state only if it is still open, so each hold expires at most
@@ -110,19 +113,32 @@ impl Sweeper {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut ticks: u32 = 0;
+            // Ticks since the janitor's last look at every shard's holds (none yet).
+            let mut since_look: Option<u32> = None;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(HOLD_SWEEP_EVERY) => {}
                     _ = stopped.changed() => break,
                 }
                 ticks = ticks.wrapping_add(1);
-                let expired = state.engine.expire_due_holds().await;
+                let janitor = state.engine.janitor().held();
+                since_look = match janitor {
+                    true => since_look.map(|t| t.saturating_add(1)),
+                    // On becoming the janitor, it looks at once.
+                    false => None,
+                };
+                if janitor && since_look.is_none_or(|t| t >= HOLD_LOOK_TICKS) {
+                    since_look = Some(0);
+                    state.engine.look_for_holds().await;
+                }
+                let expired = state.engine.expire_scheduled_holds().await;
                 if expired > 0 {
                     tracing::info!(expired, "released expired holds");
                 }
-                // Every 2 s: a read of each of the 64 shards' intents (Redis Cluster with
-                // shared budgets only), well within the 60 s a crash's charges may last.
-                if ticks.is_multiple_of(ATTEMPT_SWEEP_TICKS) {
+                // Every 5 s, the janitor: a read of each of the 64 shards' intents (Redis
+                // Cluster with shared budgets only), well within the 60 s a crash's charges
+                // may last.
+                if janitor && ticks.is_multiple_of(ATTEMPT_SWEEP_TICKS) {
                     let resolved = state.engine.resolve_attempts().await;
                     if resolved > 0 {
                         tracing::info!(resolved, "abandoned consumes across slots left unfinished");

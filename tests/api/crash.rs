@@ -204,3 +204,144 @@ async fn kill_9_during_a_burst_across_cluster_slots_leaves_usage_equal_to_the_le
     .await;
     child.kill_9();
 }
+
+/// `name`'s value in `base`'s `/metrics`, if it has one.
+async fn gauge(client: &reqwest::Client, base: &str, name: &str) -> Option<i64> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Entries in the ledger streams of `prefix`, and how many of them were read by a drain and
+/// not acknowledged.
+async fn stream_entries(redis_url: &str, prefix: &str) -> (u64, u64) {
+    let mut conn = redis::Client::open(redis_url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (mut length, mut pending) = (0, 0);
+    for shard in 0..quota_ledger::keys::SHARDS {
+        let stream = quota_ledger::keys::ledger_stream(prefix, shard);
+        let len: u64 = redis::cmd("XLEN")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        length += len;
+        if len > 0 {
+            let summary: (u64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+                .arg(&stream)
+                .arg("ledger")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            pending += summary.0;
+        }
+    }
+    (length, pending)
+}
+
+/// Two instances on one Redis; the first is the janitor. While the SQL ledger refuses
+/// inserts (its table locked), the first appends entries and its drain reads some of them;
+/// kill -9 it and unlock: the second takes the janitor's lease within its time to live,
+/// and moves every entry the first left (read and unacknowledged, or never read) into
+/// SQL, each once.
+#[tokio::test]
+async fn when_the_janitor_is_killed_another_instance_takes_over_and_loses_nothing() {
+    let settings = fresh_settings(PolicyBackend::Postgres, CounterBackend::Redis).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let (mut first, first_base) = start_binary(&settings, &client).await;
+    eventually(
+        Duration::from_secs(5),
+        "the first instance is the janitor",
+        || async { (gauge(&client, &first_base, "quota_janitor").await == Some(1)).then_some(()) },
+    )
+    .await;
+    let (mut second, second_base) = start_binary(&settings, &client).await;
+    assert_eq!(
+        gauge(&client, &second_base, "quota_janitor").await,
+        Some(0),
+        "one janitor at a time"
+    );
+    create_sms_policy(&client, &first_base).await;
+
+    // Inserts wait for the lock; reads (and the policies) go on.
+    let db = sqlx::PgPool::connect(&settings.database_url).await.unwrap();
+    let mut lock = db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE ledger_entries IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let mut seen: Vec<String> = Vec::new();
+    for i in 0..200 {
+        let answer: serde_json::Value = client
+            .post(format!("{first_base}/quota/consume"))
+            .json(&json!({"action": "sms.send", "subject": format!("user-{}", i % 40)}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["allowed"], true, "{answer}");
+        seen.push(answer["consumption_id"].as_str().unwrap().to_owned());
+        if i == 100 {
+            // Let the first drain read what it has, and wait on the lock.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let redis_url = &settings.redis_urls[0];
+    let (length, pending) = eventually(
+        Duration::from_secs(5),
+        "the first drain has read entries it cannot insert",
+        || async {
+            let (length, pending) = stream_entries(redis_url, &settings.redis_prefix).await;
+            (pending > 0).then_some((length, pending))
+        },
+    )
+    .await;
+    assert_eq!(length, 200, "nothing is in SQL yet");
+    first.kill_9();
+    lock.rollback().await.unwrap();
+
+    eventually(
+        Duration::from_secs(5),
+        "the second instance becomes the janitor",
+        || async { (gauge(&client, &second_base, "quota_janitor").await == Some(1)).then_some(()) },
+    )
+    .await;
+    let rows = eventually(
+        Duration::from_secs(15),
+        "every consumption the first instance allowed is in the ledger",
+        || async {
+            let (found, rows): (i64, i64) = sqlx::query_as(
+                "SELECT count(DISTINCT consumption_id), count(*) FROM ledger_entries \
+                 WHERE kind = 'charge' AND consumption_id = ANY($1)",
+            )
+            .bind(&seen)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            (found == seen.len() as i64).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(rows, seen.len() as i64, "each once");
+    let (left, _) = stream_entries(redis_url, &settings.redis_prefix).await;
+    assert_eq!(
+        left, 0,
+        "the streams are empty ({pending} were read by the dead drain)"
+    );
+    second.kill_9();
+}

@@ -449,6 +449,14 @@ pub(super) fn index_due(entry: Option<&Entry>, now_ms: i64, limit: usize) -> Vec
         .collect()
 }
 
+/// The earliest score of an index, if it has members.
+pub(super) fn index_first(entry: Option<&Entry>) -> Option<i64> {
+    let Some(State::Index(members)) = entry.map(|e| &e.state) else {
+        return None;
+    };
+    members.values().copied().min()
+}
+
 /// Takes up to `give` units off a live counter, as giveback.lua does: a calendar counter
 /// loses them, a rolling bucket that still counts loses them, a token bucket drains first
 /// and then loses `give × period_ms`; nothing goes below zero.

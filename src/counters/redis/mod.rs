@@ -35,6 +35,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, Server
 use tracing::Instrument;
 
 use super::circuit::CircuitBreaker;
+use crate::engine::drain::Appends;
 use crate::engine::load::Load;
 use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, Finalize, Finalized,
@@ -50,6 +51,17 @@ thread_local! {
     /// dropped leaves a dead entry, removed when this thread next adds one.
     static SLOTS: RefCell<Vec<(Weak<()>, Slot)>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Takes the lease `KEYS[1]` for `ARGV[1]` for `ARGV[2]` ms, or extends it if `ARGV[1]`
+/// holds it: 1; 0 while another holds it.
+const LEASE_LUA: &str = "local held = redis.call('GET', KEYS[1]) \
+if held == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end \
+if held then return 0 end \
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1";
+
+/// Deletes the lease `KEYS[1]` if `ARGV[1]` holds it.
+const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+return redis.call('DEL', KEYS[1]) end return 0";
 
 /// Counters in Redis (standalone or cluster), one script call per decision.
 #[derive(Clone)]
@@ -85,6 +97,8 @@ pub struct RedisCounterStore {
     allow_eviction: bool,
     /// Why scripts are refused, while Redis's eviction policy is unsafe (shared by clones).
     refusal: Arc<Refusal>,
+    /// Told of every call that may have appended to a ledger stream.
+    appends: Option<Arc<Appends>>,
 }
 
 /// Set while the last look at Redis's `maxmemory-policy` found it unsafe: every script
@@ -177,6 +191,7 @@ impl RedisCounterStore {
             load: None,
             allow_eviction: false,
             refusal: Arc::default(),
+            appends: None,
         };
         if let Err(error) = store.connection().await {
             tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
@@ -209,6 +224,22 @@ impl RedisCounterStore {
     pub fn allowing_eviction(mut self, allow: bool) -> Self {
         self.allow_eviction = allow;
         self
+    }
+
+    /// The store, reporting to `appends` every call that may have appended to a ledger
+    /// stream (the drain wakes for it).
+    pub fn reporting_to(mut self, appends: Arc<Appends>) -> Self {
+        self.appends = Some(appends);
+        self
+    }
+
+    /// A script call that carried `stream` (if any) is over: it may have appended there,
+    /// even if its answer was lost.
+    fn may_have_appended(&self, stream: Option<&str>) {
+        let shard = stream.and_then(|s| crate::keys::shard_of_tag(crate::keys::hash_tag(s)));
+        if let (Some(appends), Some(shard)) = (&self.appends, shard) {
+            appends.appended(shard);
+        }
     }
 
     /// This thread's slot for its connection to this store.
@@ -464,14 +495,16 @@ impl CounterStore for RedisCounterStore {
             }));
         }
         let call = script::consume_cmd(&self.script, now_ms, charges, commit, effects, self.epochs);
-        let reply = self.exec(&self.script, &call).await?;
-        script::parse_decided(reply, charges)
+        let reply = self.exec(&self.script, &call).await;
+        self.may_have_appended(effects.ledger.as_ref().map(|l| l.stream.as_str()));
+        script::parse_decided(reply?, charges)
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
         let call = script::giveback_cmd(&self.giveback, now_ms, request, self.epochs);
-        let reply = self.exec(&self.giveback, &call).await?;
-        script::parse_given_back(reply, &request.control_key)
+        let reply = self.exec(&self.giveback, &call).await;
+        self.may_have_appended(request.ledger.as_ref().map(|(stream, _)| stream.as_str()));
+        script::parse_given_back(reply?, &request.control_key)
     }
 
     async fn expired_holds(
@@ -488,6 +521,31 @@ impl CounterStore for RedisCounterStore {
             .arg(0)
             .arg(limit);
         self.plain(&call).await
+    }
+
+    async fn next_due(&self, index_key: &str) -> Result<Option<i64>, StoreError> {
+        let mut call = redis::cmd("ZRANGE");
+        call.arg(index_key).arg(0).arg(0).arg("WITHSCORES");
+        let first: Vec<(String, f64)> = self.plain(&call).await?;
+        // Scores are whole milliseconds, well within f64's exact integers.
+        #[allow(clippy::cast_possible_truncation)]
+        Ok(first.first().map(|(_, score)| *score as i64))
+    }
+
+    async fn lease(&self, key: &str, owner: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        // Sent whole (EVAL, not EVALSHA) every few seconds: no script cache to miss, and
+        // not refused with the scripts while Redis's eviction policy is unsafe.
+        let mut call = redis::cmd("EVAL");
+        call.arg(LEASE_LUA).arg(1).arg(key).arg(owner).arg(ttl_ms);
+        let held: i64 = self.plain(&call).await?;
+        Ok(held == 1)
+    }
+
+    async fn release(&self, key: &str, owner: &str) -> Result<(), StoreError> {
+        let mut call = redis::cmd("EVAL");
+        call.arg(RELEASE_LUA).arg(1).arg(key).arg(owner);
+        let _: i64 = self.plain(&call).await?;
+        Ok(())
     }
 
     async fn record(&self, record_key: &str, _now_ms: i64) -> Result<Option<String>, StoreError> {
@@ -520,8 +578,10 @@ impl CounterStore for RedisCounterStore {
 
     async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
         let call = script::finalize_cmd(&self.finalize, now_ms, request, self.epochs);
-        let reply = self.exec(&self.finalize, &call).await?;
-        script::parse_finalized(reply, &request.intent.key)
+        let reply = self.exec(&self.finalize, &call).await;
+        let appended = request.effects.ledger.as_ref();
+        self.may_have_appended(appended.map(|l| l.stream.as_str()));
+        script::parse_finalized(reply?, &request.intent.key)
     }
 
     fn circuit_open(&self) -> bool {

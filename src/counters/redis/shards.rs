@@ -96,6 +96,17 @@ impl RedisCounterStore {
 #[async_trait]
 impl ShardStates for RedisCounterStore {
     async fn closed_shards(&self) -> Result<Vec<u16>, StoreError> {
+        if !self.cluster {
+            // One command while every shard is open (a cluster takes one key per command).
+            let mut exists = redis::cmd("EXISTS");
+            for shard in 0..SHARDS {
+                exists.arg(keys::epoch(&self.prefix, shard));
+            }
+            let found: i64 = self.plain(&exists).await?;
+            if found == i64::from(SHARDS) {
+                return Ok(Vec::new());
+            }
+        }
         let mut closed = Vec::new();
         for shard in 0..SHARDS {
             let mut exists = redis::cmd("EXISTS");
