@@ -43,7 +43,8 @@
 #   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
 #   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
 #   BENCH_OUT=FILE             also write the table to FILE
-#   BENCH_IDLE_SECONDS=10      seconds the idle Redis load is counted over (0: not measured)
+#   BENCH_IDLE_SECONDS=30      seconds the idle Redis load is counted over (0: not measured;
+#                              the janitor measures every stream every 15 s)
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -56,7 +57,7 @@ readonly THREADS=${BENCH_THREADS:-2}
 read -r -a SUBJECT_COUNTS <<<"${BENCH_SUBJECTS:-1000 100000 1000000}"
 readonly SUBJECT_COUNTS
 readonly MEMORY_SUBJECTS=${BENCH_MEMORY_SUBJECTS:-100000}
-readonly IDLE_SECONDS=${BENCH_IDLE_SECONDS:-10}
+readonly IDLE_SECONDS=${BENCH_IDLE_SECONDS:-30}
 read -r -a MODES <<<"${BENCH_MODES:-redis embedded}"
 readonly MODES
 readonly ADMIN_TOKEN=bench-admin-token
