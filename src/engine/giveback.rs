@@ -540,7 +540,10 @@ mod hold_due_tests {
         dues.expect(3, 2_000);
         dues.expect(3, 1_000);
         dues.expect(7, 5_000);
-        assert!(dues.take_due(999).is_empty(), "the first of shard 3 is at 1000");
+        assert!(
+            dues.take_due(999).is_empty(),
+            "the first of shard 3 is at 1000"
+        );
         assert_eq!(dues.take_due(1_000), vec![3]);
         assert!(
             dues.take_due(4_000).is_empty(),
