@@ -197,9 +197,10 @@ const LAYERS: &[(&str, &str)] = &[
         "engine domain clock keys policy metrics config logs telemetry",
     ),
     ("cli", "api domain"),
+    ("grpc", "engine domain config"),
     (
         "startup",
-        "api engine domain clock counters ledger policy metrics config db",
+        "api engine domain clock counters ledger policy metrics config db grpc",
     ),
 ];
 

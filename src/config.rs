@@ -42,6 +42,8 @@ impl fmt::Debug for Secret {
 pub struct Settings {
     /// Address to serve on (`QUOTA_LISTEN`); port 0 picks a free one.
     pub listen: SocketAddr,
+    /// Address of Envoy's rate limit service over gRPC (`QUOTA_GRPC_LISTEN`); `None`: none.
+    pub grpc_listen: Option<SocketAddr>,
     /// Policy store (`DATABASE_URL`): `postgres://…` or `sqlite://…`.
     pub database_url: String,
     /// Counter store nodes (`REDIS_URL`, comma-separated); empty for in-process counters.
@@ -115,6 +117,7 @@ impl fmt::Debug for Settings {
             .collect();
         f.debug_struct("Settings")
             .field("listen", &self.listen)
+            .field("grpc_listen", &self.grpc_listen)
             .field("database_url", &without_password(&self.database_url))
             .field("redis_urls", &redis)
             .field("redis_cluster", &self.redis_cluster)
@@ -179,6 +182,10 @@ pub struct ConfigArgs {
         global = true
     )]
     redis_url: Option<String>,
+    /// Address of Envoy's rate limit service (gRPC ShouldRateLimit, and the gRPC health
+    /// service); port 0 picks a free one. Unset: no gRPC.
+    #[arg(long, env = "QUOTA_GRPC_LISTEN", value_name = "ADDR", global = true)]
+    grpc_listen: Option<String>,
     /// true when REDIS_URL lists Redis Cluster nodes (true, false, 1 or 0).
     #[arg(long, env = "REDIS_CLUSTER", value_name = "BOOL",
         default_value = DEFAULT_REDIS_CLUSTER, global = true)]
@@ -331,6 +338,12 @@ impl Settings {
         let listen = or_default(args.listen, DEFAULT_LISTEN)
             .parse()
             .context("QUOTA_LISTEN must be an address such as 127.0.0.1:8080")?;
+        let grpc_listen = match args.grpc_listen.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(address) => Some(address.parse().context(
+                "QUOTA_GRPC_LISTEN must be an address such as 127.0.0.1:8081 (or unset: no gRPC)",
+            )?),
+        };
         let redis_urls: Vec<String> = args.redis_url.map(|v| split_list(&v)).unwrap_or_default();
         let redis_cluster = match or_default(args.redis_cluster, DEFAULT_REDIS_CLUSTER).as_str() {
             "false" | "0" => false,
@@ -411,6 +424,7 @@ impl Settings {
         }
         Ok(Self {
             listen,
+            grpc_listen,
             database_url: or_default(args.database_url, DEFAULT_DATABASE_URL),
             redis_urls,
             redis_cluster,

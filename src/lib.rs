@@ -26,6 +26,7 @@ pub mod counters;
 pub mod db;
 pub mod domain;
 pub mod engine;
+pub mod grpc;
 pub mod keys;
 pub mod ledger;
 mod logs;

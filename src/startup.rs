@@ -39,6 +39,8 @@ const SHUTDOWN_GRACE_SECONDS: u64 = 10;
 /// A built service, bound to its port and ready to run.
 pub struct Application {
     port: u16,
+    /// The port of Envoy's rate limit service (gRPC), if it is served.
+    grpc_port: Option<u16>,
     server: actix_web::dev::Server,
     admin_token: Secret,
     admin_token_generated: bool,
@@ -335,8 +337,28 @@ impl Application {
             .context("reading the bound address")?
             .port();
         let server = http_server(listener, state.clone(), tokens)?;
+        let grpc_port = match settings.grpc_listen {
+            Some(address) => {
+                let (listener, bound) = crate::grpc::bind(address)
+                    .await
+                    .with_context(|| format!("binding {address} (QUOTA_GRPC_LISTEN)"))?;
+                let limiter = crate::grpc::RateLimiter::new(
+                    state.engine.clone(),
+                    settings.client_tokens.clone(),
+                );
+                tasks.0.push(tokio::spawn(async move {
+                    if let Err(error) = crate::grpc::serve(listener, limiter).await {
+                        tracing::error!(error = %error, "the gRPC rate limit service stopped");
+                    }
+                }));
+                tracing::info!(address = %bound, "serving Envoy's rate limit service (gRPC)");
+                Some(bound.port())
+            }
+            None => None,
+        };
         Ok(Self {
             port,
+            grpc_port,
             server,
             admin_token,
             admin_token_generated,
@@ -353,6 +375,11 @@ impl Application {
     /// The port the service listens on (useful with port 0).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of Envoy's rate limit service (gRPC), if `QUOTA_GRPC_LISTEN` is set.
+    pub fn grpc_port(&self) -> Option<u16> {
+        self.grpc_port
     }
 
     /// The admin bearer token in force.

@@ -217,6 +217,7 @@ pub(super) fn parse(
                 amount,
                 idempotency_key,
                 attributes,
+                anonymous: false,
             })
         }
         _ => None,

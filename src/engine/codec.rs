@@ -663,6 +663,28 @@ pub fn encode_entry(entry: &LedgerEntry) -> String {
     entry::encode(entry)
 }
 
+/// Separates the entries of one stream entry that records several (the descriptors of one
+/// gateway request, decided together): `FS` (0x1c), a control character that no field
+/// holds and that the compact form does not use (see the module `entry`).
+const ENTRY_SEPARATOR: char = '\u{1c}';
+
+/// Several ledger entries as one stream entry holds them (see [`decode_entries`]).
+pub(crate) fn encode_entries(entries: &[LedgerEntry]) -> String {
+    let mut text = String::new();
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            text.push(ENTRY_SEPARATOR);
+        }
+        text.push_str(&encode_entry(entry));
+    }
+    text
+}
+
+/// The ledger entries of one stream entry: one, or several written by [`encode_entries`].
+pub(crate) fn decode_entries(text: &str) -> Result<Vec<LedgerEntry>, CodecError> {
+    text.split(ENTRY_SEPARATOR).map(decode_entry).collect()
+}
+
 /// A keyed charge or hold as its consume appends it to a stream: the compact form, ending
 /// with the answer kept until `kept_until_ms` for its retries, in compact form too, but
 /// for the evaluation's numbers, which `consume.lua` appends (see the module `entry`).
@@ -805,6 +827,28 @@ mod tests {
             charged: 40,
             scope: org_scope(),
         }
+    }
+
+    #[test]
+    fn several_entries_in_one_stream_entry_come_back_each_whole() {
+        let first = hold_entry();
+        let second = LedgerEntry {
+            id: EntryId::new(),
+            kind: EntryKind::Charge,
+            hold_id: None,
+            hold_expires_at: None,
+            ..hold_entry()
+        };
+        let text = encode_entries(&[first.clone(), second.clone()]);
+        assert_eq!(
+            decode_entries(&text).expect("decodes"),
+            vec![first.clone(), second]
+        );
+        assert_eq!(
+            decode_entries(&encode_entry(&first)).expect("decodes"),
+            vec![first],
+            "one entry as before"
+        );
     }
 
     fn hold_entry() -> LedgerEntry {

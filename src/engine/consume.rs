@@ -42,16 +42,16 @@ pub(crate) struct Consumed {
 
 /// One consume or hold before it is decided: its ids, and the ledger entry it records if
 /// allowed (and if denied, when a policy asks for denials).
-struct Attempt {
+pub(super) struct Attempt {
     consumption_id: Option<ConsumptionId>,
     /// The hold's ticket and its time to live, ms.
     hold: Option<(HoldTicket, i64)>,
-    allowed_entry: LedgerEntry,
-    denied_entry: Option<LedgerEntry>,
+    pub(super) allowed_entry: LedgerEntry,
+    pub(super) denied_entry: Option<LedgerEntry>,
 }
 
 impl Attempt {
-    fn new(plan: &Plan, request: &ConsumeRequest, hold_ttl: Option<u64>) -> Self {
+    pub(super) fn new(plan: &Plan, request: &ConsumeRequest, hold_ttl: Option<u64>) -> Self {
         let (consumption_id, hold) = match hold_ttl {
             None => (Some(ConsumptionId::new()), None),
             Some(ttl) => {

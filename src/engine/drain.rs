@@ -236,10 +236,15 @@ impl Drainer {
             Err(error) => return Err(error.into()),
         };
         pass.entries.clear();
+        // A stream entry that records several ledger entries is acknowledged once, and
+        // only if none of them was refused.
+        let refused: std::collections::HashSet<(usize, String)> =
+            refused.iter().map(|&i| pass.origins[i].clone()).collect();
         let mut acks: Vec<Vec<String>> = vec![Vec::new(); pass.streams.len()];
-        for (i, (stream, id)) in pass.origins.drain(..).enumerate() {
-            if !refused.contains(&i) {
-                acks[stream].push(id);
+        for origin in pass.origins.drain(..) {
+            let (stream, id) = &origin;
+            if !refused.contains(&origin) && acks[*stream].last() != Some(id) {
+                acks[*stream].push(origin.1);
             }
         }
         for (stream, ids) in pass.streams.drain(..).zip(acks) {
@@ -380,10 +385,12 @@ impl Pass {
         }
         let at = self.streams.len() - 1;
         for (id, text) in batch {
-            match codec::decode_entry(&text) {
-                Ok(entry) => {
-                    self.entries.push(entry);
-                    self.origins.push((at, id));
+            match codec::decode_entries(&text) {
+                Ok(entries) => {
+                    for entry in entries {
+                        self.entries.push(entry);
+                        self.origins.push((at, id.clone()));
+                    }
                 }
                 // Written by our own script from our own JSON: a bug. Keep it in Redis,
                 // pending, for an operator, rather than losing it.

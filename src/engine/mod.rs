@@ -24,6 +24,7 @@ pub mod shards;
 pub(crate) mod snapshot;
 pub mod store;
 pub(crate) mod stream;
+mod together;
 pub mod window;
 pub mod writer;
 
@@ -58,6 +59,10 @@ pub(crate) struct ConsumeRequest {
     pub(crate) idempotency_key: Option<IdempotencyKey>,
     /// What the policies' scopes and `match` conditions read.
     pub(crate) attributes: Attributes,
+    /// No subject was given (a gateway descriptor without a `subject` entry): `subject`
+    /// then only names the request in the ledger, and a policy whose scope names the
+    /// subject cannot apply (the request is invalid).
+    pub(crate) anonymous: bool,
 }
 
 /// One policy's part of a decision.
@@ -336,6 +341,7 @@ impl Engine {
             amount: Quantity::ZERO,
             idempotency_key: None,
             attributes: attributes.clone(),
+            anonymous: false,
         })?;
         if plan.charges.is_empty() {
             return Ok(plan.empty_decision());

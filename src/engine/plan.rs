@@ -41,18 +41,27 @@ impl Engine {
     /// each with its budget. A request lacking an attribute that the scope of an applying
     /// policy names is invalid (no budget is skipped silently).
     pub(super) fn plan(&self, request: &ConsumeRequest) -> Result<Plan, EngineError> {
+        self.plan_at(request, self.now())
+    }
+
+    /// The plan of `request` at `now` (several requests decided together share one).
+    pub(super) fn plan_at(
+        &self,
+        request: &ConsumeRequest,
+        now: DateTime<Utc>,
+    ) -> Result<Plan, EngineError> {
         let ConsumeRequest {
             action,
             subject,
             amount,
             attributes,
+            anonymous,
             ..
         } = request;
         let policies = self
             .cache
             .action(action.as_str())
             .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
-        let now = self.now();
         let keys = SubjectKeys::new(&self.prefix, action, subject);
         let count = policies.enabled.len();
         let (mut applied, mut budgets) = (Vec::with_capacity(count), Vec::with_capacity(count));
@@ -61,6 +70,13 @@ impl Engine {
         let mut errors = FieldErrors::default();
         for (i, (policy, policy_key)) in policies.enabled.iter().zip(&policies.keys).enumerate() {
             if !policy.spec.conditions.admits(subject, attributes) {
+                continue;
+            }
+            if *anonymous && policy.spec.scope.has_subject() {
+                errors.push(FieldError::new(
+                    "subject",
+                    format!("required by the scope of policy '{}'", policy.id),
+                ));
                 continue;
             }
             let budget = match policy.spec.scope.is_default() {
@@ -120,6 +136,45 @@ impl Engine {
 }
 
 impl Plan {
+    /// The plans of several requests of one action at one `now`, decided as one: every
+    /// plan's charges, a counter charged by several plans (the same budget of the same
+    /// policy) once, with their costs summed, so that together they are held to its limit;
+    /// and, per plan, where its charges are in the combined plan. `None` without plans.
+    pub(super) fn combined(plans: &[Plan]) -> Option<(Plan, Vec<Vec<usize>>)> {
+        let first = plans.first()?;
+        let mut combined = Plan {
+            policies: first.policies.clone(),
+            keys: first.keys.clone(),
+            applied: Vec::new(),
+            budgets: Vec::new(),
+            charges: Vec::new(),
+            window_seconds: Vec::new(),
+            now: first.now,
+        };
+        let mut picks = Vec::with_capacity(plans.len());
+        for plan in plans {
+            let mut pick = Vec::with_capacity(plan.charges.len());
+            for (i, charge) in plan.charges.iter().enumerate() {
+                match combined.charges.iter().position(|c| c.key == charge.key) {
+                    Some(j) => {
+                        let kept = &mut combined.charges[j];
+                        kept.cost = kept.cost.saturating_add(charge.cost);
+                        pick.push(j);
+                    }
+                    None => {
+                        pick.push(combined.charges.len());
+                        combined.applied.push(plan.applied[i]);
+                        combined.budgets.push(plan.budgets[i].clone());
+                        combined.charges.push(charge.clone());
+                        combined.window_seconds.push(plan.window_seconds[i]);
+                    }
+                }
+            }
+            picks.push(pick);
+        }
+        Some((combined, picks))
+    }
+
     /// `now` in Unix ms.
     pub(crate) fn now_ms(&self) -> i64 {
         self.now.timestamp_millis()

@@ -110,6 +110,8 @@ where
 pub struct TestApp {
     /// `http://127.0.0.1:PORT`.
     pub address: String,
+    /// `http://127.0.0.1:PORT` of Envoy's rate limit service (gRPC), if served.
+    pub grpc: Option<String>,
     /// A client with sane timeouts.
     pub client: reqwest::Client,
     /// The app's clock.
@@ -219,6 +221,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
     let (database_url, database) = fresh_database(policy).await;
     let settings = Settings {
         listen: "127.0.0.1:0".parse().expect("valid address"),
+        grpc_listen: Some("127.0.0.1:0".parse().expect("valid address")),
         database_url,
         redis_urls: match counters {
             CounterBackend::Memory => Vec::new(),
@@ -278,6 +281,9 @@ async fn spawn_owning(
         .await
         .expect("building the app");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let grpc = app
+        .grpc_port()
+        .map(|port| format!("http://127.0.0.1:{port}"));
     let handle = app.handle();
     let engine = app.engine();
     let admission = app.admission();
@@ -294,6 +300,7 @@ async fn spawn_owning(
         .expect("building a client");
     TestApp {
         address,
+        grpc,
         client,
         clock,
         settings,

@@ -9,6 +9,7 @@ mod backlog;
 mod budgets;
 mod concurrency;
 mod crash;
+mod envoy;
 mod errors;
 mod http_semantics;
 mod ledger;

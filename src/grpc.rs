@@ -1,0 +1,337 @@
+//! Envoy's rate limit service over gRPC: `envoy.service.ratelimit.v3.RateLimitService/
+//! ShouldRateLimit`, so that Envoy, Istio or any gateway with an RLS client enforces the
+//! policies, and the standard gRPC health service beside it.
+//!
+//! The mapping (the README shows it with an Envoy configuration):
+//! - `domain` is the action; an action without policies is `INVALID_ARGUMENT`, never `OK`.
+//! - Each descriptor is one consume: its entry keyed `subject` is the subject, the others
+//!   are attributes (so policies scoped or matched by `remote_address`, `generic_key`,
+//!   `header_match` or any `descriptor_key` apply). A descriptor without a `subject` entry
+//!   is recorded under its entries' text, and a policy whose scope names the subject cannot
+//!   apply to it.
+//! - The amount is the descriptor's own `hits_addend` if set, else the request's; unset or
+//!   0 counts as 1 (what a stock Envoy sends). `count` policies count 1 per descriptor.
+//! - Every descriptor of one request is decided at once ([`Engine::consume_together`]):
+//!   all charged, or none. The answer is `OVER_LIMIT` when any is denied, with one status
+//!   per descriptor.
+//! - Bad input is `INVALID_ARGUMENT` with a message that names the descriptor.
+//! - A counter store that is down is `UNAVAILABLE`, or `OK` with `QUOTA_ON_STORE_ERROR=allow`
+//!   (the engine's degraded allow).
+//! - With client tokens configured, the `authorization: Bearer <token>` metadata is
+//!   required (`UNAUTHENTICATED` without a known one).
+
+use crate::config::Secret;
+use crate::domain::{Action, Attributes, FieldErrors, Mode, Quantity, Subject};
+use crate::engine::{ConsumeRequest, Decision, Engine, EngineError, PolicyDecision};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit, Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+use tonic::{Request, Response, Status};
+
+/// The most descriptors one request may carry.
+const MAX_DESCRIPTORS: usize = 32;
+
+/// The largest request accepted, encoded (bytes): far above what a gateway sends.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// The most requests one connection may have in flight (a gateway multiplexes many).
+const MAX_IN_FLIGHT_PER_CONNECTION: usize = 1_024;
+
+/// The descriptor entry that names the subject.
+const SUBJECT_ENTRY: &str = "subject";
+
+/// Answers `ShouldRateLimit` with the engine.
+pub struct RateLimiter {
+    engine: Arc<Engine>,
+    /// Client tokens; none: no authentication.
+    tokens: Vec<Secret>,
+}
+
+impl RateLimiter {
+    /// A rate limit service over `engine`, requiring one of `tokens` when there are any.
+    pub fn new(engine: Arc<Engine>, tokens: Vec<Secret>) -> Self {
+        Self { engine, tokens }
+    }
+
+    /// Whether `metadata` carries a known client token (or none is required).
+    fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        if self.tokens.is_empty() {
+            return Ok(());
+        }
+        let given = metadata
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                Status::unauthenticated("a client token is required: authorization: Bearer <token>")
+            })?;
+        // Every token is compared, also after a match: the time says nothing of which.
+        let known = self
+            .tokens
+            .iter()
+            .fold(subtle::Choice::from(0), |found, token| {
+                found | given.as_bytes().ct_eq(token.expose().as_bytes())
+            });
+        match bool::from(known) {
+            true => Ok(()),
+            false => Err(Status::unauthenticated("unknown client token")),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.authorize(request.metadata())?;
+        let request = request.into_inner();
+        let consumes = consumes_of(&request)?;
+        let decisions = self
+            .engine
+            .consume_together(&consumes)
+            .await
+            .map_err(|error| status_of(&request.domain, &error))?;
+        Ok(Response::new(response_of(&decisions)))
+    }
+}
+
+/// The consumes `request` asks for, one per descriptor; `INVALID_ARGUMENT` naming what is
+/// wrong otherwise.
+fn consumes_of(request: &RateLimitRequest) -> Result<Vec<ConsumeRequest>, Status> {
+    use prost::Message;
+    let size = request.encoded_len();
+    if size > MAX_REQUEST_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "the request is {size} bytes: at most {MAX_REQUEST_BYTES}"
+        )));
+    }
+    let action = Action::parse("domain", &request.domain)
+        .map_err(|error| Status::invalid_argument(error.to_string()))?;
+    match request.descriptors.len() {
+        0 => {
+            return Err(Status::invalid_argument(
+                "no descriptors: at least one is required",
+            ))
+        }
+        n if n > MAX_DESCRIPTORS => {
+            return Err(Status::invalid_argument(format!(
+                "{n} descriptors: at most {MAX_DESCRIPTORS}"
+            )))
+        }
+        _ => {}
+    }
+    request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, descriptor)| consume_of(&action, request.hits_addend, descriptor, i))
+        .collect()
+}
+
+/// Descriptor `i` of a request for `action` whose own `hits_addend` is `hits`.
+fn consume_of(
+    action: &Action,
+    hits: u32,
+    descriptor: &RateLimitDescriptor,
+    i: usize,
+) -> Result<ConsumeRequest, Status> {
+    let invalid = |what: String| Status::invalid_argument(format!("descriptors[{i}]: {what}"));
+    if descriptor.entries.is_empty() {
+        return Err(invalid("no entries: at least one is required".to_owned()));
+    }
+    if descriptor.is_negative_hits {
+        return Err(invalid(
+            "negative hits are not supported: give units back with POST /quota/refund".to_owned(),
+        ));
+    }
+    let amount = match descriptor.hits_addend.as_ref().map(|h| h.value) {
+        Some(own) if own > 0 => own,
+        _ => u64::from(hits.max(1)),
+    };
+    let amount = Quantity::parse_amount("hits_addend", i128::from(amount))
+        .map_err(|error| invalid(error.to_string()))?;
+    let mut subject = None;
+    let mut pairs = Vec::with_capacity(descriptor.entries.len());
+    for entry in &descriptor.entries {
+        if entry.key == SUBJECT_ENTRY {
+            if subject.is_some() {
+                return Err(invalid("two 'subject' entries".to_owned()));
+            }
+            subject = Some(
+                Subject::parse("subject", &entry.value)
+                    .map_err(|error| invalid(error.to_string()))?,
+            );
+        } else {
+            if pairs
+                .iter()
+                .any(|(key, _): &(String, String)| *key == entry.key)
+            {
+                return Err(invalid(format!("two '{}' entries", entry.key)));
+            }
+            pairs.push((entry.key.clone(), entry.value.clone()));
+        }
+    }
+    let text = descriptor_text(descriptor);
+    let attributes =
+        Attributes::parse("entries", pairs).map_err(|errors| invalid(message_of(&errors)))?;
+    let anonymous = subject.is_none();
+    let subject = match subject {
+        Some(subject) => subject,
+        None => Subject::parse("entries", &text).map_err(|error| invalid(error.to_string()))?,
+    };
+    Ok(ConsumeRequest {
+        action: action.clone(),
+        subject,
+        amount,
+        idempotency_key: None,
+        attributes,
+        anonymous,
+    })
+}
+
+/// `key=value,key=value`, cut to a subject's 256 bytes: how a descriptor without a
+/// `subject` entry is named in the ledger.
+fn descriptor_text(descriptor: &RateLimitDescriptor) -> String {
+    let mut text = String::new();
+    for entry in &descriptor.entries {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(&entry.key);
+        text.push('=');
+        text.push_str(&entry.value);
+    }
+    let mut end = text.len().min(Subject::MAX_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
+
+/// Field errors as one line.
+fn message_of(errors: &FieldErrors) -> String {
+    errors
+        .0
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The gRPC status of an engine error for `domain`.
+fn status_of(domain: &str, error: &EngineError) -> Status {
+    match error {
+        EngineError::UnknownAction(_) => {
+            Status::invalid_argument(format!("domain: no policy limits the action '{domain}'"))
+        }
+        EngineError::Invalid(errors) => {
+            Status::invalid_argument(message_of(errors).replace("requests[", "descriptors["))
+        }
+        EngineError::Overloaded | EngineError::BacklogFull { .. } | EngineError::Store(_) => {
+            Status::unavailable(error.to_string())
+        }
+        EngineError::Ledger(_) => Status::unavailable(format!("the ledger failed: {error}")),
+        EngineError::NotFound(_) | EngineError::Conflict(_) => Status::internal(error.to_string()),
+    }
+}
+
+/// The answer: `OVER_LIMIT` when the decisions (of one whole) deny, one status per
+/// descriptor.
+fn response_of(decisions: &[Decision]) -> RateLimitResponse {
+    let allowed = decisions.iter().all(|d| d.allowed);
+    RateLimitResponse {
+        overall_code: code(allowed),
+        statuses: decisions.iter().map(status_for).collect(),
+        ..RateLimitResponse::default()
+    }
+}
+
+fn code(allowed: bool) -> i32 {
+    match allowed {
+        true => Code::Ok as i32,
+        false => Code::OverLimit as i32,
+    }
+}
+
+/// One descriptor's status: over the limit when one of its enforced policies denied; the
+/// limit shown is the one that denied, or else the one with the least remaining.
+fn status_for(decision: &Decision) -> DescriptorStatus {
+    let enforced = || decision.policies.iter().filter(|p| p.mode == Mode::Enforce);
+    let denied = enforced().find(|p| !p.allowed);
+    let shown = denied.or_else(|| enforced().min_by_key(|p| (p.remaining, p.window_seconds)));
+    let Some(policy) = shown else {
+        // No policy limits this descriptor.
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        };
+    };
+    let until_reset = (policy.resets_at - decision.at).max(chrono::Duration::zero());
+    DescriptorStatus {
+        code: code(denied.is_none()),
+        current_limit: Some(RateLimit {
+            name: policy.policy_id.to_string(),
+            requests_per_unit: u32::try_from(policy.limit).unwrap_or(u32::MAX),
+            unit: unit_of(policy) as i32,
+        }),
+        limit_remaining: u32::try_from(policy.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: until_reset.num_seconds(),
+            nanos: until_reset.subsec_nanos(),
+        }),
+        ..DescriptorStatus::default()
+    }
+}
+
+/// Envoy's unit for a policy's window: a calendar day in any zone (23 to 25 hours) is a day,
+/// a calendar month a month; a window that is no unit is `UNKNOWN`.
+fn unit_of(policy: &PolicyDecision) -> Unit {
+    const DAY: u64 = 86_400;
+    match policy.window_seconds {
+        1 => Unit::Second,
+        60 => Unit::Minute,
+        3_600 => Unit::Hour,
+        82_800..=90_000 => Unit::Day,
+        604_800 => Unit::Week,
+        s if (28 * DAY..=31 * DAY).contains(&s) => Unit::Month,
+        s if (365 * DAY..=366 * DAY).contains(&s) => Unit::Year,
+        _ => Unit::Unknown,
+    }
+}
+
+/// Serves the rate limit service and the health service on `listener` until aborted.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    limiter: RateLimiter,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<RateLimitServiceServer<RateLimiter>>()
+        .await;
+    let service =
+        RateLimitServiceServer::new(limiter).max_decoding_message_size(MAX_REQUEST_BYTES * 2);
+    tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(MAX_IN_FLIGHT_PER_CONNECTION)
+        .add_service(health)
+        .add_service(service)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        .await
+}
+
+/// Binds `address` for [`serve`]; the bound address (port 0 picks one).
+pub async fn bind(address: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
