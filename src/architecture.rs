@@ -197,7 +197,7 @@ const LAYERS: &[(&str, &str)] = &[
         "engine domain clock keys policy metrics config logs telemetry",
     ),
     ("cli", "api domain"),
-    ("grpc", "engine domain config"),
+    ("grpc", "engine domain config api metrics"),
     (
         "startup",
         "api engine domain clock counters ledger policy metrics config db grpc",

@@ -20,9 +20,11 @@
 //! - With client tokens configured, the `authorization: Bearer <token>` metadata is
 //!   required (`UNAUTHENTICATED` without a known one).
 
+use crate::api::admission::Admission;
 use crate::config::Secret;
 use crate::domain::{Action, Attributes, FieldErrors, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, Engine, EngineError, PolicyDecision};
+use crate::metrics::{Endpoint, Metrics};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit, Code, DescriptorStatus, RateLimit,
@@ -51,14 +53,29 @@ const SUBJECT_ENTRY: &str = "subject";
 /// Answers `ShouldRateLimit` with the engine.
 pub struct RateLimiter {
     engine: Arc<Engine>,
+    /// Shared with the HTTP API's `/quota/*`: one bound on what the instance serves at once,
+    /// so that a flood over gRPC is shed too, never taken for a store outage.
+    admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
     /// Client tokens; none: no authentication.
     tokens: Vec<Secret>,
 }
 
 impl RateLimiter {
-    /// A rate limit service over `engine`, requiring one of `tokens` when there are any.
-    pub fn new(engine: Arc<Engine>, tokens: Vec<Secret>) -> Self {
-        Self { engine, tokens }
+    /// A rate limit service over `engine`, admitted by `admission`, recorded in `metrics`,
+    /// requiring one of `tokens` when there are any.
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        admission: Arc<Admission>,
+        metrics: Arc<Metrics>,
+        tokens: Vec<Secret>,
+    ) -> Self {
+        Self {
+            engine,
+            admission,
+            metrics,
+            tokens,
+        }
     }
 
     /// Whether `metadata` carries a known client token (or none is required).
@@ -96,12 +113,41 @@ impl RateLimitService for RateLimiter {
         self.authorize(request.metadata())?;
         let request = request.into_inner();
         let consumes = consumes_of(&request)?;
-        let decisions = self
-            .engine
-            .consume_together(&consumes)
-            .await
-            .map_err(|error| status_of(&request.domain, &error))?;
+        let _slot = self.admission.admit().await.map_err(|_| {
+            Status::unavailable(
+                "the service is overloaded (too many requests in flight); retry shortly",
+            )
+        })?;
+        let started = std::time::Instant::now();
+        let decided = self.engine.consume_together(&consumes).await;
+        // One request: the descriptors' policies together, allowed or denied as a whole.
+        if let Some(whole) = whole_of(decided.as_ref()) {
+            let outcome = whole.as_ref().map_err(|error| *error);
+            self.metrics.observe(
+                Endpoint::RateLimit,
+                &request.domain,
+                started.elapsed(),
+                outcome,
+            );
+        }
+        let decisions = decided.map_err(|error| status_of(&request.domain, &error))?;
         Ok(Response::new(response_of(&decisions)))
+    }
+}
+
+/// A request's decisions as one, for the metrics: allowed or denied as a whole, with every
+/// descriptor's policies; `None` without decisions.
+fn whole_of<'a>(
+    decided: Result<&Vec<Decision>, &'a EngineError>,
+) -> Option<Result<Decision, &'a EngineError>> {
+    match decided {
+        Ok(decisions) => decisions.first().map(|first| {
+            Ok(Decision {
+                policies: decisions.iter().flat_map(|d| d.policies.clone()).collect(),
+                ..first.clone()
+            })
+        }),
+        Err(error) => Some(Err(error)),
     }
 }
 

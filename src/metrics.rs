@@ -45,15 +45,18 @@ pub(crate) enum Endpoint {
     Consume,
     /// `POST /quota/check`.
     Check,
+    /// Envoy's `ShouldRateLimit` (gRPC): one request, every descriptor's policies.
+    RateLimit,
 }
 
 impl Endpoint {
-    const ALL: [Self; 2] = [Self::Consume, Self::Check];
+    const ALL: [Self; 3] = [Self::Consume, Self::Check, Self::RateLimit];
 
     fn label(self) -> &'static str {
         match self {
             Self::Consume => "consume",
             Self::Check => "check",
+            Self::RateLimit => "should_rate_limit",
         }
     }
 }

@@ -344,6 +344,8 @@ impl Application {
                     .with_context(|| format!("binding {address} (QUOTA_GRPC_LISTEN)"))?;
                 let limiter = crate::grpc::RateLimiter::new(
                     state.engine.clone(),
+                    state.admission.clone(),
+                    state.metrics.clone(),
                     settings.client_tokens.clone(),
                 );
                 tasks.0.push(tokio::spawn(async move {

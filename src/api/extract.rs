@@ -146,7 +146,13 @@ impl FromRequest for AdminAuth {
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let result = tokens(req).and_then(|tokens| match bearer(req) {
+        std::future::ready(AdminAuth::of(req))
+    }
+}
+
+impl AdminAuth {
+    fn of(req: &HttpRequest) -> Result<Self, ApiError> {
+        tokens(req).and_then(|tokens| match bearer(req) {
             Some(given)
                 if bool::from(token_matches(
                     given.as_bytes(),
@@ -156,8 +162,7 @@ impl FromRequest for AdminAuth {
                 Ok(AdminAuth)
             }
             _ => Err(ApiError::Unauthorized),
-        });
-        std::future::ready(result)
+        })
     }
 }
 
@@ -170,7 +175,13 @@ impl FromRequest for ClientAuth {
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let result = tokens(req).and_then(|tokens| {
+        std::future::ready(ClientAuth::of(req))
+    }
+}
+
+impl ClientAuth {
+    fn of(req: &HttpRequest) -> Result<Self, ApiError> {
+        tokens(req).and_then(|tokens| {
             if tokens.clients.is_empty() {
                 return Ok(ClientAuth);
             }
@@ -182,7 +193,26 @@ impl FromRequest for ClientAuth {
             bool::from(known)
                 .then_some(ClientAuth)
                 .ok_or(ApiError::Unauthorized)
-        });
+        })
+    }
+}
+
+/// Proof that the request may read usage and the ledger (`GET /quota/usage`,
+/// `GET /quota/ledger`): what [`ClientAuth`] accepts, or the admin token, which the
+/// operator console signs in with. Reads only: consumes, refunds and holds stay
+/// [`ClientAuth`]'s.
+#[derive(Debug)]
+pub(crate) struct ReaderAuth;
+
+impl FromRequest for ReaderAuth {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let result = match AdminAuth::of(req) {
+            Ok(AdminAuth) => Ok(ReaderAuth),
+            Err(_) => ClientAuth::of(req).map(|ClientAuth| ReaderAuth),
+        };
         std::future::ready(result)
     }
 }

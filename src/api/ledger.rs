@@ -1,6 +1,6 @@
 //! The ledger API: the recorded history, newest first, cursor-paginated.
 
-use super::extract::ClientAuth;
+use super::extract::ReaderAuth;
 use super::problem::{ApiError, Problem};
 use super::wire::{AttributesMap, Slug, SubjectText};
 use super::AppState;
@@ -230,14 +230,14 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
     responses(
         (status = 200, description = "A page of entries", body = LedgerList),
         (status = 400, description = "Unknown or repeated query parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong token (a client token, or the admin token)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Ledger store down", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 #[get("/quota/ledger")]
 pub(crate) async fn list_ledger(
-    _auth: ClientAuth,
+    _auth: ReaderAuth,
     state: web::Data<AppState>,
     query: web::Query<LedgerQuery>,
 ) -> Result<web::Json<LedgerList>, ApiError> {

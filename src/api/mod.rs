@@ -3,6 +3,7 @@
 //! This is the only module that knows HTTP. Routes are registered through
 //! `utoipa-actix-web`, so the served routes and the documented ones cannot diverge.
 
+pub(crate) mod activity;
 pub(crate) mod admin;
 pub mod admission;
 pub(crate) mod dto;
@@ -68,6 +69,7 @@ pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfi
         .service(admin::get_override)
         .service(admin::put_override)
         .service(admin::delete_override)
+        .service(activity::activity)
         .service(health::healthz)
         .service(health::readyz)
         .service(metrics::metrics);

@@ -1,7 +1,7 @@
 //! The quota API: consume, check and usage.
 
 use super::dto::{MeasureDto, ModeDto};
-use super::extract::{ApiJson, ClientAuth};
+use super::extract::{ApiJson, ClientAuth, ReaderAuth};
 use super::problem::{ApiError, Problem};
 use super::wire::{optional_whole_number, AttributesMap, IdempotencyKey, Slug, SubjectText};
 use super::AppState;
@@ -413,7 +413,7 @@ pub(crate) async fn check(
     responses(
         (status = 200, description = "Usage", body = UsageAnswer),
         (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong token (a client token, or the admin token)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Missing or invalid action or subject", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
@@ -421,7 +421,7 @@ pub(crate) async fn check(
 )]
 #[get("/quota/usage")]
 pub(crate) async fn usage(
-    _auth: ClientAuth,
+    _auth: ReaderAuth,
     state: web::Data<AppState>,
     query: web::Query<UsageQuery>,
 ) -> Result<web::Json<UsageAnswer>, ApiError> {

@@ -34,6 +34,32 @@ pub struct LedgerPage {
     pub next_cursor: Option<String>,
 }
 
+/// One action's ledger activity in one UTC hour: what the "today" view charts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HourActivity {
+    /// The action.
+    pub action: String,
+    /// The hour's start.
+    pub hour: DateTime<Utc>,
+    /// Allowed consumes and holds (`charge` and `hold` entries).
+    pub charges: u64,
+    /// Their units, together.
+    pub amount: u64,
+    /// Recorded denials (`deny` entries: policies with `ledger_denials`).
+    pub denials: u64,
+}
+
+/// A subject's recorded denials for one action over a span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedSubject {
+    /// The action.
+    pub action: String,
+    /// The subject.
+    pub subject: String,
+    /// How many `deny` entries it has.
+    pub denials: u64,
+}
+
 /// Why the ledger could not do what was asked.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LedgerError {
@@ -89,6 +115,24 @@ pub trait LedgerStore: Send + Sync + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError>;
+    /// Per action (only `action`'s when given) and UTC hour with any entry: charges,
+    /// their units and denials in `[from, to)`, found through the `at` index. Hours and
+    /// actions without entries are left out.
+    async fn activity(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        action: Option<&str>,
+    ) -> Result<Vec<HourActivity>, LedgerError>;
+    /// The `limit` subjects with the most recorded denials in `[from, to)` (of `action`
+    /// when given), most first.
+    async fn top_denied(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        action: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<DeniedSubject>, LedgerError>;
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

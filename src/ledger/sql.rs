@@ -11,7 +11,9 @@
 use super::cursor::{decode_cursor, encode_cursor};
 use crate::domain::{ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::codec::{self, EntryParts};
-use crate::engine::ledger::{LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE};
+use crate::engine::ledger::{
+    DeniedSubject, HourActivity, LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::error::ErrorKind;
@@ -348,6 +350,25 @@ macro_rules! sql_ledger_store {
                         Ok((seq, Self::entry_from_row(row)?))
                     })
                     .collect()
+            }
+
+            async fn activity(
+                &self,
+                from: DateTime<Utc>,
+                to: DateTime<Utc>,
+                action: Option<&str>,
+            ) -> Result<Vec<HourActivity>, LedgerError> {
+                self.select_activity(from, to, action).await
+            }
+
+            async fn top_denied(
+                &self,
+                from: DateTime<Utc>,
+                to: DateTime<Utc>,
+                action: Option<&str>,
+                limit: u32,
+            ) -> Result<Vec<DeniedSubject>, LedgerError> {
+                self.select_top_denied(from, to, action, limit).await
             }
 
             async fn delete_older_than(

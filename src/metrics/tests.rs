@@ -203,9 +203,14 @@ fn the_latency_histogram_has_cumulative_buckets_per_endpoint_with_its_sum_and_co
     for (le, count) in check {
         assert_eq!(bucket("check", le), Some(count), "le={le} in\n{text}");
         assert_eq!(bucket("consume", le), Some("0"), "le={le} in\n{text}");
+        assert_eq!(
+            bucket("should_rate_limit", le),
+            Some("0"),
+            "le={le} in\n{text}"
+        );
     }
     let buckets = samples.keys().filter(|s| s.contains("_bucket{"));
-    assert_eq!(buckets.count(), 2 * check.len(), "no other bucket");
+    assert_eq!(buckets.count(), 3 * check.len(), "no other bucket");
     let count = format!("{name}_count{{endpoint=\"check\"}}");
     assert_eq!(samples.get(count.as_str()), Some(&"5"));
     let sum = format!("{name}_sum{{endpoint=\"check\"}}");

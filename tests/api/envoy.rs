@@ -154,6 +154,15 @@ async fn when_one_descriptor_is_over_nothing_is_charged_on_the_others(counters: 
     assert!(charges
         .iter()
         .any(|e| e["subject"] == "generic_key=per-ip,remote_address=10.0.0.1"));
+
+    // /metrics counts each call as one decision of its domain.
+    let text = app.metrics_text().await;
+    for result in ["allowed", "denied"] {
+        let series = format!(
+            "quota_requests_total{{endpoint=\"should_rate_limit\",action=\"gateway\",result=\"{result}\"}} 1"
+        );
+        assert!(text.contains(&series), "{series} in\n{text}");
+    }
 }
 
 async fn statuses_carry_the_limit_its_unit_what_remains_and_the_time_to_reset(

@@ -1,5 +1,6 @@
 //! The SQL ledger stores, their writer and retention, against real SQLite and Postgres.
 
+mod activity;
 mod background;
 mod drain;
 mod http;

@@ -6,6 +6,11 @@ use crate::helpers::{
     calendar_policy, fresh_settings, spawn_with, Answer, CounterBackend, PolicyBackend,
     PrivateRedis, TestApp,
 };
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use quota_ledger::config::OnStoreError;
 use reqwest::StatusCode;
 use std::sync::Arc;
@@ -93,6 +98,25 @@ async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
         "shed at once, not after the deadline: {:?}",
         started.elapsed()
     );
+    // Envoy's gRPC calls share the slots: shed as overloaded too, never let through.
+    let grpc = app.grpc.clone().expect("the test settings serve gRPC");
+    let mut client = RateLimitServiceClient::connect(grpc).await.unwrap();
+    let status = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "sms".to_owned(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "subject".to_owned(),
+                    value: "w".to_owned(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .expect_err("no slot is free");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("overloaded"), "{status:?}");
     let health = app
         .send(app.client.get(format!("{}/healthz", app.address)))
         .await;
@@ -109,7 +133,7 @@ async fn flood_while_redis_is_frozen(on_error: OnStoreError) {
         assert_eq!(answer.body["degraded"], false, "counted, not let through");
     }
     let text = app.metrics_text().await;
-    assert!(text.contains("quota_overloaded_total 21"), "{text}");
+    assert!(text.contains("quota_overloaded_total 22"), "{text}");
     assert!(text.contains("quota_degraded_allows_total 0"), "{text}");
     assert!(
         text.contains("quota_counter_store_circuit_open 0"),

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::domain::{Action, ConsumptionId, EntryId, EntryKind, HoldId, Subject};
-use crate::engine::ledger::{LedgerFilter, LedgerPage};
+use crate::engine::ledger::{DeniedSubject, HourActivity, LedgerFilter, LedgerPage};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::collections::HashSet;
@@ -124,6 +124,25 @@ impl LedgerStore for FakeStore {
     }
 
     async fn entries_after(&self, _: i64, _: u32) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+        Ok(Vec::new())
+    }
+
+    async fn activity(
+        &self,
+        _: DateTime<Utc>,
+        _: DateTime<Utc>,
+        _: Option<&str>,
+    ) -> Result<Vec<HourActivity>, LedgerError> {
+        Ok(Vec::new())
+    }
+
+    async fn top_denied(
+        &self,
+        _: DateTime<Utc>,
+        _: DateTime<Utc>,
+        _: Option<&str>,
+        _: u32,
+    ) -> Result<Vec<DeniedSubject>, LedgerError> {
         Ok(Vec::new())
     }
 

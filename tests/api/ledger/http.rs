@@ -172,6 +172,17 @@ async fn the_ledger_needs_a_client_token_when_tokens_are_set(backend: PolicyBack
     let right = app.send(app.client.get(&url).bearer_auth("client-1")).await;
     assert_eq!(right.status.as_u16(), 200, "{}", right.body);
     assert_eq!(right.body, json!({"items": [], "next_cursor": null}));
+    // The admin token reads it too (the operator console signs in with it)...
+    let admin = app
+        .send(app.admin(reqwest::Method::GET, "/quota/ledger"))
+        .await;
+    assert_eq!(admin.status.as_u16(), 200, "{}", admin.body);
+    // ...but consumes nothing: consuming stays the client tokens'.
+    let consume = app.send(
+        app.admin(reqwest::Method::POST, "/quota/consume")
+            .json(&json!({"action": "sms", "subject": "u"})),
+    );
+    consume.await.assert_problem(401);
 }
 
 on_policy_stores!(

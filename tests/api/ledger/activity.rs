@@ -1,0 +1,109 @@
+//! `GET /admin/activity` over HTTP: the ledger per action and hour, and the most-denied
+//! subjects, on SQLite and Postgres.
+
+use crate::helpers::{calendar_policy, spawn_app, CounterBackend, PolicyBackend, TestApp};
+use crate::on_policy_stores;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+async fn activity(app: &TestApp, query: &str) -> crate::helpers::Answer {
+    app.send(app.admin(Method::GET, &format!("/admin/activity{query}")))
+        .await
+}
+
+/// The `(charges, amount, denials)` of each hour of `action` in `body`.
+fn hours_of(body: &Value, action: &str) -> Vec<(u64, u64, u64)> {
+    let actions = body["actions"].as_array().expect("actions");
+    let found = actions
+        .iter()
+        .find(|a| a["action"] == action)
+        .unwrap_or_else(|| panic!("no {action} in {body}"));
+    found["hours"]
+        .as_array()
+        .expect("hours")
+        .iter()
+        .map(|h| {
+            let n = |k: &str| h[k].as_u64().unwrap_or_else(|| panic!("{k} in {h}"));
+            (n("charges"), n("amount"), n("denials"))
+        })
+        .collect()
+}
+
+async fn activity_counts_charges_amounts_and_denials_per_action_and_hour(backend: PolicyBackend) {
+    let app = spawn_app(backend, CounterBackend::Memory).await;
+    let mut sms = calendar_policy("sms-daily", "sms", 2, "day", "UTC");
+    sms["ledger_denials"] = json!(true);
+    app.must_create_policy(sms).await;
+    let mut transfer = calendar_policy("transfer-daily", "transfer", 100_000, "day", "UTC");
+    transfer["measure"] = json!("amount");
+    app.must_create_policy(transfer).await;
+
+    // 12:00-12:59 (the fake clock's start hour): two SMS allowed, one denied; a transfer.
+    for _ in 0..3 {
+        app.consume("sms", "alice", 1).await;
+    }
+    assert_eq!(app.consume("transfer", "alice", 25_000).await.status, 200);
+    // 13:00: bob is denied twice (alice is at her limit, bob's first two pass).
+    app.advance(3_600);
+    for _ in 0..4 {
+        app.consume("sms", "bob", 1).await;
+    }
+
+    let answer = activity(&app, "?hours=3").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let body = &answer.body;
+    assert_eq!(body["from"], "2026-11-21T11:00:00Z", "{body}");
+    assert_eq!(body["to"], "2026-11-21T14:00:00Z", "{body}");
+    assert_eq!(body["hours"], 3);
+    assert_eq!(hours_of(body, "sms"), [(0, 0, 0), (2, 2, 1), (2, 2, 2)]);
+    assert_eq!(
+        hours_of(body, "transfer"),
+        [(0, 0, 0), (1, 25_000, 0), (0, 0, 0)]
+    );
+    assert_eq!(
+        body["actions"][0]["hours"][1]["hour"], "2026-11-21T12:00:00Z",
+        "{body}"
+    );
+    assert_eq!(
+        body["top_denied"],
+        json!([{"action": "sms", "subject": "bob", "denials": 2},
+               {"action": "sms", "subject": "alice", "denials": 1}])
+    );
+
+    // One action only; one hour only (the current one).
+    let only = activity(&app, "?action=transfer").await;
+    assert_eq!(
+        only.body["actions"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        only.body
+    );
+    assert_eq!(only.body["hours"], 24);
+    assert_eq!(only.body["top_denied"], json!([]));
+    let now = activity(&app, "?hours=1").await;
+    assert_eq!(hours_of(&now.body, "sms"), [(2, 2, 2)]);
+}
+
+async fn activity_needs_the_admin_token_and_valid_parameters(backend: PolicyBackend) {
+    let app = spawn_app(backend, CounterBackend::Memory).await;
+    let url = format!("{}/admin/activity", app.address);
+    app.send(app.client.get(&url)).await.assert_problem(401);
+    let bad = activity(&app, "?hours=0&action=Not%20One").await;
+    let problem = bad.assert_problem(422);
+    let fields: Vec<&str> = problem["errors"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .filter_map(|e| e["field"].as_str())
+        .collect();
+    assert_eq!(fields, ["hours", "action"], "{problem}");
+    activity(&app, "?days=1").await.assert_problem(400);
+    let empty = activity(&app, "").await;
+    assert_eq!(empty.status, 200);
+    assert_eq!(empty.body["actions"], json!([]));
+}
+
+on_policy_stores!(
+    activity_counts_charges_amounts_and_denials_per_action_and_hour,
+    activity_needs_the_admin_token_and_valid_parameters,
+);
