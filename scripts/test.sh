@@ -9,6 +9,7 @@
 #      binary step 3 built) against its own OpenAPI document
 #   5. scripts/clients.sh: a Python and a TypeScript client generated from that
 #      document with no configuration, type-checked, run through the walkthrough
+#   6. scripts/console.sh: the operator console driven in headless Chromium
 #
 # Extra arguments go to `cargo test`, e.g.  scripts/test.sh -- --nocapture
 # Exits non-zero as soon as a step fails. CI runs this via .ci/run.
@@ -49,5 +50,8 @@ bash scripts/fuzz.sh
 
 banner "scripts/clients.sh (generated Python and TypeScript clients, as generated)"
 bash scripts/clients.sh target/debug/quota-ledger
+
+banner "scripts/console.sh (the operator console in headless Chromium)"
+bash scripts/console.sh target/debug/quota-ledger
 
 banner "all checks passed"

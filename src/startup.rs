@@ -207,6 +207,7 @@ fn http_server(
             .service(
                 SwaggerUi::new("/swagger-ui/{_:.*}").url("/api-docs/openapi.json", spec.clone()),
             )
+            .configure(api::console::routes)
             .default_service(web::to(api::routing::unrouted))
             // Innermost: before any extractor reads a body; its 503 still gets the
             // request id and the problem+json rewrite of the layers around it.

@@ -6,6 +6,7 @@
 pub(crate) mod activity;
 pub(crate) mod admin;
 pub mod admission;
+pub(crate) mod console;
 pub(crate) mod dto;
 pub(crate) mod extract;
 pub(crate) mod health;

@@ -8,6 +8,7 @@ mod admin;
 mod backlog;
 mod budgets;
 mod concurrency;
+mod console;
 mod crash;
 mod envoy;
 mod errors;

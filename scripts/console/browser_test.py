@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""The operator console, driven in headless Chromium against a running service.
+
+    python3 scripts/console/browser_test.py --url http://127.0.0.1:PORT --token TOKEN \
+        [--screenshots DIR]
+
+The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
+client tokens. scripts/console.sh starts one and runs this. Nine steps, in order, each
+asserting what it shows; a step's failure is reported and the next steps still run (they
+may fail in turn: the first FAIL is the cause). On a failure the page's screenshot, its
+source and the browser's console log are saved in a new temp dir, whose path is printed.
+The last line is `console: N passed, M failed`; the exit status is 1 when M > 0.
+
+Only the standard library and Selenium (Debian's python3-selenium) are used; every wait
+is an explicit WebDriverWait on a condition, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import traceback
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+from selenium import webdriver
+from selenium.common.exceptions import (
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_SECONDS = 15
+
+POLICY_ID = "sms-daily"
+ACTION = "sms"
+SUBJECT = "user-1"
+LIMIT = 3
+# A rolling 24 h window: no period boundary (midnight) can reset the usage mid-test.
+POLICY = {
+    "id": POLICY_ID,
+    "action": ACTION,
+    "measure": "count",
+    "limit": LIMIT,
+    "window": {"type": "rolling", "seconds": 86400, "bucket_seconds": 3600},
+    "ledger_denials": True,
+    "description": "browser test: 3 SMS in any 24 hours",
+}
+
+
+class StepFailed(AssertionError):
+    """A check of a step did not hold."""
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise StepFailed(message)
+
+
+# ---------------------------------------------------------------------------
+# HTTP, for what the test does behind the console's back
+# ---------------------------------------------------------------------------
+
+
+class Answer:
+    def __init__(self, status: int, headers: Any, body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(
+    base: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
+    """One request; any status is returned (urllib raises on 4xx/5xx, caught here)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return Answer(response.status, response.headers, response.read())
+    except urllib.error.HTTPError as error:
+        return Answer(error.code, error.headers, error.read())
+
+
+# ---------------------------------------------------------------------------
+# The browser
+# ---------------------------------------------------------------------------
+
+
+def start_browser() -> WebDriver:
+    options = Options()
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1280,900",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--lang=en-US",
+    ):
+        options.add_argument(argument)
+    # The browser's console log (JavaScript errors, CSP violations) is saved on a failure.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+class Console:
+    """The browser on the console, with the waits the steps share."""
+
+    def __init__(self, driver: WebDriver) -> None:
+        self.driver = driver
+
+    def wait(self, what: str, condition: Callable[[WebDriver], Any]) -> Any:
+        """Waits for a truthy `condition(driver)`; fails the step naming `what`."""
+        try:
+            # A re-rendered element goes stale under a check: the next poll finds the new one.
+            return WebDriverWait(
+                self.driver, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
+            ).until(condition)
+        except TimeoutException:
+            message = self.message()
+            raise StepFailed(
+                f"timed out after {WAIT_SECONDS} s waiting for {what}"
+                + (f" (#message: {message!r})" if message else "")
+            ) from None
+
+    def find(self, css: str) -> WebElement | None:
+        found = self.driver.find_elements(By.CSS_SELECTOR, css)
+        return found[0] if found else None
+
+    def visible(self, css: str) -> WebElement:
+        def shown(driver: WebDriver) -> WebElement | None:
+            element = self.find(css)
+            return element if element is not None and element.is_displayed() else None
+
+        return self.wait(f"{css} to be visible", shown)
+
+    def click(self, css: str) -> None:
+        self.visible(css).click()
+
+    def type(self, css: str, text: str) -> None:
+        element = self.visible(css)
+        element.clear()
+        element.send_keys(text)
+
+    def message(self) -> str:
+        element = self.find("#message")
+        return element.text.strip() if element is not None else ""
+
+    def go(self, nav_id: str, page_id: str) -> None:
+        """Follows a navigation link and waits for its page."""
+        self.click(f"#{nav_id}")
+        self.visible(f"#{page_id}")
+
+    def no_script_errors(self) -> None:
+        """No JavaScript error or CSP violation was logged since the last call (a failed
+        request, such as the wrong token's 401, is logged too and is fine)."""
+        bad = [
+            entry["message"]
+            for entry in self.driver.get_log("browser")
+            if any(s in entry["message"] for s in ("Content Security Policy", "Refused to", "Uncaught"))
+        ]
+        check(not bad, f"the browser logged: {bad}")
+
+    def shot(self, directory: str | None, name: str) -> None:
+        if directory:
+            self.driver.save_screenshot(os.path.join(directory, name))
+
+
+# ---------------------------------------------------------------------------
+# The steps
+# ---------------------------------------------------------------------------
+
+
+class Run:
+    """State carried from step to step."""
+
+    def __init__(self, console: Console, base: str, token: str, shots: str | None) -> None:
+        self.console = console
+        self.base = base
+        self.token = token
+        self.shots = shots
+        self.consumption_ids: list[str] = []
+
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def consume(self) -> Answer:
+        return http(self.base, "POST", "/quota/consume", {"action": ACTION, "subject": SUBJECT})
+
+    def allowed_consume(self, used: int) -> None:
+        answer = self.consume()
+        check(answer.status == 200, f"consume answered {answer.status}: {answer.body[:300]!r}")
+        body = answer.json()
+        check(body["allowed"] is True, f"consume not allowed: {body}")
+        check(bool(body["consumption_id"]), f"consume has no consumption_id: {body}")
+        usage = [p for p in body["policies"] if p["policy_id"] == POLICY_ID]
+        check(len(usage) == 1 and usage[0]["used"] == used,
+              f"expected {POLICY_ID} used={used} after the consume, got {body['policies']}")
+        self.consumption_ids.append(body["consumption_id"])
+
+    def progressbar(self) -> WebElement | None:
+        return self.console.find(
+            f'#lookup-result [data-usage-policy="{POLICY_ID}"] [role="progressbar"]')
+
+
+def step_served_with_csp(run: Run) -> None:
+    """GET /console/ carries the CSP; app.js and app.css are served with their types."""
+    page = http(run.base, "GET", "/console/")
+    check(page.status == 200, f"GET /console/ answered {page.status}")
+    csp = page.headers.get("Content-Security-Policy") or ""
+    check("script-src 'self'" in csp, f"Content-Security-Policy lacks script-src 'self': {csp!r}")
+    check("default-src 'none'" in csp, f"Content-Security-Policy lacks default-src 'none': {csp!r}")
+    check("text/html" in (page.headers.get("Content-Type") or ""), "/console/ is not text/html")
+    html = re.sub(r"<!--.*?-->", "", page.body.decode(), flags=re.S)  # comments aside
+    scripts = re.findall(r"<script\b[^>]*>", html)
+    check(scripts == ['<script src="app.js" defer>'], f"the page must load app.js only, no inline script: {scripts}")
+    script = http(run.base, "GET", "/console/app.js")
+    check(script.status == 200, f"GET /console/app.js answered {script.status}")
+    check("javascript" in (script.headers.get("Content-Type") or ""),
+          f"app.js has Content-Type {script.headers.get('Content-Type')!r}")
+    style = http(run.base, "GET", "/console/app.css")
+    check(style.status == 200 and "text/css" in (style.headers.get("Content-Type") or ""),
+          f"app.css answered {style.status} {style.headers.get('Content-Type')!r}")
+
+
+def step_sign_in(run: Run) -> None:
+    """A wrong token is refused with a message; the right one opens the policies page."""
+    c = run.console
+    c.driver.get(run.base + "/console/")
+    c.type("#token", "wrong-" + run.token)
+    c.click("#sign-in")
+    c.wait("the wrong-token message", lambda d: "wrong token" in c.message().lower())
+    check(c.driver.execute_script("return sessionStorage.length") == 0,
+          "a refused token was kept in sessionStorage")
+    check(not c.find("#nav").is_displayed(), "the navigation shows before sign-in")
+
+    c.type("#token", run.token)
+    c.click("#sign-in")
+    c.visible("#policies-table")
+    c.visible("#nav-policies")
+    c.visible("#sign-out")
+    check(c.driver.current_url.endswith("#/policies"), f"not on #/policies: {c.driver.current_url}")
+    check(run.token not in c.driver.current_url, "the token is in the URL")
+    check(c.driver.execute_script("return document.cookie") == "", "the console set a cookie")
+    stored = c.driver.execute_script("return Object.values(sessionStorage)")
+    check(stored == [run.token], "the token is not (only) in sessionStorage")
+    c.no_script_errors()
+
+
+def step_create_policy(run: Run) -> None:
+    """A policy created through the form's JSON shows in the table and in the API."""
+    c = run.console
+    c.click("#new-policy")
+    c.visible("#policy-form")
+    c.type("#policy-json", json.dumps(POLICY))
+    # The form fields follow the JSON.
+    c.wait("#policy-id to follow the JSON",
+           lambda d: c.find("#policy-id").get_attribute("value") == POLICY_ID)
+    c.click("#policy-save")
+    row = c.wait(f"the row of {POLICY_ID}",
+                 lambda d: c.find(f'#policies-table tr[data-policy-id="{POLICY_ID}"]'))
+    check(row.get_attribute("data-enabled") == "true", "the new policy is not shown enabled")
+    c.wait("the editor to close", lambda d: not c.find("#policy-editor").is_displayed())
+    answer = http(run.base, "GET", f"/admin/policies/{POLICY_ID}", headers=run.admin())
+    check(answer.status == 200, f"GET /admin/policies/{POLICY_ID} answered {answer.status}")
+    stored = answer.json()
+    check(stored["limit"] == LIMIT and stored["ledger_denials"] is True, f"stored policy differs: {stored}")
+    c.shot(run.shots, "policies.png")
+    c.no_script_errors()
+
+
+def step_consume_twice(run: Run) -> None:
+    """Two consumes through the API are allowed and counted."""
+    run.allowed_consume(used=1)
+    run.allowed_consume(used=2)
+
+
+def step_lookup(run: Run) -> None:
+    """The lookup's bar shows 2 of 3, and 3 after one more consume and a refresh."""
+    c = run.console
+    c.go("nav-lookup", "page-lookup")
+    c.type("#lookup-action", ACTION)
+    c.type("#lookup-subject", SUBJECT)
+    c.click("#lookup-go")
+
+    def bar_at(value: int) -> Callable[[WebDriver], Any]:
+        def at(driver: WebDriver) -> WebElement | None:
+            bar = run.progressbar()
+            return bar if bar is not None and bar.get_attribute("aria-valuenow") == str(value) else None
+        return at
+
+    bar = c.wait("the progressbar at 2", bar_at(2))
+    check(bar.get_attribute("aria-valuemax") == str(LIMIT), f"aria-valuemax is not {LIMIT}")
+    check(bar.get_attribute("aria-valuemin") == "0", "aria-valuemin is not 0")
+    check(bar.get_attribute("aria-label") == f"{POLICY_ID} usage", "the progressbar's label differs")
+    card = c.find(f'#lookup-result [data-usage-policy="{POLICY_ID}"]')
+    check("2 / 3" in card.text and "1 remaining" in card.text, f"usage numbers not shown: {card.text!r}")
+    check("UTC" in card.text, "resets_at is not shown in UTC")
+    width_before = bar.find_element(By.CSS_SELECTOR, ".meter-fill").size["width"]
+    c.shot(run.shots, "lookup.png")
+
+    run.allowed_consume(used=3)
+    c.click("#lookup-go")  # the same lookup again
+    bar = c.wait("the progressbar at 3", bar_at(3))
+    width_after = bar.find_element(By.CSS_SELECTOR, ".meter-fill").size["width"]
+    check(width_after > width_before, f"the bar did not grow ({width_before} -> {width_after} px)")
+    card = c.find(f'#lookup-result [data-usage-policy="{POLICY_ID}"]')
+    check("exhausted" in card.text.lower(), "a used-up budget is not called exhausted in words")
+    c.no_script_errors()
+
+
+def step_ledger(run: Run) -> None:
+    """'Ledger for this subject' lists the subject's charges, with their consumption ids."""
+    c = run.console
+    c.click("#lookup-ledger-link")
+    c.visible("#page-ledger")
+    rows = c.wait("charge rows in #ledger-table", lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#ledger-table tbody tr[data-kind="charge"]'))
+    check(c.find("#ledger-subject").get_attribute("value") == SUBJECT, "#ledger-subject is not the subject")
+    check(c.find("#ledger-action").get_attribute("value") == ACTION, "#ledger-action is not the action")
+    all_rows = c.driver.find_elements(By.CSS_SELECTOR, "#ledger-table tbody tr")
+    check(all(r.get_attribute("data-entry-id") for r in all_rows), "a ledger row has no data-entry-id")
+    ids = {r.get_attribute("data-consumption-id") for r in rows}
+    missing = [i for i in run.consumption_ids if i not in ids]
+    check(not missing, f"consumption ids {missing} are not among the rows ({sorted(ids)})")
+    check(all(SUBJECT in r.text for r in all_rows), "a row of another subject is listed")
+    check(c.find("#ledger-newer").get_attribute("disabled") is not None, "Newer is enabled on the first page")
+    c.shot(run.shots, "ledger.png")
+    c.no_script_errors()
+
+
+def step_denied(run: Run) -> None:
+    """The fourth consume is denied (429), and the denial is in the ledger."""
+    answer = run.consume()
+    check(answer.status == 429, f"the 4th consume answered {answer.status}, not 429")
+    check(answer.json()["allowed"] is False, "the 429 says allowed")
+    c = run.console
+    Select(c.visible("#ledger-kind")).select_by_value("deny")
+    c.click("#ledger-go")
+    c.wait("a deny row in #ledger-table", lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#ledger-table tbody tr[data-kind="deny"]'))
+    kinds = {r.get_attribute("data-kind") for r in c.driver.find_elements(By.CSS_SELECTOR, "#ledger-table tbody tr")}
+    check(kinds == {"deny"}, f"kind=deny lists other kinds too: {kinds}")
+    check("kind=deny" in c.driver.current_url, "the kind filter is not in the URL")
+    c.no_script_errors()
+
+
+def step_today(run: Run) -> None:
+    """Today's sms section counts 3 charges and 1 denial; the denied subject is listed."""
+    c = run.console
+    c.go("nav-today", "page-today")
+    section = f'#today [data-activity-action="{ACTION}"]'
+
+    def total(name: str) -> str:
+        element = c.find(f'{section} [data-total="{name}"]')
+        return element.text.strip() if element is not None else ""
+
+    c.wait("the sms denials total to be 1", lambda d: total("denials") == "1")
+    check(total("charges") == "3", f"charges total is {total('charges')!r}, not 3")
+    check(total("amount") == "3", f"amount total is {total('amount')!r}, not 3")
+    titles = c.driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0] + ' svg rect > title'))"
+        ".map(t => t.textContent)", section)
+    check(any("1 denial" in t for t in titles), f"no bar's <title> tells the denial: {titles[:5]}")
+    check(any("charge" in t for t in titles), "no bar's <title> tells the charges")
+    row = c.wait("user-1 in #top-denied", lambda d: next(
+        (r for r in d.find_elements(By.CSS_SELECTOR, "#top-denied tbody tr") if SUBJECT in r.text), None))
+    link = row.find_element(By.PARTIAL_LINK_TEXT, "Budget lookup")
+    check(f"subject={SUBJECT}" in (link.get_attribute("href") or ""), "the top-denied link does not name the subject")
+    c.shot(run.shots, "today.png")
+    c.no_script_errors()
+
+
+def step_conflict_and_toggle(run: Run) -> None:
+    """A save over someone else's change shows the conflict; re-apply; then disable."""
+    c = run.console
+    c.go("nav-policies", "page-policies")
+    c.click(f'#policies-table tr[data-policy-id="{POLICY_ID}"] button[data-action="edit"]')
+    c.wait("the editor on the policy", lambda d: '"sms-daily"' in (c.find("#policy-json").get_attribute("value") or ""))
+
+    # Someone else changes the limit to 5 through the API.
+    read = http(run.base, "GET", f"/admin/policies/{POLICY_ID}", headers=run.admin())
+    check(read.status == 200, f"GET answered {read.status}")
+    theirs = {k: v for k, v in read.json().items() if k not in ("created_at", "updated_at", "version")}
+    theirs["limit"] = 5
+    put = http(run.base, "PUT", f"/admin/policies/{POLICY_ID}", theirs,
+               {**run.admin(), "If-Match": read.headers["ETag"]})
+    check(put.status == 200, f"the PUT behind the console's back answered {put.status}: {put.body[:300]!r}")
+
+    # The console still edits the old version: set the limit to 10 and save.
+    c.type("#policy-limit", "10")
+    c.wait("the JSON to follow the limit field",
+           lambda d: json.loads(c.find("#policy-json").get_attribute("value")).get("limit") == 10)
+    c.click("#policy-save")
+    c.visible("#policy-conflict")
+    row = c.wait("the limit row of the conflict", lambda d: c.find('#policy-conflict tr[data-field="limit"]'))
+    theirs_cell = row.find_element(By.CSS_SELECTOR, '[data-side="theirs"]').text.strip()
+    yours_cell = row.find_element(By.CSS_SELECTOR, '[data-side="yours"]').text.strip()
+    check(theirs_cell == "5" and yours_cell == "10", f"conflict shows theirs={theirs_cell!r} yours={yours_cell!r}")
+    check("412" in c.message(), f"the 412 is not shown: {c.message()!r}")
+    check(http(run.base, "GET", f"/admin/policies/{POLICY_ID}", headers=run.admin()).json()["limit"] == 5,
+          "the conflicting save changed the policy")
+    c.shot(run.shots, "conflict.png")
+
+    # Re-apply: the user's version is saved over theirs.
+    c.click("#conflict-reapply")
+    c.wait("the editor to close after re-applying", lambda d: not c.find("#policy-editor").is_displayed())
+    now = http(run.base, "GET", f"/admin/policies/{POLICY_ID}", headers=run.admin()).json()
+    check(now["limit"] == 10, f"re-applying did not save limit 10: {now['limit']}")
+
+    # Disable through the toggle.
+    c.click(f'#policies-table tr[data-policy-id="{POLICY_ID}"] button[data-action="toggle"]')
+    row = c.wait("the row marked disabled", lambda d: next(
+        (r for r in d.find_elements(By.CSS_SELECTOR, f'#policies-table tr[data-policy-id="{POLICY_ID}"]')
+         if r.get_attribute("data-enabled") == "false"), None))
+    check("Disabled" in row.find_element(By.CSS_SELECTOR, "[data-status]").text, "the row does not say Disabled")
+    now = http(run.base, "GET", f"/admin/policies/{POLICY_ID}", headers=run.admin()).json()
+    check(now["enabled"] is False and now["limit"] == 10, f"the stored policy is not disabled at limit 10: {now}")
+    c.no_script_errors()
+
+
+STEPS: list[tuple[str, Callable[[Run], None]]] = [
+    ("served with a Content-Security-Policy", step_served_with_csp),
+    ("sign in: wrong token refused, right token accepted", step_sign_in),
+    ("create a policy through the form", step_create_policy),
+    ("two consumes through the API", step_consume_twice),
+    ("budget lookup: bar at 2, then 3", step_lookup),
+    ("ledger for the subject lists its charges", step_ledger),
+    ("a denied consume is recorded", step_denied),
+    ("today: totals per action, top denied", step_today),
+    ("edit conflict shown, re-applied; disable", step_conflict_and_toggle),
+]
+
+
+def save_failure(console: Console, directory: str | None, number: int) -> str | None:
+    """Screenshot, page source and browser log of a failed step; returns the dir."""
+    try:
+        directory = directory or tempfile.mkdtemp(prefix="quota-ledger-console-failure.")
+        stem = os.path.join(directory, f"step-{number}")
+        console.driver.save_screenshot(stem + ".png")
+        with open(stem + ".html", "w", encoding="utf-8") as f:
+            f.write(console.driver.page_source)
+        with open(stem + ".browser-log.txt", "w", encoding="utf-8") as f:
+            for entry in console.driver.get_log("browser"):
+                f.write(f"{entry.get('level')} {entry.get('message')}\n")
+        return directory
+    except (OSError, WebDriverException) as error:
+        print(f"  (could not save the failure's artifacts: {error})")
+        return directory
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the service, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--token", required=True, help="its admin token")
+    parser.add_argument("--screenshots", help="save policies.png, lookup.png, ... here")
+    args = parser.parse_args()
+    base = args.url.rstrip("/")
+    if args.screenshots:
+        os.makedirs(args.screenshots, exist_ok=True)
+
+    driver = start_browser()
+    passed = failed = 0
+    failures_dir: str | None = None
+    try:
+        console = Console(driver)
+        run = Run(console, base, args.token, args.screenshots)
+        for number, (name, step) in enumerate(STEPS, start=1):
+            try:
+                step(run)
+            except Exception as error:  # noqa: BLE001 - every failure is reported the same way
+                failed += 1
+                detail = str(error) if isinstance(error, StepFailed) else traceback.format_exc(limit=3)
+                print(f"console: FAIL {number}. {name}: {detail}".rstrip(), flush=True)
+                failures_dir = save_failure(console, failures_dir, number)
+                if failures_dir:
+                    print(f"console:   screenshot, page source and browser log: {failures_dir}/step-{number}.*",
+                          flush=True)
+            else:
+                passed += 1
+                print(f"console: ok   {number}. {name}", flush=True)
+    finally:
+        driver.quit()
+    print(f"console: {passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
