@@ -10,7 +10,10 @@
 #      a 3-budget consume (calendar-day budgets of the subject, of its country, one of 20
 #      drawn uniformly, and of the whole action, charged in one call), each with 1k, 100k
 #      and 1M distinct subjects (scripts/bench/consume.lua); the 3-budget rows next to the
-#      calendar-day ones give what budgets shared by subjects cost;
+#      calendar-day ones give what budgets shared by subjects cost; and Envoy's
+#      ShouldRateLimit over gRPC for the calendar-day policy at 100k subjects (at the first
+#      subject count when 100k is not measured), right after its HTTP row, with 50 streams
+#      over 2 HTTP/2 connections (examples/rls_load.rs: no packaged gRPC load generator here);
 #   3. Redis memory per subject per policy for each window type: the used_memory delta after
 #      charging 100k distinct subjects through the service (scripts/bench/fill.lua), and the
 #      service's resident memory (Redis is flushed under the running service before each
@@ -27,19 +30,22 @@
 # then prints one table with the targets of issues 6, 10 and 12 beside the measured figures.
 #
 # Installs what is missing (wrk, redis-server, redis-tools, curl) with apt-get, builds
-# the release binary with cargo (incrementally), and stops everything it started on exit.
+# the release binary and the gRPC load generator with cargo (incrementally), and stops
+# everything it started on exit.
 # Timings are noisy on a shared machine: compare the ratios within one run.
 #
 # Knobs (environment):
 #   BENCH_DURATION=10          seconds measured per wrk run (after the warm-up)
 #   BENCH_WARMUP=2             seconds of warm-up before each measured run
-#   BENCH_CONNECTIONS=50       wrk connections and redis-benchmark clients
+#   BENCH_CONNECTIONS=50       wrk connections, redis-benchmark clients and gRPC streams
 #   BENCH_FLOOD_CONNECTIONS=2000  wrk connections of the overload rows (0: none)
 #   BENCH_THREADS=2            wrk threads
 #   BENCH_SUBJECTS="1000 100000 1000000"   distinct subjects per run
 #   BENCH_MEMORY_SUBJECTS=100000           subjects charged for the memory figures
 #   BENCH_MODES="redis embedded"           which service modes to run
-#   BENCH_NO_BUILD=1           use target/release/quota-ledger as it is
+#   BENCH_GRPC=0               no gRPC row (nor its load generator's build)
+#   BENCH_GRPC_CONNECTIONS=2   HTTP/2 connections the gRPC streams share
+#   BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load) as it is
 #   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
 #   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
 #   BENCH_OUT=FILE             also write the table to FILE
@@ -60,6 +66,9 @@ readonly MEMORY_SUBJECTS=${BENCH_MEMORY_SUBJECTS:-100000}
 readonly IDLE_SECONDS=${BENCH_IDLE_SECONDS:-30}
 read -r -a MODES <<<"${BENCH_MODES:-redis embedded}"
 readonly MODES
+readonly GRPC=${BENCH_GRPC:-1}
+readonly GRPC_CONNECTIONS=${BENCH_GRPC_CONNECTIONS:-2}
+readonly LOADGEN=$ROOT/target/release/examples/rls_load
 readonly ADMIN_TOKEN=bench-admin-token
 readonly LIMIT=1000000000 # high enough that nothing is denied: every consume writes
 # The countries of the 3-budget consumes, drawn uniformly: 20 budgets per country policy,
@@ -163,13 +172,15 @@ start_redis() {
 }
 
 SERVICE_PORT=""
+GRPC_PORT=""
 SERVICE_STARTS=0
 SERVICE_ENV=() # extra NAME=VALUE settings of the next start_service
 BASE=""
 
 # start_service MODE [DATABASE [TRIES]]: the release binary on a fresh SQLite database (or
-# DATABASE, a file of an earlier start), on Redis or embedded; waits TRIES x 0.1 s at most
-# (default 200) for it to be ready.
+# DATABASE, a file of an earlier start), on Redis or embedded, serving gRPC on GRPC_PORT
+# too unless BENCH_GRPC=0; waits TRIES x 0.1 s at most (default 200) for it to be ready
+# (the gRPC port is bound before the HTTP one answers).
 start_service() {
 	local mode=$1 i
 	SERVICE_PORT=$(free_port)
@@ -184,6 +195,13 @@ start_service() {
 	)
 	if [[ $mode == redis ]]; then
 		env+=(REDIS_URL="redis://127.0.0.1:$REDIS_PORT/")
+	fi
+	if [[ $GRPC != 0 ]]; then
+		GRPC_PORT=$(free_port)
+		while [[ $GRPC_PORT == "$SERVICE_PORT" ]]; do
+			GRPC_PORT=$(free_port)
+		done
+		env+=(QUOTA_GRPC_LISTEN="127.0.0.1:$GRPC_PORT")
 	fi
 	env+=("${SERVICE_ENV[@]}")
 	env "${env[@]}" "$BINARY" >"$TMP/service-$SERVICE_STARTS.log" 2>&1 &
@@ -314,6 +332,41 @@ run_wrk() {
 		}'
 }
 
+# run_grpc ACTION SUBJECTS: as run_wrk, with Envoy's ShouldRateLimit over gRPC: one
+# descriptor [subject=user-<n>], n uniform in [1, SUBJECTS], at CONNECTIONS streams over
+# GRPC_CONNECTIONS HTTP/2 connections (examples/rls_load.rs); a warm-up run, then one
+# measured run, whose BENCH line it prints with the same CPU and load figures appended
+# (wrk_us: the load generator's). Its subjects are named apart from wrk's ("u<n>"): it
+# charges fresh counters, as the HTTP row did.
+run_grpc() {
+	local action=$1 subjects=$2 line s0 s1 t0 t1 r0=0 r1=0
+	local args=(--url "http://127.0.0.1:$GRPC_PORT" --domain "$action" --concurrency "$CONNECTIONS"
+		--connections "$GRPC_CONNECTIONS" --subjects "$subjects" --warmup 0)
+	if ((WARMUP > 0)); then
+		"$LOADGEN" "${args[@]}" --duration "$WARMUP" >/dev/null
+	fi
+	s0=$(cpu_ticks "$SERVICE_PID")
+	t0=$(thread_ticks "$SERVICE_PID")
+	[[ -z $REDIS_PID ]] || r0=$(cpu_ticks "$REDIS_PID")
+	{ time "$LOADGEN" "${args[@]}" --duration "$DURATION" >"$TMP/grpc.out"; } 2>"$TMP/grpc.time"
+	line=$(grep '^BENCH ' "$TMP/grpc.out") || die "rls_load printed no result: $(cat "$TMP/grpc.time")"
+	s1=$(cpu_ticks "$SERVICE_PID")
+	t1=$(thread_ticks "$SERVICE_PID")
+	[[ -z $REDIS_PID ]] || r1=$(cpu_ticks "$REDIS_PID")
+	awk -v line="$line" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" \
+		-v t0="$t0" -v t1="$t1" \
+		-v w="$(tail -n1 "$TMP/grpc.time")" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+			split(line, parts, "requests="); split(parts[2], n, " ")
+			count = n[1] > 0 ? n[1] : 1
+			us = 1e6 / hz / count
+			split(w, t, " ")
+			split(t0, a, " "); split(t1, b, " ")
+			printf "%s svc_us=%.1f http_us=%.1f sql_us=%.1f bg_us=%.1f redis_us=%.1f wrk_us=%.1f load=%s\n",
+				line, s * us, (b[1] - a[1]) * us, (b[2] - a[2]) * us, (b[3] - a[3]) * us, r * us,
+				(t[1] + t[2]) * 1e6 / count, load
+		}'
+}
+
 # metric NAME: the value of one sample of the service's /metrics (0 when absent).
 metric() { curl -s "$BASE/metrics" | awk -v n="$1" '$1 == n { print $2; found = 1 } END { if (!found) print 0 }'; }
 
@@ -367,6 +420,16 @@ ledger_lag() {
 		}'
 }
 
+# grpc_subjects: the subject count of the gRPC row: 100k, or the first count when 100k is
+# not measured.
+grpc_subjects() {
+	local subjects
+	for subjects in "${SUBJECT_COUNTS[@]}"; do
+		[[ $subjects == 100000 ]] && echo 100000 && return 0
+	done
+	echo "${SUBJECT_COUNTS[0]}"
+}
+
 rss_kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
 
 bench_mode() {
@@ -382,6 +445,12 @@ bench_mode() {
 			log "$mode: $label, $subjects subjects"
 			line=$(run_wrk "$action" "$subjects" "$amount" "$countries")
 			record "run:$mode:$action:$subjects $line"
+			# The gRPC row right after the HTTP row it is compared with.
+			if [[ $GRPC != 0 && $action == sms && $subjects == "$(grpc_subjects)" ]]; then
+				log "$mode: grpc ShouldRateLimit, $subjects subjects"
+				line=$(run_grpc "$action" "$subjects")
+				record "grpc:$mode:$action:$subjects $line"
+			fi
 		done
 	done
 	if ((FLOOD_CONNECTIONS > 0)); then
@@ -610,7 +679,7 @@ print_table() {
 	echo "quota-ledger consume benchmark, $(date -u +%Y-%m-%dT%H:%MZ)"
 	echo "$(nproc) cores, $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk $THREADS threads x $CONNECTIONS connections, ${WARMUP}s warm-up + ${DURATION}s per row, loopback"
 	echo
-	printf '%-9s %-15s %9s %9s %8s %8s %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' mode scenario subjects \
+	printf '%-9s %-20s %9s %9s %8s %8s %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' mode scenario subjects \
 		req/s p50_ms p99_ms errors "p99/p99@1k" svc_us http sql bg rds_us wrk_us load
 	for mode in "${MODES[@]}"; do
 		for scenario in "${SCENARIOS[@]}"; do
@@ -624,15 +693,27 @@ print_table() {
 				p99=$(field p99_ms "$line")
 				bad=$(($(field socket_errors "$line") + $(field non2xx "$line")))
 				[[ -n $first_p99 ]] || first_p99=$p99
-				printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
+				printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
 					"$mode" "$label" "$subjects" "$rps" "$p50" "$p99" "$bad" \
 					"$(ratio "$p99" "$first_p99")" "$(field svc_us "$line")" "$(field http_us "$line")" \
 					"$(field sql_us "$line")" "$(field bg_us "$line")" "$(field redis_us "$line")" \
 					"$(field wrk_us "$line")" "$(field load "$line")"
 			done
+			[[ $action == sms ]] || continue
+			# Envoy's ShouldRateLimit on the same policy, beside its HTTP rows.
+			for subjects in "${SUBJECT_COUNTS[@]}"; do
+				line=$(result "grpc:$mode:$action:$subjects")
+				[[ -n $line ]] || continue
+				bad=$(($(field over "$line") + $(field errors "$line")))
+				printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
+					"$mode" "grpc ShouldRateLimit" "$subjects" "$(field rps "$line")" \
+					"$(field p50_ms "$line")" "$(field p99_ms "$line")" "$bad" - "$(field svc_us "$line")" \
+					"$(field http_us "$line")" "$(field sql_us "$line")" "$(field bg_us "$line")" \
+					"$(field redis_us "$line")" "$(field wrk_us "$line")" "$(field load "$line")"
+			done
 		done
 	done
-	printf '%-9s %-15s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s\n' baseline \
+	printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s\n' baseline \
 		"redis-benchmark" 100000 "$base_rps" "$base_p50" "$base_p99" 0 "" - "" "" "" \
 		"$base_redis_us" "$base_client_us"
 	echo "(errors: socket errors + non-2xx answers; svc_us / rds_us / wrk_us: CPU microseconds per"
@@ -642,6 +723,12 @@ print_table() {
 	echo " (the ledger drain or group-commit task); load: 1-minute load average at its end)"
 	echo "(3 budgets: action sms3, whose consume charges three calendar-day budgets in one call:"
 	echo " the subject's, its country's (one of $(tr ',' '\n' <<<"$COUNTRIES" | wc -l), drawn uniformly) and the whole action's)"
+	if [[ $GRPC != 0 ]]; then
+		echo "(grpc ShouldRateLimit: Envoy's rate limit service, one descriptor [subject] of the calendar-day"
+		echo " policy, $CONNECTIONS streams over $GRPC_CONNECTIONS HTTP/2 connections (examples/rls_load.rs); errors:"
+		echo " OVER_LIMIT answers + gRPC errors; the gRPC server's CPU (the main thread's) is in bg;"
+		echo " wrk_us is rls_load's; its req/s and p99 against the HTTP row are under Targets)"
+	fi
 	echo
 	echo "Redis memory per subject per policy ($MEMORY_SUBJECTS subjects charged once each through the service):"
 	local kind delta keys len sample
@@ -728,6 +815,21 @@ print_table() {
 			fi
 		done
 	done
+	# Issue 14: Envoy's ShouldRateLimit over gRPC next to an HTTP consume of the same policy
+	# (calendar day), at the same subjects, in the same run. No target: the figures.
+	local http grpc
+	for mode in "${MODES[@]}"; do
+		for subjects in "${SUBJECT_COUNTS[@]}"; do
+			http=$(result "run:$mode:sms:$subjects")
+			grpc=$(result "grpc:$mode:sms:$subjects")
+			[[ -n $http && -n $grpc ]] || continue
+			printf '  %s\n' "$mode grpc ShouldRateLimit vs HTTP consume (calendar day, @$subjects subjects)"
+			printf '  %-58s %8s  %s\n' "  req/s, grpc / http" "$(ratio "$(field rps "$grpc")" "$(field rps "$http")")x" -
+			printf '  %-58s %8s  %s\n' "  p99, grpc / http" "$(ratio "$(field p99_ms "$grpc")" "$(field p99_ms "$http")")x" -
+			printf '  %-58s %8s  %s\n' "  service CPU us per call, grpc / http" \
+				"$(field svc_us "$grpc")/$(field svc_us "$http")" -
+		done
+	done
 	for mode in "${MODES[@]}"; do
 		line=$(result "flood:$mode")
 		[[ -n $line ]] || continue
@@ -796,8 +898,16 @@ ensure_tools
 if [[ ${BENCH_NO_BUILD:-0} != 1 && -z ${BENCH_BINARY:-} ]]; then
 	log "cargo build --release"
 	cargo build --release --locked --quiet
+	# Apart from the binary's build: an example brings in the dev-dependencies' features,
+	# which the benchmarked binary must not be built with.
+	if [[ $GRPC != 0 ]]; then
+		log "cargo build --release --example rls_load"
+		cargo build --release --locked --quiet --example rls_load
+	fi
 fi
 [[ -x $BINARY ]] || die "$BINARY is missing: build it with cargo build --release"
+[[ $GRPC == 0 || -x $LOADGEN ]] ||
+	die "$LOADGEN is missing: build it with cargo build --release --example rls_load (or BENCH_GRPC=0)"
 readonly BINARY
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-bench.XXXXXXXX")

@@ -356,8 +356,70 @@ fn unit_of(policy: &PolicyDecision) -> Unit {
     }
 }
 
+/// The rate limit service, served on a Tokio runtime of its own until dropped.
+///
+/// Not on the process's main runtime: under actix-web that one is a current-thread
+/// runtime (each HTTP worker has its own), so every gRPC call would be decoded, decided and
+/// encoded on one thread, which also drives the Redis connections and the drain; the
+/// service then topped out at one core whatever the machine. Here tonic's connections and
+/// calls run on as many threads as the machine has cores, and reach the stores through the
+/// same engine (and connections) as the HTTP workers do.
+pub(crate) struct GrpcServer {
+    /// `None` once dropped.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl GrpcServer {
+    /// Binds `address` (port 0 picks one) and serves the rate limit service and the gRPC
+    /// health service there; returns the server and the bound address.
+    pub(crate) fn start(
+        address: SocketAddr,
+        limiter: RateLimiter,
+    ) -> anyhow::Result<(Self, SocketAddr)> {
+        use anyhow::Context;
+        let listener = std::net::TcpListener::bind(address).context("binding")?;
+        listener
+            .set_nonblocking(true)
+            .context("making the listener non-blocking")?;
+        let bound = listener.local_addr().context("reading the bound address")?;
+        let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("grpc")
+            .enable_all()
+            .build()
+            .context("starting the gRPC runtime")?;
+        runtime.spawn(async move {
+            // Registered with this runtime's reactor: the listener must be made here.
+            let served = match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => serve(listener, limiter).await.map_err(anyhow::Error::from),
+                Err(error) => Err(error.into()),
+            };
+            if let Err(error) = served {
+                tracing::error!(error = %error, "the gRPC rate limit service stopped");
+            }
+        });
+        Ok((
+            Self {
+                runtime: Some(runtime),
+            },
+            bound,
+        ))
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        // Dropped from async code (the service's shutdown, tests): a runtime cannot block
+        // there, so its tasks are dropped and its threads left to end by themselves.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Serves the rate limit service and the health service on `listener` until aborted.
-pub async fn serve(
+async fn serve(
     listener: tokio::net::TcpListener,
     limiter: RateLimiter,
 ) -> Result<(), tonic::transport::Error> {
@@ -373,11 +435,4 @@ pub async fn serve(
         .add_service(service)
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
         .await
-}
-
-/// Binds `address` for [`serve`]; the bound address (port 0 picks one).
-pub async fn bind(address: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    let bound = listener.local_addr()?;
-    Ok((listener, bound))
 }

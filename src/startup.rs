@@ -51,6 +51,9 @@ pub struct Application {
     _retention: RetentionTask,
     /// The ledger drain; stopped when the application is.
     _tasks: BackgroundTasks,
+    /// Envoy's rate limit service on its own runtime (`QUOTA_GRPC_LISTEN`); stopped when
+    /// the application is.
+    _grpc: Option<crate::grpc::GrpcServer>,
     /// Releases expired holds; stopped between two sweeps before the snapshot is taken.
     sweeper: embedded::Sweeper,
     /// Snapshots the embedded default's counters every few minutes (`None` on Redis).
@@ -338,26 +341,24 @@ impl Application {
             .context("reading the bound address")?
             .port();
         let server = http_server(listener, state.clone(), tokens)?;
-        let grpc_port = match settings.grpc_listen {
+        let grpc = match settings.grpc_listen {
             Some(address) => {
-                let (listener, bound) = crate::grpc::bind(address)
-                    .await
-                    .with_context(|| format!("binding {address} (QUOTA_GRPC_LISTEN)"))?;
                 let limiter = crate::grpc::RateLimiter::new(
                     state.engine.clone(),
                     state.admission.clone(),
                     state.metrics.clone(),
                     settings.client_tokens.clone(),
                 );
-                tasks.0.push(tokio::spawn(async move {
-                    if let Err(error) = crate::grpc::serve(listener, limiter).await {
-                        tracing::error!(error = %error, "the gRPC rate limit service stopped");
-                    }
-                }));
+                let (server, bound) = crate::grpc::GrpcServer::start(address, limiter)
+                    .with_context(|| format!("serving {address} (QUOTA_GRPC_LISTEN)"))?;
                 tracing::info!(address = %bound, "serving Envoy's rate limit service (gRPC)");
-                Some(bound.port())
+                Some((server, bound.port()))
             }
             None => None,
+        };
+        let (grpc, grpc_port) = match grpc {
+            Some((server, port)) => (Some(server), Some(port)),
+            None => (None, None),
         };
         Ok(Self {
             port,
@@ -367,6 +368,7 @@ impl Application {
             admin_token_generated,
             _retention: retention,
             _tasks: tasks,
+            _grpc: grpc,
             sweeper,
             periodic,
             restored,
@@ -400,6 +402,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
         drop(self.refresher); // the background tasks end with the server
+        drop(self._grpc); // and so does gRPC: nothing is decided after the snapshot below
         self.sweeper.stop().await;
         self.state.engine.janitor().give_up().await;
         if let Some(periodic) = self.periodic {
