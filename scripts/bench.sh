@@ -726,7 +726,7 @@ print_table() {
 	if [[ $GRPC != 0 ]]; then
 		echo "(grpc ShouldRateLimit: Envoy's rate limit service, one descriptor [subject] of the calendar-day"
 		echo " policy, $CONNECTIONS streams over $GRPC_CONNECTIONS HTTP/2 connections (examples/rls_load.rs); errors:"
-		echo " OVER_LIMIT answers + gRPC errors; the gRPC server's CPU (the main thread's) is in bg;"
+		echo " OVER_LIMIT answers + gRPC errors; the gRPC runtime's threads (grpc) are in bg;"
 		echo " wrk_us is rls_load's; its req/s and p99 against the HTTP row are under Targets)"
 	fi
 	echo
