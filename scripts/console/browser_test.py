@@ -5,7 +5,7 @@
         [--screenshots DIR]
 
 The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
-client tokens. scripts/console.sh starts one and runs this. Nine steps, in order, each
+client tokens. scripts/console.sh starts one and runs this. Ten steps, in order, each
 asserting what it shows; a step's failure is reported and the next steps still run (they
 may fail in turn: the first FAIL is the cause). On a failure the page's screenshot, its
 source and the browser's console log are saved in a new temp dir, whose path is printed.
@@ -37,6 +37,7 @@ from selenium.common.exceptions import (
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -443,6 +444,53 @@ def step_conflict_and_toggle(run: Run) -> None:
     c.no_script_errors()
 
 
+
+# Every form control of the page, with whether it has an accessible name: a <label for>,
+# an enclosing <label>, aria-label or aria-labelledby. Hidden controls count too (each
+# page is hidden until shown), so one pass checks every page.
+UNLABELLED_CONTROLS = """
+return Array.from(document.querySelectorAll('input, select, textarea'))
+  .filter((el) => el.type !== 'hidden')
+  .filter((el) => !(el.id && document.querySelector('label[for="' + CSS.escape(el.id) + '"]'))
+    && !el.closest('label') && !el.getAttribute('aria-label')
+    && !el.getAttribute('aria-labelledby'))
+  .map((el) => el.outerHTML.slice(0, 120));
+"""
+
+
+def step_accessibility(run: Run) -> None:
+    c = run.console
+    unlabelled = c.driver.execute_script(UNLABELLED_CONTROLS)
+    check(not unlabelled, f"form controls without a label: {unlabelled}")
+    # The keyboard alone: from the page's start, Tab reaches the "Today" link, Enter
+    # follows it, and the page's own controls are reached by Tab in turn.
+    c.driver.get(f"{run.base}/console/#/policies")
+    c.visible("#page-policies")
+    body = c.driver.find_element(By.TAG_NAME, "body")
+    body.click()
+    reached = None
+    for _ in range(40):
+        c.driver.switch_to.active_element.send_keys(Keys.TAB)
+        active = c.driver.switch_to.active_element
+        if active.get_attribute("id") == "nav-today":
+            reached = active
+            break
+    check(reached is not None, "Tab never reached the Today link")
+    reached.send_keys(Keys.ENTER)
+    c.visible("#page-today")
+    visited = set()
+    for _ in range(15):
+        c.driver.switch_to.active_element.send_keys(Keys.TAB)
+        visited.add(c.driver.switch_to.active_element.get_attribute("id"))
+    check("today-refresh" in visited, f"Tab on the Today page never reached its Refresh button: {visited}")
+    # Statuses are words, not colours alone: the policy row says what state it is in.
+    c.go("nav-policies", "page-policies")
+    row = c.visible(f'#policies-table tr[data-policy-id="{POLICY_ID}"]')
+    status = row.find_element(By.CSS_SELECTOR, "[data-status]").text
+    check(status.strip() != "", "the policy's status cell has no words")
+    c.no_script_errors()
+
+
 STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("served with a Content-Security-Policy", step_served_with_csp),
     ("sign in: wrong token refused, right token accepted", step_sign_in),
@@ -453,6 +501,7 @@ STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("a denied consume is recorded", step_denied),
     ("today: totals per action, top denied", step_today),
     ("edit conflict shown, re-applied; disable", step_conflict_and_toggle),
+    ("accessibility: labelled controls, the keyboard alone", step_accessibility),
 ]
 
 
