@@ -40,6 +40,17 @@ const TOP_DENIED_SQL: &str = "SELECT action, subject, COUNT(*) AS denials FROM l
 const TOP_DENIED_ORDER: &str =
     " GROUP BY action, subject ORDER BY denials DESC, action, subject LIMIT $3";
 
+/// The two statements as the Postgres (`postgres`) or the SQLite store runs them for every
+/// action: the per-hour one (`$1`, `$2`: the span) and the most-denied one (`$3`: how
+/// many). For checks of their query plans.
+pub fn statements(postgres: bool) -> [String; 2] {
+    let hour = if postgres { POSTGRES_HOUR } else { SQLITE_HOUR };
+    [
+        format!("{} GROUP BY action, hour", activity_sql(hour)),
+        format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
+    ]
+}
+
 /// A count or sum read back from SQL, which is never negative.
 fn natural(value: i64) -> Result<u64, LedgerError> {
     u64::try_from(value)
@@ -237,10 +248,7 @@ mod tests {
     #[tokio::test]
     async fn activity_searches_the_at_index_on_sqlite() {
         let (store, file) = sqlite().await;
-        for sql in [
-            format!("{} GROUP BY action, hour", activity_sql(SQLITE_HOUR)),
-            format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
-        ] {
+        for sql in statements(false) {
             let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .bind("2026-11-25T00:00:00+00:00")
                 .bind("2026-11-26T00:00:00+00:00")

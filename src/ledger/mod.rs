@@ -7,7 +7,7 @@
 //! ids are unique; inserts ignore conflicts). With the embedded counters, entries are
 //! written to SQL directly by the engine's group-commit writer before the answer.
 
-mod activity;
+pub mod activity;
 mod cursor;
 pub mod retention;
 pub(crate) mod snapshot;
