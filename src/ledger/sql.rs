@@ -46,11 +46,17 @@ pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>>
     )
 }
 
-/// The SQLite ledger connections' page cache: 32 MiB (SQLite's default is 2 MiB), so that
-/// the indexes' pages an insert touches stay in memory as the ledger grows. Each entry
-/// lands on a random page of the subject index: with the default cache the drain's cost
-/// per entry rose by half over the first million entries.
-const SQLITE_PRAGMAS: [(&str, &str); 1] = [("cache_size", "-32768")];
+/// The SQLite ledger connections' settings:
+/// - a page cache of 32 MiB (SQLite's default is 2 MiB), so that the indexes' pages an
+///   insert touches stay in memory as the ledger grows. Each entry lands on a random page
+///   of the subject index: with the default cache the drain's cost per entry rose by half
+///   over the first million entries;
+/// - temporary files in memory. A transaction of several statements (the drain's batches
+///   of up to 5,000 entries, 500 per statement) keeps a statement journal of every page
+///   each statement changes, so that one statement can be rolled back alone; on disk those
+///   writes were a fifth of SQLite's time in the drain, which fell behind a full load
+///   (ledger lag p99 10 s, now under 1 s). It holds one statement's pages at most.
+const SQLITE_PRAGMAS: [(&str, &str); 2] = [("cache_size", "-32768"), ("temp_store", "memory")];
 
 /// Rows per `INSERT` statement: 11 parameters each stays far below both databases'
 /// parameter limits (Postgres 65,535; SQLite 32,766).
