@@ -145,52 +145,63 @@ impl Drainer {
         let _one_at_a_time = self.pass.lock().await;
         let retry = self.retry.swap(0, Ordering::AcqRel);
         let shards = shards | retry | claim;
-        let mut pass = Pass::default();
-        match self.run_pass(shards, retry, claim, &mut pass).await {
-            Ok(()) => pass.moved,
+        let mut moved = 0;
+        match self.run_pass(shards, retry, claim, &mut moved).await {
+            Ok(()) => moved,
             Err(error) => {
                 tracing::warn!(error = %error, "draining the ledger streams failed; will retry");
                 self.retry.fetch_or(shards, Ordering::AcqRel);
-                pass.moved
+                moved
             }
         }
     }
 
+    /// Reads the streams of `shards` in transactions' worth, adding what each moved to
+    /// `moved`. While one is inserted and acknowledged, the next is read: SQL and Redis
+    /// work at the same time, so that the drain keeps up with a full load (SQL waited
+    /// for every read before, and Redis for every insert).
+    ///
+    /// A failure leaves what was read and not acknowledged pending for this consumer,
+    /// and the caller marks every shard of the pass for a reread.
     async fn run_pass(
         &self,
         shards: u64,
         retry: u64,
         claim: u64,
-        pass: &mut Pass,
+        moved: &mut usize,
     ) -> anyhow::Result<()> {
-        for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
-            let stream = ledger_stream(&self.prefix, shard);
-            let bit = 1u64 << shard;
-            let sources = [
-                (retry & bit != 0).then_some(Source::Pending),
-                Some(Source::New),
-                (claim & bit != 0).then_some(Source::Idle),
-            ];
-            for source in sources.into_iter().flatten() {
-                // Pending entries stay pending until flushed: page through them by id.
-                let mut after = String::from("0");
-                loop {
-                    let batch = self.read(&stream, source, &after).await?;
-                    let more = batch.len() == BATCH;
-                    if let Some((last, _)) = batch.last() {
-                        after.clone_from(last);
-                    }
-                    pass.add(&stream, batch);
-                    if pass.entries.len() >= FLUSH_AT {
-                        self.flush(pass).await?;
-                    }
-                    if !more {
-                        break;
-                    }
-                }
+        let mut cursor = Cursor::over(&self.prefix, shards, retry, claim);
+        let mut next = self.gather(&mut cursor).await?;
+        while !cursor.is_done() {
+            let (flushed, following) = tokio::join!(self.flush(next), self.gather(&mut cursor));
+            *moved += flushed?;
+            next = following?;
+        }
+        *moved += self.flush(next).await?;
+        Ok(())
+    }
+
+    /// Reads from where `cursor` is until the entries read fill a transaction or nothing
+    /// is left to read.
+    async fn gather(&self, cursor: &mut Cursor) -> anyhow::Result<Pass> {
+        let mut pass = Pass::default();
+        while let Some((stream, source)) = cursor.work.get(cursor.next) {
+            let batch = self.read(stream, *source, &cursor.after).await?;
+            let more = batch.len() == BATCH;
+            // Pending entries stay pending until flushed: page through them by id.
+            if let Some((last, _)) = batch.last() {
+                cursor.after.clone_from(last);
+            }
+            pass.add(stream, batch);
+            if !more {
+                cursor.next += 1;
+                cursor.after = String::from("0");
+            }
+            if pass.entries.len() >= FLUSH_AT {
+                break;
             }
         }
-        self.flush(pass).await
+        Ok(pass)
     }
 
     /// Up to [`BATCH`] entries of `stream` from `source`; pending ones with ids after
@@ -219,10 +230,11 @@ impl Drainer {
         }
     }
 
-    /// Inserts what `pass` holds in one transaction, then acknowledges and deletes it.
-    async fn flush(&self, pass: &mut Pass) -> anyhow::Result<()> {
+    /// Inserts what `pass` holds in one transaction, then acknowledges and deletes it;
+    /// returns how many stream entries it moved.
+    async fn flush(&self, pass: Pass) -> anyhow::Result<usize> {
         if pass.entries.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let refused = match self.ledger.append(&pass.entries).await {
             Ok(_) => {
@@ -235,23 +247,23 @@ impl Drainer {
             Err(LedgerError::Corrupt(why)) => self.insert_in_parts(&pass.entries, &why).await?,
             Err(error) => return Err(error.into()),
         };
-        pass.entries.clear();
         // A stream entry that records several ledger entries is acknowledged once, and
         // only if none of them was refused.
         let refused: std::collections::HashSet<(usize, String)> =
             refused.iter().map(|&i| pass.origins[i].clone()).collect();
         let mut acks: Vec<Vec<String>> = vec![Vec::new(); pass.streams.len()];
-        for origin in pass.origins.drain(..) {
+        for origin in pass.origins {
             let (stream, id) = &origin;
             if !refused.contains(&origin) && acks[*stream].last() != Some(id) {
                 acks[*stream].push(origin.1);
             }
         }
-        for (stream, ids) in pass.streams.drain(..).zip(acks) {
+        let mut moved = 0;
+        for (stream, ids) in pass.streams.into_iter().zip(acks) {
             self.streams.ack(&stream, &ids).await?;
-            pass.moved += ids.len();
+            moved += ids.len();
         }
-        Ok(())
+        Ok(moved)
     }
 
     /// After a refused batch: inserts it in halves, and halves of halves, down to the
@@ -368,14 +380,53 @@ enum Source {
     Idle,
 }
 
-/// What a pass has read and not yet moved.
+/// What a pass has read and not yet moved: one transaction's worth at most.
 #[derive(Default)]
 struct Pass {
     entries: Vec<LedgerEntry>,
     /// For each of `entries`, its stream (an index into `streams`) and its id there.
     origins: Vec<(usize, String)>,
     streams: Vec<String>,
-    moved: usize,
+}
+
+/// Where a pass is in its reading: the streams and sources it reads, in order, and the
+/// position in the current one.
+struct Cursor {
+    /// Each stream to read, with where from: per shard, its pending entries (after a
+    /// failed pass), its new ones, and the idle ones of dead consumers (when claiming).
+    work: Vec<(String, Source)>,
+    /// The one being read.
+    next: usize,
+    /// Pending entries are paged by id: the last one read.
+    after: String,
+}
+
+impl Cursor {
+    fn over(prefix: &str, shards: u64, retry: u64, claim: u64) -> Self {
+        let mut work = Vec::new();
+        for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
+            let stream = ledger_stream(prefix, shard);
+            let bit = 1u64 << shard;
+            let sources = [
+                (retry & bit != 0).then_some(Source::Pending),
+                Some(Source::New),
+                (claim & bit != 0).then_some(Source::Idle),
+            ];
+            for source in sources.into_iter().flatten() {
+                work.push((stream.clone(), source));
+            }
+        }
+        Self {
+            work,
+            next: 0,
+            after: String::from("0"),
+        }
+    }
+
+    /// Whether every stream has been read to its end.
+    fn is_done(&self) -> bool {
+        self.next >= self.work.len()
+    }
 }
 
 impl Pass {
