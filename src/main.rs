@@ -136,7 +136,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "quota-ledger listening on port {}; Swagger UI: {base}/swagger-ui/",
+        "quota-ledger listening on port {}; Swagger UI: {base}/swagger-ui/; console: {base}/console/",
         app.port()
     );
     let served = app.run_until_stopped().await.context("serving");
