@@ -142,17 +142,10 @@ mod tests {
     use super::*;
     use crate::domain::{Action, EntryId, EntryKind, LedgerEntry, Subject};
     use crate::engine::ledger::LedgerStore;
+    use crate::ledger::sql::tests::{assert_searches_the_at_index, fresh_sqlite};
 
     async fn sqlite() -> (SqliteLedgerStore, std::path::PathBuf) {
-        let file = std::env::temp_dir().join(format!(
-            "quota-ledger-activity-{}.db",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let url = format!("sqlite://{}", file.display());
-        crate::db::migrate_url(&url).await.expect("migrating");
-        let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
-            panic!("a SQLite URL opens a SQLite pool");
-        };
+        let (pool, file) = fresh_sqlite().await;
         (SqliteLedgerStore { pool }, file)
     }
 
@@ -249,27 +242,7 @@ mod tests {
     async fn activity_searches_the_at_index_on_sqlite() {
         let (store, file) = sqlite().await;
         for sql in statements(false) {
-            let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .bind("2026-11-25T00:00:00+00:00")
-                .bind("2026-11-26T00:00:00+00:00")
-                .bind(10_i64)
-                .fetch_all(&store.pool)
-                .await
-                .expect("explaining")
-                .iter()
-                .map(|row| row.get::<String, _>("detail"))
-                .collect();
-            assert!(
-                plan.iter()
-                    .any(|step| step.contains("ledger_entries_at_idx")),
-                "{sql}: {plan:?}"
-            );
-            assert!(
-                !plan
-                    .iter()
-                    .any(|step| step.starts_with("SCAN ledger_entries")),
-                "{sql}: {plan:?}"
-            );
+            assert_searches_the_at_index(&store.pool, &sql).await;
         }
         store.pool.close().await;
         let _ = std::fs::remove_file(&file);

@@ -409,14 +409,14 @@ sql_ledger_store!(
 );
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// Retention must find its rows through the `at` index, never by scanning the table.
-    #[tokio::test]
-    async fn retention_searches_the_at_index_on_sqlite() {
+    /// A fresh, migrated SQLite database in a file of its own, and that file (remove it
+    /// when done).
+    pub(in crate::ledger) async fn fresh_sqlite() -> (sqlx::SqlitePool, std::path::PathBuf) {
         let file = std::env::temp_dir().join(format!(
-            "quota-ledger-retention-{}.db",
+            "quota-ledger-test-{}.db",
             uuid::Uuid::new_v4().simple()
         ));
         let url = format!("sqlite://{}", file.display());
@@ -424,27 +424,41 @@ mod tests {
         let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
             panic!("a SQLite URL opens a SQLite pool");
         };
-        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {RETENTION_DELETE}"))
-            .bind("2026-01-01T00:00:00+00:00")
-            .bind(1_000_i64)
-            .fetch_all(&pool)
+        (pool, file)
+    }
+
+    /// Fails unless SQLite finds the rows of `sql` through the `at` index, never by
+    /// scanning the table (the plan does not depend on the parameters, left unbound).
+    pub(in crate::ledger) async fn assert_searches_the_at_index(
+        pool: &sqlx::SqlitePool,
+        sql: &str,
+    ) {
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .fetch_all(pool)
             .await
             .expect("explaining")
             .iter()
             .map(|row| row.get::<String, _>("detail"))
             .collect();
-        pool.close().await;
-        let _ = std::fs::remove_file(&file);
         assert!(
             plan.iter()
                 .any(|step| step.contains("ledger_entries_at_idx")),
-            "{plan:?}"
+            "{sql}: {plan:?}"
         );
         assert!(
             !plan
                 .iter()
                 .any(|step| step.starts_with("SCAN ledger_entries")),
-            "{plan:?}"
+            "{sql}: {plan:?}"
         );
+    }
+
+    /// Retention must find its rows through the `at` index, never by scanning the table.
+    #[tokio::test]
+    async fn retention_searches_the_at_index_on_sqlite() {
+        let (pool, file) = fresh_sqlite().await;
+        assert_searches_the_at_index(&pool, RETENTION_DELETE).await;
+        pool.close().await;
+        let _ = std::fs::remove_file(&file);
     }
 }
