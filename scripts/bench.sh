@@ -295,32 +295,26 @@ thread_ticks() {
 	echo "$http $sql $bg"
 }
 
-# run_wrk ACTION SUBJECTS AMOUNT [COUNTRIES]: warm-up, then one measured run; prints the
-# BENCH line with the CPU time per request of the service and of Redis (in microseconds) and
-# the machine's load average appended: on a shared machine they tell a slow run from a busy
-# one. COUNTRIES (comma-separated) gives each consume a country drawn from it.
-run_wrk() {
-	local action=$1 subjects=$2 amount=$3 countries=${4:-} line s0 s1 t0 t1 r0=0 r1=0
-	local args=(-t"$THREADS" -c"$CONNECTIONS" --timeout 5s -s "$ROOT/scripts/bench/consume.lua"
-		"$BASE/quota/consume" -- "$action" "$subjects")
-	# consume.lua's arguments are positional: an empty AMOUNT stands for 1 before COUNTRIES.
-	[[ -n $amount || -n $countries ]] && args+=("$amount")
-	[[ -n $countries ]] && args+=("$countries")
-	if ((WARMUP > 0)); then
-		wrk -d"${WARMUP}s" "${args[@]}" >/dev/null
-	fi
+# measured NAME CMD...: runs CMD (a load generator printing one BENCH line) as the measured
+# run of a row, its output in $TMP/NAME.out; prints that BENCH line with the CPU time per
+# request of the service (and its split by thread) and of Redis, the generator's own CPU
+# time per request (wrk_us), in microseconds, and the machine's load average appended: on
+# a shared machine they tell a slow run from a busy one.
+measured() {
+	local name=$1 line s0 s1 t0 t1 r0=0 r1=0
+	shift
 	s0=$(cpu_ticks "$SERVICE_PID")
 	t0=$(thread_ticks "$SERVICE_PID")
 	[[ -z $REDIS_PID ]] || r0=$(cpu_ticks "$REDIS_PID")
-	# bash's `time` gives wrk's own CPU time (user + system seconds) on stderr.
-	{ time wrk -d"${DURATION}s" "${args[@]}" >"$TMP/wrk.out"; } 2>"$TMP/wrk.time"
-	line=$(grep '^BENCH ' "$TMP/wrk.out") || die "wrk printed no result"
+	# bash's `time` gives the generator's own CPU time (user + system seconds) on stderr.
+	{ time "$@" >"$TMP/$name.out"; } 2>"$TMP/$name.time"
+	line=$(grep '^BENCH ' "$TMP/$name.out") || die "$1 printed no result: $(cat "$TMP/$name.time")"
 	s1=$(cpu_ticks "$SERVICE_PID")
 	t1=$(thread_ticks "$SERVICE_PID")
 	[[ -z $REDIS_PID ]] || r1=$(cpu_ticks "$REDIS_PID")
 	awk -v line="$line" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" \
 		-v t0="$t0" -v t1="$t1" \
-		-v w="$(tail -n1 "$TMP/wrk.time")" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+		-v w="$(tail -n1 "$TMP/$name.time")" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
 			split(line, parts, "requests="); split(parts[2], n, " ")
 			count = n[1] > 0 ? n[1] : 1
 			us = 1e6 / hz / count
@@ -332,39 +326,34 @@ run_wrk() {
 		}'
 }
 
+# run_wrk ACTION SUBJECTS AMOUNT [COUNTRIES]: warm-up, then one measured run (see
+# `measured`). COUNTRIES (comma-separated) gives each consume a country drawn from it.
+run_wrk() {
+	local action=$1 subjects=$2 amount=$3 countries=${4:-}
+	local args=(-t"$THREADS" -c"$CONNECTIONS" --timeout 5s -s "$ROOT/scripts/bench/consume.lua"
+		"$BASE/quota/consume" -- "$action" "$subjects")
+	# consume.lua's arguments are positional: an empty AMOUNT stands for 1 before COUNTRIES.
+	[[ -n $amount || -n $countries ]] && args+=("$amount")
+	[[ -n $countries ]] && args+=("$countries")
+	if ((WARMUP > 0)); then
+		wrk -d"${WARMUP}s" "${args[@]}" >/dev/null
+	fi
+	measured wrk wrk -d"${DURATION}s" "${args[@]}"
+}
+
 # run_grpc ACTION SUBJECTS: as run_wrk, with Envoy's ShouldRateLimit over gRPC: one
 # descriptor [subject=user-<n>], n uniform in [1, SUBJECTS], at CONNECTIONS streams over
 # GRPC_CONNECTIONS HTTP/2 connections (examples/rls_load.rs); a warm-up run, then one
-# measured run, whose BENCH line it prints with the same CPU and load figures appended
-# (wrk_us: the load generator's). Its subjects are named apart from wrk's ("u<n>"): it
-# charges fresh counters, as the HTTP row did.
+# measured run (wrk_us: the load generator's). Its subjects are named apart from wrk's
+# ("u<n>"): it charges fresh counters, as the HTTP row did.
 run_grpc() {
-	local action=$1 subjects=$2 line s0 s1 t0 t1 r0=0 r1=0
+	local action=$1 subjects=$2
 	local args=(--url "http://127.0.0.1:$GRPC_PORT" --domain "$action" --concurrency "$CONNECTIONS"
 		--connections "$GRPC_CONNECTIONS" --subjects "$subjects" --warmup 0)
 	if ((WARMUP > 0)); then
 		"$LOADGEN" "${args[@]}" --duration "$WARMUP" >/dev/null
 	fi
-	s0=$(cpu_ticks "$SERVICE_PID")
-	t0=$(thread_ticks "$SERVICE_PID")
-	[[ -z $REDIS_PID ]] || r0=$(cpu_ticks "$REDIS_PID")
-	{ time "$LOADGEN" "${args[@]}" --duration "$DURATION" >"$TMP/grpc.out"; } 2>"$TMP/grpc.time"
-	line=$(grep '^BENCH ' "$TMP/grpc.out") || die "rls_load printed no result: $(cat "$TMP/grpc.time")"
-	s1=$(cpu_ticks "$SERVICE_PID")
-	t1=$(thread_ticks "$SERVICE_PID")
-	[[ -z $REDIS_PID ]] || r1=$(cpu_ticks "$REDIS_PID")
-	awk -v line="$line" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v hz="$(getconf CLK_TCK)" \
-		-v t0="$t0" -v t1="$t1" \
-		-v w="$(tail -n1 "$TMP/grpc.time")" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
-			split(line, parts, "requests="); split(parts[2], n, " ")
-			count = n[1] > 0 ? n[1] : 1
-			us = 1e6 / hz / count
-			split(w, t, " ")
-			split(t0, a, " "); split(t1, b, " ")
-			printf "%s svc_us=%.1f http_us=%.1f sql_us=%.1f bg_us=%.1f redis_us=%.1f wrk_us=%.1f load=%s\n",
-				line, s * us, (b[1] - a[1]) * us, (b[2] - a[2]) * us, (b[3] - a[3]) * us, r * us,
-				(t[1] + t[2]) * 1e6 / count, load
-		}'
+	measured grpc "$LOADGEN" "${args[@]}" --duration "$DURATION"
 }
 
 # metric NAME: the value of one sample of the service's /metrics (0 when absent).
