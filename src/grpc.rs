@@ -120,34 +120,14 @@ impl RateLimitService for RateLimiter {
         })?;
         let started = std::time::Instant::now();
         let decided = self.engine.consume_together(&consumes).await;
-        // One request: the descriptors' policies together, allowed or denied as a whole.
-        if let Some(whole) = whole_of(decided.as_ref()) {
-            let outcome = whole.as_ref().map_err(|error| *error);
-            self.metrics.observe(
-                Endpoint::RateLimit,
-                &request.domain,
-                started.elapsed(),
-                outcome,
-            );
-        }
+        self.metrics.observe_together(
+            Endpoint::RateLimit,
+            &request.domain,
+            started.elapsed(),
+            decided.as_deref(),
+        );
         let decisions = decided.map_err(|error| status_of(&request.domain, &error))?;
         Ok(Response::new(response_of(&decisions)))
-    }
-}
-
-/// A request's decisions as one, for the metrics: allowed or denied as a whole, with every
-/// descriptor's policies; `None` without decisions.
-fn whole_of<'a>(
-    decided: Result<&Vec<Decision>, &'a EngineError>,
-) -> Option<Result<Decision, &'a EngineError>> {
-    match decided {
-        Ok(decisions) => decisions.first().map(|first| {
-            Ok(Decision {
-                policies: decisions.iter().flat_map(|d| d.policies.clone()).collect(),
-                ..first.clone()
-            })
-        }),
-        Err(error) => Some(Err(error)),
     }
 }
 
@@ -367,15 +347,14 @@ fn unit_of(policy: &PolicyDecision) -> Unit {
 pub(crate) struct GrpcServer {
     /// `None` once dropped.
     runtime: Option<tokio::runtime::Runtime>,
+    /// The address it serves on.
+    address: SocketAddr,
 }
 
 impl GrpcServer {
     /// Binds `address` (port 0 picks one) and serves the rate limit service and the gRPC
-    /// health service there; returns the server and the bound address.
-    pub(crate) fn start(
-        address: SocketAddr,
-        limiter: RateLimiter,
-    ) -> anyhow::Result<(Self, SocketAddr)> {
+    /// health service there.
+    pub(crate) fn start(address: SocketAddr, limiter: RateLimiter) -> anyhow::Result<Self> {
         use anyhow::Context;
         let listener = std::net::TcpListener::bind(address).context("binding")?;
         listener
@@ -399,12 +378,15 @@ impl GrpcServer {
                 tracing::error!(error = %error, "the gRPC rate limit service stopped");
             }
         });
-        Ok((
-            Self {
-                runtime: Some(runtime),
-            },
-            bound,
-        ))
+        Ok(Self {
+            runtime: Some(runtime),
+            address: bound,
+        })
+    }
+
+    /// The address it serves on (the port picked, if 0 was asked for).
+    pub(crate) fn address(&self) -> SocketAddr {
+        self.address
     }
 }
 

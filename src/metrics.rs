@@ -23,7 +23,7 @@ mod text;
 
 use crate::engine::policies::PolicyCache;
 use crate::engine::store::{StoreError, StoreMemory};
-use crate::engine::{Decision, EngineError, PolicyDecision};
+use crate::engine::{Decision, EngineError};
 use labels::{DecisionLabels, EndpointLabels, RequestLabels, RequestResult, StoreErrorLabels};
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::metrics::counter::Counter;
@@ -187,19 +187,35 @@ impl Metrics {
         elapsed: Duration,
         outcome: Result<&Decision, &EngineError>,
     ) {
+        self.observe_together(endpoint, action, elapsed, outcome.map(std::slice::from_ref));
+    }
+
+    /// [`Metrics::observe`] for one request whose decisions were made together (Envoy's
+    /// descriptors): one request, allowed or denied as a whole, and every decision's
+    /// policies. A request without decisions counts for nothing.
+    pub(crate) fn observe_together(
+        &self,
+        endpoint: Endpoint,
+        action: &str,
+        elapsed: Duration,
+        outcome: Result<&[Decision], &EngineError>,
+    ) {
+        let outcome = match outcome {
+            Ok([]) => return,
+            Ok(decisions) => Ok(decisions),
+            Err(error) => Err(error),
+        };
         self.durations
             .get_or_create(&EndpointLabels { endpoint })
             .observe(elapsed.as_secs_f64());
-        self.observe_store(outcome);
-        let (action, result, policies) = match outcome {
-            Ok(decision) if decision.degraded => {
+        self.observe_store(outcome.map(|decisions| &decisions[0]));
+        let (action, result, decisions) = match outcome {
+            Ok(decisions) if decisions[0].degraded => {
                 self.degraded_allows.inc();
                 (action, RequestResult::Degraded, &[][..])
             }
-            Ok(decision) if decision.allowed => {
-                (action, RequestResult::Allowed, &decision.policies[..])
-            }
-            Ok(decision) => (action, RequestResult::Denied, &decision.policies[..]),
+            Ok(decisions) if decisions[0].allowed => (action, RequestResult::Allowed, decisions),
+            Ok(decisions) => (action, RequestResult::Denied, decisions),
             Err(EngineError::UnknownAction(_)) => {
                 (UNKNOWN_ACTION, RequestResult::UnknownAction, &[][..])
             }
@@ -220,7 +236,7 @@ impl Metrics {
             Err(EngineError::Overloaded) => (action, RequestResult::Overloaded, &[][..]),
             Err(EngineError::BacklogFull { .. }) => (action, RequestResult::BacklogFull, &[][..]),
         };
-        self.count(endpoint, action, result, policies);
+        self.count(endpoint, action, result, decisions);
     }
 
     /// Counts one consume or check rejected before the engine (400, 413, 415, 422).
@@ -287,7 +303,7 @@ impl Metrics {
         endpoint: Endpoint,
         action: &str,
         result: RequestResult,
-        policies: &[PolicyDecision],
+        decisions: &[Decision],
     ) {
         let request = RequestLabels {
             endpoint,
@@ -295,7 +311,7 @@ impl Metrics {
             result,
         };
         self.requests.get_or_create(&request).inc();
-        for policy in policies {
+        for policy in decisions.iter().flat_map(|d| &d.policies) {
             let decision = DecisionLabels {
                 endpoint,
                 action: request.action.clone(),

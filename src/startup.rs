@@ -39,8 +39,6 @@ const SHUTDOWN_GRACE_SECONDS: u64 = 10;
 /// A built service, bound to its port and ready to run.
 pub struct Application {
     port: u16,
-    /// The port of Envoy's rate limit service (gRPC), if it is served.
-    grpc_port: Option<u16>,
     server: actix_web::dev::Server,
     admin_token: Secret,
     admin_token_generated: bool,
@@ -53,7 +51,7 @@ pub struct Application {
     _tasks: BackgroundTasks,
     /// Envoy's rate limit service on its own runtime (`QUOTA_GRPC_LISTEN`); stopped when
     /// the application is.
-    _grpc: Option<crate::grpc::GrpcServer>,
+    grpc: Option<crate::grpc::GrpcServer>,
     /// Releases expired holds; stopped between two sweeps before the snapshot is taken.
     sweeper: embedded::Sweeper,
     /// Snapshots the embedded default's counters every few minutes (`None` on Redis).
@@ -349,26 +347,21 @@ impl Application {
                     state.metrics.clone(),
                     settings.client_tokens.clone(),
                 );
-                let (server, bound) = crate::grpc::GrpcServer::start(address, limiter)
+                let server = crate::grpc::GrpcServer::start(address, limiter)
                     .with_context(|| format!("serving {address} (QUOTA_GRPC_LISTEN)"))?;
-                tracing::info!(address = %bound, "serving Envoy's rate limit service (gRPC)");
-                Some((server, bound.port()))
+                tracing::info!(address = %server.address(), "serving Envoy's rate limit service (gRPC)");
+                Some(server)
             }
             None => None,
         };
-        let (grpc, grpc_port) = match grpc {
-            Some((server, port)) => (Some(server), Some(port)),
-            None => (None, None),
-        };
         Ok(Self {
             port,
-            grpc_port,
             server,
             admin_token,
             admin_token_generated,
             _retention: retention,
             _tasks: tasks,
-            _grpc: grpc,
+            grpc,
             sweeper,
             periodic,
             restored,
@@ -384,7 +377,7 @@ impl Application {
 
     /// The port of Envoy's rate limit service (gRPC), if `QUOTA_GRPC_LISTEN` is set.
     pub fn grpc_port(&self) -> Option<u16> {
-        self.grpc_port
+        self.grpc.as_ref().map(|server| server.address().port())
     }
 
     /// The admin bearer token in force.
@@ -402,7 +395,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let served = self.server.await;
         drop(self.refresher); // the background tasks end with the server
-        drop(self._grpc); // and so does gRPC: nothing is decided after the snapshot below
+        drop(self.grpc); // and so does gRPC: nothing is decided after the snapshot below
         self.sweeper.stop().await;
         self.state.engine.janitor().give_up().await;
         if let Some(periodic) = self.periodic {
