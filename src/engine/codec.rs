@@ -6,7 +6,8 @@
 //! | a hold's record | the counter store (`keys::hold_record`) | its state (`open`, `committed`, …), `\n`, then [`HoldRecord`] as JSON |
 //! | a refund's idempotency record | the counter store | the refund's [`LedgerEntry`] in its compact form ([`encode_entry`]) |
 //! | a ledger entry | the shard's Redis stream (field `e`) | [`LedgerEntry`] in its compact form ([`encode_entry`], module `entry`) |
-//! | an entry's policies, and its internal detail (counters, a hold's expiry, a kept answer) | the SQL ledger's `policies` and `detail` columns | JSON ([`encode_policies`], [`encode_detail`]) |
+//! | an entry's policies | the SQL ledger's `policies` column | JSON ([`encode_policies`]) |
+//! | an entry's internal detail (counters, a hold's expiry, a kept answer) | the SQL ledger's `detail` column | the compact form's fields ([`encode_detail`], module `entry`; JSON before) |
 //!
 //! The Lua scripts (`crate::counters`) and the memory store write the envelopes (the state
 //! line, the evaluation's numbers) the same way; a change here is a change there. Readers
@@ -503,6 +504,7 @@ pub(crate) struct Detail {
     pub(crate) kept_answer: Option<KeptAnswer>,
 }
 
+#[cfg(test)]
 impl Detail {
     fn of(entry: &LedgerEntry) -> Self {
         Self {
@@ -540,6 +542,8 @@ struct KeptWire {
     expires_at_ms: i64,
 }
 
+/// As versions before the compact form wrote the `detail` column and stream entries.
+#[cfg(test)]
 fn detail_wire(detail: &Detail) -> Option<DetailWire> {
     let counters: Vec<CounterWire> = detail.counters.iter().map(CounterWire::from).collect();
     if detail.hold_expires_at.is_none() && detail.kept_answer.is_none() {
@@ -563,7 +567,7 @@ fn detail_from_wire(wire: Option<DetailWire>) -> Result<Detail, CodecError> {
             counters: decode_counter_wires(wires)?,
             ..Detail::default()
         }),
-        Some(DetailWire::Text(text)) => decode_detail(Some(&text)),
+        Some(DetailWire::Text(text)) => decode_detail_json(&text),
         Some(DetailWire::Full(full)) => Ok(Detail {
             counters: decode_counter_wires(full.counters)?,
             hold_expires_at: full
@@ -581,17 +585,30 @@ fn detail_from_wire(wire: Option<DetailWire>) -> Result<Detail, CodecError> {
     }
 }
 
-/// An entry's internal part, for the SQL ledger's `detail` column (`None` when empty).
+/// An entry's internal part, for the SQL ledger's `detail` column (`None` when empty), in
+/// compact form (see the module `entry`): the drain writes one per entry, and as JSON a
+/// three-budget charge's took three times the bytes.
 pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
-    detail_wire(&Detail::of(entry)).map(|wire| to_json(&wire))
+    entry::encode_detail(entry)
 }
 
-/// Reads the `detail` column [`encode_detail`] (or an earlier version) wrote.
-pub(crate) fn decode_detail(text: Option<&str>) -> Result<Detail, CodecError> {
+/// Reads the `detail` column [`encode_detail`] (or an earlier version, as JSON) wrote for the
+/// row whose other columns are `parts` and `policies`.
+pub(crate) fn decode_detail(
+    text: Option<&str>,
+    parts: &EntryParts<'_>,
+    policies: &[PolicyAmount],
+) -> Result<Detail, CodecError> {
     match text {
         None => Ok(Detail::default()),
-        Some(text) => detail_from_wire(Some(from_json("detail of an entry", text)?)),
+        Some(text) if entry::is_compact_detail(text) => entry::decode_detail(text, parts, policies),
+        Some(text) => decode_detail_json(text),
     }
+}
+
+/// Reads a `detail` column as versions before the compact form wrote it (JSON).
+fn decode_detail_json(text: &str) -> Result<Detail, CodecError> {
+    detail_from_wire(Some(from_json("detail of an entry", text)?))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -938,13 +955,13 @@ mod tests {
         let kept = format!("{}\n40", encode_entry(&refund));
         assert_eq!(decode_refund_record(&kept), Ok(refund));
         assert_eq!(
-            decode_detail(encode_detail(&entry).as_deref()),
+            read_detail(&entry, encode_detail(&entry).as_deref()),
             Ok(Detail::of(&entry))
         );
         let charge = charge_entry();
         assert_eq!(decode_entry(&encode_entry(&charge)), Ok(charge.clone()));
         assert_eq!(
-            decode_detail(encode_detail(&charge).as_deref()),
+            read_detail(&charge, encode_detail(&charge).as_deref()),
             Ok(Detail::of(&charge))
         );
         let bare = LedgerEntry {
@@ -985,6 +1002,113 @@ mod tests {
             decode_consume_record(&encode_consume_record(&consume)),
             Ok(consume)
         );
+    }
+
+    /// Reads `detail` back as the SQL ledger does, beside the other columns of `entry`.
+    fn read_detail(entry: &LedgerEntry, detail: Option<&str>) -> Result<Detail, CodecError> {
+        let id = entry.id.to_string();
+        let parts = EntryParts {
+            id: &id,
+            at: entry.at,
+            kind: entry.kind.as_str(),
+            action: entry.action.as_str(),
+            subject: entry.subject.as_str(),
+            amount: entry.amount,
+            consumption_id: None,
+            hold_id: None,
+            idempotency_key: None,
+        };
+        decode_detail(detail, &parts, &entry.policies)
+    }
+
+    /// A charge of three budgets (the subject's, its country's, the action's), as the
+    /// benchmark's consumes write them.
+    fn three_budget_charge() -> LedgerEntry {
+        let scopes = [
+            Scope::default(),
+            Scope::parse("scope", &["country"]).expect("a scope"),
+            Scope::parse::<&str>("scope", &[]).expect("the global scope"),
+        ];
+        let ids = ["sms-user", "sms-country", "sms-global"];
+        let keys = [
+            "ql{0}3WpQuJy1xWRaS",
+            "ql{h}vr35NHZ1xWRaS",
+            "ql{V}fzeT3mC1xWRaS",
+        ];
+        let subject_key = |head: &str, i: usize| match i {
+            0 => format!("{head}sms|u24399"),
+            1 => format!("{head}sms|NG"),
+            _ => format!("{head}sms|"),
+        };
+        let policies: Vec<PolicyAmount> = ids
+            .iter()
+            .zip(&scopes)
+            .map(|(id, scope)| PolicyAmount {
+                policy_id: PolicyId::parse("policy_id", id).expect("an id"),
+                amount: 1,
+                scope: scope.clone(),
+            })
+            .collect();
+        LedgerEntry {
+            action: Action::parse("action", "sms").expect("an action"),
+            subject: Subject::parse("subject", "u24399").expect("a subject"),
+            amount: 1,
+            attributes: Attributes::parse("attributes", [("country".to_owned(), "NG".to_owned())])
+                .expect("attributes"),
+            counters: policies
+                .iter()
+                .enumerate()
+                .map(|(i, p)| CounterCharge {
+                    policy_id: p.policy_id.clone(),
+                    key: subject_key(keys[i], i),
+                    restore: Restore::Calendar {
+                        period_end_ms: 1_795_755_600_000,
+                    },
+                    by_amount: false,
+                    charged: 1,
+                    scope: p.scope.clone(),
+                })
+                .collect(),
+            policies,
+            ..charge_entry()
+        }
+    }
+
+    #[test]
+    fn the_detail_column_is_compact_and_reads_back_with_its_row() {
+        let charge = three_budget_charge();
+        let compact = encode_detail(&charge).expect("a detail");
+        assert_eq!(
+            read_detail(&charge, Some(&compact)),
+            Ok(Detail::of(&charge))
+        );
+        let json = to_json(&detail_wire(&Detail::of(&charge)).expect("a detail"));
+        assert!(
+            3 * compact.len() < json.len(),
+            "{} bytes against {} as JSON: {compact:?}",
+            compact.len(),
+            json.len()
+        );
+        // Rows that earlier versions wrote hold JSON: still read, counters, a hold's expiry
+        // and a kept answer alike.
+        assert_eq!(read_detail(&charge, Some(&json)), Ok(Detail::of(&charge)));
+        let hold = hold_entry();
+        let json = to_json(&detail_wire(&Detail::of(&hold)).expect("a detail"));
+        assert_eq!(read_detail(&hold, Some(&json)), Ok(Detail::of(&hold)));
+        // A row's detail read beside another row's subject finds other counters: the keys
+        // are relative to the row's own action and subject.
+        let other = LedgerEntry {
+            subject: Subject::parse("subject", "u1").expect("a subject"),
+            ..charge.clone()
+        };
+        assert_ne!(read_detail(&other, Some(&compact)), Ok(Detail::of(&charge)));
+        for bad in [
+            "d1",
+            "d1\u{1f}\u{1f}x",
+            "d1\u{1f}9\u{1d}+k\u{1d}c1\u{1d}1\u{1d}",
+        ] {
+            assert!(read_detail(&charge, Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -1090,10 +1214,10 @@ mod tests {
     #[test]
     fn a_counter_of_an_unknown_kind_is_an_error_not_a_calendar_counter() {
         let text = r#"[{"policy_id":"p","key":"k","kind":5,"by_amount":true,"charged":1}]"#;
-        assert!(decode_detail(Some(text)).is_err());
+        assert!(decode_detail_json(text).is_err());
         let rolling_without_buckets =
             r#"[{"policy_id":"p","key":"k","kind":2,"span_ms":1000,"by_amount":true,"charged":1}]"#;
-        assert!(decode_detail(Some(rolling_without_buckets)).is_err());
+        assert!(decode_detail_json(rolling_without_buckets).is_err());
     }
 
     #[test]

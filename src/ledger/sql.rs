@@ -123,8 +123,8 @@ macro_rules! sql_ledger_store {
                     idempotency_key: idempotency_key.as_deref(),
                 };
                 let policies = codec::decode_policies(&policies).map_err(|e| corrupt(&id, e))?;
-                let detail =
-                    codec::decode_detail(detail.as_deref()).map_err(|e| corrupt(&id, e))?;
+                let detail = codec::decode_detail(detail.as_deref(), &parts, &policies)
+                    .map_err(|e| corrupt(&id, e))?;
                 let attributes: Option<String> = row.try_get("attributes").map_err(db_error)?;
                 let attributes = codec::decode_attributes(attributes.as_deref())
                     .map_err(|e| corrupt(&id, e))?;

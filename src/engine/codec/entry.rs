@@ -45,7 +45,9 @@
 //! entry's instant falls in), `t<period ms>,<limit>` or `z<period end ms>` (a zoned calendar,
 //! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
-use super::{encode_consume_record, field, CodecError, ConsumeRecord, EntryParts, KeptPolicy};
+use super::{
+    encode_consume_record, field, CodecError, ConsumeRecord, Detail, EntryParts, KeptPolicy,
+};
 use crate::domain::{
     Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
     Measure, Mode, PolicyAmount, PolicyId, Restore, Scope,
@@ -56,6 +58,9 @@ use std::fmt::Write as _;
 const VERSION: &str = "3";
 /// The version before attributes (field 12), still read.
 const VERSION_2: &str = "2";
+/// The first field of a compact `detail` column ([`encode_detail`]); JSON starts with `[`,
+/// `{` or `"`.
+const DETAIL_VERSION: &str = "d1";
 const US: char = '\u{1f}';
 const RS: char = '\u{1e}';
 const GS: char = '\u{1d}';
@@ -141,6 +146,20 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
         }
     }
     out.push(US);
+    write_counters(&mut out, entry, &suffix, at_ms);
+    out.push(US);
+    for (i, (key, value)) in entry.attributes.iter().enumerate() {
+        if i > 0 {
+            out.push(RS);
+        }
+        let _ = write!(out, "{key}{GS}{value}");
+    }
+    write_expiry_and_kept(&mut out, entry);
+    out
+}
+
+/// Field 11: the entry's counters, their keys relative to `suffix` (`<action>|<subject>`).
+fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str, at_ms: i64) {
     for (i, c) in entry.counters.iter().enumerate() {
         if i > 0 {
             out.push(RS);
@@ -159,7 +178,7 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
             }
         }
         out.push(GS);
-        match c.key.strip_suffix(&suffix) {
+        match c.key.strip_suffix(suffix) {
             Some(head) => {
                 let _ = write!(out, "+{head}");
             }
@@ -197,13 +216,11 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
             let _ = write!(out, "{}", c.charged);
         }
     }
-    out.push(US);
-    for (i, (key, value)) in entry.attributes.iter().enumerate() {
-        if i > 0 {
-            out.push(RS);
-        }
-        let _ = write!(out, "{key}{GS}{value}");
-    }
+}
+
+/// Fields 13 to 15, each with the separator before it: a hold's expiry and a kept answer
+/// (nothing when the entry has neither).
+fn write_expiry_and_kept(out: &mut String, entry: &LedgerEntry) {
     let hold_expiry = entry.hold_expires_at.map(|at| at.timestamp_millis());
     if hold_expiry.is_some() || entry.kept_answer.is_some() {
         out.push(US);
@@ -214,7 +231,6 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
     if let Some(kept) = &entry.kept_answer {
         let _ = write!(out, "{US}{}{US}{}", kept.expires_at_ms, kept.text);
     }
-    out
 }
 
 /// The compact form of `entry` (a charge or hold whose answer is kept until
@@ -357,20 +373,7 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
     let policies = decode_policies(fields[10], amount)?;
     let suffix = format!("{}|{}", fields[4], fields[5]);
     let counters = decode_counters(fields[11], &policies, &suffix, at_ms)?;
-    let hold_expires_at = fields
-        .get(12)
-        .copied()
-        .and_then(optional)
-        .map(|ms| number("hold expiry", ms).and_then(instant))
-        .transpose()?;
-    let kept_answer = match (fields.get(13), fields.get(14)) {
-        (Some(ms), Some(text)) => Some(KeptAnswer {
-            expires_at_ms: number("kept answer's expiry", ms)?,
-            text: (*text).to_owned(),
-        }),
-        (None, None) => None,
-        _ => return Err(CodecError::new(WHAT, "a kept answer without its text")),
-    };
+    let (hold_expires_at, kept_answer) = decode_expiry_and_kept(fields.get(12..).unwrap_or(&[]))?;
     let compact_kept = kept_answer
         .as_ref()
         .is_some_and(|kept| !kept.text.starts_with('{'));
@@ -403,6 +406,73 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
         }
     }
     Ok(entry)
+}
+
+/// Reads what [`write_expiry_and_kept`] wrote, split at its separators: a hold's expiry,
+/// then a kept answer's expiry and text (each optional).
+fn decode_expiry_and_kept(
+    fields: &[&str],
+) -> Result<(Option<DateTime<Utc>>, Option<KeptAnswer>), CodecError> {
+    let hold_expires_at = fields
+        .first()
+        .copied()
+        .and_then(optional)
+        .map(|ms| number("hold expiry", ms).and_then(instant))
+        .transpose()?;
+    let kept_answer = match (fields.get(1), fields.get(2)) {
+        (Some(ms), Some(text)) => Some(KeptAnswer {
+            expires_at_ms: number("kept answer's expiry", ms)?,
+            text: (*text).to_owned(),
+        }),
+        (None, None) => None,
+        _ => return Err(CodecError::new(WHAT, "a kept answer without its text")),
+    };
+    Ok((hold_expires_at, kept_answer))
+}
+
+/// The SQL ledger's `detail` column in compact form: [`DETAIL_VERSION`], then the fields
+/// 11 (counters) and 13 to 15 (a hold's expiry, a kept answer) of the entry's compact form,
+/// read back against the row's own action, subject, instant and policies; `None` when the
+/// entry has none of them. A three-budget charge's detail takes about a third of its JSON.
+pub(super) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
+    if entry.counters.is_empty() && entry.hold_expires_at.is_none() && entry.kept_answer.is_none() {
+        return None;
+    }
+    let mut out = String::with_capacity(96);
+    out.push_str(DETAIL_VERSION);
+    out.push(US);
+    let suffix = format!("{}|{}", entry.action, entry.subject);
+    write_counters(&mut out, entry, &suffix, entry.at.timestamp_millis());
+    write_expiry_and_kept(&mut out, entry);
+    Some(out)
+}
+
+/// Whether a `detail` column is in compact form (rather than an earlier version's JSON).
+pub(super) fn is_compact_detail(text: &str) -> bool {
+    text.strip_prefix(DETAIL_VERSION)
+        .is_some_and(|rest| rest.starts_with(US))
+}
+
+/// Reads what [`encode_detail`] wrote for the entry whose scalar fields are `parts`.
+pub(super) fn decode_detail(
+    text: &str,
+    parts: &EntryParts<'_>,
+    policies: &[PolicyAmount],
+) -> Result<Detail, CodecError> {
+    let fields: Vec<&str> = text
+        .strip_prefix(DETAIL_VERSION)
+        .and_then(|rest| rest.strip_prefix(US))
+        .ok_or_else(|| CodecError::new(WHAT, "not a compact detail"))?
+        .splitn(4, US)
+        .collect();
+    let suffix = format!("{}|{}", parts.action, parts.subject);
+    let counters = decode_counters(fields[0], policies, &suffix, parts.at.timestamp_millis())?;
+    let (hold_expires_at, kept_answer) = decode_expiry_and_kept(&fields[1..])?;
+    Ok(Detail {
+        counters,
+        hold_expires_at,
+        kept_answer,
+    })
 }
 
 fn decode_hold_id(text: &str) -> Result<HoldId, CodecError> {
