@@ -86,6 +86,10 @@ pub struct Settings {
     /// (`QUOTA_LEDGER_BACKLOG_MAX`, at least 1): past it, consumes are answered 503 until the
     /// drain catches up, so a Postgres outage cannot fill Redis.
     pub ledger_backlog_max: u64,
+    /// While the ledger drain's latest commit carried an entry older than this, `/quota/*`
+    /// requests wait a millisecond before they are served, so that the drain keeps up
+    /// (`QUOTA_LEDGER_PACE_MS`; zero never paces).
+    pub ledger_pace: Duration,
 }
 
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
@@ -135,6 +139,7 @@ impl fmt::Debug for Settings {
             .field("max_queued", &self.max_queued)
             .field("queue_wait", &self.queue_wait)
             .field("ledger_backlog_max", &self.ledger_backlog_max)
+            .field("ledger_pace", &self.ledger_pace)
             .finish()
     }
 }
@@ -154,6 +159,7 @@ const DEFAULT_MAX_IN_FLIGHT: &str = "128";
 const DEFAULT_MAX_QUEUED: &str = "4096";
 const DEFAULT_QUEUE_WAIT_MS: &str = "1000";
 const DEFAULT_LEDGER_BACKLOG_MAX: &str = "1000000";
+const DEFAULT_LEDGER_PACE_MS: &str = "500";
 
 /// The configuration as given, one text per variable (or flag), defaults filled in; an
 /// empty or blank value counts as unset. [`Settings::from_args`] checks it.
@@ -256,6 +262,12 @@ pub struct ConfigArgs {
     #[arg(long, env = "QUOTA_LEDGER_BACKLOG_MAX", value_name = "N",
         default_value = DEFAULT_LEDGER_BACKLOG_MAX, global = true)]
     ledger_backlog_max: String,
+    /// While the ledger drain's latest commit carried an entry older than this many
+    /// milliseconds, /quota/* requests wait 1 ms before they are served, so that the drain
+    /// keeps up under a sustained full load (0: never).
+    #[arg(long, env = "QUOTA_LEDGER_PACE_MS", value_name = "MS",
+        default_value = DEFAULT_LEDGER_PACE_MS, global = true)]
+    ledger_pace_ms: String,
 }
 
 /// clap's parser for secret values: any text, kept out of `Debug` output from the start.
@@ -422,6 +434,11 @@ impl Settings {
         if ledger_backlog_max == 0 {
             bail!("QUOTA_LEDGER_BACKLOG_MAX must be at least 1");
         }
+        let ledger_pace_ms: u64 = number(
+            args.ledger_pace_ms,
+            DEFAULT_LEDGER_PACE_MS,
+            "QUOTA_LEDGER_PACE_MS must be a whole number of milliseconds",
+        )?;
         Ok(Self {
             listen,
             grpc_listen,
@@ -449,6 +466,7 @@ impl Settings {
             max_queued,
             queue_wait: Duration::from_millis(queue_wait_ms),
             ledger_backlog_max,
+            ledger_pace: Duration::from_millis(ledger_pace_ms),
         })
     }
 }

@@ -91,6 +91,8 @@ pub(crate) struct Live {
     pub(crate) queued: usize,
     /// `/quota/*` requests answered 503 overloaded since the start.
     pub(crate) overloaded: u64,
+    /// `/quota/*` requests paced while the ledger's drain was behind, since the start.
+    pub(crate) paced: u64,
     /// How long ledger entries took from their decision to their SQL commit.
     pub(crate) ledger_lag: crate::engine::lag::LagSnapshot,
 }

@@ -303,18 +303,21 @@ impl Application {
         engine.reopen_if_wanted(true).await;
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
-            ledger_lag,
+            ledger_lag: ledger_lag.clone(),
             policies,
             embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),
-            admission: Arc::new(Admission::new(
-                Limits {
-                    in_flight: settings.max_in_flight,
-                    queued: settings.max_queued,
-                    wait: settings.queue_wait,
-                },
-                load,
-            )),
+            admission: Arc::new(
+                Admission::new(
+                    Limits {
+                        in_flight: settings.max_in_flight,
+                        queued: settings.max_queued,
+                        wait: settings.queue_wait,
+                    },
+                    load,
+                )
+                .pacing(ledger_lag.clone(), settings.ledger_pace),
+            ),
         });
         let sweeper = embedded::Sweeper::spawn(state.clone());
         if state.engine.backlog().is_some() {

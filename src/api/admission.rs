@@ -25,9 +25,19 @@
 //! and a waiter whose wait ran out takes a slot no arrival took: after a burst, the queue
 //! is served, not left to time out while slots stand free.
 //! Admin, health and metrics endpoints are not counted: they stay responsive.
+//!
+//! Pacing. In the Redis mode an allowed consume's ledger entry waits in a stream for the
+//! drain, which shares the machine's cores with the requests. Under a sustained full load
+//! the requests can take more CPU than leaves the drain enough to keep up, and entries
+//! would wait longer and longer (seconds, then tens of seconds) for SQL. While the drain's
+//! latest commit carried an entry older than `QUOTA_LEDGER_PACE_MS`, each admitted request
+//! waits [`PACE`] with its slot before it is served: callers that await their answers send
+//! fewer, and the drain catches up. A drain that commits nothing (SQL is down) paces
+//! nothing: the backlog bound is for outages (see `crate::engine::backlog`).
 
 use super::problem::ApiError;
 use super::AppState;
+use crate::engine::lag::Lag;
 use crate::engine::load::Load;
 use crate::logs::Throttle;
 use actix_web::body::{EitherBody, MessageBody};
@@ -45,6 +55,10 @@ pub(crate) const FRESH: Duration = Duration::from_millis(10);
 
 /// The instance counts as saturated while a request had to queue within this long.
 pub(crate) const ARRIVING: Duration = Duration::from_millis(10);
+
+/// How long an admitted request waits while the ledger's drain is behind (see the module's
+/// documentation).
+pub(crate) const PACE: Duration = Duration::from_millis(1);
 
 /// How requests are admitted: the configured bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +80,10 @@ pub struct Admission {
     /// Told of every request that waits or is shed, so that timeouts meanwhile are taken
     /// for overload.
     load: Arc<Load>,
+    /// The ledger writer's lag, and past what lag of its latest commit requests are paced
+    /// (none when `None`).
+    pacing: Option<(Arc<Lag>, Duration)>,
+    paced: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -147,7 +165,21 @@ impl Admission {
             state: Mutex::default(),
             shed: AtomicU64::new(0),
             load,
+            pacing: None,
+            paced: AtomicU64::new(0),
         }
+    }
+
+    /// Paces admitted requests while `lag`'s latest commit carried an entry older than
+    /// `after` (see the module's documentation); a zero `after` never paces.
+    pub(crate) fn pacing(mut self, lag: Arc<Lag>, after: Duration) -> Self {
+        self.pacing = (!after.is_zero()).then_some((lag, after));
+        self
+    }
+
+    /// Requests that waited for the ledger's drain since the start.
+    pub(crate) fn paced(&self) -> u64 {
+        self.paced.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -178,8 +210,21 @@ impl Admission {
         self.shed.load(Ordering::Relaxed)
     }
 
-    /// A slot now, or after waiting for one (newest first), or the reason there is none.
+    /// A slot now, or after waiting for one (newest first), or the reason there is none;
+    /// then, while the ledger's drain is behind, [`PACE`] more.
     pub(crate) async fn admit(self: &Arc<Self>) -> Result<Slot, Refused> {
+        let slot = self.slot().await?;
+        if let Some((lag, after)) = &self.pacing {
+            if lag.behind(chrono::Utc::now(), *after) {
+                self.paced.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(PACE).await;
+            }
+        }
+        Ok(slot)
+    }
+
+    /// A slot now, or after waiting for one (newest first), or the reason there is none.
+    async fn slot(self: &Arc<Self>) -> Result<Slot, Refused> {
         let slot = {
             let now = Instant::now();
             let mut state = self.lock();

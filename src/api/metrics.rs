@@ -28,6 +28,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         max_in_flight: state.admission.limits().in_flight,
         queued: state.admission.queued(),
         overloaded: state.admission.shed(),
+        paced: state.admission.paced(),
         ledger_lag: state.ledger_lag.snapshot(),
     };
     HttpResponse::Ok()

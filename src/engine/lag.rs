@@ -3,7 +3,12 @@
 //! commit; `/metrics` exports the histogram as `quota_ledger_lag_seconds`.
 
 use chrono::{DateTime, Utc};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long the latest commit tells how far behind the writer is (see [`Lag::behind`]): past
+/// it, a writer that commits nothing (SQL is down, or nothing waits) is not behind.
+pub const RECENT: Duration = Duration::from_secs(1);
 
 /// Upper bounds of the buckets, in seconds (`+Inf` follows).
 pub const BUCKETS: [f64; 13] = [
@@ -16,6 +21,10 @@ pub struct Lag {
     /// Per bucket (not cumulative), the last one for `+Inf`.
     counts: [AtomicU64; BUCKETS.len() + 1],
     sum_micros: AtomicU64,
+    /// When the latest commit was observed (Unix ms; 0 before the first).
+    latest_commit_ms: AtomicI64,
+    /// The lag of the oldest entry of that commit, in ms.
+    latest_oldest_ms: AtomicI64,
 }
 
 /// The histogram as read at one moment.
@@ -37,11 +46,13 @@ impl Lag {
         committed: DateTime<Utc>,
         decided: impl Iterator<Item = DateTime<Utc>>,
     ) {
+        let mut oldest = 0;
         for at in decided {
             let micros = (committed - at)
                 .num_microseconds()
                 .unwrap_or(i64::MAX)
                 .max(0);
+            oldest = oldest.max(micros);
             let seconds = micros as f64 / 1e6;
             let bucket = BUCKETS
                 .iter()
@@ -51,6 +62,23 @@ impl Lag {
             self.sum_micros
                 .fetch_add(micros.unsigned_abs(), Ordering::Relaxed);
         }
+        self.latest_oldest_ms
+            .store(oldest / 1_000, Ordering::Relaxed);
+        self.latest_commit_ms
+            .store(committed.timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// Whether the writer is falling behind: its latest commit, within [`RECENT`] of `now`,
+    /// carried an entry decided more than `threshold` before it. A writer that commits
+    /// nothing is not behind: while SQL is down entries wait in Redis, bounded by
+    /// `QUOTA_LEDGER_BACKLOG_MAX`, and requests are not slowed for an outage.
+    pub fn behind(&self, now: DateTime<Utc>, threshold: Duration) -> bool {
+        let latest = self.latest_commit_ms.load(Ordering::Relaxed);
+        let recent = i64::try_from(RECENT.as_millis()).unwrap_or(i64::MAX);
+        let threshold = i64::try_from(threshold.as_millis()).unwrap_or(i64::MAX);
+        latest > 0
+            && now.timestamp_millis().saturating_sub(latest) <= recent
+            && self.latest_oldest_ms.load(Ordering::Relaxed) > threshold
     }
 
     /// The histogram now.
@@ -110,5 +138,30 @@ mod tests {
             "90 s is past the last bound"
         );
         assert!((snapshot.sum - 90.703).abs() < 1e-6, "{}", snapshot.sum);
+    }
+
+    #[test]
+    fn the_writer_is_behind_while_its_latest_recent_commit_carried_an_old_entry() {
+        let lag = Lag::default();
+        let now = Utc::now();
+        let threshold = std::time::Duration::from_millis(500);
+        assert!(!lag.behind(now, threshold), "nothing committed yet");
+        lag.observe_all(now, [now - Duration::milliseconds(100)].into_iter());
+        assert!(!lag.behind(now, threshold), "100 ms behind");
+        lag.observe_all(
+            now,
+            [
+                now - Duration::milliseconds(10),
+                now - Duration::milliseconds(800),
+            ]
+            .into_iter(),
+        );
+        assert!(lag.behind(now, threshold), "its oldest entry waited 800 ms");
+        assert!(
+            !lag.behind(now + Duration::seconds(2), threshold),
+            "no commit for 2 s (SQL down, or nothing waits): not behind"
+        );
+        lag.observe_all(now, [now - Duration::milliseconds(20)].into_iter());
+        assert!(!lag.behind(now, threshold), "caught up");
     }
 }

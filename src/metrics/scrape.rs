@@ -106,6 +106,11 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         "Quota requests answered 503 overloaded: no slot came free within QUOTA_QUEUE_WAIT_MS, or the queue was full",
         ConstCounter::new(live.overloaded),
     );
+    registry.register(
+        "quota_paced",
+        "Quota requests that waited 1 ms before being served because the ledger drain's latest commit carried an entry older than QUOTA_LEDGER_PACE_MS",
+        ConstCounter::new(live.paced),
+    );
     registry
         .sub_registry_with_label(("version".into(), env!("CARGO_PKG_VERSION").into()))
         .register(

@@ -245,6 +245,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         max_in_flight: 256,
         queued: 5,
         overloaded: 11,
+        paced: 13,
         ledger_lag: {
             let lag = crate::engine::lag::Lag::default();
             let now = Utc::now();
@@ -280,6 +281,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_ledger_lag_seconds_count", "3"),
         ("quota_ledger_lag_seconds_sum", "0.7"),
         ("quota_overloaded_total", "11"),
+        ("quota_paced_total", "13"),
         (version.as_str(), "1"),
     ];
     for (series, value) in table {
@@ -335,6 +337,8 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_queued_requests gauge",
         "# HELP quota_overloaded_total Quota requests answered 503 overloaded: no slot came free within QUOTA_QUEUE_WAIT_MS, or the queue was full.",
         "# TYPE quota_overloaded_total counter",
+        "# HELP quota_paced_total Quota requests that waited 1 ms before being served because the ledger drain's latest commit carried an entry older than QUOTA_LEDGER_PACE_MS.",
+        "# TYPE quota_paced_total counter",
         "# HELP quota_build_info Always 1; labelled with the version.",
         "# TYPE quota_build_info gauge",
     ];

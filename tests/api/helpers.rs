@@ -244,6 +244,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         max_queued: 4_096,
         queue_wait: Duration::from_millis(250),
         ledger_backlog_max: 1_000_000,
+        ledger_pace: Duration::from_millis(500),
     };
     FreshSettings { settings, database }
 }

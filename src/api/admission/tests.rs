@@ -239,3 +239,35 @@ async fn after_a_burst_a_stale_waiter_gets_the_next_freed_slot() {
     assert_eq!(served.expect("the task ran").map(drop), Ok(()));
     assert_eq!((admission.in_flight(), admission.shed()), (1, 0));
 }
+
+#[tokio::test]
+async fn admitted_requests_wait_while_the_drains_latest_commit_carried_an_old_entry() {
+    let lag = Arc::new(Lag::default());
+    let limits = Limits {
+        in_flight: 4,
+        queued: 0,
+        wait: Duration::from_millis(10),
+    };
+    let admission = Arc::new(
+        Admission::new(limits, Arc::default()).pacing(lag.clone(), Duration::from_millis(500)),
+    );
+    let _slot = admission.admit().await.expect("a free slot");
+    assert_eq!(admission.paced(), 0, "nothing committed yet");
+
+    let now = chrono::Utc::now();
+    lag.observe_all(now, [now - chrono::Duration::seconds(2)].into_iter());
+    let start = Instant::now();
+    let _slot = admission.admit().await.expect("a free slot");
+    assert!(start.elapsed() >= PACE, "paced: {:?}", start.elapsed());
+    assert_eq!(admission.paced(), 1);
+
+    lag.observe_all(chrono::Utc::now(), std::iter::empty());
+    let _slot = admission.admit().await.expect("a free slot");
+    assert_eq!(admission.paced(), 1, "the drain caught up: not paced");
+
+    let never =
+        Arc::new(Admission::new(limits, Arc::default()).pacing(lag.clone(), Duration::ZERO));
+    lag.observe_all(now, [now - chrono::Duration::seconds(2)].into_iter());
+    let _slot = never.admit().await.expect("a free slot");
+    assert_eq!(never.paced(), 0, "QUOTA_LEDGER_PACE_MS=0 never paces");
+}
