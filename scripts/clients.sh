@@ -99,23 +99,11 @@ die() {
 }
 
 TMP=""
-SERVICE_PID=""
-URL=""
 TOKEN="clients-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 FAILED=()
 
-stop_service() {
-	if [[ -n $SERVICE_PID ]] && kill -0 "$SERVICE_PID" 2>/dev/null; then
-		kill -TERM "$SERVICE_PID" 2>/dev/null || true
-		for _ in $(seq 50); do
-			kill -0 "$SERVICE_PID" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$SERVICE_PID" 2>/dev/null || true
-		wait "$SERVICE_PID" 2>/dev/null || true
-	fi
-	SERVICE_PID=""
-}
+# shellcheck source=scripts/lib/service.sh
+. "$ROOT/scripts/lib/service.sh"
 
 cleanup() {
 	local rc=$?
@@ -243,40 +231,6 @@ install_node_tools() {
 }
 
 # ---------------------------------------------------------------------------
-# 2. The service
-# ---------------------------------------------------------------------------
-# start_service NAME: a fresh service (own database) in $TMP/NAME; sets URL and SERVICE_PID.
-start_service() {
-	local dir=$TMP/$1 port="" code=""
-	mkdir -p "$dir"
-	env -u REDIS_URL -u REDIS_CLUSTER -u QUOTA_REDIS_PREFIX -u QUOTA_ON_STORE_ERROR \
-		-u QUOTA_CLIENT_TOKENS -u QUOTA_GRPC_LISTEN -u OTEL_EXPORTER_OTLP_ENDPOINT \
-		QUOTA_LISTEN=127.0.0.1:0 \
-		DATABASE_URL="sqlite://$dir/db.sqlite" \
-		QUOTA_ADMIN_TOKEN="$TOKEN" \
-		RUST_LOG=warn \
-		"$BIN" serve >"$dir/service.log" 2>&1 &
-	SERVICE_PID=$!
-	# Port 0: the service picks a free port and prints it.
-	for _ in $(seq 300); do
-		port=$(sed -n 's/^quota-ledger listening on port \([0-9]*\).*/\1/p' "$dir/service.log")
-		[[ -n $port ]] && break
-		kill -0 "$SERVICE_PID" 2>/dev/null || die "the service exited at start (see its log below)"
-		sleep 0.1
-	done
-	[[ -n $port ]] || die "the service did not report its port within 30 s"
-	URL="http://127.0.0.1:$port"
-	for _ in $(seq 300); do
-		code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/readyz" || true)
-		[[ $code == 200 ]] && break
-		kill -0 "$SERVICE_PID" 2>/dev/null || die "the service exited before it was ready"
-		sleep 0.1
-	done
-	[[ $code == 200 ]] || die "GET /readyz answered $code, not 200, for 30 s"
-	log "service $1 at $URL (pid $SERVICE_PID)"
-}
-
-# ---------------------------------------------------------------------------
 # 3-5. The steps
 # ---------------------------------------------------------------------------
 fetch_spec() {
@@ -364,7 +318,7 @@ step "install Python tools (${PY_PINS[*]})" install_python_tools || die "no Pyth
 step "install Node tools (${NODE_PINS[*]})" install_node_tools || die "no Node tools"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-ledger-clients.XXXXXXXX")
-step "start the service" start_service python
+step "start the service" start_service "$TMP/python"
 step "fetch /api-docs/openapi.json" fetch_spec || die "no OpenAPI document"
 
 py_ok=0 ts_ok=0
@@ -379,7 +333,7 @@ fi
 if ((ts_ok)); then
 	step "TypeScript: tsc --strict" tsc_ts || true
 	stop_service
-	step "start a fresh service" start_service ts
+	step "start a fresh service" start_service "$TMP/ts"
 	step "TypeScript: walkthrough" run_ts || true
 else
 	log "skipped: TypeScript type check and walkthrough (no client)"

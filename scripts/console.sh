@@ -36,22 +36,10 @@ die() {
 }
 
 TMP=""
-SERVICE_PID=""
-URL=""
 TOKEN="console-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 
-stop_service() {
-	if [[ -n $SERVICE_PID ]] && kill -0 "$SERVICE_PID" 2>/dev/null; then
-		kill -TERM "$SERVICE_PID" 2>/dev/null || true
-		for _ in $(seq 50); do
-			kill -0 "$SERVICE_PID" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$SERVICE_PID" 2>/dev/null || true
-		wait "$SERVICE_PID" 2>/dev/null || true
-	fi
-	SERVICE_PID=""
-}
+# shellcheck source=scripts/lib/service.sh
+. "$ROOT/scripts/lib/service.sh"
 
 cleanup() {
 	local rc=$?
@@ -91,46 +79,13 @@ install_packages() {
 }
 
 # ---------------------------------------------------------------------------
-# 2. The service
-# ---------------------------------------------------------------------------
-start_service() {
-	local port="" code=""
-	env -u REDIS_URL -u REDIS_CLUSTER -u QUOTA_REDIS_PREFIX -u QUOTA_ON_STORE_ERROR \
-		-u QUOTA_CLIENT_TOKENS -u QUOTA_GRPC_LISTEN -u QUOTA_LEDGER_BACKLOG_MAX \
-		-u OTEL_EXPORTER_OTLP_ENDPOINT \
-		QUOTA_LISTEN=127.0.0.1:0 \
-		DATABASE_URL="sqlite://$TMP/db.sqlite" \
-		QUOTA_ADMIN_TOKEN="$TOKEN" \
-		RUST_LOG=warn \
-		"$BIN" serve >"$TMP/service.log" 2>&1 &
-	SERVICE_PID=$!
-	# Port 0: the service picks a free port and prints it.
-	for _ in $(seq 300); do
-		port=$(sed -n 's/^quota-ledger listening on port \([0-9]*\).*/\1/p' "$TMP/service.log")
-		[[ -n $port ]] && break
-		kill -0 "$SERVICE_PID" 2>/dev/null || die "the service exited at start (see its log below)"
-		sleep 0.1
-	done
-	[[ -n $port ]] || die "the service did not report its port within 30 s"
-	URL="http://127.0.0.1:$port"
-	for _ in $(seq 300); do
-		code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/readyz" || true)
-		[[ $code == 200 ]] && break
-		kill -0 "$SERVICE_PID" 2>/dev/null || die "the service exited before it was ready"
-		sleep 0.1
-	done
-	[[ $code == 200 ]] || die "GET /readyz answered $code, not 200, for 30 s"
-	log "service at $URL (pid $SERVICE_PID)"
-}
-
-# ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 [[ -x $BIN ]] || die "no binary at ${BIN#"$ROOT"/} (build it, or pass its path)"
 log "binary ${BIN#"$ROOT"/}"
 install_packages
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-ledger-console.XXXXXXXX")
-start_service
+start_service "$TMP"
 
 args=(--url "$URL" --token "$TOKEN")
 if [[ -n ${CONSOLE_SCREENSHOTS:-} ]]; then

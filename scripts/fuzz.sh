@@ -40,19 +40,13 @@ die() {
 }
 
 TMP=""
-SERVICE_PID=""
+TOKEN="fuzz-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+# shellcheck source=scripts/lib/service.sh
+. "$ROOT/scripts/lib/service.sh"
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
-	if [[ -n $SERVICE_PID ]] && kill -0 "$SERVICE_PID" 2>/dev/null; then
-		kill -TERM "$SERVICE_PID" 2>/dev/null || true
-		for _ in $(seq 50); do
-			kill -0 "$SERVICE_PID" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$SERVICE_PID" 2>/dev/null || true
-		wait "$SERVICE_PID" 2>/dev/null || true
-	fi
+	stop_service
 	if ((rc != 0)) && [[ -n $TMP && -s $TMP/service.log ]]; then
 		log "service log (last 40 lines):"
 		tail -n 40 "$TMP/service.log" >&2 || true
@@ -94,27 +88,7 @@ fi
 # 3. The service, with a few policies
 # ---------------------------------------------------------------------------
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-ledger-fuzz.XXXXXXXX")
-TOKEN="fuzz-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-
-env -u REDIS_URL -u REDIS_CLUSTER -u QUOTA_REDIS_PREFIX -u QUOTA_ON_STORE_ERROR \
-	QUOTA_LISTEN=127.0.0.1:0 \
-	DATABASE_URL="sqlite://$TMP/policies.db" \
-	QUOTA_ADMIN_TOKEN="$TOKEN" \
-	QUOTA_CLIENT_TOKENS="$TOKEN" \
-	RUST_LOG=warn \
-	"$BIN" serve >"$TMP/service.log" 2>&1 &
-SERVICE_PID=$!
-
-PORT=""
-for _ in $(seq 300); do
-	PORT=$(sed -n 's/^quota-ledger listening on port \([0-9]*\).*/\1/p' "$TMP/service.log")
-	[[ -n $PORT ]] && break
-	kill -0 "$SERVICE_PID" 2>/dev/null || die "the service exited at start"
-	sleep 0.1
-done
-[[ -n $PORT ]] || die "the service did not report its port within 30 s"
-readonly URL="http://127.0.0.1:$PORT"
-log "service at $URL (pid $SERVICE_PID, data in $TMP)"
+start_service "$TMP" QUOTA_CLIENT_TOKENS="$TOKEN"
 
 # admin METHOD PATH [BODY]: an authenticated JSON request that must succeed.
 admin() {
