@@ -69,8 +69,9 @@ may be larger (elapsed * rate) are only compared, never stored. Reported times t
 pass 2^53 - 1 (a saturated shadow bucket) are clamped to it. Numbers handed to Redis are
 formatted with %d: Redis would otherwise print large ones as 1.2e+17.
 
-Cost: one read per key (GET or HGETALL), then, only if the decision applies, one SET per
-calendar or token-bucket key and HDEL (stale buckets only) + HINCRBY + PEXPIRE per rolling key.
+Cost: one read per key (GET or HGETALL), then, only if the decision applies, one INCRBY per
+calendar key that exists (SET with its TTL for a new one), one SET per token-bucket or zoned
+key, and HDEL (stale buckets only) + HINCRBY + PEXPIRE per rolling key.
 ]]
 
 local MAX = 9007199254740991 -- 2^53 - 1
@@ -114,10 +115,16 @@ if has_idem then
   if kept then return { -1, kept } end
 end
 
-local out = { 1 }
--- Per charge, what pass 2 writes (only filled when committing), stride 6:
--- value, ttl, used after, resets_at after, rolling: HGETALL reply (for stale fields), lo
-local w = {}
+-- Both tables are made at their final size, from ARGV (every slot is written before it is
+-- read): grown one slot at a time, Lua 5.1 rehashes them at every power of two.
+local out = { unpack(ARGV, 1, 4 * n + 1) }
+out[1] = 1
+-- Per charge, what pass 2 writes (only filled when committing; value nil: nothing), stride 6:
+-- value, ttl, used after, resets_at after, then
+--   rolling: HGETALL reply (for stale fields), lo
+--   calendar: whether INCRBY can write it: the key exists, so it expires at the period's end
+--   (plus the grace) as this write would set it, and the sum fits
+local w = { unpack(ARGV, 1, 6 * n) }
 
 -- Time sums that may exceed 2^53 - 1 only with a saturated shadow bucket: clamp them.
 -- Rounding is monotone, so a true sum above MAX never comes out <= MAX.
@@ -135,10 +142,12 @@ for i = 1, n do
   local limit = tonumber(ARGV[a + 3])
   local cost = tonumber(ARGV[a + 4])
   local ok = cost <= limit -- pass_i, refined per kind below
+  w[6 * i - 5] = nil
   local used, resets, retry = 0, now, -1
 
   if kind == '1' then
-    local v = tonumber(redis.call('GET', key) or 0)
+    local raw = redis.call('GET', key)
+    local v = tonumber(raw or 0)
     used = v
     ok = ok and v <= limit - cost
     if v > 0 then resets = p1 end
@@ -149,7 +158,8 @@ for i = 1, n do
       local ttl = p1 - now
       if ttl < 0 then ttl = 0 end
       local b = 6 * i
-      w[b - 5], w[b - 4], w[b - 3], w[b - 2] = after, ttl + GRACE, after, p1
+      w[b - 5], w[b - 4], w[b - 3], w[b - 2], w[b - 1] =
+        after, ttl + GRACE, after, p1, raw and now <= p1 and cost <= MAX - v
     end
 
   elseif kind == '2' then
@@ -276,6 +286,9 @@ if commit and out[1] == 1 then
         local cur = floor(now / tonumber(ARGV[3 + 6 * (i - 1) + 1]))
         redis.call('HINCRBY', key, fmt('%d', cur), fmt('%d', value))
         redis.call('PEXPIRE', key, fmt('%d', w[b - 4]))
+      elseif kind == '1' and w[b - 1] then
+        -- The key's TTL, set by its first charge, ends where this one's would: INCRBY keeps it.
+        redis.call('INCRBY', key, ARGV[3 + 6 * (i - 1) + 4])
       elseif kind == '1' then
         redis.call('SET', key, fmt('%d', value), 'PX', fmt('%d', w[b - 4]))
       else
