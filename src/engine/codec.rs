@@ -6,7 +6,7 @@
 //! | a hold's record | the counter store (`keys::hold_record`) | its state (`open`, `committed`, …), `\n`, then [`HoldRecord`] as JSON |
 //! | a refund's idempotency record | the counter store | the refund's [`LedgerEntry`] in its compact form ([`encode_entry`]) |
 //! | a ledger entry | the shard's Redis stream (field `e`) | [`LedgerEntry`] in its compact form ([`encode_entry`], module `entry`) |
-//! | an entry's policies | the SQL ledger's `policies` column | JSON ([`encode_policies`]) |
+//! | an entry's policies | the SQL ledger's `policies` column | the compact form's field ([`encode_policies`], module `entry`; JSON before) |
 //! | an entry's internal detail (counters, a hold's expiry, a kept answer) | the SQL ledger's `detail` column | the compact form's fields ([`encode_detail`], module `entry`; JSON before) |
 //!
 //! The Lua scripts (`crate::counters`) and the memory store write the envelopes (the state
@@ -619,11 +619,15 @@ struct PolicyAmountWire {
     scope: Option<String>,
 }
 
-/// An entry's per-policy amounts, for the SQL ledger's `policies` column.
-pub(crate) fn encode_policies(policies: &[PolicyAmount]) -> String {
-    to_json(&policies_wire(policies))
+/// An entry's per-policy amounts, for the SQL ledger's `policies` column, in compact form
+/// (see the module `entry`), the amounts relative to the entry's `amount`: the drain writes
+/// one per entry, and as JSON a three-budget charge's took three times the bytes.
+pub(crate) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
+    entry::encode_policies(policies, amount)
 }
 
+/// An entry's policies as JSON, as versions before the compact form wrote them.
+#[cfg(test)]
 fn policies_wire(policies: &[PolicyAmount]) -> Vec<PolicyAmountWire> {
     policies
         .iter()
@@ -635,9 +639,13 @@ fn policies_wire(policies: &[PolicyAmount]) -> Vec<PolicyAmountWire> {
         .collect()
 }
 
-/// Reads the `policies` column [`encode_policies`] wrote.
-pub(crate) fn decode_policies(text: &str) -> Result<Vec<PolicyAmount>, CodecError> {
-    policies_from_wire(from_json("policies of an entry", text)?)
+/// Reads the `policies` column [`encode_policies`] (or an earlier version, as JSON) wrote
+/// for the row whose amount is `amount`.
+pub(crate) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
+    match entry::decode_compact_policies(text, amount) {
+        Some(policies) => policies,
+        None => policies_from_wire(from_json("policies of an entry", text)?),
+    }
 }
 
 fn policies_from_wire(wires: Vec<PolicyAmountWire>) -> Result<Vec<PolicyAmount>, CodecError> {
@@ -970,7 +978,10 @@ mod tests {
         };
         assert_eq!(encode_detail(&bare), None);
         assert_eq!(
-            decode_policies(&encode_policies(&entry.policies)),
+            decode_policies(
+                &encode_policies(&entry.policies, entry.amount),
+                entry.amount
+            ),
             Ok(entry.policies.clone())
         );
         let hold = HoldRecord {
@@ -1108,6 +1119,49 @@ mod tests {
             "d1\u{1f}9\u{1d}+k\u{1d}c1\u{1d}1\u{1d}",
         ] {
             assert!(read_detail(&charge, Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_policies_column_is_compact_and_reads_back_with_its_rows_amount() {
+        let charge = three_budget_charge();
+        let compact = encode_policies(&charge.policies, charge.amount);
+        assert_eq!(
+            decode_policies(&compact, charge.amount),
+            Ok(charge.policies.clone())
+        );
+        let json = to_json(&policies_wire(&charge.policies));
+        assert!(
+            2 * compact.len() < json.len(),
+            "{} bytes against {} as JSON: {compact:?}",
+            compact.len(),
+            json.len()
+        );
+        // Rows that earlier versions wrote hold JSON: still read.
+        assert_eq!(
+            decode_policies(&json, charge.amount),
+            Ok(charge.policies.clone())
+        );
+        // A policy's own amount, apart from the entry's, is kept as such; the others follow
+        // the row's amount.
+        let mut policies = charge.policies.clone();
+        policies[0].amount = charge.amount + 5;
+        let compact = encode_policies(&policies, charge.amount);
+        assert_eq!(
+            decode_policies(&compact, charge.amount),
+            Ok(policies.clone())
+        );
+        let read = decode_policies(&compact, charge.amount + 1).expect("policies");
+        assert_eq!(read[0].amount, charge.amount + 5);
+        assert_eq!(read[1].amount, charge.amount + 1);
+        assert_eq!(decode_policies(&encode_policies(&[], 3), 3), Ok(Vec::new()));
+        for bad in [
+            "p1",
+            "p1\u{1f}p",
+            "p1\u{1f}p\u{1d}x",
+            "p1\u{1f}Bad Id\u{1d}",
+        ] {
+            assert!(decode_policies(bad, 1).is_err(), "{bad:?}");
         }
     }
 

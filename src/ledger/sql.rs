@@ -122,7 +122,8 @@ macro_rules! sql_ledger_store {
                     hold_id: hold_id.as_deref(),
                     idempotency_key: idempotency_key.as_deref(),
                 };
-                let policies = codec::decode_policies(&policies).map_err(|e| corrupt(&id, e))?;
+                let policies = codec::decode_policies(&policies, parts.amount)
+                    .map_err(|e| corrupt(&id, e))?;
                 let detail = codec::decode_detail(detail.as_deref(), &parts, &policies)
                     .map_err(|e| corrupt(&id, e))?;
                 let attributes: Option<String> = row.try_get("attributes").map_err(db_error)?;
@@ -156,7 +157,7 @@ macro_rules! sql_ledger_store {
                         .push_bind(e.consumption_id.map(|id| id.to_string()))
                         .push_bind(e.hold_id.map(|id| id.to_string()))
                         .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
-                        .push_bind(codec::encode_policies(&e.policies))
+                        .push_bind(codec::encode_policies(&e.policies, e.amount))
                         .push_bind(codec::encode_detail(e))
                         .push_bind(codec::encode_attributes(&e.attributes));
                 });
