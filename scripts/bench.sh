@@ -9,8 +9,9 @@
 #      24 h policy in 24 buckets, a token bucket, a two-policy action (count + amount) and
 #      a 3-budget consume (calendar-day budgets of the subject, of its country, one of 20
 #      drawn uniformly, and of the whole action, charged in one call), each with 1k, 100k
-#      and 1M distinct subjects (scripts/bench/consume.lua); the 3-budget rows next to the
-#      calendar-day ones give what budgets shared by subjects cost; and Envoy's
+#      and 1M distinct subjects (scripts/bench/consume.lua); each 3-budget row, against
+#      two more calendar-day rows right before and after it, gives what budgets shared by
+#      subjects cost; and Envoy's
 #      ShouldRateLimit over gRPC for the calendar-day policy at 100k subjects (at the first
 #      subject count when 100k is not measured), right after its HTTP row, with 50 streams
 #      over 2 HTTP/2 connections (examples/rls_load.rs: no packaged gRPC load generator here);
@@ -254,8 +255,11 @@ create_policies() {
 }
 
 # Scenarios: label, action, amount ("" for the default 1), countries ("" for no attributes).
-# The 3-budget one runs right after the calendar day it is compared with (issue 10's
-# target is a ratio of the two): the closer in time, the less a shared machine's drift.
+# Issue 10's target is the 3-budget row's req/s over the calendar day's: each 3-budget row
+# is bracketed by two more calendar-day rows at its subject count (`pair`), right before and
+# right after it, and compared with their mean. Every row grows the ledger the later rows
+# insert into (1-2M entries per mode), and the SQL inserts slow as it grows: a calendar-day
+# row measured four rows earlier, on a smaller ledger, would flatter the 1-budget side.
 readonly SCENARIOS=(
 	"calendar day|sms||"
 	"3 budgets|sms3||$COUNTRIES"
@@ -431,9 +435,17 @@ bench_mode() {
 	for scenario in "${SCENARIOS[@]}"; do
 		IFS='|' read -r label action amount countries <<<"$scenario"
 		for subjects in "${SUBJECT_COUNTS[@]}"; do
+			if [[ $action == sms3 ]]; then
+				log "$mode: calendar day, $subjects subjects (before the 3-budget row)"
+				record "pair:$mode:before:$subjects $(run_wrk sms "$subjects" "")"
+			fi
 			log "$mode: $label, $subjects subjects"
 			line=$(run_wrk "$action" "$subjects" "$amount" "$countries")
 			record "run:$mode:$action:$subjects $line"
+			if [[ $action == sms3 ]]; then
+				log "$mode: calendar day, $subjects subjects (after the 3-budget row)"
+				record "pair:$mode:after:$subjects $(run_wrk sms "$subjects" "")"
+			fi
 			# The gRPC row right after the HTTP row it is compared with.
 			if [[ $GRPC != 0 && $action == sms && $subjects == "$(grpc_subjects)" ]]; then
 				log "$mode: grpc ShouldRateLimit, $subjects subjects"
@@ -661,6 +673,18 @@ bench_baseline() {
 verdict() { if awk "BEGIN { exit !($1) }"; then echo met; else echo MISSED; fi; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
+# print_row MODE LABEL SUBJECTS LINE P99_RATIO: one row of the table (nothing without LINE).
+print_row() {
+	local line=$4
+	[[ -n $line ]] || return 0
+	printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
+		"$1" "$2" "$3" "$(field rps "$line")" "$(field p50_ms "$line")" "$(field p99_ms "$line")" \
+		"$(($(field socket_errors "$line") + $(field non2xx "$line")))" "$5" \
+		"$(field svc_us "$line")" "$(field http_us "$line")" "$(field sql_us "$line")" \
+		"$(field bg_us "$line")" "$(field redis_us "$line")" "$(field wrk_us "$line")" \
+		"$(field load "$line")"
+}
+
 print_table() {
 	local mode scenario label action subjects line rps p50 p99 bad first_p99
 	local base_rps base_p50 base_p99 base_redis_us base_client_us
@@ -677,16 +701,14 @@ print_table() {
 			for subjects in "${SUBJECT_COUNTS[@]}"; do
 				line=$(result "run:$mode:$action:$subjects")
 				[[ -n $line ]] || continue
-				rps=$(field rps "$line")
-				p50=$(field p50_ms "$line")
 				p99=$(field p99_ms "$line")
-				bad=$(($(field socket_errors "$line") + $(field non2xx "$line")))
 				[[ -n $first_p99 ]] || first_p99=$p99
-				printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
-					"$mode" "$label" "$subjects" "$rps" "$p50" "$p99" "$bad" \
-					"$(ratio "$p99" "$first_p99")" "$(field svc_us "$line")" "$(field http_us "$line")" \
-					"$(field sql_us "$line")" "$(field bg_us "$line")" "$(field redis_us "$line")" \
-					"$(field wrk_us "$line")" "$(field load "$line")"
+				# The 3-budget row between the calendar-day rows it is compared with.
+				[[ $action != sms3 ]] || print_row "$mode" "  calendar, before" "$subjects" \
+					"$(result "pair:$mode:before:$subjects")" -
+				print_row "$mode" "$label" "$subjects" "$line" "$(ratio "$p99" "$first_p99")"
+				[[ $action != sms3 ]] || print_row "$mode" "  calendar, after" "$subjects" \
+					"$(result "pair:$mode:after:$subjects")" -
 			done
 			[[ $action == sms ]] || continue
 			# Envoy's ShouldRateLimit on the same policy, beside its HTTP rows.
@@ -711,7 +733,9 @@ print_table() {
 	echo " the engine, the Redis client), sql = SQLite inserting ledger entries, bg = the rest"
 	echo " (the ledger drain or group-commit task); load: 1-minute load average at its end)"
 	echo "(3 budgets: action sms3, whose consume charges three calendar-day budgets in one call:"
-	echo " the subject's, its country's (one of $(tr ',' '\n' <<<"$COUNTRIES" | wc -l), drawn uniformly) and the whole action's)"
+	echo " the subject's, its country's (one of $(tr ',' '\n' <<<"$COUNTRIES" | wc -l), drawn uniformly) and the whole action's;"
+	echo " calendar, before / after: the calendar-day consume again right before and right after it,"
+	echo " on the ledger as large as the 3-budget row found it; the target compares it with their mean)"
 	if [[ $GRPC != 0 ]]; then
 		echo "(grpc ShouldRateLimit: Envoy's rate limit service, one descriptor [subject] of the calendar-day"
 		echo " policy, $CONNECTIONS streams over $GRPC_CONNECTIONS HTTP/2 connections (examples/rls_load.rs); errors:"
@@ -783,27 +807,28 @@ print_table() {
 		v=$(ratio "$(field rps "$emb100")" "$(field rps "$cal100")")
 		printf '  %-58s %8s  %-16s %s\n' "embedded / redis throughput (calendar, 100k)" "${v}x" ">= 1.0x" "$(verdict "$v >= 1.0")"
 	fi
-	# Issue 10: a 3-budget consume next to a 1-budget one (calendar day) in the same run, at
-	# the same subjects. The target holds on a standalone Redis; embedded has none (its
+	# Issue 10: a 3-budget consume against a 1-budget one (calendar day) at the same
+	# subjects, in the same run: the mean of the calendar-day rows right before and right
+	# after it (see SCENARIOS). The target holds on a standalone Redis; embedded has none (its
 	# ratio shows what the in-process store pays for budgets shared by subjects).
-	local one three heading
+	local one three heading before after
 	for mode in "${MODES[@]}"; do
 		heading=""
 		for subjects in "${SUBJECT_COUNTS[@]}"; do
-			one=$(result "run:$mode:sms:$subjects")
 			three=$(result "run:$mode:sms3:$subjects")
-			[[ -n $one && -n $three ]] || continue
+			before=$(result "pair:$mode:before:$subjects")
+			after=$(result "pair:$mode:after:$subjects")
+			[[ -n $three && -n $before && -n $after ]] || continue
+			one=$(awk -v a="$(field rps "$before")" -v b="$(field rps "$after")" 'BEGIN { printf "%.1f", (a + b) / 2 }')
 			[[ -n $heading ]] || {
 				heading=1
-				printf '  %s\n' "$mode 3 budgets (subject+country+global) vs 1 budget"
+				printf '  %s\n' "$mode 3 budgets (subject+country+global) vs 1 budget, right before and after"
 			}
-			v=$(ratio "$(field rps "$three")" "$(field rps "$one")")
-			if [[ $mode == redis ]]; then
-				printf '  %-58s %8s  %-16s %s\n' "  req/s, 3 budgets / calendar day, @$subjects subjects" "${v}x" ">= 0.8x" \
-					"$(verdict "$v >= 0.8")"
-			else
-				printf '  %-58s %8s  %s\n' "  req/s, 3 budgets / calendar day, @$subjects subjects" "${v}x" -
-			fi
+			v=$(ratio "$(field rps "$three")" "$one")
+			printf '  %-58s %8s  %-16s %s\n' "  req/s, 3 budgets / calendar day, @$subjects subjects" "${v}x" \
+				"$([[ $mode == redis ]] && echo ">= 0.8x" || echo -)" \
+				"$([[ $mode == redis ]] && verdict "$v >= 0.8" || true)"
+			printf '  %-58s %8s\n' "    $(field rps "$three") / mean($(field rps "$before"), $(field rps "$after"))" ""
 		done
 	done
 	# Issue 14: Envoy's ShouldRateLimit over gRPC next to an HTTP consume of the same policy
