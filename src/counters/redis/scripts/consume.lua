@@ -115,16 +115,23 @@ if has_idem then
   if kept then return { -1, kept } end
 end
 
--- Both tables are made at their final size, from ARGV (every slot is written before it is
--- read): grown one slot at a time, Lua 5.1 rehashes them at every power of two.
-local out = { unpack(ARGV, 1, 4 * n + 1) }
+-- A table made at its final size of `size` slots, holding ARGV's values until they are
+-- overwritten (every slot is written before it is read): grown one slot at a time, Lua 5.1
+-- rehashes a table at every power of two. unpack is bounded by Lua's stack (8000 slots):
+-- a larger table (hundreds of charges decided together) grows.
+local function presized(size)
+  if size > 4000 then return {} end
+  return { unpack(ARGV, 1, size) }
+end
+
+local out = presized(4 * n + 1)
 out[1] = 1
 -- Per charge, what pass 2 writes (only filled when committing; value nil: nothing), stride 6:
 -- value, ttl, used after, resets_at after, then
 --   rolling: HGETALL reply (for stale fields), lo
 --   calendar: whether INCRBY can write it: the key exists, so it expires at the period's end
 --   (plus the grace) as this write would set it, and the sum fits
-local w = { unpack(ARGV, 1, 6 * n) }
+local w = presized(6 * n)
 
 -- Time sums that may exceed 2^53 - 1 only with a saturated shadow bucket: clamp them.
 -- Rounding is monotone, so a true sum above MAX never comes out <= MAX.
