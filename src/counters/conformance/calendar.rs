@@ -1,12 +1,14 @@
 //! Calendar periods: one counter per period, reset by moving to the next period's key.
 
 use super::{calendar, charge, outcome, Harness, DAY, T0};
+use crate::engine::store::Charge;
 
 scenarios!(
     a_calendar_counter_allows_up_to_the_limit_then_denies_until_the_period_ends,
     a_calendar_charge_reaching_the_limit_exactly_is_allowed,
     a_calendar_counter_starts_afresh_with_the_next_periods_key,
     a_calendar_charge_above_the_limit_is_denied_with_no_retry_time,
+    a_decision_of_more_charges_than_luas_stack_holds_applies_each_of_them,
 );
 
 /// The end of the period that starts at T0.
@@ -69,4 +71,36 @@ async fn a_calendar_charge_above_the_limit_is_denied_with_no_retry_time(h: &Harn
         !h.exists(&big.key, T0).await,
         "a denied charge writes nothing"
     );
+}
+
+/// Requests decided together make one call of many charges (up to 32 descriptors of up to
+/// 32 policies each). consume.lua makes its tables at their final size with `unpack`, which
+/// Lua's stack bounds (8,000 slots, 6 per charge): a call of more charges must still work.
+async fn a_decision_of_more_charges_than_luas_stack_holds_applies_each_of_them(h: &Harness) {
+    let charges: Vec<Charge> = (0..1_400)
+        .map(|i| charge(&h.key(&format!("sms:{i}")), calendar(END), 2, 1))
+        .collect();
+    for used in 1..=2 {
+        let evaluation = h.eval(T0 + used, &charges, true).await;
+        assert!(evaluation.allowed, "charge {used}");
+        assert_eq!(evaluation.outcomes.len(), charges.len());
+        for (i, o) in evaluation.outcomes.iter().enumerate() {
+            assert_eq!(
+                *o,
+                outcome(used as u64, true, END, None),
+                "charge {used}, counter {i}"
+            );
+        }
+    }
+    let third = h.eval(T0 + 3, &charges, true).await;
+    assert!(!third.allowed);
+    assert!(third
+        .outcomes
+        .iter()
+        .all(|o| *o == outcome(2, false, END, Some(END))));
+    // The second charge kept the period's TTL the first one set.
+    for c in [&charges[0], &charges[1_399]] {
+        let ttl = h.ttl_ms(&c.key, T0 + 3).await;
+        assert!(ttl.is_some_and(|ttl| ttl > END - T0), "{}: {ttl:?}", c.key);
+    }
 }
