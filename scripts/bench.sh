@@ -673,20 +673,21 @@ bench_baseline() {
 verdict() { if awk "BEGIN { exit !($1) }"; then echo met; else echo MISSED; fi; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
-# print_row MODE LABEL SUBJECTS LINE P99_RATIO: one row of the table (nothing without LINE).
+# print_row MODE LABEL SUBJECTS LINE P99_RATIO [ERRORS]: one row of the table (nothing
+# without LINE); ERRORS defaults to wrk's socket errors and non-2xx answers.
 print_row() {
 	local line=$4
 	[[ -n $line ]] || return 0
 	printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
 		"$1" "$2" "$3" "$(field rps "$line")" "$(field p50_ms "$line")" "$(field p99_ms "$line")" \
-		"$(($(field socket_errors "$line") + $(field non2xx "$line")))" "$5" \
+		"${6:-$(($(field socket_errors "$line") + $(field non2xx "$line")))}" "$5" \
 		"$(field svc_us "$line")" "$(field http_us "$line")" "$(field sql_us "$line")" \
 		"$(field bg_us "$line")" "$(field redis_us "$line")" "$(field wrk_us "$line")" \
 		"$(field load "$line")"
 }
 
 print_table() {
-	local mode scenario label action subjects line rps p50 p99 bad first_p99
+	local mode scenario label action subjects line p99 first_p99
 	local base_rps base_p50 base_p99 base_redis_us base_client_us
 	read -r base_rps base_p50 base_p99 _ base_redis_us base_client_us <<<"$(result baseline)"
 	echo "quota-ledger consume benchmark, $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -715,12 +716,8 @@ print_table() {
 			for subjects in "${SUBJECT_COUNTS[@]}"; do
 				line=$(result "grpc:$mode:$action:$subjects")
 				[[ -n $line ]] || continue
-				bad=$(($(field over "$line") + $(field errors "$line")))
-				printf '%-9s %-20s %9s %9.0f %8.2f %8.2f %7s %11s %7s %6s %6s %6s %7s %7s %5s\n' \
-					"$mode" "grpc ShouldRateLimit" "$subjects" "$(field rps "$line")" \
-					"$(field p50_ms "$line")" "$(field p99_ms "$line")" "$bad" - "$(field svc_us "$line")" \
-					"$(field http_us "$line")" "$(field sql_us "$line")" "$(field bg_us "$line")" \
-					"$(field redis_us "$line")" "$(field wrk_us "$line")" "$(field load "$line")"
+				print_row "$mode" "grpc ShouldRateLimit" "$subjects" "$line" - \
+					"$(($(field over "$line") + $(field errors "$line")))"
 			done
 		done
 	done

@@ -285,6 +285,19 @@ async fn check_agreement(
     redis: &Harness,
     case: &Case,
 ) -> Result<(), TestCaseError> {
+    // A calendar key's later charges in its period keep the TTL its first one set (INCRBY):
+    // the same deadline, the period's end plus the grace, in real time. But this clock jumps
+    // back and forth within the period while Redis's TTL runs in real time, so the two may
+    // differ by up to a period here.
+    let calendar_slack = case
+        .policies
+        .iter()
+        .filter_map(|p| match p.algorithm {
+            Algorithm::Calendar { period_end_ms } => Some(period_end_ms),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
     let mut now = case.start;
     for (i, step) in case.steps.iter().enumerate() {
         now += step.advance;
@@ -311,19 +324,10 @@ async fn check_agreement(
             }
             let expected = memory.ttl_ms(&m.key, now).await.unwrap_or(-2);
             let actual = redis.ttl_ms(&r.key, now).await.unwrap_or(-2);
-            // A calendar key's later charges in its period keep the TTL its first one set
-            // (INCRBY): the same deadline, the period's end plus the grace, in real time. But
-            // this clock jumps back and forth within the period while Redis's TTL runs in
-            // real time, so the two may differ by up to a period here.
-            let period = |p: &Policy| match p.algorithm {
-                Algorithm::Calendar { period_end_ms } => Some(period_end_ms),
-                _ => None,
-            };
             let slack = match m.algorithm {
-                Algorithm::Calendar { .. } => case.policies.iter().filter_map(period).max(),
-                _ => None,
-            }
-            .unwrap_or(0);
+                Algorithm::Calendar { .. } => calendar_slack,
+                _ => 0,
+            };
             prop_assert!(
                 actual <= expected + slack && actual > expected - 3_000 - slack,
                 "step {}: TTL of {} is {} on Redis, {} in memory",
