@@ -69,6 +69,9 @@ pub(crate) enum ApiError {
     /// 503: a store is down; retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// 503: the ledger (SQL) could not commit the request's entry: nothing was changed.
+    #[error("{0}")]
+    LedgerUnavailable(String),
     /// 503: too many requests in flight; the excess is shed at once (never a reason to
     /// fail open, unlike a store outage).
     #[error("{0}")]
@@ -99,6 +102,7 @@ impl ApiError {
             Self::UnsupportedMediaType => ("unsupported-media-type", "Unsupported media type"),
             Self::Invalid(_) => ("validation", "Invalid request"),
             Self::Unavailable(_) => ("store-unavailable", "Service unavailable"),
+            Self::LedgerUnavailable(_) => ("ledger-unavailable", "Ledger unavailable"),
             Self::Overloaded(_) => ("overloaded", "Service overloaded"),
             Self::BacklogFull(_) => ("ledger-backlog-full", "Ledger backlog full"),
             Self::Internal(_) => ("internal", "Internal error"),
@@ -135,9 +139,10 @@ impl ResponseError for ApiError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) | Self::Overloaded(_) | Self::BacklogFull(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Unavailable(_)
+            | Self::LedgerUnavailable(_)
+            | Self::Overloaded(_)
+            | Self::BacklogFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -170,7 +175,7 @@ impl ResponseError for ApiError {
             Self::Unauthorized => {
                 builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
             }
-            Self::Unavailable(_) | Self::Overloaded(_) => {
+            Self::Unavailable(_) | Self::LedgerUnavailable(_) | Self::Overloaded(_) => {
                 builder.insert_header((header::RETRY_AFTER, "1"));
             }
             // The drain needs SQL back, then a few seconds.
@@ -281,7 +286,10 @@ impl From<LedgerError> for ApiError {
                 if let Some(count) = SITE.event() {
                     tracing::warn!(error = %cause, count, "ledger store unavailable");
                 }
-                Self::Unavailable("the ledger store is unavailable; retry shortly".to_owned())
+                Self::LedgerUnavailable(
+                    "the ledger store is unavailable: nothing was changed; retry shortly"
+                        .to_owned(),
+                )
             }
             other => Self::Internal(other.into()),
         }

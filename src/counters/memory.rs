@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use crate::engine::codec;
 use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GiveBackKind,
-    GivenBack, StoreError,
+    GivenBack, StoreError, Undo,
 };
 use crate::keys::hash_tag;
 use counting::Entry;
@@ -282,6 +282,119 @@ impl CounterStore for MemoryCounterStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    fn undo(&self, now_ms: i64, undo: &Undo) -> Result<(), StoreError> {
+        let mut keys: Vec<&str> = Vec::new();
+        match undo {
+            Undo::Charge {
+                counters,
+                idempotency,
+                hold,
+            } => {
+                keys.extend(counters.iter().map(|c| c.key.as_str()));
+                keys.extend(idempotency.as_deref());
+                if let Some((record, (index, _))) = hold {
+                    keys.extend([record.as_str(), index.as_str()]);
+                }
+            }
+            Undo::GiveBack { request, .. } => {
+                keys.push(request.control_key.as_str());
+                keys.extend(request.counters.iter().map(|c| c.key.as_str()));
+                keys.extend(request.hold_index.as_ref().map(|(index, _)| index.as_str()));
+                keys.extend(request.idempotency.as_ref().map(|i| i.key.as_str()));
+            }
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.with_keys(&keys, |shard| undo_in(&mut shard.entries, now_ms, undo));
+        Ok(())
+    }
+}
+
+/// Takes back a change whose ledger entry could not be committed (see [`Undo`]).
+fn undo_in(entries: &mut HashMap<String, Entry>, now_ms: i64, undo: &Undo) {
+    match undo {
+        Undo::Charge {
+            counters,
+            idempotency,
+            hold,
+        } => {
+            for counter in counters.iter().filter(|c| c.charged > 0) {
+                counting::restore(
+                    entries.get_mut(&counter.key),
+                    &counter.restore,
+                    counter.charged,
+                    now_ms,
+                );
+            }
+            if let Some(key) = idempotency {
+                entries.remove(key);
+            }
+            if let Some((record, (index, hold_id))) = hold {
+                entries.remove(record);
+                counting::index_remove(entries, index, hold_id);
+            }
+        }
+        Undo::GiveBack { request, refunded } => {
+            let (full, by_amount) = match request.kind {
+                GiveBackKind::Refund { amount, total, .. } => (*refunded == total, amount),
+                GiveBackKind::Commit { settle, total, .. } => (false, total - settle),
+                GiveBackKind::Release { total, .. } | GiveBackKind::Expire { total, .. } => {
+                    (true, total)
+                }
+                _ => (false, 0),
+            };
+            for counter in &request.counters {
+                let units = given_back(counter, full, by_amount);
+                if units > 0 {
+                    counting::take(
+                        entries.get_mut(&counter.key),
+                        &counter.restore,
+                        units,
+                        now_ms,
+                    );
+                }
+            }
+            match request.kind {
+                GiveBackKind::Refund { amount, .. } => counting::set_text(
+                    entries,
+                    &request.control_key,
+                    refunded.saturating_sub(amount).to_string(),
+                    now_ms + REFUNDED_TTL_MS,
+                ),
+                GiveBackKind::Commit { expires_at_ms, .. }
+                | GiveBackKind::Release { expires_at_ms, .. }
+                | GiveBackKind::Expire { expires_at_ms, .. } => {
+                    if let Some(entry) = entries.get_mut(&request.control_key) {
+                        let reopened = counting::text(Some(entry), now_ms)
+                            .and_then(|text| text.split_once('\n'))
+                            .map(|(_, rest)| format!("open\n{rest}"));
+                        if let Some(text) = reopened {
+                            counting::replace_text(entry, text);
+                        }
+                    }
+                    if let Some((index, hold_id)) = &request.hold_index {
+                        counting::index_add(entries, index, hold_id, expires_at_ms);
+                    }
+                }
+                _ => {}
+            }
+            if let Some(idem) = &request.idempotency {
+                entries.remove(&idem.key);
+            }
+        }
+    }
+}
+
+/// What a give-back returns to `counter`: count policies their charge when the whole
+/// charge goes back (`full`), amount policies up to `by_amount`.
+fn given_back(counter: &crate::domain::CounterCharge, full: bool, by_amount: u64) -> u64 {
+    match (counter.by_amount, full) {
+        (true, _) => by_amount.min(counter.charged),
+        (false, true) => counter.charged,
+        (false, false) => 0,
+    }
 }
 
 /// A decision with its effects, on the shard holding every key it touches.
@@ -388,11 +501,7 @@ fn give_back_in(
         Err(answer) => return Ok(answer),
     };
     for counter in &request.counters {
-        let give = match (counter.by_amount, full) {
-            (true, _) => by_amount_gets.min(counter.charged),
-            (false, true) => counter.charged,
-            (false, false) => 0,
-        };
+        let give = given_back(counter, full, by_amount_gets);
         if give > 0 {
             counting::restore(
                 entries.get_mut(&counter.key),

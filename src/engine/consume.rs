@@ -4,12 +4,11 @@
 use super::codec::{self, ConsumeRecord, HoldRecord};
 use super::plan::{replayed_decision, Plan};
 use super::store::{
-    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, StoreError,
+    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, StoreError, Undo,
 };
 use super::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
 use crate::keys;
-use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
 
 /// Idempotency records live at least a day, and at least as long as the longest window.
@@ -161,15 +160,23 @@ impl Engine {
                     let appended = decision.allowed || attempt.denied_entry.is_some();
                     backlog.appended(u64::from(appended));
                 }
-                if !self.counters.streams_ledger() {
-                    let written = match decision.allowed {
-                        true => Some(LedgerEntry {
+                match decision.allowed {
+                    true => {
+                        let entry = LedgerEntry {
                             kept_answer: kept_answer(&plan, &effects, &evaluation),
                             ..attempt.allowed_entry.clone()
-                        }),
-                        false => attempt.denied_entry.clone(),
-                    };
-                    self.record(written.into_iter().collect()).await?;
+                        };
+                        self.commit_or_undo(vec![entry], plan.now_ms(), || {
+                            undo_charge(&attempt.allowed_entry, &effects)
+                        })
+                        .await?;
+                    }
+                    // A denial changed nothing: its entry (if kept) is only recorded.
+                    false if !self.counters.streams_ledger() => {
+                        self.record(attempt.denied_entry.iter().cloned().collect())
+                            .await?;
+                    }
+                    false => {}
                 }
                 Ok(attempt.answer(decision))
             }
@@ -179,13 +186,9 @@ impl Engine {
             ))),
             Err(error) => {
                 let decision = self.on_store_failure(&plan, error)?;
-                // Failing open: the consume is accepted uncounted; the ledger still records it.
-                if let Err(error) = self.record(vec![attempt.allowed_entry.clone()]).await {
-                    static SITE: Throttle = Throttle::new();
-                    if let Some(count) = SITE.event() {
-                        tracing::error!(error = %error, count, "recording a degraded consume failed");
-                    }
-                }
+                // Failing open: the consume is accepted uncounted, but never unrecorded:
+                // with the ledger down too, it is answered 503.
+                self.record(vec![attempt.allowed_entry.clone()]).await?;
                 Ok(attempt.answer(decision))
             }
         }
@@ -253,6 +256,20 @@ impl Engine {
             hold,
             ..Effects::default()
         }
+    }
+}
+
+/// What undoes the charge `entry` records, with its `effects` (kept answer, hold).
+pub(super) fn undo_charge(entry: &LedgerEntry, effects: &Effects) -> Undo {
+    Undo::Charge {
+        counters: entry.counters.clone(),
+        idempotency: effects.idempotency.as_ref().map(|idem| idem.key.clone()),
+        hold: effects.hold.as_ref().map(|hold| {
+            (
+                hold.record_key.clone(),
+                (hold.index_key.clone(), hold.hold_id.clone()),
+            )
+        }),
     }
 }
 

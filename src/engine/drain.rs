@@ -21,6 +21,7 @@ use super::store::StoreError;
 use super::stream::{LedgerStream, Read, StreamEntry};
 use crate::domain::LedgerEntry;
 use crate::keys::{ledger_stream, SHARDS};
+use crate::logs::Throttle;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -149,7 +150,10 @@ impl Drainer {
         match self.run_pass(shards, retry, claim, &mut moved).await {
             Ok(()) => moved,
             Err(error) => {
-                tracing::warn!(error = %error, "draining the ledger streams failed; will retry");
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %error, count, "draining the ledger streams failed; will retry");
+                }
                 self.retry.fetch_or(shards, Ordering::AcqRel);
                 moved
             }
@@ -275,7 +279,10 @@ impl Drainer {
         entries: &[LedgerEntry],
         why: &str,
     ) -> Result<Vec<usize>, LedgerError> {
-        tracing::warn!(error = %why, entries = entries.len(), "a ledger batch was refused; inserting it in parts");
+        static SITE: Throttle = Throttle::new();
+        if let Some(count) = SITE.event() {
+            tracing::warn!(error = %why, entries = entries.len(), count, "a ledger batch was refused; inserting it in parts");
+        }
         let mut refused = Vec::new();
         let half = entries.len() / 2;
         let mut parts = vec![(half, entries.len()), (0, half)];
@@ -286,7 +293,10 @@ impl Drainer {
             match self.ledger.append(&entries[start..end]).await {
                 Ok(_) => {}
                 Err(LedgerError::Corrupt(why)) if end - start == 1 => {
-                    tracing::error!(error = %why, id = %entries[start].id, "the SQL ledger refused an entry; it is left pending in Redis");
+                    static SITE: Throttle = Throttle::new();
+                    if let Some(count) = SITE.event() {
+                        tracing::error!(error = %why, id = %entries[start].id, count, "the SQL ledger refused an entry; it is left pending in Redis");
+                    }
                     refused.push(start);
                 }
                 Err(LedgerError::Corrupt(_)) => {
@@ -446,7 +456,10 @@ impl Pass {
                 // Written by our own script from our own JSON: a bug. Keep it in Redis,
                 // pending, for an operator, rather than losing it.
                 Err(error) => {
-                    tracing::error!(error = %error, stream, id, "unreadable ledger entry left pending");
+                    static SITE: Throttle = Throttle::new();
+                    if let Some(count) = SITE.event() {
+                        tracing::error!(error = %error, stream, id, count, "unreadable ledger entry left pending");
+                    }
                 }
             }
         }

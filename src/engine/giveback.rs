@@ -3,7 +3,7 @@
 //! (where they still count), checks and updates the bookkeeping, and appends the ledger entry.
 
 use super::codec::{self, HoldRecord};
-use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
+use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo};
 use super::{Decision, Engine, EngineError};
 use crate::domain::{
     ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
@@ -138,7 +138,7 @@ impl Engine {
             GivenBack::Done { refunded: after } => {
                 self.share_foreign(keys.shard, &entry, foreign, after == total, amount)
                     .await;
-                self.record_unless_streamed(&entry).await?;
+                self.record_unless_streamed(&entry, &request, after).await?;
                 Ok(self.settled(entry, false).await)
             }
             GivenBack::Conflict(before) => Err(EngineError::Conflict(format!(
@@ -390,7 +390,7 @@ impl Engine {
             };
             self.share_foreign(hold_id.shard(), &entry, foreign, full, by_amount)
                 .await;
-            self.record_unless_streamed(&entry).await?;
+            self.record_unless_streamed(&entry, &request, 0).await?;
         }
         Ok((entry, done))
     }
@@ -507,12 +507,20 @@ impl Engine {
         })
     }
 
-    /// Writes `entry` to the SQL ledger before the answer, unless the store streamed it.
-    async fn record_unless_streamed(&self, entry: &LedgerEntry) -> Result<(), EngineError> {
-        match self.counters.streams_ledger() {
-            true => Ok(()),
-            false => self.record(vec![entry.clone()]).await,
-        }
+    /// Writes `entry` to the SQL ledger before the answer, unless the store streamed it;
+    /// if it cannot be, the give-back `request` (which answered `refunded`) is undone.
+    async fn record_unless_streamed(
+        &self,
+        entry: &LedgerEntry,
+        request: &GiveBack,
+        refunded: u64,
+    ) -> Result<(), EngineError> {
+        let undo = || Undo::GiveBack {
+            request: Box::new(request.clone()),
+            refunded,
+        };
+        self.commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), undo)
+            .await
     }
 
     /// The answer to a give-back: its entry, with the subject's usage after it.

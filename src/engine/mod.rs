@@ -25,6 +25,7 @@ pub(crate) mod snapshot;
 pub mod store;
 pub(crate) mod stream;
 mod together;
+mod unit;
 pub mod window;
 pub mod writer;
 

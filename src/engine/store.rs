@@ -326,6 +326,32 @@ pub enum GivenBack {
     Replayed(String),
 }
 
+/// What a change applied to a store that does not stream the ledger (the in-process
+/// store) takes to undo, when its ledger entry could not be committed: the engine's unit
+/// of work (`engine::unit`) makes a change visible for good only with its entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undo {
+    /// A decision that charged: its counters get what it charged back, and its kept
+    /// answer and hold (record and index entry) are forgotten.
+    Charge {
+        /// What the decision put on each counter.
+        counters: Vec<CounterCharge>,
+        /// Its idempotency record's key, if any.
+        idempotency: Option<String>,
+        /// Its hold: the record's key, and the shard's index with the hold id.
+        hold: Option<(String, (String, String))>,
+    },
+    /// A give-back that was applied (`refunded`: the refunded total it answered): its
+    /// counters are charged again with what they got, its refunded total or hold record
+    /// is put back as it was, and its kept answer is forgotten.
+    GiveBack {
+        /// The give-back as it was applied.
+        request: Box<GiveBack>,
+        /// [`GivenBack::Done`]'s refunded total.
+        refunded: u64,
+    },
+}
+
 /// Why a store could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -428,6 +454,15 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// The text record kept at `record_key` at `now_ms`, if any: a hold, a refunded total.
     async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError>;
+
+    /// Undoes a change whose ledger entry could not be committed (see [`Undo`]). Only a
+    /// store that does not [`stream the ledger`](CounterStore::streams_ledger) is asked;
+    /// it is synchronous so that it can run when a cancelled request's work is dropped.
+    fn undo(&self, _now_ms: i64, _undo: &Undo) -> Result<(), StoreError> {
+        Err(StoreError::Protocol(
+            "this store streams the ledger: a change is undone by voiding it".to_owned(),
+        ))
+    }
 
     /// Whether this store appends ledger entries itself (to a Redis stream) as part of
     /// [`CounterStore::decide`] and [`CounterStore::give_back`].

@@ -10,7 +10,7 @@
 
 use super::consume::Attempt;
 use super::plan::Plan;
-use super::store::{Decided, Effects, Evaluation, LedgerAppend, StoreError};
+use super::store::{Decided, Effects, Evaluation, LedgerAppend, StoreError, Undo};
 use super::{codec, ConsumeRequest, Decision, Engine, EngineError};
 use crate::domain::{EntryId, LedgerEntry};
 use crate::keys;
@@ -93,12 +93,18 @@ impl Engine {
                     let appended = evaluation.allowed || !denied.is_empty();
                     backlog.appended(u64::from(appended));
                 }
-                if !self.counters.streams_ledger() {
-                    self.record(match evaluation.allowed {
-                        true => allowed,
-                        false => denied,
-                    })
-                    .await?;
+                match evaluation.allowed {
+                    true => {
+                        let undo = || Undo::Charge {
+                            counters: allowed.iter().flat_map(|e| e.counters.clone()).collect(),
+                            idempotency: None,
+                            hold: None,
+                        };
+                        self.commit_or_undo(allowed.clone(), plan.now_ms(), undo)
+                            .await?;
+                    }
+                    false if !self.counters.streams_ledger() => self.record(denied).await?,
+                    false => {}
                 }
                 Ok(plans
                     .iter()

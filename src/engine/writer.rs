@@ -12,6 +12,7 @@
 use super::lag::Lag;
 use super::ledger::{LedgerError, LedgerStore};
 use crate::domain::LedgerEntry;
+use crate::logs::Throttle;
 use std::ops::Range;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -25,10 +26,49 @@ pub(crate) const MAX_BATCH: usize = 1_000;
 /// instead of unbounded memory when the database is slow).
 const QUEUE_DEPTH: usize = 8_192;
 
-/// One caller's entries and where to send the outcome.
+/// One caller's entries, where to send the outcome, and what undoes the caller's change
+/// if the entries are not committed.
 struct Job {
     entries: Vec<LedgerEntry>,
     done: oneshot::Sender<Result<(), LedgerError>>,
+    rollback: Option<Rollback>,
+}
+
+/// Undoes a change in the counter store unless its entries were committed: it runs when
+/// dropped unconfirmed, wherever that happens (the writer after a failed batch, or a job
+/// that never reached the writer because its caller was cancelled or the writer is gone),
+/// so that no path leaves a change behind without its entry. The writer runs it before it
+/// answers the caller, so a caller told of the failure finds the change undone.
+pub(crate) struct Rollback(Option<Box<dyn FnOnce() + Send>>);
+
+impl Rollback {
+    /// A rollback that runs `undo` unless confirmed.
+    pub(crate) fn new(undo: impl FnOnce() + Send + 'static) -> Self {
+        Self(Some(Box::new(undo)))
+    }
+
+    /// The entries are committed: nothing to undo.
+    fn confirm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Rollback {
+    fn drop(&mut self) {
+        if let Some(undo) = self.0.take() {
+            undo();
+        }
+    }
+}
+
+impl std::fmt::Debug for Rollback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Rollback(armed)"
+        } else {
+            "Rollback(confirmed)"
+        })
+    }
 }
 
 /// A handle to the writer task; clones share the task.
@@ -57,6 +97,16 @@ impl LedgerWriter {
     /// If the caller stops waiting (its request was cancelled), the entries are still
     /// written: the charge they record happened.
     pub async fn append(&self, entries: Vec<LedgerEntry>) -> Result<(), LedgerError> {
+        self.append_or_undo(entries, None).await
+    }
+
+    /// [`LedgerWriter::append`] of the entries of a change already applied to the counter
+    /// store: unless they are committed, `rollback` undoes it (see [`Rollback`]).
+    pub(crate) async fn append_or_undo(
+        &self,
+        entries: Vec<LedgerEntry>,
+        rollback: Option<Rollback>,
+    ) -> Result<(), LedgerError> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -73,7 +123,11 @@ impl LedgerWriter {
         let (done, outcome) = oneshot::channel();
         async {
             self.queue
-                .send(Job { entries, done })
+                .send(Job {
+                    entries,
+                    done,
+                    rollback,
+                })
                 .await
                 .map_err(|_| gone())?;
             outcome.await.map_err(|_| gone())?
@@ -89,6 +143,7 @@ impl LedgerWriter {
         let job = Job {
             entries: Vec::new(),
             done,
+            rollback: None,
         };
         self.queue.send(job).await.map_err(|_| gone())?;
         outcome.await.map_err(|_| gone())?
@@ -121,19 +176,30 @@ async fn run(store: Arc<dyn LedgerStore>, mut jobs: mpsc::Receiver<Job>, lag: Ar
     tracing::debug!("ledger writer stopped: every handle was dropped");
 }
 
-/// Writes one batch and answers each of its callers.
+/// A caller of a batch: its entries' range, where its outcome goes, and its rollback.
+type Waiter = (
+    Range<usize>,
+    oneshot::Sender<Result<(), LedgerError>>,
+    Option<Rollback>,
+);
+
+/// Writes one batch and answers each of its callers (undoing the changes of those whose
+/// entries were not committed first).
 async fn commit(store: &dyn LedgerStore, batch: Vec<Job>, lag: &Lag) {
     let mut entries = Vec::with_capacity(batch.iter().map(|j| j.entries.len()).sum());
-    let mut waiters: Vec<(Range<usize>, oneshot::Sender<_>)> = Vec::with_capacity(batch.len());
+    let mut waiters: Vec<Waiter> = Vec::with_capacity(batch.len());
     for job in batch {
         let start = entries.len();
         entries.extend(job.entries);
-        waiters.push((start..entries.len(), job.done));
+        waiters.push((start..entries.len(), job.done, job.rollback));
     }
     match store.append(&entries).await {
         Ok(_) => {
             lag.observe_all(chrono::Utc::now(), entries.iter().map(|e| e.at));
-            for (_, done) in waiters {
+            for (_, done, rollback) in waiters {
+                if let Some(rollback) = rollback {
+                    rollback.confirm();
+                }
                 // A caller that stopped waiting is fine: its entries are committed.
                 let _ = done.send(Ok(()));
             }
@@ -142,26 +208,40 @@ async fn commit(store: &dyn LedgerStore, batch: Vec<Job>, lag: &Lag) {
         // the transaction rolled back, so write each request on its own (ids make
         // this safe even if some had been written before).
         Err(LedgerError::Corrupt(why)) if waiters.len() > 1 => {
-            tracing::warn!(
-                error = %why,
-                requests = waiters.len(),
-                "a ledger batch was refused; writing its requests one by one"
-            );
-            for (range, done) in waiters {
-                let _ = done.send(store.append(&entries[range]).await.map(|_| ()));
+            static SITE: Throttle = Throttle::new();
+            if let Some(count) = SITE.event() {
+                tracing::warn!(
+                    error = %why,
+                    requests = waiters.len(),
+                    count,
+                    "a ledger batch was refused; writing its requests one by one"
+                );
+            }
+            for (range, done, rollback) in waiters {
+                let outcome = store.append(&entries[range]).await.map(|_| ());
+                if let (Ok(()), Some(rollback)) = (&outcome, rollback) {
+                    rollback.confirm();
+                }
+                let _ = done.send(outcome);
             }
         }
         Err(error) => {
-            // Logged here once per batch: a caller that stopped waiting will not log it.
-            let cause = std::error::Error::source(&error).map(ToString::to_string);
-            tracing::error!(
-                error = %error,
-                cause = cause.as_deref(),
-                entries = entries.len(),
-                requests = waiters.len(),
-                "writing a ledger batch failed; its callers are told so"
-            );
-            for (_, done) in waiters {
+            // Logged here, at most once a second with the count of failed batches: a
+            // caller that stopped waiting will not log it, and an outage fails every batch.
+            static SITE: Throttle = Throttle::new();
+            if let Some(count) = SITE.event() {
+                let cause = std::error::Error::source(&error).map(ToString::to_string);
+                tracing::error!(
+                    error = %error,
+                    cause = cause.as_deref(),
+                    entries = entries.len(),
+                    requests = waiters.len(),
+                    count,
+                    "writing a ledger batch failed; its callers are told so and their changes undone"
+                );
+            }
+            for (_, done, rollback) in waiters {
+                drop(rollback);
                 let _ = done.send(Err(error.clone()));
             }
         }

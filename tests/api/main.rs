@@ -13,6 +13,7 @@ mod crash;
 mod envoy;
 mod errors;
 mod http_semantics;
+mod integrity;
 mod ledger;
 mod observability;
 mod openapi;

@@ -502,3 +502,49 @@ pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, n
         _ => {}
     }
 }
+
+/// Puts `units` back on a live counter that [`restore`] (or a charge) took them from: the
+/// inverse of `restore`, used to undo a change whose ledger entry could not be committed
+/// (a give-back taken back, a charge's units when undoing it goes through `restore`).
+/// Counters that no longer count (a period or bucket that ended) are left alone, as
+/// `restore` leaves them.
+pub(super) fn take(entry: Option<&mut Entry>, restore: &Restore, units: u64, now_ms: i64) {
+    let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
+        return;
+    };
+    match (&mut entry.state, restore) {
+        (State::Counter(used), Restore::Calendar { .. }) => *used = used.saturating_add(units),
+        (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
+            if let Some((used, start, end)) = zoned_period(text) {
+                if (start..end).contains(charged_at_ms) {
+                    *text = format!("{}:{start}:{end}", used.saturating_add(units));
+                }
+            }
+        }
+        (
+            State::Buckets(held),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            },
+        ) if *bucket >= now_ms.div_euclid(*bucket_ms) - buckets => {
+            if let Ok(at) = held.binary_search_by_key(bucket, |(index, _)| *index) {
+                held[at].1 = held[at].1.saturating_add(units);
+            }
+        }
+        (State::Gcra { s, t }, Restore::TokenBucket { period_ms, limit }) => {
+            let rate = u128::from((*limit).max(1));
+            let (left, t_ref) = if *t > now_ms {
+                (u128::from(*s), *t)
+            } else {
+                let drained = u128::try_from(now_ms - *t).unwrap_or(0) * rate;
+                (u128::from(*s).saturating_sub(drained), now_ms)
+            };
+            let back = u128::from(units) * u128::try_from(*period_ms).unwrap_or(1);
+            *s = u64::try_from(left + back).unwrap_or(u64::MAX);
+            *t = t_ref;
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,46 @@
+//! The unit of work of every state change on a store that does not stream the ledger (the
+//! in-process store): the change is applied under the snapshot `cut` lock, its entries
+//! are committed through the group-commit writer, and if they cannot be the change is
+//! undone before the caller is answered (a 503 that leaves nothing behind).
+//!
+//! The store applies a change at once, so concurrent decisions count it while its entry
+//! commits: they may be denied by a change that is then undone (never allowed past a
+//! limit). The undo is a [`Rollback`] handed to the writer with the entries, so it runs
+//! even when the request is cancelled while it waits. On Redis the script appends the
+//! entry to its stream in the same atomic step, so there is nothing to undo.
+
+use super::store::Undo;
+use super::writer::Rollback;
+use super::{Engine, EngineError};
+use crate::domain::LedgerEntry;
+use crate::logs::Throttle;
+
+impl Engine {
+    /// Commits `entries`, the record of a change already applied to the counter store at
+    /// `now_ms`; if they cannot be committed, `undo` takes the change back and the error
+    /// is returned. A store that streams the ledger recorded them itself: nothing to do.
+    pub(super) async fn commit_or_undo(
+        &self,
+        entries: Vec<LedgerEntry>,
+        now_ms: i64,
+        undo: impl FnOnce() -> Undo,
+    ) -> Result<(), EngineError> {
+        if self.counters.streams_ledger() {
+            return Ok(());
+        }
+        let counters = self.counters.clone();
+        let undo = undo();
+        let rollback = Rollback::new(move || {
+            if let Err(error) = counters.undo(now_ms, &undo) {
+                static SITE: Throttle = Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::error!(error = %error, count, "undoing a change whose ledger entry failed");
+                }
+            }
+        });
+        self.writer
+            .append_or_undo(entries, Some(rollback))
+            .await
+            .map_err(EngineError::from)
+    }
+}

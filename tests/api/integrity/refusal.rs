@@ -1,0 +1,67 @@
+//! A ledger database that refuses every new entry, as a full disk or a read-only database
+//! does: a trigger that aborts each insert into `ledger_entries`, dropped again by `lift`.
+//! The service meets the refusal over its real connections, as it would meet the fault.
+
+use sqlx::Connection;
+
+/// The refusal in force on one database.
+pub struct Refusal {
+    url: String,
+}
+
+const SQLITE_REFUSE: &str = "CREATE TRIGGER quota_test_refuse BEFORE INSERT ON ledger_entries \
+     BEGIN SELECT RAISE(ABORT, 'injected fault: the ledger refuses writes'); END";
+const PG_FUNCTION: &str = "CREATE OR REPLACE FUNCTION quota_test_refuse() RETURNS trigger \
+     LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected fault: the ledger refuses writes'; END $$";
+const PG_REFUSE: &str = "CREATE TRIGGER quota_test_refuse BEFORE INSERT ON ledger_entries \
+     FOR EACH ROW EXECUTE FUNCTION quota_test_refuse()";
+
+impl Refusal {
+    /// Makes the ledger at `url` refuse every insert from now on.
+    pub async fn install(url: &str) -> Self {
+        let statements: &[&str] = if url.starts_with("sqlite:") {
+            &[SQLITE_REFUSE]
+        } else {
+            &[PG_FUNCTION, PG_REFUSE]
+        };
+        run(url, statements).await;
+        Self {
+            url: url.to_owned(),
+        }
+    }
+
+    /// The database accepts entries again.
+    pub async fn lift(self) {
+        let drop = match self.url.starts_with("sqlite:") {
+            true => "DROP TRIGGER quota_test_refuse",
+            false => "DROP TRIGGER quota_test_refuse ON ledger_entries",
+        };
+        run(&self.url, &[drop]).await;
+    }
+}
+
+async fn run(url: &str, statements: &[&str]) {
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        for statement in statements {
+            sqlx::query(statement).execute(&mut conn).await.unwrap();
+        }
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        for statement in statements {
+            sqlx::query(statement).execute(&mut conn).await.unwrap();
+        }
+    }
+}
+
+/// Rows in the ledger at `url`, counted in SQL.
+pub async fn ledger_rows(url: &str) -> i64 {
+    let sql = "SELECT COUNT(*) FROM ledger_entries";
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}
