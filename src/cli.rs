@@ -1,4 +1,5 @@
 //! Commands that talk to a running service over its HTTP API (the top layer, beside
-//! `startup`): `policies export | diff | apply`.
+//! `startup`): `policies export | diff | apply`, `counters verify`.
 
+pub mod counters;
 pub mod policies;

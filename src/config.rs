@@ -90,6 +90,9 @@ pub struct Settings {
     /// requests wait a millisecond before they are served, so that the drain keeps up
     /// (`QUOTA_LEDGER_PACE_MS`; zero never paces).
     pub ledger_pace: Duration,
+    /// How often the service compares its counters with the ledger in the background
+    /// (`QUOTA_VERIFY_INTERVAL_S`); `None`: never.
+    pub verify_interval: Option<Duration>,
 }
 
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
@@ -140,6 +143,7 @@ impl fmt::Debug for Settings {
             .field("queue_wait", &self.queue_wait)
             .field("ledger_backlog_max", &self.ledger_backlog_max)
             .field("ledger_pace", &self.ledger_pace)
+            .field("verify_interval", &self.verify_interval)
             .finish()
     }
 }
@@ -160,6 +164,10 @@ const DEFAULT_MAX_QUEUED: &str = "4096";
 const DEFAULT_QUEUE_WAIT_MS: &str = "1000";
 const DEFAULT_LEDGER_BACKLOG_MAX: &str = "1000000";
 const DEFAULT_LEDGER_PACE_MS: &str = "500";
+/// An hour: a verify replays the ledger's horizon into memory (about a second per
+/// million entries), which is worth doing often enough to see drift the same day, and
+/// rarely enough to cost nothing noticeable.
+const DEFAULT_VERIFY_INTERVAL_S: &str = "3600";
 
 /// The configuration as given, one text per variable (or flag), defaults filled in; an
 /// empty or blank value counts as unset. [`Settings::from_args`] checks it.
@@ -268,6 +276,12 @@ pub struct ConfigArgs {
     #[arg(long, env = "QUOTA_LEDGER_PACE_MS", value_name = "MS",
         default_value = DEFAULT_LEDGER_PACE_MS, global = true)]
     ledger_pace_ms: String,
+    /// How often, in seconds, the service compares every live budget with the usage its
+    /// ledger gives it, exporting quota_counter_drift_budgets and logging each drifting
+    /// budget once (0: never).
+    #[arg(long, env = "QUOTA_VERIFY_INTERVAL_S", value_name = "SECONDS",
+        default_value = DEFAULT_VERIFY_INTERVAL_S, global = true)]
+    verify_interval_s: String,
 }
 
 /// clap's parser for secret values: any text, kept out of `Debug` output from the start.
@@ -439,6 +453,11 @@ impl Settings {
             DEFAULT_LEDGER_PACE_MS,
             "QUOTA_LEDGER_PACE_MS must be a whole number of milliseconds",
         )?;
+        let verify_interval_s: u64 = number(
+            args.verify_interval_s,
+            DEFAULT_VERIFY_INTERVAL_S,
+            "QUOTA_VERIFY_INTERVAL_S must be a whole number of seconds",
+        )?;
         Ok(Self {
             listen,
             grpc_listen,
@@ -467,6 +486,8 @@ impl Settings {
             queue_wait: Duration::from_millis(queue_wait_ms),
             ledger_backlog_max,
             ledger_pace: Duration::from_millis(ledger_pace_ms),
+            verify_interval: (verify_interval_s > 0)
+                .then(|| Duration::from_secs(verify_interval_s)),
         })
     }
 }

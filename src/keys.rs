@@ -377,6 +377,16 @@ pub(crate) fn hash_tag(key: &str) -> &str {
     key
 }
 
+/// The policy key a counter's key names, or `None` for a key that is no counter (the
+/// `#…` records and indexes of a shard).
+pub(crate) fn counter_policy_key(key: &str) -> Option<&str> {
+    let (_, rest) = key.split_once('}')?;
+    match rest.starts_with('#') {
+        true => None,
+        false => rest.get(..POLICY_KEY_LEN),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

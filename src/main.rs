@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use quota_ledger::cli::counters;
 use quota_ledger::cli::policies::{self, Exit, Remote};
 use quota_ledger::config::{ConfigArgs, Settings};
 use quota_ledger::startup::Application;
@@ -99,6 +100,22 @@ enum CountersCommand {
         #[arg(long, value_name = "ACTION")]
         action: Option<String>,
     },
+    /// Ask a running service to compare every live budget with the usage its ledger gives
+    /// it, and print each one that drifts. Exits 0 when none does, 1 when some does, 2 when
+    /// it cannot tell (the service unreachable, a store down). Uses QUOTA_ADMIN_TOKEN.
+    Verify {
+        /// Verify only this action's budgets.
+        #[arg(long, value_name = "ACTION")]
+        action: Option<String>,
+        /// The service's base URL.
+        #[arg(
+            long,
+            env = "QUOTA_URL",
+            value_name = "URL",
+            default_value = "http://127.0.0.1:8080"
+        )]
+        url: String,
+    },
 }
 
 #[actix_web::main]
@@ -117,6 +134,21 @@ async fn main() -> anyhow::Result<()> {
         let remote = Remote::new(&url, token.expose())?;
         let exit = policies_command(&remote, command).await?;
         std::process::exit(exit as i32);
+    }
+    if let Some(Command::Counters(CountersCommand::Verify { action, url })) = &cli.command {
+        let verdict = match settings.admin_token.as_ref() {
+            Some(token) => {
+                let remote = Remote::new(url, token.expose())?;
+                counters::verify(&remote, action.as_deref()).await
+            }
+            None => {
+                eprintln!(
+                    "cannot tell: QUOTA_ADMIN_TOKEN must be set to the service's admin token"
+                );
+                counters::Verdict::CannotTell
+            }
+        };
+        std::process::exit(verdict as i32);
     }
     let telemetry = quota_ledger::telemetry::init(settings.log_json)?;
     if let Some(Command::Migrate) = cli.command {

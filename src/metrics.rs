@@ -95,6 +95,8 @@ pub(crate) struct Live {
     pub(crate) paced: u64,
     /// How long ledger entries took from their decision to their SQL commit.
     pub(crate) ledger_lag: crate::engine::lag::LagSnapshot,
+    /// Budgets whose counters drifted from the ledger at the last verify; `None` before.
+    pub(crate) counter_drift_budgets: Option<u64>,
 }
 
 /// The service's metrics; shared by every worker.

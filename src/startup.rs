@@ -127,7 +127,8 @@ struct Counters {
     shards: Option<Arc<dyn ShardStates>>,
 }
 
-/// A fresh in-process store, to replay a shard's ledger into before it is written to Redis.
+/// A fresh in-process store, to replay the ledger into: a shard's before it is written
+/// to Redis, or the whole horizon to compare with the live counters (`counters verify`).
 fn scratch_store() -> Arc<dyn Replay> {
     Arc::new(MemoryCounterStore::new())
 }
@@ -278,10 +279,7 @@ impl Application {
             clock,
             load: load.clone(),
             backlog_max: settings.ledger_backlog_max,
-            scratch: counters
-                .shards
-                .is_some()
-                .then(|| Arc::new(scratch_store) as ScratchStore),
+            scratch: Some(Arc::new(scratch_store) as ScratchStore),
             shards: counters.shards.clone(),
             snapshots: counters.embedded.as_ref().map(embedded::Embedded::ports),
             janitor,
@@ -319,6 +317,12 @@ impl Application {
                 .pacing(ledger_lag.clone(), settings.ledger_pace),
             ),
         });
+        if let Some(every) = settings.verify_interval {
+            let engine = state.engine.clone();
+            tasks.0.push(tokio::spawn(
+                async move { engine.verify_every(every).await },
+            ));
+        }
         let sweeper = embedded::Sweeper::spawn(state.clone());
         if state.engine.backlog().is_some() {
             // Before the first request, so that a full backlog is known from the start.

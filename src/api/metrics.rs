@@ -30,6 +30,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         overloaded: state.admission.shed(),
         paced: state.admission.paced(),
         ledger_lag: state.ledger_lag.snapshot(),
+        counter_drift_budgets: state.engine.drift_watch().budgets(),
     };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)

@@ -19,6 +19,7 @@ pub(crate) mod quota;
 pub(crate) mod request_id;
 pub(crate) mod routing;
 mod timestamp;
+pub(crate) mod verify;
 pub(crate) mod wire;
 
 use crate::engine::Engine;
@@ -71,6 +72,7 @@ pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfi
         .service(admin::put_override)
         .service(admin::delete_override)
         .service(activity::activity)
+        .service(verify::verify)
         .service(health::healthz)
         .service(health::readyz)
         .service(metrics::metrics);

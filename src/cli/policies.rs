@@ -61,7 +61,8 @@ impl Remote {
         })
     }
 
-    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+    /// A request to `path` with the admin token.
+    pub(crate) fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         self.client
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.token)
@@ -89,7 +90,11 @@ impl Remote {
 
 /// The body of `answer` if its status is one of `ok`, else an error with the problem's
 /// detail.
-async fn expect(answer: reqwest::Response, ok: &[StatusCode], what: &str) -> anyhow::Result<Value> {
+pub(crate) async fn expect(
+    answer: reqwest::Response,
+    ok: &[StatusCode],
+    what: &str,
+) -> anyhow::Result<Value> {
     let status = answer.status();
     let body: Value = answer.json().await.unwrap_or(Value::Null);
     if ok.contains(&status) {

@@ -26,6 +26,7 @@ pub mod store;
 pub(crate) mod stream;
 mod together;
 mod unit;
+pub(crate) mod verify;
 pub mod window;
 pub mod writer;
 
@@ -172,7 +173,7 @@ pub(crate) struct Ports {
     pub(crate) backlog_max: u64,
     /// The counter store's shards, for rebuilding them from the ledger (Redis only).
     pub(crate) shards: Option<Arc<dyn shards::ShardStates>>,
-    /// A fresh in-process store to replay a shard's ledger into (Redis only).
+    /// A fresh in-process store to replay the ledger into (a shard's on Redis; all of it to verify).
     pub(crate) scratch: Option<shards::ScratchStore>,
     /// The in-process store and the table its snapshots go to (the embedded default).
     pub(crate) snapshots: Option<snapshot::Snapshots>,
@@ -207,6 +208,8 @@ pub struct Engine {
     /// When the holds this instance knows of fall due, per shard.
     hold_dues: giveback::HoldDues,
     janitor: Arc<janitor::Janitor>,
+    /// What the last verify found.
+    drift: verify::DriftWatch,
 }
 
 impl Engine {
@@ -245,6 +248,7 @@ impl Engine {
             cut: tokio::sync::RwLock::new(()),
             hold_dues: giveback::HoldDues::default(),
             janitor,
+            drift: verify::DriftWatch::default(),
         }
     }
 

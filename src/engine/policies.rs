@@ -72,6 +72,18 @@ impl PolicyCache {
         snapshot.by_action.get(action).cloned()
     }
 
+    /// The enabled policy whose counters carry `policy_key`, and its action.
+    pub(crate) fn owner_of(&self, policy_key: &str) -> Option<(PolicyId, Action)> {
+        let snapshot = self.current();
+        snapshot.by_action.iter().find_map(|(action, policies)| {
+            let at = policies
+                .keys
+                .iter()
+                .position(|k| k.as_str() == policy_key)?;
+            Some((policies.enabled[at].id.clone(), action.clone()))
+        })
+    }
+
     /// How many policies and overrides are cached.
     pub(crate) fn sizes(&self) -> (usize, usize) {
         let snapshot = self.current();

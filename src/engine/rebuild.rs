@@ -133,7 +133,7 @@ impl Engine {
         target: &dyn Replay,
         after: Option<i64>,
     ) -> Result<Rebuilt, EngineError> {
-        self.replay_ledger(target, after, &|_| true).await
+        self.replay_ledger(target, after, None, &|_| true).await
     }
 
     /// [`Engine::rebuild`] of the horizon, replaying only the entries `wanted` keeps (those
@@ -143,13 +143,16 @@ impl Engine {
         target: &dyn Replay,
         wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
     ) -> Result<Rebuilt, EngineError> {
-        self.replay_ledger(target, None, wanted).await
+        self.replay_ledger(target, None, None, wanted).await
     }
 
-    async fn replay_ledger(
+    /// Replays the entries after `after` (or of the horizon), up to the one numbered
+    /// `until` when given, that `wanted` keeps, into `target`.
+    pub(super) async fn replay_ledger(
         &self,
         target: &dyn Replay,
         after: Option<i64>,
+        until: Option<i64>,
         wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
     ) -> Result<Rebuilt, EngineError> {
         let now = self.now();
@@ -171,7 +174,10 @@ impl Engine {
         };
         let mut after = first - 1;
         loop {
-            let page = self.ledger.entries_after(after, PAGE).await?;
+            let mut page = self.ledger.entries_after(after, PAGE).await?;
+            if let Some(until) = until {
+                page.retain(|(seq, _)| *seq <= until);
+            }
             let Some((last, _)) = page.last() else {
                 break;
             };

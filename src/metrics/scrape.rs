@@ -43,6 +43,13 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         "1 while this instance is the janitor: it sweeps after dead instances (their ledger entries and holds)",
         ConstGauge::new(i64::from(live.janitor)),
     );
+    if let Some(drift) = live.counter_drift_budgets {
+        registry.register(
+            "quota_counter_drift_budgets",
+            "Budgets whose live counter differed from the usage the ledger gives it at the last verify (QUOTA_VERIFY_INTERVAL_S, or GET /admin/counters/verify)",
+            ConstGauge::new(i64::try_from(drift).unwrap_or(i64::MAX)),
+        );
+    }
     if let Some(backlog) = live.ledger_backlog {
         registry.register(
             "quota_ledger_backlog_entries",

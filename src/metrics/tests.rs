@@ -227,6 +227,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         "quota_ledger_backlog_entries",
         "quota_ledger_backlog_max_entries",
         "quota_redis_used_memory_bytes",
+        "quota_counter_drift_budgets",
     ] {
         assert!(!empty.contains(absent), "{absent} in\n{empty}");
     }
@@ -253,6 +254,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
             lag.observe_all(now, decided.into_iter());
             lag.snapshot()
         },
+        counter_drift_budgets: Some(2),
     };
     let text = metrics.render(&cache_with("a"), &live);
     let samples = samples(&text);
@@ -282,6 +284,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_ledger_lag_seconds_sum", "0.7"),
         ("quota_overloaded_total", "11"),
         ("quota_paced_total", "13"),
+        ("quota_counter_drift_budgets", "2"),
         (version.as_str(), "1"),
     ];
     for (series, value) in table {

@@ -245,6 +245,8 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         queue_wait: Duration::from_millis(250),
         ledger_backlog_max: 1_000_000,
         ledger_pace: Duration::from_millis(500),
+        // Tests verify when they say (GET /admin/counters/verify).
+        verify_interval: None,
     };
     FreshSettings { settings, database }
 }

@@ -5,3 +5,38 @@
 
 mod faults;
 mod refusal;
+mod verify;
+
+use crate::helpers::{TestApp, ADMIN_TOKEN};
+use serde_json::Value;
+
+/// `GET /admin/counters/verify`'s answer, asserted 200.
+pub async fn verify(app: &TestApp) -> Value {
+    let answer = app.admin_get("/admin/counters/verify").await;
+    assert_eq!(answer.status, reqwest::StatusCode::OK, "{}", answer.body);
+    answer.body
+}
+
+/// Asserts that every live budget agrees with the ledger, and that some were compared.
+pub async fn assert_no_drift(app: &TestApp) {
+    let verified = verify(app).await;
+    assert_eq!(verified["drift"], serde_json::json!([]), "{verified}");
+    assert!(verified["checked"].as_u64().unwrap() > 0, "{verified}");
+}
+
+/// `quota-ledger counters verify --url <app>`: its exit status and what it printed.
+pub async fn cli_verify(app: &TestApp) -> (i32, String) {
+    let url = app.address.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
+            .args(["counters", "verify", "--url", &url])
+            .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("running quota-ledger counters verify")
+    })
+    .await
+    .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code().unwrap_or(-1), printed)
+}

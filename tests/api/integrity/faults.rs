@@ -4,6 +4,7 @@
 //! and a restart finds the same.
 
 use super::refusal::{ledger_rows, Refusal};
+use super::{assert_no_drift, cli_verify};
 use crate::helpers::{spawn_app, Answer, CounterBackend, PolicyBackend, TestApp};
 use crate::on_policy_stores;
 use reqwest::StatusCode;
@@ -89,9 +90,11 @@ async fn a_consume_the_ledger_refuses_is_answered_503_and_leaves_nothing_behind(
     // The graceful stop's snapshot holds what the ledger holds, and so does a kill -9.
     let app = app.restart().await;
     assert_eq!(used(&app).await, 70_000);
+    assert_no_drift(&app).await;
     let app = app.crash_restart().await;
     assert_eq!(used(&app).await, 70_000);
     assert_eq!(ledger_rows(&url).await, 2);
+    assert_eq!(cli_verify(&app).await.0, 0);
 }
 
 async fn a_settlement_the_ledger_refuses_changes_nothing(policy: PolicyBackend) {
@@ -142,8 +145,10 @@ async fn a_settlement_the_ledger_refuses_changes_nothing(policy: PolicyBackend) 
         8,
         "charge, 3 holds, and 4 settlements"
     );
+    assert_no_drift(&app).await;
     let app = app.crash_restart().await;
     assert_eq!(used(&app).await, 34_000);
+    assert_eq!(cli_verify(&app).await.0, 0);
 }
 
 on_policy_stores!(
