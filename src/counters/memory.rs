@@ -336,22 +336,17 @@ fn undo_in(entries: &mut HashMap<String, Entry>, now_ms: i64, undo: &Undo) {
                 counting::index_remove(entries, index, hold_id);
             }
         }
-        Undo::GiveBack { request, refunded } => {
-            let (full, by_amount) = match request.kind {
-                GiveBackKind::Refund { amount, total, .. } => (*refunded == total, amount),
-                GiveBackKind::Commit { settle, total, .. } => (false, total - settle),
-                GiveBackKind::Release { total, .. } | GiveBackKind::Expire { total, .. } => {
-                    (true, total)
-                }
-                _ => (false, 0),
-            };
-            for counter in &request.counters {
-                let units = given_back(counter, full, by_amount);
-                if units > 0 {
+        Undo::GiveBack {
+            request,
+            refunded,
+            restored,
+        } => {
+            for (counter, took) in request.counters.iter().zip(restored) {
+                if *took > 0 {
                     counting::take(
                         entries.get_mut(&counter.key),
                         &counter.restore,
-                        units,
+                        *took,
                         now_ms,
                     );
                 }
@@ -500,16 +495,18 @@ fn give_back_in(
         Ok(step) => step,
         Err(answer) => return Ok(answer),
     };
+    let mut restored = Vec::with_capacity(request.counters.len());
     for counter in &request.counters {
         let give = given_back(counter, full, by_amount_gets);
-        if give > 0 {
-            counting::restore(
+        restored.push(match give {
+            0 => 0,
+            give => counting::restore(
                 entries.get_mut(&counter.key),
                 &counter.restore,
                 give,
                 now_ms,
-            );
-        }
+            ),
+        });
     }
     if matches!(request.kind, GiveBackKind::Refund { .. }) {
         counting::set_text(
@@ -523,7 +520,10 @@ fn give_back_in(
         let kept = format!("{}\n{result}", idem.record);
         counting::set_text(entries, &idem.key, kept, now_ms + idem.ttl_ms);
     }
-    Ok(GivenBack::Done { refunded: result })
+    Ok(GivenBack::Done {
+        refunded: result,
+        restored,
+    })
 }
 
 /// What a give-back returns to its counters: whether count policies get their charge back

@@ -135,10 +135,14 @@ impl Engine {
             .give_back(now.timestamp_millis(), &request)
             .await?
         {
-            GivenBack::Done { refunded: after } => {
+            GivenBack::Done {
+                refunded: after,
+                restored,
+            } => {
                 self.share_foreign(keys.shard, &entry, foreign, after == total, amount)
                     .await;
-                self.record_unless_streamed(&entry, &request, after).await?;
+                self.record_unless_streamed(&entry, &request, (after, restored))
+                    .await?;
                 Ok(self.settled(entry, false).await)
             }
             GivenBack::Conflict(before) => Err(EngineError::Conflict(format!(
@@ -380,7 +384,7 @@ impl Engine {
             .counters
             .give_back(now.timestamp_millis(), &request)
             .await?;
-        if matches!(done, GivenBack::Done { .. }) {
+        if let GivenBack::Done { restored, .. } = &done {
             let (full, by_amount) = match request.kind {
                 GiveBackKind::Commit { settle, total, .. } => (false, total - settle),
                 GiveBackKind::Release { total, .. } | GiveBackKind::Expire { total, .. } => {
@@ -390,7 +394,8 @@ impl Engine {
             };
             self.share_foreign(hold_id.shard(), &entry, foreign, full, by_amount)
                 .await;
-            self.record_unless_streamed(&entry, &request, 0).await?;
+            self.record_unless_streamed(&entry, &request, (0, restored.clone()))
+                .await?;
         }
         Ok((entry, done))
     }
@@ -508,16 +513,18 @@ impl Engine {
     }
 
     /// Writes `entry` to the SQL ledger before the answer, unless the store streamed it;
-    /// if it cannot be, the give-back `request` (which answered `refunded`) is undone.
+    /// if it cannot be, the give-back `request` (which answered a refunded total and what
+    /// each counter got back) is undone.
     async fn record_unless_streamed(
         &self,
         entry: &LedgerEntry,
         request: &GiveBack,
-        refunded: u64,
+        (refunded, restored): (u64, Vec<u64>),
     ) -> Result<(), EngineError> {
         let undo = || Undo::GiveBack {
             request: Box::new(request.clone()),
             refunded,
+            restored,
         };
         self.commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), undo)
             .await

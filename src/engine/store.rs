@@ -317,6 +317,10 @@ pub enum GivenBack {
     Done {
         /// Refunded so far (refunds), or 0.
         refunded: u64,
+        /// The in-process store: what each counter got back, in its own units (a token
+        /// bucket's in unit-milliseconds), which may be less than asked of a counter that
+        /// held less; what undoing it puts back. Empty from Redis.
+        restored: Vec<u64>,
     },
     /// Refused: over-refund, or a hold no longer open. The text says which.
     Conflict(String),
@@ -349,6 +353,8 @@ pub enum Undo {
         request: Box<GiveBack>,
         /// [`GivenBack::Done`]'s refunded total.
         refunded: u64,
+        /// [`GivenBack::Done`]'s restored units, per counter.
+        restored: Vec<u64>,
     },
 }
 

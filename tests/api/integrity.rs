@@ -4,6 +4,7 @@
 //! writes, a full disk, the database stopped.
 
 mod faults;
+mod histories;
 mod real;
 mod refusal;
 mod verify;

@@ -459,19 +459,29 @@ pub(super) fn index_first(entry: Option<&Entry>) -> Option<i64> {
 
 /// Takes up to `give` units off a live counter, as giveback.lua does: a calendar counter
 /// loses them, a rolling bucket that still counts loses them, a token bucket drains first
-/// and then loses `give × period_ms`; nothing goes below zero.
-pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, now_ms: i64) {
+/// and then loses `give × period_ms`; nothing goes below zero. Returns what it took, in
+/// the counter's own units (unit-milliseconds for a token bucket), for [`take`] to put
+/// back exactly.
+pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, now_ms: i64) -> u64 {
     let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
-        return;
+        return 0;
+    };
+    let took = |held: &mut u64, give: u64| {
+        let took = give.min(*held);
+        *held -= took;
+        took
     };
     match (&mut entry.state, restore) {
-        (State::Counter(units), Restore::Calendar { .. }) => *units = units.saturating_sub(give),
+        (State::Counter(units), Restore::Calendar { .. }) => took(units, give),
         (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
             // Only the period the units were charged in gets them back.
-            if let Some((used, start, end)) = zoned_period(text) {
-                if (start..end).contains(charged_at_ms) {
-                    *text = format!("{}:{start}:{end}", used.saturating_sub(give));
+            match zoned_period(text) {
+                Some((mut used, start, end)) if (start..end).contains(charged_at_ms) => {
+                    let taken = took(&mut used, give);
+                    *text = format!("{used}:{start}:{end}");
+                    taken
                 }
+                _ => 0,
             }
         }
         (
@@ -482,8 +492,9 @@ pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, n
                 buckets,
             },
         ) if *bucket >= now_ms.div_euclid(*bucket_ms) - buckets => {
-            if let Ok(at) = held.binary_search_by_key(bucket, |(index, _)| *index) {
-                held[at].1 = held[at].1.saturating_sub(give);
+            match held.binary_search_by_key(bucket, |(index, _)| *index) {
+                Ok(at) => took(&mut held[at].1, give),
+                Err(_) => 0,
             }
         }
         (State::Gcra { s, t }, Restore::TokenBucket { period_ms, limit }) => {
@@ -495,29 +506,28 @@ pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, n
                 (u128::from(*s).saturating_sub(drained) as u64, now_ms)
             };
             let back = u128::from(give) * u128::try_from(*period_ms).unwrap_or(1);
-            left = u128::from(left).saturating_sub(back) as u64;
+            let taken = took(&mut left, u64::try_from(back).unwrap_or(u64::MAX));
             *s = left;
             *t = t_ref;
+            taken
         }
-        _ => {}
+        _ => 0,
     }
 }
 
-/// Puts `units` back on a live counter that [`restore`] (or a charge) took them from: the
-/// inverse of `restore`, used to undo a change whose ledger entry could not be committed
-/// (a give-back taken back, a charge's units when undoing it goes through `restore`).
-/// Counters that no longer count (a period or bucket that ended) are left alone, as
-/// `restore` leaves them.
-pub(super) fn take(entry: Option<&mut Entry>, restore: &Restore, units: u64, now_ms: i64) {
+/// Puts back on a live counter what [`restore`] took from it (`took`, in the counter's own
+/// units): undoes a give-back whose ledger entry could not be committed. Counters that no
+/// longer count (a period or bucket that ended) are left alone, as `restore` leaves them.
+pub(super) fn take(entry: Option<&mut Entry>, restore: &Restore, took: u64, now_ms: i64) {
     let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
         return;
     };
     match (&mut entry.state, restore) {
-        (State::Counter(used), Restore::Calendar { .. }) => *used = used.saturating_add(units),
+        (State::Counter(used), Restore::Calendar { .. }) => *used = used.saturating_add(took),
         (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
             if let Some((used, start, end)) = zoned_period(text) {
                 if (start..end).contains(charged_at_ms) {
-                    *text = format!("{}:{start}:{end}", used.saturating_add(units));
+                    *text = format!("{}:{start}:{end}", used.saturating_add(took));
                 }
             }
         }
@@ -530,20 +540,18 @@ pub(super) fn take(entry: Option<&mut Entry>, restore: &Restore, units: u64, now
             },
         ) if *bucket >= now_ms.div_euclid(*bucket_ms) - buckets => {
             if let Ok(at) = held.binary_search_by_key(bucket, |(index, _)| *index) {
-                held[at].1 = held[at].1.saturating_add(units);
+                held[at].1 = held[at].1.saturating_add(took);
             }
         }
-        (State::Gcra { s, t }, Restore::TokenBucket { period_ms, limit }) => {
-            let rate = u128::from((*limit).max(1));
-            let (left, t_ref) = if *t > now_ms {
-                (u128::from(*s), *t)
-            } else {
-                let drained = u128::try_from(now_ms - *t).unwrap_or(0) * rate;
-                (u128::from(*s).saturating_sub(drained), now_ms)
-            };
-            let back = u128::from(units) * u128::try_from(*period_ms).unwrap_or(1);
-            *s = u64::try_from(left + back).unwrap_or(u64::MAX);
-            *t = t_ref;
+        (State::Gcra { s, t }, Restore::TokenBucket { limit, .. }) => {
+            // Drained to now first, as `restore` did at the same instant.
+            if *t <= now_ms {
+                let drained =
+                    u128::try_from(now_ms - *t).unwrap_or(0) * u128::from((*limit).max(1));
+                *s = u64::try_from(u128::from(*s).saturating_sub(drained)).unwrap_or(0);
+                *t = now_ms;
+            }
+            *s = s.saturating_add(took);
         }
         _ => {}
     }

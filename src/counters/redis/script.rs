@@ -397,6 +397,7 @@ pub(super) fn parse_given_back(reply: Value, control_key: &str) -> Result<GivenB
     match items.as_slice() {
         [Value::Int(1), Value::Int(total)] => Ok(GivenBack::Done {
             refunded: u64::try_from(*total).unwrap_or(0),
+            restored: Vec::new(),
         }),
         [Value::Int(2), value] => Ok(GivenBack::Conflict(text(value)?)),
         [Value::Int(3), value] => Ok(GivenBack::Replayed(text(value)?)),
