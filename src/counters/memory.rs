@@ -283,6 +283,17 @@ impl CounterStore for MemoryCounterStore {
         Ok(())
     }
 
+    fn confirm(&self, now_ms: i64, change: &Undo) {
+        if let Undo::Charge {
+            idempotency: Some(key),
+            ..
+        } = change
+        {
+            let mut shard = lock(self.shard(key));
+            confirm_in(&mut shard.entries, now_ms, change);
+        }
+    }
+
     fn undo(&self, now_ms: i64, undo: &Undo) -> Result<(), StoreError> {
         let mut keys: Vec<&str> = Vec::new();
         match undo {
@@ -309,6 +320,27 @@ impl CounterStore for MemoryCounterStore {
         }
         self.with_keys(&keys, |shard| undo_in(&mut shard.entries, now_ms, undo));
         Ok(())
+    }
+}
+
+/// What an idempotency record kept as in flight starts with, until confirmed: no record
+/// the engine encodes starts with a NUL.
+const PENDING: &str = "\u{0}pending\n";
+
+/// Keeps for good the kept answer of a change whose ledger entry was committed.
+fn confirm_in(entries: &mut HashMap<String, Entry>, now_ms: i64, change: &Undo) {
+    let Undo::Charge {
+        idempotency: Some(key),
+        ..
+    } = change
+    else {
+        return;
+    };
+    let confirmed = counting::text(entries.get(key), now_ms)
+        .and_then(|text| text.strip_prefix(PENDING))
+        .map(str::to_owned);
+    if let (Some(text), Some(entry)) = (confirmed, entries.get_mut(key)) {
+        counting::replace_text(entry, text);
     }
 }
 
@@ -402,6 +434,9 @@ fn decide_in(
 ) -> Result<Decided, StoreError> {
     if let Some(idem) = &effects.idempotency {
         if let Some(kept) = counting::text(shard.entries.get(&idem.key), now_ms) {
+            if kept.starts_with(PENDING) {
+                return Ok(Decided::InFlight);
+            }
             return codec::decode_replay(kept);
         }
     }
@@ -409,6 +444,10 @@ fn decide_in(
     if commit && evaluation.allowed {
         if let Some(idem) = &effects.idempotency {
             let kept = codec::encode_replay(&idem.record, &evaluation);
+            let kept = match idem.pending {
+                true => format!("{PENDING}{kept}"),
+                false => kept,
+            };
             counting::set_text(&mut shard.entries, &idem.key, kept, now_ms + idem.ttl_ms);
         }
         if let Some(hold) = &effects.hold {

@@ -181,6 +181,13 @@ impl Engine {
                 Ok(attempt.answer(decision))
             }
             Ok(Decided::Replayed { record, evaluation }) => replay(request, &record, &evaluation),
+            Ok(Decided::InFlight) => Err(EngineError::Conflict(format!(
+                "a request with idempotency key '{}' is being decided; retry shortly",
+                request
+                    .idempotency_key
+                    .as_ref()
+                    .map_or("", |key| key.as_str())
+            ))),
             Ok(Decided::Refused) => Err(EngineError::Store(StoreError::Protocol(
                 "a consume was refused as a reservation".to_owned(),
             ))),
@@ -212,6 +219,7 @@ impl Engine {
                 key: plan.keys.idempotency(scope, key.as_str()),
                 ttl_ms: MIN_IDEMPOTENCY_MS.max(plan.longest_window_ms() + 3_600_000),
                 record: codec::encode_consume_record(&record),
+                pending: !self.counters.streams_ledger(),
             };
             (idem, record.policies)
         });

@@ -140,7 +140,7 @@ impl Engine {
                     return self.denied(plan, outcomes, &groups, None).await;
                 }
             }
-            Ok(replayed @ Decided::Replayed { .. }) => return Ok(replayed),
+            Ok(replayed @ (Decided::Replayed { .. } | Decided::InFlight)) => return Ok(replayed),
             Ok(Decided::Refused) => {
                 return Err(StoreError::Protocol("an open refused".to_owned()));
             }
@@ -191,7 +191,7 @@ impl Engine {
                 Ok(Decided::Refused) => {
                     StoreError::Timeout("the consume's deadline passed while reserving".into())
                 }
-                Ok(Decided::Replayed { .. }) => {
+                Ok(Decided::Replayed { .. } | Decided::InFlight) => {
                     StoreError::Protocol("a reservation replayed an answer".into())
                 }
                 Err(error) => error,

@@ -192,6 +192,7 @@ impl Engine {
                 key: keys.idempotency('r', &format!("{consumption_id}:{key}")),
                 ttl_ms: REFUND_IDEMPOTENCY_MS,
                 record: codec::encode_entry(entry),
+                pending: false,
             }),
         }
     }

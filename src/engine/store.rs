@@ -188,6 +188,10 @@ pub(crate) struct IdempotencyRecord {
     pub(crate) ttl_ms: i64,
     /// What to keep (opaque to the store); replayed with the evaluation that was applied.
     pub(crate) record: String,
+    /// Kept as in flight until [`CounterStore::confirm`] (the in-process store, whose
+    /// entry commits after the decision): a retry meanwhile is told to wait
+    /// ([`Decided::InFlight`]), never replayed an answer that may yet be undone.
+    pub(crate) pending: bool,
 }
 
 /// Ledger entries to append, serialized.
@@ -233,6 +237,9 @@ pub enum Decided {
     /// A reservation refused: its attempt was undone in that slot already, or its deadline
     /// passed. Nothing was decided.
     Refused,
+    /// The idempotency key's first request is still being decided (its entry commits):
+    /// nothing was decided; retry shortly.
+    InFlight,
 }
 
 /// What is being given back.
@@ -469,6 +476,11 @@ pub trait CounterStore: Send + Sync + 'static {
             "this store streams the ledger: a change is undone by voiding it".to_owned(),
         ))
     }
+
+    /// Confirms a change whose ledger entry was committed: what it kept as in flight
+    /// ([`IdempotencyRecord::pending`]) is kept for good. Only a store that does not
+    /// stream the ledger is asked; synchronous, like [`CounterStore::undo`].
+    fn confirm(&self, _now_ms: i64, _change: &Undo) {}
 
     /// Whether this store appends ledger entries itself (to a Redis stream) as part of
     /// [`CounterStore::decide`] and [`CounterStore::give_back`].

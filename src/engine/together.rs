@@ -117,9 +117,11 @@ impl Engine {
                     })
                     .collect())
             }
-            Ok(Decided::Replayed { .. } | Decided::Refused) => Err(EngineError::Store(
-                StoreError::Protocol("requests decided together got a replay".to_owned()),
-            )),
+            Ok(Decided::Replayed { .. } | Decided::Refused | Decided::InFlight) => {
+                Err(EngineError::Store(StoreError::Protocol(
+                    "requests decided together got a replay".to_owned(),
+                )))
+            }
             Err(error) => {
                 self.on_store_failure(&plan, error)?;
                 // Failing open: accepted uncounted; the ledger still records them.

@@ -5,7 +5,9 @@
 //!
 //! The store applies a change at once, so concurrent decisions count it while its entry
 //! commits: they may be denied by a change that is then undone (never allowed past a
-//! limit). The undo is a [`Rollback`] handed to the writer with the entries, so it runs
+//! limit). Its kept answer waits as in flight until the entry is committed: a retry with
+//! the same idempotency key meanwhile is told to retry (409), never replayed an answer
+//! that may yet be undone. The undo is a [`Rollback`] handed to the writer with the entries, so it runs
 //! even when the request is cancelled while it waits. On Redis the script appends the
 //! entry to its stream in the same atomic step, so there is nothing to undo.
 
@@ -28,16 +30,23 @@ impl Engine {
         if self.counters.streams_ledger() {
             return Ok(());
         }
-        let counters = self.counters.clone();
-        let undo = undo();
-        let rollback = Rollback::new(move || {
-            if let Err(error) = counters.undo(now_ms, &undo) {
-                static SITE: Throttle = Throttle::new();
-                if let Some(count) = SITE.event() {
-                    tracing::error!(error = %error, count, "undoing a change whose ledger entry failed");
+        let change = std::sync::Arc::new(undo());
+        let (counters, undone) = (self.counters.clone(), change.clone());
+        let confirm = {
+            let counters = self.counters.clone();
+            move || counters.confirm(now_ms, &change)
+        };
+        let rollback = Rollback::new(
+            move || {
+                if let Err(error) = counters.undo(now_ms, &undone) {
+                    static SITE: Throttle = Throttle::new();
+                    if let Some(count) = SITE.event() {
+                        tracing::error!(error = %error, count, "undoing a change whose ledger entry failed");
+                    }
                 }
-            }
-        });
+            },
+            confirm,
+        );
         self.writer
             .append_or_undo(entries, Some(rollback))
             .await

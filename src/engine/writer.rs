@@ -39,23 +39,35 @@ struct Job {
 /// that never reached the writer because its caller was cancelled or the writer is gone),
 /// so that no path leaves a change behind without its entry. The writer runs it before it
 /// answers the caller, so a caller told of the failure finds the change undone.
-pub(crate) struct Rollback(Option<Box<dyn FnOnce() + Send>>);
+pub(crate) struct Rollback {
+    undo: Option<Box<dyn FnOnce() + Send>>,
+    confirm: Option<Box<dyn FnOnce() + Send>>,
+}
 
 impl Rollback {
-    /// A rollback that runs `undo` unless confirmed.
-    pub(crate) fn new(undo: impl FnOnce() + Send + 'static) -> Self {
-        Self(Some(Box::new(undo)))
+    /// A rollback that runs `undo` unless confirmed, and `confirm` when confirmed.
+    pub(crate) fn new(
+        undo: impl FnOnce() + Send + 'static,
+        confirm: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        Self {
+            undo: Some(Box::new(undo)),
+            confirm: Some(Box::new(confirm)),
+        }
     }
 
-    /// The entries are committed: nothing to undo.
+    /// The entries are committed: nothing to undo, and what waited for it is kept.
     fn confirm(mut self) {
-        self.0 = None;
+        self.undo = None;
+        if let Some(confirm) = self.confirm.take() {
+            confirm();
+        }
     }
 }
 
 impl Drop for Rollback {
     fn drop(&mut self) {
-        if let Some(undo) = self.0.take() {
+        if let Some(undo) = self.undo.take() {
             undo();
         }
     }
@@ -63,10 +75,9 @@ impl Drop for Rollback {
 
 impl std::fmt::Debug for Rollback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Rollback(armed)"
-        } else {
-            "Rollback(confirmed)"
+        f.write_str(match self.undo {
+            Some(_) => "Rollback(armed)",
+            None => "Rollback(confirmed)",
         })
     }
 }

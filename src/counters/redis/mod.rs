@@ -474,7 +474,7 @@ impl CounterStore for RedisCounterStore {
         {
             Decided::Fresh(evaluation) => Ok(evaluation),
             Decided::Replayed { evaluation, .. } => Ok(evaluation),
-            Decided::Refused => Err(StoreError::Protocol(
+            Decided::Refused | Decided::InFlight => Err(StoreError::Protocol(
                 "a reservation refused without one".to_owned(),
             )),
         }

@@ -155,3 +155,49 @@ on_policy_stores!(
     a_consume_the_ledger_refuses_is_answered_503_and_leaves_nothing_behind,
     a_settlement_the_ledger_refuses_changes_nothing,
 );
+
+/// While a keyed consume's entry waits to commit (another connection holds SQLite's write
+/// lock), a retry with the same key is told to retry (409), not replayed an answer that
+/// may yet be undone; once committed, the retry replays it.
+#[tokio::test]
+async fn a_retry_while_the_first_attempts_entry_commits_is_told_to_retry() {
+    use sqlx::Connection;
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    app.must_create_policy(dollars(100_000)).await;
+    let mut locker = sqlx::SqliteConnection::connect(&app.settings.database_url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let first = {
+        let request = app
+            .client
+            .post(format!("{}/quota/consume", app.address))
+            .json(&json!({"action": "transfer", "subject": "u", "amount": 600,
+                "idempotency_key": "pay-1"}));
+        tokio::spawn(async move { Answer::read(request.send().await.unwrap()).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let retry = transfer(&app, 600, Some("pay-1")).await;
+    let problem = retry.assert_problem(409);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("being decided"),
+        "{problem}"
+    );
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let replayed = transfer(&app, 600, Some("pay-1")).await;
+    assert_eq!(replayed.body["replayed"], true, "{}", replayed.body);
+    assert_eq!(
+        replayed.body["consumption_id"],
+        first.body["consumption_id"]
+    );
+    assert_eq!(used(&app).await, 600);
+    assert_no_drift(&app).await;
+}
