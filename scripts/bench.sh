@@ -28,6 +28,9 @@
 #      the size of one, and how long the backlog takes to drain once the database is back;
 #   6. the idle Redis load: the commands per second Redis runs for 1, then 4 instances with
 #      no traffic (their ledger drain and hold sweeper);
+#   7. counters verify on the embedded default's ledger of the runs: seconds per million
+#      ledger entries, and the consumes/s of the calendar-day row while verifies run back
+#      to back against the same row alone;
 # then prints one table with the targets of issues 6, 10 and 12 beside the measured figures.
 #
 # Installs what is missing (wrk, redis-server, redis-tools, curl) with apt-get, builds
@@ -567,6 +570,34 @@ bench_restart() {
 	stop_service
 }
 
+# bench_verify DB: counters verify on the embedded service restarted on the ledger its runs
+# left: the seconds one GET /admin/counters/verify takes (a replay of the ledger's horizon
+# into memory, compared with the live counters), per million ledger entries; then the
+# calendar-day consume row at 100k subjects twice, alone and while verifies run back to
+# back, for the throughput a verify costs the consumes. Records the entries, the seconds,
+# the budgets checked, and the two rows.
+bench_verify() {
+	local db=$1 entries t0 t1 checked pid
+	log "embedded: counters verify on the ledger of the runs"
+	read -r entries _ <<<"$(result restart:embedded)"
+	start_service embedded "$db" 6000
+	t0=$(date +%s.%N)
+	checked=$(curl -sf "$BASE/admin/counters/verify" -H "Authorization: Bearer $ADMIN_TOKEN" |
+		sed -n 's/.*"checked":\([0-9]*\).*/\1/p')
+	t1=$(date +%s.%N)
+	[[ -n $checked ]] || die "counters verify gave no answer"
+	record "verify:embedded ${entries:-0} $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $checked"
+	record "verify-alone:embedded $(run_wrk sms 100000 "")"
+	(while kill -0 "$SERVICE_PID" 2>/dev/null; do
+		curl -s -o /dev/null "$BASE/admin/counters/verify" -H "Authorization: Bearer $ADMIN_TOKEN" || true
+	done) &
+	pid=$!
+	record "verify-during:embedded $(run_wrk sms 100000 "")"
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	stop_service
+}
+
 used_memory() { rcli info memory | tr -d '\r' | sed -n 's/^used_memory://p'; }
 
 # epochs: how many shards of the counter store are open (have their "#epoch" key).
@@ -902,6 +933,15 @@ print_table() {
 		printf '  %-58s %8s\n' "  of which replayed after the snapshot" "$replayed"
 		printf '  %-58s %8s  %-16s %s\n' "  per million entries (linear)" "$v s" "<= 5 s" "$(verdict "$v <= 5")"
 	fi
+	read -r entries seconds checked <<<"$(result verify:embedded)"
+	if [[ -n ${seconds:-} ]]; then
+		v=$(awk -v s="$seconds" -v n="$entries" 'BEGIN { printf "%.1f", (n > 0 ? s * 1e6 / n : 0) }')
+		printf '  %-58s %8s\n' "counters verify: $checked budgets, $entries ledger entries" "$seconds s"
+		printf '  %-58s %8s\n' "  per million entries (linear)" "$v s"
+		alone=$(field rps "$(result verify-alone:embedded)")
+		during=$(field rps "$(result verify-during:embedded)")
+		printf '  %-58s %8s\n' "  consumes/s while verifies run back to back, vs alone" "$(ratio "$during" "$alone")x"
+	fi
 }
 
 # ---------------------------------------------------------------------------
@@ -939,6 +979,7 @@ for mode in "${MODES[@]}"; do
 		fi
 	else
 		bench_restart "$SERVICE_DB"
+		bench_verify "$SERVICE_DB"
 	fi
 done
 if [[ -n ${BENCH_OUT:-} ]]; then
