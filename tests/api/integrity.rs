@@ -7,6 +7,7 @@ mod faults;
 mod histories;
 mod real;
 mod refusal;
+mod stall;
 mod verify;
 
 use crate::helpers::{TestApp, ADMIN_TOKEN};

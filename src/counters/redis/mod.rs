@@ -494,7 +494,18 @@ impl CounterStore for RedisCounterStore {
                 outcomes: Vec::new(),
             }));
         }
-        let call = script::consume_cmd(&self.script, now_ms, charges, commit, effects, self.epochs);
+        // A call that changes state carries the moment this instance stops waiting for it:
+        // Redis refuses to run it later than that (plus the clocks' skew), so that an
+        // attempt answered 503 is settled, applied or not, soon after (`engine::void`).
+        let deadline = commit.then(|| wall_clock_ms() + duration_ms(self.timeout));
+        let call = script::consume_cmd(
+            &self.script,
+            now_ms,
+            charges,
+            commit,
+            effects,
+            (self.epochs, deadline),
+        );
         let reply = self.exec(&self.script, &call).await;
         self.may_have_appended(effects.ledger.as_ref().map(|l| l.stream.as_str()));
         script::parse_decided(reply?, charges)
@@ -708,6 +719,18 @@ fn classify(error: &RedisError) -> StoreError {
         false if error.is_timeout() => StoreError::Timeout(error.to_string()),
         false => StoreError::Unavailable(error.to_string()),
     }
+}
+
+/// This machine's wall clock, Unix ms: what Redis's TIME is compared with (not the
+/// engine's clock, which tests run fake).
+pub(crate) fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub(super) fn consume_cmd(
     charges: &[Charge],
     commit: bool,
     effects: &Effects,
-    epochs: bool,
+    (epochs, deadline_ms): (bool, Option<i64>),
 ) -> Cmd {
     let keys: usize = charges.iter().map(|c| c.key.len()).sum();
     let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
@@ -174,6 +174,10 @@ pub(super) fn consume_cmd(
             .arg(reservation.deadline_ms)
             .arg(""),
         (None, None) => call.arg("").arg("").arg(""),
+    };
+    match deadline_ms {
+        Some(deadline_ms) => call.arg(deadline_ms),
+        None => call.arg(""),
     };
     call
 }
@@ -357,7 +361,8 @@ fn shard_of(key: &str) -> u16 {
 }
 
 /// Reads the consume script's reply: a replay (`[-1, record]`), a shard without its epoch
-/// (`[-2]`) or a fresh evaluation.
+/// (`[-2]`), a refused reservation (`[-3]`), a call run past its deadline (`[-4]`) or a
+/// fresh evaluation.
 pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided, StoreError> {
     if let Value::Array(items) = &reply {
         if let [Value::Int(-2)] = items.as_slice() {
@@ -366,6 +371,11 @@ pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided,
         }
         if let [Value::Int(-3)] = items.as_slice() {
             return Ok(Decided::Refused);
+        }
+        if let [Value::Int(-4)] = items.as_slice() {
+            return Err(StoreError::Timeout(
+                "Redis ran the call after its deadline: nothing was decided".into(),
+            ));
         }
         if let [Value::Int(-1), kept] = items.as_slice() {
             let text = match kept {

@@ -37,7 +37,12 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
   intent       the intent's record           (KEYS[next]: the intent, KEYS[next + 1]: the
                index of intents, when the intent is flagged; KEYS[next]: the reservation,
                when the reservation is flagged)
-so n = (#ARGV - 14) / 6.
+  call deadline  when the caller stops waiting for this call, on its wall clock (Unix ms;
+               '' for none): a call that Redis runs later than that plus CLOCK_SKEW (by
+               Redis's own clock, TIME) does nothing and replies { -4 }, so that a caller
+               that gave up knows, once that time has passed on its clock plus the skew,
+               whether the call was applied (engine::void)
+so n = (#ARGV - 15) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
 <record>`, and the idempotency record is only checked: it, the allowed ledger entry and the
@@ -45,6 +50,7 @@ hold wait for finalize.lua. With a reservation (in a foreign slot), a reservatio
 exists already (undone) or a deadline passed is refused ({ -3 }); an allowed one is kept as
 `open\n<epoch>` for 60 s.
 
+When the call runs past its call deadline, nothing is read or decided and the reply is { -4 }.
 When a shard's epoch is missing (Redis lost its data, or the shard was never rebuilt
 from the ledger), nothing is read or decided and the reply is { -2 }.
 When the idempotency record exists already, nothing is decided and the reply is
@@ -76,12 +82,20 @@ key, and HDEL (stale buckets only) + HINCRBY + PEXPIRE per rolling key.
 
 local MAX = 9007199254740991 -- 2^53 - 1
 local GRACE = 60000 -- KEY_GRACE_MS in mod.rs
+local CLOCK_SKEW = 1000 -- CLOCK_SKEW_MS in engine/void.rs: how far apart clocks may be
 local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
-local n = (#ARGV - 14) / 6
+local n = (#ARGV - 15) / 6
 local e = 3 + 6 * n
+
+if ARGV[e + 12] ~= '' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) > tonumber(ARGV[e + 12]) + CLOCK_SKEW then
+    return { -4 }
+  end
+end
 local flags = ARGV[e]
 local has_idem = string.sub(flags, 1, 1) == '1'
 local has_ledger = string.sub(flags, 2, 2) == '1'
