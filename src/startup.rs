@@ -257,7 +257,7 @@ impl Application {
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let mut tasks = BackgroundTasks::default();
         let load = Arc::new(Load::new());
-        let ledger_lag = Arc::new(Lag::default());
+        let ledger_lag = Arc::new(Lag::on(clock.clone()));
         let counters = counter_store(&settings, &ledger, &load, &ledger_lag).await?;
         let janitor = Arc::new(Janitor::new(
             counters.store.clone(),

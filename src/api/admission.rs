@@ -215,7 +215,7 @@ impl Admission {
     pub(crate) async fn admit(self: &Arc<Self>) -> Result<Slot, Refused> {
         let slot = self.slot().await?;
         if let Some((lag, after)) = &self.pacing {
-            if lag.behind(chrono::Utc::now(), *after) {
+            if lag.behind_now(*after) {
                 self.paced.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(PACE).await;
             }

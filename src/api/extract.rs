@@ -380,7 +380,7 @@ mod tests {
     #[test]
     fn malformed_json_is_400_and_wrong_types_are_422_with_the_field() {
         #[derive(serde::Deserialize, Debug)]
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "only parsed, to see which errors parsing gives")]
         struct Body {
             limit: i64,
         }

@@ -242,9 +242,8 @@ impl Drainer {
         }
         let refused = match self.ledger.append(&pass.entries).await {
             Ok(_) => {
-                let committed = chrono::Utc::now();
                 self.lag
-                    .observe_all(committed, pass.entries.iter().map(|e| e.at));
+                    .observe_committed(pass.entries.iter().map(|e| e.at));
                 Vec::new()
             }
             // One entry breaking a constraint must not hold back the others.

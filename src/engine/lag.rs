@@ -1,9 +1,12 @@
 //! Ledger lag: how long after its decision an entry's row is committed in SQL. The drain
 //! (Redis mode) and the group-commit writer (embedded default) observe every entry they
-//! commit; `/metrics` exports the histogram as `quota_ledger_lag_seconds`.
+//! commit; `/metrics` exports the histogram as `quota_ledger_lag_seconds`. Both times are
+//! the engine's clock's: an entry's `at`, and its commit observed on the same clock.
 
+use crate::clock::{Clock, SystemClock};
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long the latest commit tells how far behind the writer is (see [`Lag::behind`]): past
@@ -16,8 +19,9 @@ pub const BUCKETS: [f64; 13] = [
 ];
 
 /// A histogram of lags, shared by the writers of one application.
-#[derive(Debug, Default)]
 pub struct Lag {
+    /// The engine's clock: entries carry its time, so the lag is measured on it too.
+    clock: Arc<dyn Clock>,
     /// Per bucket (not cumulative), the last one for `+Inf`.
     counts: [AtomicU64; BUCKETS.len() + 1],
     sum_micros: AtomicU64,
@@ -38,7 +42,42 @@ pub struct LagSnapshot {
     pub count: u64,
 }
 
+impl Default for Lag {
+    fn default() -> Self {
+        Self::on(Arc::new(SystemClock))
+    }
+}
+
+impl std::fmt::Debug for Lag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lag")
+            .field("snapshot", &self.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Lag {
+    /// An empty histogram measured on `clock` (the engine's).
+    pub fn on(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            counts: Default::default(),
+            sum_micros: AtomicU64::default(),
+            latest_commit_ms: AtomicI64::default(),
+            latest_oldest_ms: AtomicI64::default(),
+        }
+    }
+
+    /// Records the entries decided at `decided`, committed now on the clock.
+    pub fn observe_committed(&self, decided: impl Iterator<Item = DateTime<Utc>>) {
+        self.observe_all(self.clock.now(), decided);
+    }
+
+    /// [`Lag::behind`] now, on the clock.
+    pub fn behind_now(&self, threshold: Duration) -> bool {
+        self.behind(self.clock.now(), threshold)
+    }
+
     /// Records the entries decided at `decided`, committed at `committed` (a lag below zero,
     /// from clocks apart, counts as zero).
     pub fn observe_all(

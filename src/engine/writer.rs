@@ -206,7 +206,7 @@ async fn commit(store: &dyn LedgerStore, batch: Vec<Job>, lag: &Lag) {
     }
     match store.append(&entries).await {
         Ok(_) => {
-            lag.observe_all(chrono::Utc::now(), entries.iter().map(|e| e.at));
+            lag.observe_committed(entries.iter().map(|e| e.at));
             for (_, done, rollback) in waiters {
                 if let Some(rollback) = rollback {
                     rollback.confirm();

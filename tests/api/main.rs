@@ -1,6 +1,6 @@
 //! Integration tests over real HTTP against real stores: one binary, many modules.
 
-#![allow(clippy::unwrap_used, missing_docs)]
+#![expect(clippy::unwrap_used, reason = "a test that cannot unwrap has failed")]
 
 mod helpers;
 

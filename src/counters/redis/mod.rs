@@ -52,16 +52,11 @@ thread_local! {
     static SLOTS: RefCell<Vec<(Weak<()>, Slot)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Takes the lease `KEYS[1]` for `ARGV[1]` for `ARGV[2]` ms, or extends it if `ARGV[1]`
-/// holds it: 1; 0 while another holds it.
-const LEASE_LUA: &str = "local held = redis.call('GET', KEYS[1]) \
-if held == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end \
-if held then return 0 end \
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1";
+/// Takes the lease, or extends it for its holder; its header documents KEYS, ARGV and the reply.
+const LEASE_LUA: &str = include_str!("scripts/lease.lua");
 
-/// Deletes the lease `KEYS[1]` if `ARGV[1]` holds it.
-const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
-return redis.call('DEL', KEYS[1]) end return 0";
+/// Gives a lease up if its holder asks; its header documents KEYS, ARGV and the reply.
+const RELEASE_LUA: &str = include_str!("scripts/release.lua");
 
 /// Counters in Redis (standalone or cluster), one script call per decision.
 #[derive(Clone)]
@@ -539,7 +534,6 @@ impl CounterStore for RedisCounterStore {
         call.arg(index_key).arg(0).arg(0).arg("WITHSCORES");
         let first: Vec<(String, f64)> = self.plain(&call).await?;
         // Scores are whole milliseconds, well within f64's exact integers.
-        #[allow(clippy::cast_possible_truncation)]
         Ok(first.first().map(|(_, score)| *score as i64))
     }
 
