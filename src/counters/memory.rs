@@ -246,10 +246,7 @@ impl CounterStore for MemoryCounterStore {
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
-        let mut keys = vec![request.control_key.as_str()];
-        keys.extend(request.counters.iter().map(|c| c.key.as_str()));
-        keys.extend(request.hold_index.as_ref().map(|(index, _)| index.as_str()));
-        keys.extend(request.idempotency.as_ref().map(|i| i.key.as_str()));
+        let keys = give_back_keys(request);
         self.with_keys(&keys, |shard| {
             give_back_in(&mut shard.entries, now_ms, request)
         })
@@ -308,12 +305,7 @@ impl CounterStore for MemoryCounterStore {
                     keys.extend([record.as_str(), index.as_str()]);
                 }
             }
-            Undo::GiveBack { request, .. } => {
-                keys.push(request.control_key.as_str());
-                keys.extend(request.counters.iter().map(|c| c.key.as_str()));
-                keys.extend(request.hold_index.as_ref().map(|(index, _)| index.as_str()));
-                keys.extend(request.idempotency.as_ref().map(|i| i.key.as_str()));
-            }
+            Undo::GiveBack { request, .. } => keys = give_back_keys(request),
         }
         if keys.is_empty() {
             return Ok(());
@@ -321,6 +313,15 @@ impl CounterStore for MemoryCounterStore {
         self.with_keys(&keys, |shard| undo_in(&mut shard.entries, now_ms, undo));
         Ok(())
     }
+}
+
+/// Every key a give-back touches (and its undo too).
+fn give_back_keys(request: &GiveBack) -> Vec<&str> {
+    let mut keys = vec![request.control_key.as_str()];
+    keys.extend(request.counters.iter().map(|c| c.key.as_str()));
+    keys.extend(request.hold_index.as_ref().map(|(index, _)| index.as_str()));
+    keys.extend(request.idempotency.as_ref().map(|i| i.key.as_str()));
+    keys
 }
 
 /// What an idempotency record kept as in flight starts with, until confirmed: no record

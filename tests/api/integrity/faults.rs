@@ -3,7 +3,7 @@
 //! recovery, usage equals what was answered allowed, a keyed retry is decided afresh,
 //! and a restart finds the same.
 
-use super::refusal::{ledger_rows, Refusal};
+use super::refusal::{ledger_rows, Refusal, WriteLock};
 use super::{assert_no_drift, cli_verify};
 use crate::helpers::{spawn_app, Answer, CounterBackend, PolicyBackend, TestApp};
 use crate::on_policy_stores;
@@ -161,16 +161,9 @@ on_policy_stores!(
 /// may yet be undone; once committed, the retry replays it.
 #[tokio::test]
 async fn a_retry_while_the_first_attempts_entry_commits_is_told_to_retry() {
-    use sqlx::Connection;
     let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
     app.must_create_policy(dollars(100_000)).await;
-    let mut locker = sqlx::SqliteConnection::connect(&app.settings.database_url)
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut locker)
-        .await
-        .unwrap();
+    let lock = WriteLock::take(&app.settings.database_url).await;
     let first = {
         let request = app
             .client
@@ -189,7 +182,7 @@ async fn a_retry_while_the_first_attempts_entry_commits_is_told_to_retry() {
             .contains("being decided"),
         "{problem}"
     );
-    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    lock.release().await;
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
     let replayed = transfer(&app, 600, Some("pay-1")).await;

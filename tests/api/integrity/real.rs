@@ -3,7 +3,7 @@
 //! Postgres stops. Each time, usage after recovery equals the allowed answers exactly,
 //! the ledger holds one entry per allowed answer, and `counters verify` finds no drift.
 
-use super::refusal::ledger_rows;
+use super::refusal::{ledger_rows, WriteLock};
 use super::{assert_no_drift, cli_verify};
 use crate::helpers::{
     calendar_policy, fresh_settings, spawn_with, Answer, CounterBackend, PolicyBackend,
@@ -49,10 +49,13 @@ impl Drop for Tmpfs {
     }
 }
 
-/// An app on the embedded counters with its SQLite file in `dir`, limit 10 a day per subject.
-async fn app_in(dir: &Path) -> TestApp {
+/// An app on the embedded counters, on a fresh SQLite file or on `database_url`, with a
+/// limit of 10 a day per subject.
+async fn sms_app(database_url: Option<String>) -> TestApp {
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    settings.database_url = format!("sqlite://{}", dir.join("quota.db").display());
+    if let Some(url) = database_url {
+        settings.database_url = url;
+    }
     let app = spawn_with(settings).await;
     app.must_create_policy(calendar_policy("sms", "sms", 10, "day", "UTC"))
         .await;
@@ -103,7 +106,8 @@ async fn total_usage(app: &TestApp, subjects: usize) -> u64 {
 #[tokio::test]
 async fn on_a_full_disk_usage_after_recovery_equals_the_allowed_answers() {
     let fs = Tmpfs::mount("8m");
-    let app = app_in(fs.path()).await;
+    let url = format!("sqlite://{}", fs.path().join("quota.db").display());
+    let app = sms_app(Some(url)).await;
     let mut allowed = flood(&app, 40, 20).await;
     assert_eq!(allowed, 40);
     // Fill the disk to the last byte.
@@ -139,11 +143,7 @@ async fn on_a_full_disk_usage_after_recovery_equals_the_allowed_answers() {
 #[tokio::test]
 async fn while_the_database_is_read_only_nothing_is_charged_until_it_is_writable_again() {
     let postgres = PrivatePostgres::start().await;
-    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    settings.database_url = postgres.url.clone();
-    let app = spawn_with(settings).await;
-    app.must_create_policy(calendar_policy("sms", "sms", 10, "day", "UTC"))
-        .await;
+    let app = sms_app(Some(postgres.url.clone())).await;
     let mut allowed = flood(&app, 20, 10).await;
     read_only(&postgres.url, true).await;
     assert_eq!(flood(&app, 60, 10).await, 0, "nothing can be recorded");
@@ -177,21 +177,12 @@ async fn read_only(url: &str, on: bool) {
 
 #[tokio::test]
 async fn while_another_process_holds_sqlites_write_lock_consumes_are_refused_and_leave_nothing() {
-    let settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    let app = spawn_with(settings).await;
-    app.must_create_policy(calendar_policy("sms", "sms", 10, "day", "UTC"))
-        .await;
+    let app = sms_app(None).await;
     let mut allowed = flood(&app, 10, 5).await;
-    let mut locker = sqlx::SqliteConnection::connect(&app.settings.database_url)
-        .await
-        .unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut locker)
-        .await
-        .unwrap();
+    let lock = WriteLock::take(&app.settings.database_url).await;
     // Each waits for SQLite's busy timeout (5 s), then is refused.
     assert_eq!(flood(&app, 20, 5).await, 0);
-    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    lock.release().await;
     assert_eq!(total_usage(&app, 5).await, allowed);
     allowed += flood(&app, 20, 5).await;
     assert_eq!(total_usage(&app, 5).await, allowed);
@@ -201,11 +192,7 @@ async fn while_another_process_holds_sqlites_write_lock_consumes_are_refused_and
 #[tokio::test]
 async fn with_postgres_stopped_consumes_are_refused_and_usage_follows_the_ledger() {
     let postgres = PrivatePostgres::start().await;
-    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    settings.database_url = postgres.url.clone();
-    let app = spawn_with(settings).await;
-    app.must_create_policy(calendar_policy("sms", "sms", 10, "day", "UTC"))
-        .await;
+    let app = sms_app(Some(postgres.url.clone())).await;
     let mut allowed = flood(&app, 10, 5).await;
     postgres.stop().await;
     assert_eq!(flood(&app, 20, 5).await, 0);

@@ -65,3 +65,24 @@ pub async fn ledger_rows(url: &str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
     }
 }
+
+/// SQLite's write lock, held by a connection of the test's own (as another process would
+/// hold it) until released: the service's inserts wait for their busy timeout, then fail.
+pub struct WriteLock(sqlx::SqliteConnection);
+
+impl WriteLock {
+    /// Takes the write lock of the SQLite database at `url`.
+    pub async fn take(url: &str) -> Self {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        Self(conn)
+    }
+
+    /// Lets go of it.
+    pub async fn release(mut self) {
+        sqlx::query("COMMIT").execute(&mut self.0).await.unwrap();
+    }
+}
