@@ -14,6 +14,11 @@ use chrono::{DateTime, Utc};
 /// Idempotency records live at least a day, and at least as long as the longest window.
 const MIN_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 
+/// How long a retry waits for its idempotency key's first attempt to be committed or
+/// undone before it is answered 409: past the longest a ledger commit waits (SQLite's busy
+/// timeout, 5 s; a Postgres connection's, 3 s).
+const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Hold records outlive their hold by a week, so late settlement attempts get a clear 409.
 pub(super) const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
 
@@ -147,11 +152,7 @@ impl Engine {
                 self.decide_across(&plan, &effects, &attempt.allowed_entry)
                     .await
             }
-            false => {
-                self.counters
-                    .decide(plan.now_ms(), &plan.charges, true, &effects)
-                    .await
-            }
+            false => self.decide_waiting(&plan, &effects).await,
         };
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
@@ -182,7 +183,7 @@ impl Engine {
             }
             Ok(Decided::Replayed { record, evaluation }) => replay(request, &record, &evaluation),
             Ok(Decided::InFlight) => Err(EngineError::Conflict(format!(
-                "a request with idempotency key '{}' is being decided; retry shortly",
+                "a request with idempotency key '{}' is still being decided; retry shortly",
                 request
                     .idempotency_key
                     .as_ref()
@@ -198,6 +199,24 @@ impl Engine {
                 self.record(vec![attempt.allowed_entry.clone()]).await?;
                 Ok(attempt.answer(decision))
             }
+        }
+    }
+
+    /// One store decision; while the idempotency key's first attempt is in flight (its
+    /// entry commits), decided again every millisecond for up to [`IN_FLIGHT_WAIT`]: the
+    /// retry then replays the first attempt's answer once committed, or is decided afresh
+    /// once it was undone.
+    async fn decide_waiting(&self, plan: &Plan, effects: &Effects) -> Result<Decided, StoreError> {
+        let started = std::time::Instant::now();
+        loop {
+            let decided = self
+                .counters
+                .decide(plan.now_ms(), &plan.charges, true, effects)
+                .await;
+            if !matches!(decided, Ok(Decided::InFlight)) || started.elapsed() >= IN_FLIGHT_WAIT {
+                return decided;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 

@@ -6,8 +6,8 @@
 //! The store applies a change at once, so concurrent decisions count it while its entry
 //! commits: they may be denied by a change that is then undone (never allowed past a
 //! limit). Its kept answer waits as in flight until the entry is committed: a retry with
-//! the same idempotency key meanwhile is told to retry (409), never replayed an answer
-//! that may yet be undone. The undo is a [`Rollback`] handed to the writer with the entries, so it runs
+//! the same idempotency key meanwhile waits for the outcome (a replay once committed, a
+//! fresh decision once undone), never replayed an answer that may yet be undone. The undo is a [`Rollback`] handed to the writer with the entries, so it runs
 //! even when the request is cancelled while it waits. On Redis the script appends the
 //! entry to its stream in the same atomic step, so there is nothing to undo.
 

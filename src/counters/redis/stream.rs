@@ -10,6 +10,10 @@ use redis::Value;
 /// The consumer group every instance's drain reads through.
 pub(crate) const GROUP: &str = "ledger";
 
+/// Acknowledges and deletes drained entries in one atomic step; its header documents KEYS,
+/// ARGV and the reply.
+const ACK_LUA: &str = include_str!("scripts/ack.lua");
+
 fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
@@ -153,17 +157,15 @@ impl LedgerStream for RedisCounterStore {
         Ok(entries(&reply).into_iter().next().map(|(id, _)| id))
     }
 
-    /// Acknowledges and deletes entries that are safely in SQL.
+    /// Acknowledges and deletes entries that are safely in SQL, atomically (`ack.lua`).
     async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut ack = redis::cmd("XACK");
-        ack.arg(stream).arg(GROUP).arg(ids);
+        // Sent whole (EVAL), like the lease: no script cache to miss.
+        let mut ack = redis::cmd("EVAL");
+        ack.arg(ACK_LUA).arg(1).arg(stream).arg(GROUP).arg(ids);
         let _: Value = self.query(&ack).await?;
-        let mut del = redis::cmd("XDEL");
-        del.arg(stream).arg(ids);
-        let _: Value = self.query(&del).await?;
         Ok(())
     }
 }

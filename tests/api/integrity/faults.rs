@@ -157,40 +157,51 @@ on_policy_stores!(
 );
 
 /// While a keyed consume's entry waits to commit (another connection holds SQLite's write
-/// lock), a retry with the same key is told to retry (409), not replayed an answer that
-/// may yet be undone; once committed, the retry replays it.
+/// lock), a retry with the same key waits for its outcome: the first answer, replayed, once
+/// it is committed; a fresh decision once it was refused and undone. Never a replay of an
+/// answer that is then undone.
 #[tokio::test]
-async fn a_retry_while_the_first_attempts_entry_commits_is_told_to_retry() {
+async fn a_retry_while_the_first_attempts_entry_commits_waits_for_its_outcome() {
     let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
     app.must_create_policy(dollars(100_000)).await;
-    let lock = WriteLock::take(&app.settings.database_url).await;
-    let first = {
+    let url = app.settings.database_url.clone();
+    let send = |key: &str| {
         let request = app
             .client
             .post(format!("{}/quota/consume", app.address))
             .json(&json!({"action": "transfer", "subject": "u", "amount": 600,
-                "idempotency_key": "pay-1"}));
+                "idempotency_key": key}));
         tokio::spawn(async move { Answer::read(request.send().await.unwrap()).await })
     };
+
+    // Committed: the retry replays the first answer.
+    let lock = WriteLock::take(&url).await;
+    let first = send("pay-1");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let retry = transfer(&app, 600, Some("pay-1")).await;
-    let problem = retry.assert_problem(409);
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("being decided"),
-        "{problem}"
-    );
+    let retry = send("pay-1");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     lock.release().await;
-    let first = first.await.unwrap();
+    let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
-    let replayed = transfer(&app, 600, Some("pay-1")).await;
-    assert_eq!(replayed.body["replayed"], true, "{}", replayed.body);
-    assert_eq!(
-        replayed.body["consumption_id"],
-        first.body["consumption_id"]
-    );
+    assert_eq!(retry.body["replayed"], true, "{}", retry.body);
+    assert_eq!(retry.body["consumption_id"], first.body["consumption_id"]);
     assert_eq!(used(&app).await, 600);
+
+    // Refused (the lock outlives SQLite's busy timeout): the retry is decided afresh.
+    let lock = WriteLock::take(&url).await;
+    let first = send("pay-2");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let retry = send("pay-2");
+    let first = first.await.unwrap();
+    assert_ledger_refused(&first);
+    lock.release().await;
+    let retry = retry.await.unwrap();
+    assert_eq!(retry.status, StatusCode::OK, "{}", retry.body);
+    assert_eq!(
+        retry.body["replayed"], false,
+        "decided afresh: {}",
+        retry.body
+    );
+    assert_eq!(used(&app).await, 1_200, "charged once");
     assert_no_drift(&app).await;
 }
