@@ -64,7 +64,12 @@ fn report(body: &Value) -> Verdict {
     }
     match drift.len() {
         0 => {
-            println!("no drift: {checked} budgets agree with the ledger");
+            let budgets = if checked == 1 {
+                "budget agrees"
+            } else {
+                "budgets agree"
+            };
+            println!("no drift: {checked} {budgets} with the ledger");
             Verdict::Agrees
         }
         n => {
