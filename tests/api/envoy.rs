@@ -436,3 +436,29 @@ async fn the_readme_gateway_example_limits_per_key_and_per_address() {
         "the key's 101st"
     );
 }
+
+/// Descriptors decided together whose entries the ledger refuses: the call fails as
+/// UNAVAILABLE and charges none of them; once the ledger is back, they are decided afresh.
+#[tokio::test]
+async fn descriptors_whose_entries_the_ledger_refuses_are_charged_nowhere() {
+    let app = app_with(CounterBackend::Memory, &gateway_policies(10, 10)).await;
+    let mut grpc = client(&app).await;
+    let both = || request("gateway", vec![key("k1"), ip("10.0.0.1")], 0);
+    assert_eq!(
+        ask(&mut grpc, both()).await.unwrap().overall_code,
+        Code::Ok as i32
+    );
+    let refusal = crate::integrity::Refusal::install(&app.settings.database_url).await;
+    let status = ask(&mut grpc, both())
+        .await
+        .expect_err("the ledger refuses");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let query = "attributes[api_key]=k1&attributes[generic_key]=per-key";
+    let key_used = used(&app, "gateway", "-", query, "per-key").await;
+    assert_eq!(key_used, json!(1), "the refused call charged nothing");
+    refusal.lift().await;
+    let again = ask(&mut grpc, both()).await.unwrap();
+    assert_eq!(again.statuses[0].limit_remaining, 8);
+    assert_eq!(again.statuses[1].limit_remaining, 8);
+    crate::integrity::assert_no_drift(&app).await;
+}

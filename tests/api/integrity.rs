@@ -4,6 +4,7 @@
 //! writes, a full disk, the database stopped.
 
 mod faults;
+pub use refusal::Refusal;
 mod histories;
 mod real;
 mod refusal;
