@@ -12,6 +12,7 @@
 
 mod counting;
 mod replay;
+mod undo;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -26,6 +27,7 @@ use crate::engine::store::{
 };
 use crate::keys::hash_tag;
 use counting::Entry;
+use undo::{confirm_in, undo_in, PENDING};
 
 /// Number of independently locked shards; a power of two well above the core count.
 const SHARDS: usize = 64;
@@ -322,97 +324,6 @@ fn give_back_keys(request: &GiveBack) -> Vec<&str> {
     keys.extend(request.hold_index.as_ref().map(|(index, _)| index.as_str()));
     keys.extend(request.idempotency.as_ref().map(|i| i.key.as_str()));
     keys
-}
-
-/// What an idempotency record kept as in flight starts with, until confirmed: no record
-/// the engine encodes starts with a NUL.
-const PENDING: &str = "\u{0}pending\n";
-
-/// Keeps for good the kept answer of a change whose ledger entry was committed.
-fn confirm_in(entries: &mut HashMap<String, Entry>, now_ms: i64, change: &Undo) {
-    let Undo::Charge {
-        idempotency: Some(key),
-        ..
-    } = change
-    else {
-        return;
-    };
-    let confirmed = counting::text(entries.get(key), now_ms)
-        .and_then(|text| text.strip_prefix(PENDING))
-        .map(str::to_owned);
-    if let (Some(text), Some(entry)) = (confirmed, entries.get_mut(key)) {
-        counting::replace_text(entry, text);
-    }
-}
-
-/// Takes back a change whose ledger entry could not be committed (see [`Undo`]).
-fn undo_in(entries: &mut HashMap<String, Entry>, now_ms: i64, undo: &Undo) {
-    match undo {
-        Undo::Charge {
-            counters,
-            idempotency,
-            hold,
-        } => {
-            for counter in counters.iter().filter(|c| c.charged > 0) {
-                counting::restore(
-                    entries.get_mut(&counter.key),
-                    &counter.restore,
-                    counter.charged,
-                    now_ms,
-                );
-            }
-            if let Some(key) = idempotency {
-                entries.remove(key);
-            }
-            if let Some((record, (index, hold_id))) = hold {
-                entries.remove(record);
-                counting::index_remove(entries, index, hold_id);
-            }
-        }
-        Undo::GiveBack {
-            request,
-            refunded,
-            restored,
-        } => {
-            for (counter, took) in request.counters.iter().zip(restored) {
-                if *took > 0 {
-                    counting::take(
-                        entries.get_mut(&counter.key),
-                        &counter.restore,
-                        *took,
-                        now_ms,
-                    );
-                }
-            }
-            match request.kind {
-                GiveBackKind::Refund { amount, .. } => counting::set_text(
-                    entries,
-                    &request.control_key,
-                    refunded.saturating_sub(amount).to_string(),
-                    now_ms + REFUNDED_TTL_MS,
-                ),
-                GiveBackKind::Commit { expires_at_ms, .. }
-                | GiveBackKind::Release { expires_at_ms, .. }
-                | GiveBackKind::Expire { expires_at_ms, .. } => {
-                    if let Some(entry) = entries.get_mut(&request.control_key) {
-                        let reopened = counting::text(Some(entry), now_ms)
-                            .and_then(|text| text.split_once('\n'))
-                            .map(|(_, rest)| format!("open\n{rest}"));
-                        if let Some(text) = reopened {
-                            counting::replace_text(entry, text);
-                        }
-                    }
-                    if let Some((index, hold_id)) = &request.hold_index {
-                        counting::index_add(entries, index, hold_id, expires_at_ms);
-                    }
-                }
-                _ => {}
-            }
-            if let Some(idem) = &request.idempotency {
-                entries.remove(&idem.key);
-            }
-        }
-    }
 }
 
 /// What a give-back returns to `counter`: count policies their charge when the whole
