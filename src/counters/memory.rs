@@ -27,7 +27,7 @@ use crate::engine::store::{
 };
 use crate::keys::hash_tag;
 use counting::Entry;
-use undo::{confirm_in, undo_in, PENDING};
+use undo::{confirm_in, undo_in, undo_keys, PENDING};
 
 /// Number of independently locked shards; a power of two well above the core count.
 const SHARDS: usize = 64;
@@ -294,21 +294,10 @@ impl CounterStore for MemoryCounterStore {
     }
 
     fn undo(&self, now_ms: i64, undo: &Undo) -> Result<(), StoreError> {
-        let mut keys: Vec<&str> = Vec::new();
-        match undo {
-            Undo::Charge {
-                counters,
-                idempotency,
-                hold,
-            } => {
-                keys.extend(counters.iter().map(|c| c.key.as_str()));
-                keys.extend(idempotency.as_deref());
-                if let Some((record, (index, _))) = hold {
-                    keys.extend([record.as_str(), index.as_str()]);
-                }
-            }
-            Undo::GiveBack { request, .. } => keys = give_back_keys(request),
-        }
+        let keys = match undo {
+            Undo::Charge { .. } => undo_keys(undo),
+            Undo::GiveBack { request, .. } => give_back_keys(request),
+        };
         if keys.is_empty() {
             return Ok(());
         }

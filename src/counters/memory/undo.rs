@@ -29,6 +29,24 @@ pub(super) fn confirm_in(entries: &mut HashMap<String, Entry>, now_ms: i64, chan
     }
 }
 
+/// Every key undoing a charge touches (a give-back's are `give_back_keys`).
+pub(super) fn undo_keys(undo: &Undo) -> Vec<&str> {
+    let mut keys = Vec::new();
+    if let Undo::Charge {
+        counters,
+        idempotency,
+        hold,
+    } = undo
+    {
+        keys.extend(counters.iter().map(|c| c.key.as_str()));
+        keys.extend(idempotency.as_deref());
+        if let Some((record, (index, _))) = hold {
+            keys.extend([record.as_str(), index.as_str()]);
+        }
+    }
+    keys
+}
+
 /// Takes back a change whose ledger entry could not be committed (see [`Undo`]).
 pub(super) fn undo_in(entries: &mut HashMap<String, Entry>, now_ms: i64, undo: &Undo) {
     match undo {

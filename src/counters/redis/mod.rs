@@ -18,6 +18,8 @@
 //! two cross-thread wake-ups per decision), and the concurrent decisions of one worker are
 //! pipelined on its connection.
 
+mod call;
+mod info;
 mod script;
 mod shards;
 mod stream;
@@ -31,8 +33,11 @@ use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, RetryMethod, Script, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 use tracing::Instrument;
+
+use call::{bounded, classify, duration_ms, wall_clock_ms};
+use info::{eviction_policies, store_memory};
 
 use super::circuit::CircuitBreaker;
 use crate::engine::drain::Appends;
@@ -625,119 +630,9 @@ impl CounterStore for RedisCounterStore {
     }
 }
 
-/// What every node's `INFO memory` says (sums over the nodes of a cluster).
-fn store_memory(reply: &Value) -> StoreMemory {
-    let numbers = |name: &str| -> Vec<u64> {
-        info_fields(reply, name)
-            .iter()
-            .filter_map(|n| n.parse().ok())
-            .collect()
-    };
-    let max = numbers("maxmemory");
-    let mut policies = eviction_policies(reply);
-    policies.sort();
-    policies.dedup();
-    StoreMemory {
-        used_bytes: numbers("used_memory").iter().sum(),
-        max_bytes: match max.contains(&0) {
-            true => 0,
-            false => max.iter().sum(),
-        },
-        policies,
-    }
-}
-
-/// The `maxmemory_policy` of every node in an `INFO memory` reply (one text, or one per
-/// node in Redis Cluster).
-fn eviction_policies(reply: &Value) -> Vec<String> {
-    info_fields(reply, "maxmemory_policy")
-}
-
-/// The values of the field `name` in every node's `INFO` text of `reply`.
-fn info_fields(reply: &Value, name: &str) -> Vec<String> {
-    let mut texts = Vec::new();
-    let mut pending = vec![reply];
-    while let Some(value) = pending.pop() {
-        match value {
-            Value::BulkString(bytes) => texts.push(String::from_utf8_lossy(bytes).into_owned()),
-            Value::SimpleString(text) => texts.push(text.clone()),
-            Value::VerbatimString { text, .. } => texts.push(text.clone()),
-            Value::Array(items) | Value::Set(items) => pending.extend(items),
-            Value::Map(pairs) => pending.extend(pairs.iter().map(|(_, v)| v)),
-            _ => {}
-        }
-    }
-    texts
-        .iter()
-        .flat_map(|text| text.lines())
-        .filter_map(|line| {
-            let (field, value) = line.trim().split_once(':')?;
-            (field == name).then(|| value.to_owned())
-        })
-        .collect()
-}
-
-/// Runs one Redis exchange with a deadline, classifying its failure.
-async fn bounded<T>(
-    timeout: Duration,
-    call: impl std::future::Future<Output = Result<T, RedisError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(classify(&error)),
-        Err(_) => Err(StoreError::Timeout(format!(
-            "no answer from Redis within {} ms",
-            timeout.as_millis()
-        ))),
-    }
-}
-
-/// A refusal by the server of the request itself (a script error, WRONGTYPE, CROSSSLOT,
-/// NOPERM, a malformed URL) is a bug: `Protocol`. Everything else is transient and worth
-/// retrying: I/O errors, timeouts, a dropped or corrupted connection, failover (MOVED, TRYAGAIN,
-/// CLUSTERDOWN, READONLY), LOADING, BUSY, OOM: `Unavailable`.
-fn classify(error: &RedisError) -> StoreError {
-    let refused = match error.kind() {
-        ErrorKind::Server(_) | ErrorKind::Extension => {
-            matches!(error.retry_method(), RetryMethod::NoRetry)
-                && !matches!(
-                    error.code(),
-                    Some("BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "NOREPLICAS" | "MISCONF")
-                )
-        }
-        ErrorKind::InvalidClientConfig | ErrorKind::UnexpectedReturnType => true,
-        _ => false,
-    };
-    match refused {
-        true => StoreError::Protocol(error.to_string()),
-        false if error.is_timeout() => StoreError::Timeout(error.to_string()),
-        false => StoreError::Unavailable(error.to_string()),
-    }
-}
-
-/// This machine's wall clock, Unix ms: what Redis's TIME is compared with (not the
-/// engine's clock, which tests run fake).
-pub(crate) fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn duration_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn transport_failures_are_unavailable_and_refusals_are_protocol_errors() {
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(matches!(classify(&io), StoreError::Unavailable(_)));
-        let config = RedisError::from((ErrorKind::InvalidClientConfig, "bad URL"));
-        assert!(matches!(classify(&config), StoreError::Protocol(_)));
-    }
 
     #[tokio::test]
     async fn a_closed_port_starts_the_store_but_every_call_is_unavailable_within_the_timeout() {
@@ -773,49 +668,5 @@ mod tests {
         ];
         let result = RedisCounterStore::connect(&urls, false, Duration::from_millis(500)).await;
         assert!(matches!(result, Err(StoreError::Protocol(_))), "{result:?}");
-    }
-
-    #[test]
-    fn the_eviction_policy_of_every_node_is_read_from_info() {
-        let info = |policy: &str| {
-            Value::BulkString(
-                format!("# Memory\r\nused_memory:1\r\nmaxmemory_policy:{policy}\r\n").into_bytes(),
-            )
-        };
-        assert_eq!(eviction_policies(&info("noeviction")), ["noeviction"]);
-        let cluster = Value::Map(vec![
-            (Value::SimpleString("a:1".into()), info("noeviction")),
-            (Value::SimpleString("b:2".into()), info("volatile-lru")),
-        ]);
-        let mut policies = eviction_policies(&cluster);
-        policies.sort();
-        assert_eq!(policies, ["noeviction", "volatile-lru"]);
-        assert!(eviction_policies(&Value::Nil).is_empty());
-        let memory = |used: u64, max: u64, policy: &str| {
-            format!("# Memory\r\nused_memory:{used}\r\nused_memory_human:1K\r\nmaxmemory:{max}\r\nmaxmemory_human:0B\r\nmaxmemory_policy:{policy}\r\n")
-        };
-        let two = Value::Map(vec![
-            (
-                Value::SimpleString("a:1".into()),
-                Value::VerbatimString {
-                    format: redis::VerbatimFormat::Text,
-                    text: memory(100, 1_000, "noeviction"),
-                },
-            ),
-            (
-                Value::SimpleString("b:2".into()),
-                Value::BulkString(memory(50, 2_000, "allkeys-lru").into_bytes()),
-            ),
-        ]);
-        assert_eq!(
-            store_memory(&two),
-            StoreMemory {
-                used_bytes: 150,
-                max_bytes: 3_000,
-                policies: vec!["allkeys-lru".to_owned(), "noeviction".to_owned()],
-            }
-        );
-        let unbounded = Value::BulkString(memory(7, 0, "noeviction").into_bytes());
-        assert_eq!(store_memory(&unbounded).max_bytes, 0);
     }
 }
