@@ -12,6 +12,7 @@
 //! | a consumption's refunded total | `<p>{<s>}#rf<consumption id>` |
 //! | the shard's epoch: set once its state was rebuilt from the ledger | `<p>{<s>}#epoch` |
 //! | the lock of the shard's rebuild | `<p>{<s>}#rebuild` |
+//! | while a `counters verify` reads the shard: its token, and the entries acknowledged meanwhile | `<p>{<s>}#vh`, `<p>{<s>}#vd` |
 //! | Redis Cluster, a consume across slots: its intent at home, the home's index of intents, its reservation in a foreign slot, a give-back's once-marker there | `<p>{<s>}#x<attempt>`, `<p>{<s>}#xs`, `<p>{<s>}#rv<attempt>`, `<p>{<s>}#gb<entry id>` |
 //!
 //! - `{<s>}` is the Redis Cluster **hash tag**: one character naming one of [`SHARDS`]
@@ -199,6 +200,19 @@ pub(crate) fn reservation(prefix: &str, shard: u16, attempt: &str) -> String {
 /// The marker of a give-back's share once given to a foreign slot's counters.
 pub(crate) fn giveback_marker(prefix: &str, shard: u16, entry: &str) -> String {
     format!("{}#gb{entry}", shard_prefix(prefix, shard))
+}
+
+/// Set to a `counters verify`'s token while it reads the shard at one instant
+/// (`engine::cut`): the drain then acknowledges entries without deleting them from the
+/// stream, so that every entry the verify needs is in SQL or in the stream.
+pub(crate) fn deletes_held(prefix: &str, shard: u16) -> String {
+    format!("{}#vh", shard_prefix(prefix, shard))
+}
+
+/// The ids of the entries acknowledged while deletions were held; deleted from the
+/// stream when the verify lets go (or, if it died, by the next acknowledgement).
+pub(crate) fn held_entries(prefix: &str, shard: u16) -> String {
+    format!("{}#vd", shard_prefix(prefix, shard))
 }
 
 /// How much of one consumption has been refunded so far.

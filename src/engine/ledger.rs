@@ -133,6 +133,11 @@ pub trait LedgerStore: Send + Sync + 'static {
         action: Option<&str>,
         limit: u32,
     ) -> Result<Vec<DeniedSubject>, LedgerError>;
+    /// The `seq` of each of `ids` the ledger holds.
+    async fn seqs_of(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, i64>, LedgerError>;
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

@@ -11,6 +11,7 @@ pub mod backlog;
 pub mod codec;
 pub(crate) mod consume;
 pub(crate) mod crossslot;
+pub(crate) mod cut;
 pub mod drain;
 pub(crate) mod giveback;
 pub mod janitor;

@@ -3,7 +3,8 @@
 //!
 //! The embedded default keeps its counters in the process, so every start replays the
 //! ledger into a fresh store before the first request is answered. The replay applies each
-//! entry of the recent past as it happened, at its own time, through the same arithmetic
+//! entry of the recent past as it happened, at its own time and in the order entries were
+//! made (within [`REORDER`] entries of their insertion), through the same arithmetic
 //! as the live path: a charge or hold puts its units back on the counters it charged
 //! (whatever the limits are now: it was allowed), a refund or a hold's settlement or expiry
 //! gives back as it did, a hold is opened again with its record and its expiry, and an
@@ -27,6 +28,13 @@ use std::collections::HashMap;
 
 /// Entries read (and replayed) per page.
 const PAGE: u32 = 5_000;
+
+/// How many entries a replay keeps back to replay in the order they were made rather than
+/// inserted. With Redis the two differ: an entry that waited in a stream (its drain failed,
+/// or its instance died and another claimed it) is inserted after later ones, and a token
+/// bucket, or a refund replayed before its charge, would come out otherwise than it was.
+/// Entries inserted further apart than this are replayed as inserted.
+const REORDER: usize = 20_000;
 
 /// How far back the replay reads at least: a hold lives up to 30 days and its record a
 /// week more (so a late commit gets its 409), and a calendar month is 31 days.
@@ -155,24 +163,39 @@ impl Engine {
         until: Option<i64>,
         wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
     ) -> Result<Rebuilt, EngineError> {
+        let mut replayer = Replayer::after(after);
+        let mut rebuilt = self
+            .replay_pages(&mut replayer, target, until, wanted)
+            .await?;
+        rebuilt.steps += self.replay_waiting(&mut replayer, target, 0).await?;
+        Ok(rebuilt)
+    }
+
+    /// Replays the entries inserted after those `replayer` replayed (the first time, of the
+    /// horizon), up to the one numbered `until` when given, that `wanted` keeps, but for
+    /// the last [`REORDER`] of them, which wait in `replayer` ([`Engine::replay_waiting`]).
+    pub(super) async fn replay_pages(
+        &self,
+        replayer: &mut Replayer,
+        target: &dyn Replay,
+        until: Option<i64>,
+        wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
+    ) -> Result<Rebuilt, EngineError> {
         let now = self.now();
         let mut rebuilt = Rebuilt::default();
-        let first = match after {
-            Some(covered) => covered + 1,
+        let mut after = match replayer.next_after {
+            Some(after) => after,
             None => {
                 let from = now - horizon(&self.cache.windows());
                 match self.ledger.first_seq_since(from).await? {
-                    Some(first) => first,
+                    Some(first) => {
+                        replayer.first_seq = first;
+                        first - 1
+                    }
                     None => return Ok(rebuilt),
                 }
             }
         };
-        let mut replayer = Replayer {
-            first_seq: first,
-            after_snapshot: after.is_some(),
-            ..Replayer::default()
-        };
-        let mut after = first - 1;
         loop {
             let mut page = self.ledger.entries_after(after, PAGE).await?;
             if let Some(until) = until {
@@ -182,15 +205,54 @@ impl Engine {
                 break;
             };
             after = *last;
-            let mut ops = Vec::new();
-            for (_, entry) in page.iter().filter(|(_, entry)| wanted(entry)) {
-                ops.extend(self.replay_of(&mut replayer, target, entry, now).await?);
-            }
+            replayer.next_after = Some(after);
             rebuilt.entries += page.len();
-            rebuilt.steps += ops.len();
-            target.replay(ops).await?;
+            for (_, entry) in page.into_iter().filter(|(_, entry)| wanted(entry)) {
+                replayer.wait(entry);
+            }
+            rebuilt.steps += self.replay_waiting(replayer, target, REORDER).await?;
         }
         Ok(rebuilt)
+    }
+
+    /// Replays the entries waiting in `replayer`, in the order they were made (by `at`, then
+    /// as read), until `keep` wait.
+    pub(super) async fn replay_waiting(
+        &self,
+        replayer: &mut Replayer,
+        target: &dyn Replay,
+        keep: usize,
+    ) -> Result<usize, EngineError> {
+        let now = self.now();
+        let mut ops = Vec::new();
+        while replayer.waiting.len() > keep {
+            let Some(entry) = replayer.next() else {
+                break;
+            };
+            ops.extend(self.replay_of(replayer, target, &entry, now).await?);
+        }
+        let steps = ops.len();
+        target.replay(ops).await?;
+        Ok(steps)
+    }
+
+    /// Replays `entries`, which are not in SQL (yet): they wait in the ledger streams. They
+    /// are replayed in order with those still waiting in `replayer`, then every entry is.
+    /// A refund among them finds its charge among them too.
+    pub(super) async fn replay_streamed(
+        &self,
+        replayer: &mut Replayer,
+        target: &dyn Replay,
+        entries: Vec<LedgerEntry>,
+    ) -> Result<(), EngineError> {
+        for entry in entries {
+            if let (EntryKind::Charge, Some(consumption)) = (entry.kind, entry.consumption_id) {
+                replayer.streamed.insert(consumption, entry.clone());
+            }
+            replayer.wait(entry);
+        }
+        self.replay_waiting(replayer, target, 0).await?;
+        Ok(())
     }
 
     /// The steps that apply `entry` again.
@@ -320,7 +382,11 @@ impl Engine {
         let Some(consumption_id) = entry.consumption_id else {
             return Ok(None);
         };
-        let Some(charge) = self.ledger.charge_of(consumption_id).await? else {
+        let charge = match replayer.streamed.get(&consumption_id) {
+            Some(charge) => Some(charge.clone()),
+            None => self.ledger.charge_of(consumption_id).await?,
+        };
+        let Some(charge) = charge else {
             return Ok(None);
         };
         // The store's running total must count the refunds written before the horizon too,
@@ -389,7 +455,7 @@ impl Engine {
 
 /// What a replay remembers between entries.
 #[derive(Default)]
-struct Replayer {
+pub(super) struct Replayer {
     /// The holds opened by the entries replayed so far and not yet settled.
     holds: HashMap<HoldId, HoldRecord>,
     /// What was refunded so far, per consumption with a replayed refund (those before the
@@ -399,6 +465,70 @@ struct Replayer {
     first_seq: i64,
     /// Whether a snapshot was loaded before: holds opened before it are in the store.
     after_snapshot: bool,
+    /// The last entry replayed (`None` before the first page: then the horizon's first).
+    next_after: Option<i64>,
+    /// The charges replayed from the streams, for their refunds.
+    streamed: HashMap<crate::domain::ConsumptionId, LedgerEntry>,
+    /// Entries read and not yet replayed, by when they were made, then as read (the
+    /// third part places a give-back right after its charge or hold: see [`Self::next`]).
+    waiting: std::collections::BTreeMap<(i64, u64, u64), LedgerEntry>,
+    /// Entries read so far.
+    read: u64,
+}
+
+impl Replayer {
+    /// Puts `entry` among those waiting to be replayed.
+    fn wait(&mut self, entry: LedgerEntry) {
+        self.read += 1;
+        self.waiting
+            .insert((entry.at.timestamp_millis(), self.read, 0), entry);
+    }
+
+    /// The next entry to replay: the first by when it was made, then as read; but a
+    /// refund or settlement whose charge or hold was made in the same millisecond and
+    /// waits still is put right after it (it was read first: inserted first, after its
+    /// charge or hold had waited in a stream).
+    fn next(&mut self) -> Option<LedgerEntry> {
+        loop {
+            let ((at_ms, read, _), entry) = self.waiting.pop_first()?;
+            let needs = |other: &LedgerEntry| match entry.kind {
+                EntryKind::Refund => {
+                    other.kind == EntryKind::Charge && other.consumption_id == entry.consumption_id
+                }
+                EntryKind::Commit | EntryKind::Release | EntryKind::Expire => {
+                    other.kind == EntryKind::Hold && other.hold_id == entry.hold_id
+                }
+                _ => false,
+            };
+            let after = self
+                .waiting
+                .range((at_ms, 0, 0)..(at_ms + 1, 0, 0))
+                .find(|(_, other)| needs(other))
+                .map(|((_, other_read, _), _)| *other_read);
+            match after {
+                Some(other_read) => {
+                    self.waiting.insert((at_ms, other_read, read), entry);
+                }
+                None => return Some(entry),
+            }
+        }
+    }
+
+    /// The last entry of SQL read, if any.
+    pub(super) fn last_seq(&self) -> Option<i64> {
+        self.next_after
+    }
+
+    /// A replay of the entries after the one numbered `after` (a snapshot's), or of the
+    /// horizon.
+    pub(super) fn after(after: Option<i64>) -> Self {
+        Self {
+            first_seq: after.map_or(0, |after| after + 1),
+            after_snapshot: after.is_some(),
+            next_after: after,
+            ..Self::default()
+        }
+    }
 }
 
 /// The charge that puts `counter`'s units back on it at `at_ms`.

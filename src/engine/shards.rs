@@ -55,7 +55,7 @@ const LOCK_KEEP_EVERY: Duration = Duration::from_secs(10);
 /// A fresh, empty in-process store to replay a shard's ledger into.
 pub(crate) type ScratchStore = Arc<dyn Fn() -> Arc<dyn Replay> + Send + Sync>;
 
-/// The counter store's shards, as a rebuild sees them (Redis).
+/// The counter store's shards, as a rebuild and a verify see them (Redis).
 #[async_trait]
 pub(crate) trait ShardStates: Send + Sync {
     /// The shards without an epoch.
@@ -88,6 +88,26 @@ pub(crate) trait ShardStates: Send + Sync {
         items: &[StateItem],
         open: bool,
     ) -> Result<bool, StoreError>;
+
+    /// Every counter key the store holds, by shard (what a verify compares).
+    async fn counter_keys(&self) -> Result<BTreeMap<u16, Vec<String>>, StoreError>;
+
+    /// Holds deletions from every shard's ledger stream for `ttl_ms`, as `token`: drained
+    /// entries are acknowledged but stay in their streams until [`Self::release_deletes`].
+    async fn hold_deletes(&self, token: &str, ttl_ms: u64) -> Result<(), StoreError>;
+
+    /// Lets deletions go on (if `token` still holds them) and deletes what was held.
+    async fn release_deletes(&self, token: &str) -> Result<(), StoreError>;
+
+    /// At one instant, the entries in `shards`' streams and the states of `counters` (all
+    /// in one slot on a cluster); `None` when `token` no longer holds their deletions.
+    async fn read_cut(
+        &self,
+        token: &str,
+        shards: &[u16],
+        counters: &[String],
+        now_ms: i64,
+    ) -> Result<Option<super::cut::Cut>, StoreError>;
 }
 
 /// What a rebuild of shards did.

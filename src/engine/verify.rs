@@ -45,9 +45,12 @@ pub(crate) struct Verified {
 /// Why a verify cannot tell.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum VerifyError {
-    /// This deployment's counters cannot be compared yet (Redis).
-    #[error("counters verify is not available with Redis counters yet")]
+    /// This deployment keeps no counters to compare.
+    #[error("this deployment has no counters to verify")]
     Unsupported,
+    /// No consistent instant could be read (Redis): try again.
+    #[error("the counters could not be read at one instant: {0}; try again")]
+    Unsettled(&'static str),
     /// The ledger or the store failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -100,19 +103,68 @@ impl DriftWatch {
 
 /// What the ledger says of one counter key.
 #[derive(Debug, Clone)]
-struct Known {
+pub(super) struct Known {
     policy_id: PolicyId,
     action: Action,
     budget: Budget,
     restore: Restore,
+    /// A budget shared by subjects: charged by entries of other shards than its own.
+    pub(super) shared: bool,
+}
+
+/// Notes in `known` what `entry` says of the counters it names; keeps every entry.
+fn learn(known: &Mutex<HashMap<String, Known>>, entry: &LedgerEntry) -> bool {
+    let mut known = known
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
+    for counter in &entry.counters {
+        let shard = keys::shard_of_tag(keys::hash_tag(&counter.key));
+        known.insert(
+            counter.key.clone(),
+            Known {
+                policy_id: counter.policy_id.clone(),
+                action: entry.action.clone(),
+                budget: entry.budget(&counter.scope),
+                restore: counter.restore,
+                shared: shard != Some(home),
+            },
+        );
+    }
+    true
 }
 
 impl Engine {
     /// Compares every live budget (of `action`, or all) with the ledger's usage.
     pub(crate) async fn verify(&self, action: Option<&Action>) -> Result<Verified, VerifyError> {
-        let (Some(snapshots), Some(scratch)) = (&self.snapshots, &self.scratch) else {
-            return Err(VerifyError::Unsupported);
+        let known: Mutex<HashMap<String, Known>> = Mutex::default();
+        let learn = |entry: &LedgerEntry| learn(&known, entry);
+        let verified = match (&self.snapshots, &self.shards, &self.scratch) {
+            (Some(snapshots), _, Some(scratch)) => {
+                self.verify_embedded(snapshots, scratch, action, &learn, &known)
+                    .await?
+            }
+            (None, Some(shards), Some(scratch)) => {
+                self.verify_streamed(shards, scratch, action, &learn, &known)
+                    .await?
+            }
+            _ => return Err(VerifyError::Unsupported),
         };
+        if action.is_none() {
+            self.drift.saw(&verified);
+        }
+        Ok(verified)
+    }
+
+    /// `counters verify` of the embedded store: see the module doc.
+    async fn verify_embedded(
+        &self,
+        snapshots: &super::snapshot::Snapshots,
+        scratch: &super::shards::ScratchStore,
+        action: Option<&Action>,
+        learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
+        known: &Mutex<HashMap<String, Known>>,
+    ) -> Result<Verified, VerifyError> {
         let (live, covered, now_ms) = {
             let _paused = self.cut.write().await;
             self.writer.flush().await.map_err(EngineError::from)?;
@@ -124,38 +176,16 @@ impl Engine {
             let now_ms = self.now().timestamp_millis();
             (snapshots.store.dump(now_ms).await, covered, now_ms)
         };
-        let known: Mutex<HashMap<String, Known>> = Mutex::default();
         let replayed: std::sync::Arc<dyn Replay> = scratch();
         if let Some((until, _)) = covered {
-            let learn = |entry: &LedgerEntry| {
-                let mut known = known
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                for counter in &entry.counters {
-                    known.insert(
-                        counter.key.clone(),
-                        Known {
-                            policy_id: counter.policy_id.clone(),
-                            action: entry.action.clone(),
-                            budget: entry.budget(&counter.scope),
-                            restore: counter.restore,
-                        },
-                    );
-                }
-                true
-            };
-            self.replay_ledger(replayed.as_ref(), None, Some(until), &learn)
+            self.replay_ledger(replayed.as_ref(), None, Some(until), learn)
                 .await?;
         }
         let ledger = replayed.dump(now_ms).await;
         let known = known
-            .into_inner()
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let verified = self.compare(&live, &ledger, &known, action, now_ms);
-        if action.is_none() {
-            self.drift.saw(&verified);
-        }
-        Ok(verified)
+        Ok(self.compare(&live, &ledger, &known, action, now_ms))
     }
 
     /// What the last verify of every budget found (for `/metrics`).
@@ -186,7 +216,7 @@ impl Engine {
     }
 
     /// The drift between the `live` and `ledger` states' counters (of `action`, or all).
-    fn compare(
+    pub(super) fn compare(
         &self,
         live: &[StateItem],
         ledger: &[StateItem],
@@ -246,7 +276,7 @@ impl Engine {
 
 /// The key of a counter's state item (a zoned calendar period is kept as a record);
 /// `None` for records and indexes that are no counters.
-fn item_key(item: &StateItem) -> Option<&str> {
+pub(super) fn item_key(item: &StateItem) -> Option<&str> {
     match item {
         StateItem::Counter { key, .. } => Some(key),
         StateItem::Record { key, .. } => keys::counter_policy_key(key).map(|_| key.as_str()),
@@ -259,7 +289,15 @@ fn item_key(item: &StateItem) -> Option<&str> {
 fn usage_of(item: &StateItem, restore: Option<&Restore>, now_ms: i64) -> u64 {
     match item {
         StateItem::Counter { state, .. } => match state {
-            CounterState::Calendar { used } => *used,
+            // A period that has ended counts nothing, whether or not its key is gone yet.
+            CounterState::Calendar { used } => match restore {
+                Some(Restore::Calendar { period_end_ms })
+                    if (1..=now_ms).contains(period_end_ms) =>
+                {
+                    0
+                }
+                _ => *used,
+            },
             CounterState::Rolling { buckets } => {
                 let oldest = match restore {
                     Some(Restore::Rolling {

@@ -327,6 +327,31 @@ macro_rules! sql_ledger_store {
                 u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
             }
 
+            async fn seqs_of(
+                &self,
+                ids: &[String],
+            ) -> Result<std::collections::HashMap<String, i64>, LedgerError> {
+                let mut seqs = std::collections::HashMap::new();
+                for chunk in ids.chunks(500) {
+                    let mut sql = QueryBuilder::<$db>::new(
+                        "SELECT id, seq FROM ledger_entries WHERE id IN (",
+                    );
+                    let mut list = sql.separated(", ");
+                    for id in chunk {
+                        list.push_bind(id.as_str());
+                    }
+                    sql.push(")");
+                    let rows = sql.build().fetch_all(&self.pool).await.map_err(db_error)?;
+                    for row in rows {
+                        seqs.insert(
+                            row.try_get::<String, _>("id").map_err(db_error)?,
+                            row.try_get::<i64, _>("seq").map_err(db_error)?,
+                        );
+                    }
+                }
+                Ok(seqs)
+            }
+
             async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
                 // The at index holds each row's seq (SQLite: the rowid; Postgres reads it).
                 sqlx::query_scalar("SELECT MIN(seq) FROM ledger_entries WHERE at >= $1")

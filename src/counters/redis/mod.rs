@@ -19,6 +19,7 @@
 //! pipelined on its connection.
 
 mod call;
+mod cut;
 mod info;
 mod script;
 mod shards;

@@ -3,12 +3,14 @@
 //! rebuilds a shard, and writing the rebuilt state through `scripts/restore.lua`.
 
 use super::RedisCounterStore;
+use crate::engine::cut::Cut;
 use crate::engine::shards::ShardStates;
 use crate::engine::snapshot::{CounterState, StateItem};
 use crate::engine::store::StoreError;
 use crate::keys::{self, SHARDS};
 use async_trait::async_trait;
 use redis::{Cmd, Value};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// The restore script; its header documents KEYS, ARGV and the reply.
@@ -174,6 +176,28 @@ impl ShardStates for RedisCounterStore {
         let index = keys::holds_index(&self.prefix, shard);
         let call = self.restore_cmd(shard, token, ttl, &[(&index, 'd', 0, String::new())], false);
         self.restore_call(&call).await
+    }
+
+    async fn counter_keys(&self) -> Result<BTreeMap<u16, Vec<String>>, StoreError> {
+        self.counter_keys_by_shard().await
+    }
+
+    async fn hold_deletes(&self, token: &str, ttl_ms: u64) -> Result<(), StoreError> {
+        self.hold_all_deletes(token, ttl_ms).await
+    }
+
+    async fn release_deletes(&self, token: &str) -> Result<(), StoreError> {
+        self.release_all_deletes(token).await
+    }
+
+    async fn read_cut(
+        &self,
+        token: &str,
+        shards: &[u16],
+        counters: &[String],
+        now_ms: i64,
+    ) -> Result<Option<Cut>, StoreError> {
+        self.read_instant(token, shards, counters, now_ms).await
     }
 }
 

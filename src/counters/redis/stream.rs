@@ -23,7 +23,7 @@ fn text(value: &Value) -> Option<String> {
 }
 
 /// Parses `[[id, [field, value, …]], …]`, keeping the `e` field.
-fn entries(value: &Value) -> Vec<StreamEntry> {
+pub(super) fn entries(value: &Value) -> Vec<StreamEntry> {
     let Value::Array(items) = value else {
         return Vec::new();
     };
@@ -163,8 +163,16 @@ impl LedgerStream for RedisCounterStore {
             return Ok(());
         }
         // Sent whole (EVAL), like the lease: no script cache to miss.
+        let shard = crate::keys::shard_of_tag(crate::keys::hash_tag(stream))
+            .ok_or_else(|| StoreError::Protocol(format!("{stream} is no shard's ledger stream")))?;
         let mut ack = redis::cmd("EVAL");
-        ack.arg(ACK_LUA).arg(1).arg(stream).arg(GROUP).arg(ids);
+        ack.arg(ACK_LUA)
+            .arg(3)
+            .arg(stream)
+            .arg(crate::keys::deletes_held(&self.prefix, shard))
+            .arg(crate::keys::held_entries(&self.prefix, shard))
+            .arg(GROUP)
+            .arg(ids);
         let _: Value = self.query(&ack).await?;
         Ok(())
     }

@@ -57,6 +57,13 @@ impl FakeStore {
 
 #[async_trait]
 impl LedgerStore for FakeStore {
+    async fn seqs_of(
+        &self,
+        _ids: &[String],
+    ) -> Result<std::collections::HashMap<String, i64>, LedgerError> {
+        Ok(std::collections::HashMap::new())
+    }
+
     async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
         let _permit = self.gate.acquire().await.expect("the gate stays open");
         // Long enough for other callers to queue behind this batch.

@@ -47,4 +47,5 @@ async fn consumes_answered_503_during_a_stall_past_the_deadline_are_never_charge
         "only the allowed consume is recorded: {}",
         ledger.body
     );
+    super::assert_no_drift(&app).await;
 }
