@@ -12,6 +12,7 @@
 //! | a consumption's refunded total | `<p>{<s>}#rf<consumption id>` |
 //! | the shard's epoch: set once its state was rebuilt from the ledger | `<p>{<s>}#epoch` |
 //! | the lock of the shard's rebuild | `<p>{<s>}#rebuild` |
+//! | an idempotency record whose answer was replayed; a voided charge's once-marker | `<p>{<s>}#o<scope><length>:<idempotency key><action>\|<subject>`, `<p>{<s>}#vo<consumption id>` |
 //! | while a `counters verify` reads the shard: its token, and the entries acknowledged meanwhile | `<p>{<s>}#vh`, `<p>{<s>}#vd` |
 //! | Redis Cluster, a consume across slots: its intent at home, the home's index of intents, its reservation in a foreign slot, a give-back's once-marker there | `<p>{<s>}#x<attempt>`, `<p>{<s>}#xs`, `<p>{<s>}#rv<attempt>`, `<p>{<s>}#gb<entry id>` |
 //!
@@ -213,6 +214,18 @@ pub(crate) fn deletes_held(prefix: &str, shard: u16) -> String {
 /// stream when the verify lets go (or, if it died, by the next acknowledgement).
 pub(crate) fn held_entries(prefix: &str, shard: u16) -> String {
     format!("{}#vd", shard_prefix(prefix, shard))
+}
+
+/// Set when an idempotency record's answer was replayed to a retry: the outcome is the
+/// caller's, and the attempt it records is never voided (`engine::void`). The record's
+/// key with `#o` for `#i` (consume.lua makes it the same way).
+pub(crate) fn outcome_given(idempotency_record: &str) -> String {
+    idempotency_record.replacen("}#i", "}#o", 1)
+}
+
+/// The once-marker of a voided charge (`engine::void`).
+pub(crate) fn void_marker(prefix: &str, shard: u16, consumption_id: &str) -> String {
+    format!("{}#vo{consumption_id}", shard_prefix(prefix, shard))
 }
 
 /// How much of one consumption has been refunded so far.

@@ -323,6 +323,12 @@ impl Application {
                 async move { engine.verify_every(every).await },
             ));
         }
+        if state.engine.counters_stream_ledger() {
+            let engine = state.engine.clone();
+            tasks.0.push(tokio::spawn(async move {
+                engine.void_every(crate::engine::void::VOID_EVERY).await;
+            }));
+        }
         let sweeper = embedded::Sweeper::spawn(state.clone());
         if state.engine.backlog().is_some() {
             // Before the first request, so that a full backlog is known from the start.
@@ -404,6 +410,8 @@ impl Application {
         drop(self.refresher); // the background tasks end with the server
         drop(self.grpc); // and so does gRPC: nothing is decided after the snapshot below
         self.sweeper.stop().await;
+        // Attempts answered 503 that Redis may have decided: voided before the drain stops.
+        self.state.engine.void_settled(true).await;
         self.state.engine.janitor().give_up().await;
         if let Some(periodic) = self.periodic {
             periodic.stop().await;

@@ -34,6 +34,9 @@ pub(crate) enum EntryKindDto {
     Expire,
     /// A consume was denied (recorded for policies with `ledger_denials`).
     Deny,
+    /// A charge or hold given back whole: its request was answered 503 while Redis may
+    /// still have decided it, and did (the request never took effect).
+    Void,
 }
 
 impl From<EntryKind> for EntryKindDto {
@@ -46,6 +49,7 @@ impl From<EntryKind> for EntryKindDto {
             EntryKind::Release => Self::Release,
             EntryKind::Expire => Self::Expire,
             EntryKind::Deny => Self::Deny,
+            EntryKind::Void => Self::Void,
         }
     }
 }

@@ -430,6 +430,18 @@ fn give_back_in(
             now_ms,
             ("expired", true, total, expires_at_ms),
         ),
+        // Replays record voids as a refund or release (`engine::rebuild`); nothing here is
+        // ever in doubt, but the arithmetic is the same.
+        GiveBackKind::Void { total } => Ok((true, total, 0)),
+        GiveBackKind::VoidHold {
+            total,
+            expires_at_ms,
+        } => settle_step(
+            entries,
+            request,
+            now_ms,
+            ("voided", true, total, expires_at_ms),
+        ),
     };
     let (full, by_amount_gets, result) = match step {
         Ok(step) => step,

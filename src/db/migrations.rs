@@ -35,6 +35,10 @@ pub(super) const POSTGRES: Files = &[
         "20261215090000_add_budget_columns.sql",
         include_str!("../../migrations/postgres/20261215090000_add_budget_columns.sql"),
     ),
+    (
+        "20261220090000_add_void_kind.sql",
+        include_str!("../../migrations/postgres/20261220090000_add_void_kind.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -58,6 +62,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261215090000_add_budget_columns.sql",
         include_str!("../../migrations/sqlite/20261215090000_add_budget_columns.sql"),
+    ),
+    (
+        "20261220090000_add_void_kind.sql",
+        include_str!("../../migrations/sqlite/20261220090000_add_void_kind.sql"),
     ),
 ];
 

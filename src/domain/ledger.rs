@@ -25,11 +25,14 @@ pub enum EntryKind {
     Expire,
     /// A consume was denied (recorded only for policies with `ledger_denials`).
     Deny,
+    /// A charge or hold was given back whole because its request was answered 503 while
+    /// Redis may still have decided it (and did): the request never took effect.
+    Void,
 }
 
 impl EntryKind {
     /// Every kind, in wire spelling order.
-    pub(crate) const ALL: [EntryKind; 7] = [
+    pub(crate) const ALL: [EntryKind; 8] = [
         Self::Charge,
         Self::Refund,
         Self::Hold,
@@ -37,6 +40,7 @@ impl EntryKind {
         Self::Release,
         Self::Expire,
         Self::Deny,
+        Self::Void,
     ];
 
     /// The wire and column spelling.
@@ -49,6 +53,7 @@ impl EntryKind {
             Self::Release => "release",
             Self::Expire => "expire",
             Self::Deny => "deny",
+            Self::Void => "void",
         }
     }
 

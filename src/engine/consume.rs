@@ -147,7 +147,8 @@ impl Engine {
         let effects = self.effects(&plan, request, &attempt);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
-        let decided = match self.across_slots(&plan) {
+        let across = self.across_slots(&plan);
+        let decided = match across {
             true => {
                 self.decide_across(&plan, &effects, &attempt.allowed_entry)
                     .await
@@ -193,7 +194,24 @@ impl Engine {
                 "a consume was refused as a reservation".to_owned(),
             ))),
             Err(error) => {
-                let decision = self.on_store_failure(&plan, error)?;
+                // Redis may have run a call that timed out or lost its connection: if the
+                // answer is 503, the attempt is voided once that is settled (engine::void).
+                let in_doubt = (!across)
+                    .then_some(effects.ledger.as_ref())
+                    .flatten()
+                    .filter(|_| {
+                        matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
+                    });
+                let decision = match self.on_store_failure(&plan, error) {
+                    Ok(decision) => decision,
+                    Err(answer) => {
+                        if let Some(ledger) = in_doubt {
+                            let key = effects.idempotency.as_ref().map(|i| i.key.clone());
+                            self.doubt(&attempt.allowed_entry, &ledger.stream, key);
+                        }
+                        return Err(answer);
+                    }
+                };
                 // Failing open: the consume is accepted uncounted, but never unrecorded:
                 // with the ledger down too, it is answered 503.
                 self.record(vec![attempt.allowed_entry.clone()]).await?;

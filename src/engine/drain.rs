@@ -479,6 +479,37 @@ impl Drainer {
 
     /// The newest entry of each stream of `shards` now (shards whose stream is empty are
     /// left out): what [`Drainer::drained_to`] waits for. `None` if the store did not answer.
+    /// Whether an entry with the id `entry` (a ledger entry's) was appended to `stream`
+    /// within `window` (wall-clock ms) and waits there still, reading `page` at a time.
+    pub(crate) async fn appended(
+        &self,
+        stream: &str,
+        window: (i64, i64),
+        entry: &str,
+        page: usize,
+    ) -> Result<bool, StoreError> {
+        let (mut from, to) = window;
+        // A bounded number of pages: a window holds a few seconds of one shard's entries.
+        for _ in 0..1_000 {
+            let read = self.streams.range(stream, from, to, page).await?;
+            let found = read.iter().any(|(_, text)| {
+                super::codec::decode_entries(text)
+                    .is_ok_and(|entries| entries.iter().any(|e| e.id.to_string() == entry))
+            });
+            if found {
+                return Ok(true);
+            }
+            let next = read
+                .last()
+                .and_then(|(id, _)| id.split('-').next()?.parse::<i64>().ok());
+            match next {
+                Some(last) if read.len() == page && last < to => from = last.max(from + 1),
+                _ => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
     pub(crate) async fn marks(
         &self,
         shards: impl IntoIterator<Item = u16>,

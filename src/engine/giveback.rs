@@ -70,7 +70,7 @@ pub(crate) enum Settle {
 
 /// Per-policy amounts given back: amount policies get `by_amount` (at most what they were
 /// charged), count policies their charge when `full`.
-fn given(counters: &[CounterCharge], by_amount: u64, full: bool) -> Vec<PolicyAmount> {
+pub(super) fn given(counters: &[CounterCharge], by_amount: u64, full: bool) -> Vec<PolicyAmount> {
     counters
         .iter()
         .map(|c| PolicyAmount {
@@ -504,7 +504,7 @@ impl Engine {
     }
 
     /// `entry` as the give-back script appends it to `shard`'s stream (Redis only).
-    fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
+    pub(super) fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
         self.counters.streams_ledger().then(|| {
             (
                 keys::ledger_stream(&self.prefix, shard),

@@ -28,6 +28,7 @@ pub(crate) mod stream;
 mod together;
 mod unit;
 pub(crate) mod verify;
+pub mod void;
 pub mod window;
 pub mod writer;
 
@@ -211,6 +212,8 @@ pub struct Engine {
     janitor: Arc<janitor::Janitor>,
     /// What the last verify found.
     drift: verify::DriftWatch,
+    /// Attempts answered 503 that Redis may have decided, until voided.
+    doubts: void::Doubts,
 }
 
 impl Engine {
@@ -250,6 +253,7 @@ impl Engine {
             hold_dues: giveback::HoldDues::default(),
             janitor,
             drift: verify::DriftWatch::default(),
+            doubts: void::Doubts::default(),
         }
     }
 

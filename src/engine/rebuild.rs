@@ -280,8 +280,13 @@ impl Engine {
                     ops.extend(self.open_hold(replayer, entry));
                 }
             }
+            // A voided charge is given back whole, like a refund of all of it; a voided
+            // hold like a release.
             EntryKind::Refund => ops.extend(self.refund_of(replayer, entry).await?),
-            EntryKind::Commit | EntryKind::Release | EntryKind::Expire => {
+            EntryKind::Void if entry.consumption_id.is_some() => {
+                ops.extend(self.refund_of(replayer, entry).await?);
+            }
+            EntryKind::Commit | EntryKind::Release | EntryKind::Expire | EntryKind::Void => {
                 ops.extend(self.settlement_of(replayer, target, entry).await?);
             }
             EntryKind::Deny => {}
@@ -440,7 +445,7 @@ impl Engine {
                 Quantity::parse("amount", i128::from(entry.amount))
                     .map_err(|e| StoreError::Protocol(e.to_string()))?,
             ))),
-            EntryKind::Release => Some(Settle::Release),
+            EntryKind::Release | EntryKind::Void => Some(Settle::Release),
             _ => None,
         };
         let (_, mut request) = self.hold_give_back(hold_id, &record, how, entry.at)?;
@@ -492,10 +497,10 @@ impl Replayer {
         loop {
             let ((at_ms, read, _), entry) = self.waiting.pop_first()?;
             let needs = |other: &LedgerEntry| match entry.kind {
-                EntryKind::Refund => {
+                EntryKind::Refund | EntryKind::Void if entry.consumption_id.is_some() => {
                     other.kind == EntryKind::Charge && other.consumption_id == entry.consumption_id
                 }
-                EntryKind::Commit | EntryKind::Release | EntryKind::Expire => {
+                EntryKind::Commit | EntryKind::Release | EntryKind::Expire | EntryKind::Void => {
                     other.kind == EntryKind::Hold && other.hold_id == entry.hold_id
                 }
                 _ => false,

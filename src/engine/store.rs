@@ -278,6 +278,22 @@ pub(crate) enum GiveBackKind {
         /// Its expiry.
         expires_at_ms: i64,
     },
+    /// Void a charge whose request was answered 503 but which Redis decided all the same
+    /// (`engine::void`): give it all back, once (the control key is the marker), unless a
+    /// retry was answered with its outcome (the idempotency "record" names the marker the
+    /// replay leaves); its idempotency record (the key) is deleted.
+    Void {
+        /// The charged amount.
+        total: u64,
+    },
+    /// Void a hold likewise: like a release (the control key is its record), but marked
+    /// `voided`.
+    VoidHold {
+        /// The held amount.
+        total: u64,
+        /// The hold's expiry.
+        expires_at_ms: i64,
+    },
     /// Redis Cluster: abandon a consume's intent (the control key) at home, giving its home
     /// charges back once, unless it committed (a conflict, `committed`).
     Abandon,
@@ -486,6 +502,12 @@ pub trait CounterStore: Send + Sync + 'static {
     /// [`CounterStore::decide`] and [`CounterStore::give_back`].
     fn streams_ledger(&self) -> bool {
         false
+    }
+
+    /// The longest a call may take before its caller stops waiting (Redis: the call's
+    /// deadline is its send time plus this); zero for a store whose calls cannot time out.
+    fn call_timeout(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
     }
 
     /// Whether one call may touch keys of several hash tags (shards) and still be atomic:

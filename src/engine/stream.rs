@@ -53,6 +53,16 @@ pub trait LedgerStream: Send + Sync + 'static {
     /// (`None` when it is empty).
     async fn first_id(&self, stream: &str) -> Result<Option<String>, StoreError>;
 
+    /// Up to `count` entries of `stream` appended from `from_ms` to `to_ms` (by Redis's
+    /// clock), oldest first.
+    async fn range(
+        &self,
+        stream: &str,
+        from_ms: i64,
+        to_ms: i64,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError>;
+
     /// Acknowledges and deletes entries that are safely in SQL.
     async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError>;
 }

@@ -71,7 +71,8 @@ impl Engine {
         };
         // Until the entries are committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
-        let decided = match self.across_slots(&plan) {
+        let across = self.across_slots(&plan);
+        let decided = match across {
             true => {
                 // The attempt's id, and the combined plan's counters in charge order.
                 let attempt = LedgerEntry {
@@ -123,7 +124,21 @@ impl Engine {
                 )))
             }
             Err(error) => {
-                self.on_store_failure(&plan, error)?;
+                // As for one consume (engine::void): each charge is voided on its own.
+                let in_doubt = (!across)
+                    .then_some(effects.ledger.as_ref())
+                    .flatten()
+                    .filter(|_| {
+                        matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
+                    });
+                if let Err(answer) = self.on_store_failure(&plan, error) {
+                    if let Some(ledger) = in_doubt {
+                        for entry in &allowed {
+                            self.doubt(entry, &ledger.stream, None);
+                        }
+                    }
+                    return Err(answer);
+                }
                 // Failing open: accepted uncounted; the ledger still records them.
                 self.record(allowed).await?;
                 Ok(plans.iter().map(Plan::degraded_decision).collect())

@@ -602,6 +602,39 @@ impl PrivateRedis {
         redis
     }
 
+    /// A one-node Redis Cluster of the test's own (every slot on one primary), so that a test
+    /// can freeze a cluster without touching the shared one.
+    pub async fn start_cluster() -> Self {
+        let port = free_port();
+        let nodes = std::env::temp_dir().join(format!("quota-ledger-nodes-{port}.conf"));
+        let nodes = nodes.to_string_lossy().into_owned();
+        let redis = Self::start_with(
+            port,
+            &["--cluster-enabled", "yes", "--cluster-config-file", &nodes],
+        )
+        .await;
+        let cli = |args: &[&str]| {
+            std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string()])
+                .args(args)
+                .output()
+                .expect("running redis-cli")
+        };
+        let added = cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        assert!(added.status.success(), "{added:?}");
+        eventually(
+            Duration::from_secs(10),
+            "the one-node cluster is up",
+            || async {
+                let info = String::from_utf8_lossy(&cli(&["CLUSTER", "INFO"]).stdout).into_owned();
+                info.contains("cluster_state:ok").then_some(())
+            },
+        )
+        .await;
+        let _ = std::fs::remove_file(&nodes);
+        redis
+    }
+
     /// Freezes the server (SIGSTOP): it accepts connections but answers nothing, like a hung Redis.
     pub fn pause(&self) {
         self.signal("STOP");

@@ -10,6 +10,7 @@ mod real;
 mod refusal;
 mod stall;
 mod verify;
+mod voiding;
 
 use crate::helpers::{TestApp, ADMIN_TOKEN};
 use serde_json::Value;

@@ -95,7 +95,8 @@ pub(super) fn undo_in(entries: &mut HashMap<String, Entry>, now_ms: i64, undo: &
                 ),
                 GiveBackKind::Commit { expires_at_ms, .. }
                 | GiveBackKind::Release { expires_at_ms, .. }
-                | GiveBackKind::Expire { expires_at_ms, .. } => {
+                | GiveBackKind::Expire { expires_at_ms, .. }
+                | GiveBackKind::VoidHold { expires_at_ms, .. } => {
                     if let Some(entry) = entries.get_mut(&request.control_key) {
                         let reopened = counting::text(Some(entry), now_ms)
                             .and_then(|text| text.split_once('\n'))

@@ -579,6 +579,10 @@ impl CounterStore for RedisCounterStore {
         }
     }
 
+    fn call_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn streams_ledger(&self) -> bool {
         true
     }

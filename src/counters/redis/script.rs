@@ -294,6 +294,11 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
             total,
             expires_at_ms,
         } => ("x", total, 0, 0, expires_at_ms),
+        GiveBackKind::Void { total } => ("v", total, 0, 0, 0),
+        GiveBackKind::VoidHold {
+            total,
+            expires_at_ms,
+        } => ("w", total, 0, 0, expires_at_ms),
         GiveBackKind::Abandon => ("a", 0, 0, 0, 0),
         GiveBackKind::Undo => ("u", 0, 0, 0, 0),
         GiveBackKind::Resolved => ("d", 0, 0, 0, 0),

@@ -150,6 +150,23 @@ impl LedgerStream for RedisCounterStore {
         Ok(entries(&reply).into_iter().next().map(|(id, _)| id))
     }
 
+    async fn range(
+        &self,
+        stream: &str,
+        from_ms: i64,
+        to_ms: i64,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mut call = redis::cmd("XRANGE");
+        call.arg(stream)
+            .arg(from_ms.max(0))
+            .arg(to_ms.max(0))
+            .arg("COUNT")
+            .arg(count);
+        let reply: Value = self.query(&call).await?;
+        Ok(entries(&reply))
+    }
+
     async fn first_id(&self, stream: &str) -> Result<Option<String>, StoreError> {
         let mut call = redis::cmd("XRANGE");
         call.arg(stream).arg("-").arg("+").arg("COUNT").arg(1);

@@ -70,7 +70,7 @@ const GS: char = '\u{1d}';
 const WHAT: &str = "ledger entry";
 
 /// The kinds' letters, in [`EntryKind::ALL`] order.
-const KIND_LETTERS: [char; 7] = ['c', 'r', 'h', 'm', 'l', 'x', 'd'];
+const KIND_LETTERS: [char; 8] = ['c', 'r', 'h', 'm', 'l', 'x', 'd', 'v'];
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 

@@ -9,6 +9,12 @@ shard the call touches, when given (the service always gives them). On a Redis C
 share one hash tag.
 
 ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire;
+                            'v' void a charge (the control key is its once-marker), 'w'
+                            void a hold (like a release): a consume or hold answered 503
+                            that Redis decided all the same (engine::void); refused
+                            ({ 2, 'replayed' }) when the key ARGV[11] names exists (a
+                            retry was answered with its outcome), else its idempotency
+                            record (the idempotency key, when given) is deleted;
                             on a Redis Cluster, for consumes across slots (engine::crossslot):
                             'a' abandon an intent (the control key) at home, 'u' undo a
                             reservation in a foreign slot, 'd' drop a resolved attempt from
@@ -70,10 +76,12 @@ for i = n + 2 + flagged, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then return { 5, 0 } end
 end
 
-if idem_key then
+local voids = op == 'v' or op == 'w'
+if idem_key and not voids then
   local kept = redis.call('GET', idem_key)
   if kept then return { 3, kept } end
 end
+if voids and idem_key and redis.call('EXISTS', ARGV[11]) == 1 then return { 2, 'replayed' } end
 
 -- The current epoch of the (one) shard, to tell records made before a rebuild.
 local epoch_now = ''
@@ -109,6 +117,9 @@ elseif op == 'f' then
   -- A give-back's share in a foreign slot, once per entry (the control key is the marker).
   if not redis.call('SET', control, '1', 'NX', 'PX', 600000) then return { 1, 0 } end
   full, by_amount_gets = total == 1, amount
+elseif op == 'v' then
+  if not redis.call('SET', control, '1', 'NX', 'PX', 86400000) then return { 2, 'voided' } end
+  full, by_amount_gets = true, total
 elseif op == 'r' then
   local before = tonumber(redis.call('GET', control) or ARGV[6])
   if before + amount > total then return { 2, before } end
@@ -126,7 +137,7 @@ else
   local expires_at = tonumber(ARGV[7])
   if op ~= 'x' and now >= expires_at then return { 2, 'expired' } end
   if op == 'x' and now < expires_at then return { 2, 'open' } end
-  local new_state = ({ c = 'committed', l = 'released', x = 'expired' })[op]
+  local new_state = ({ c = 'committed', l = 'released', x = 'expired', w = 'voided' })[op]
   redis.call('SET', control, new_state .. string.sub(record, #state + 1), 'KEEPTTL')
   if index_key then redis.call('ZREM', index_key, ARGV[8]) end
   if op == 'c' then
@@ -209,7 +220,9 @@ if pending_key then
     .. epoch_now .. '\n' .. ARGV[p + 2] .. '\n' .. ARGV[p + 3], 'PX', 600000)
   redis.call('ZADD', pendings_key, ARGV[p + 2], ARGV[p + 1])
 end
-if idem_key and ARGV[11] ~= '' then
+if voids and idem_key then
+  redis.call('DEL', idem_key)
+elseif idem_key and ARGV[11] ~= '' then
   redis.call('SET', idem_key, ARGV[11] .. '\n' .. fmt('%d', result), 'PX', ARGV[10])
 end
 return { 1, result }

@@ -1,0 +1,274 @@
+//! Voiding: a consume or hold answered 503 that Redis decided all the same.
+//!
+//! A Redis call that times out (or whose connection breaks) may still have run: Redis may
+//! have charged the consume and appended its entry after the caller stopped waiting, and
+//! answered a client who got 503. Every state-changing call carries the moment its caller
+//! stops waiting; `consume.lua` refuses to run later than that plus [`CLOCK_SKEW_MS`] by
+//! Redis's own clock. So once this instance's wall clock is past that moment plus the skew
+//! twice, the call has run or never will:
+//!
+//! 1. the attempt is **registered** as in doubt when its answer is 503 (a degraded allow
+//!    records the same entry, so it is consistent whether Redis ran the call or not);
+//! 2. once **settled**, its entry is looked for in its shard's stream (around when it was
+//!    made) and in SQL; not found, the call never ran: nothing to do;
+//! 3. found, it is **voided** in one script (`giveback.lua`, `v` or `w`): its charge is
+//!    given back whole (a hold is marked `voided`), its kept answer is deleted (a retry
+//!    is decided afresh), and a ledger entry of kind `void` naming it is appended. A charge
+//!    is voided once (a marker); a hold only while open.
+//!
+//! The exception is a keyed attempt whose retry was answered with its outcome first: the
+//! replay marks the record (`keys::outcome_given`), and the void is refused. The outcome
+//! is then the client's.
+//!
+//! What remains uncertain: the doubts live in the instance that met them. An instance that
+//! dies (or is killed) before it voided leaves the charge in place, recorded like any other.
+//! A graceful stop voids what is due first (within the settle time). A consume across
+//! Redis Cluster slots (budgets shared by subjects) has its own protocol (`engine::crossslot`)
+//! and is not voided here.
+
+use super::codec::HoldRecord;
+use super::giveback::Settle;
+use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord};
+use super::{Engine, EngineError};
+use crate::domain::{EntryId, EntryKind, LedgerEntry};
+use crate::keys::{self, SubjectKeys};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How far apart the clocks of instances and Redis may be, ms (`consume.lua`'s CLOCK_SKEW).
+pub(crate) const CLOCK_SKEW_MS: i64 = 1_000;
+
+/// How often settled doubts are voided.
+pub(crate) const VOID_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a doubt is retried while Redis or the ledger cannot answer; past it, it is
+/// logged and dropped (the charge stays, recorded).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
+
+/// How long a failed void waits before it is tried again, ms.
+const RETRY_MS: i64 = 2_000;
+
+/// Stream entries read per step of the search.
+const SEARCH_PAGE: usize = 1_000;
+
+/// One attempt answered 503 that Redis may have decided.
+#[derive(Debug, Clone)]
+struct Doubt {
+    /// When it is settled (or tried again), wall-clock ms.
+    due_ms: i64,
+    /// Where its entry would be appended, and from and to when (wall-clock ms).
+    stream: String,
+    window: (i64, i64),
+    /// The entry it would have appended (a charge or a hold).
+    entry: LedgerEntry,
+    /// Its idempotency record's key, if keyed.
+    idempotency: Option<String>,
+    /// When it was registered.
+    since: Instant,
+}
+
+/// The attempts in doubt, waiting to be settled.
+#[derive(Debug, Default)]
+pub(crate) struct Doubts(Mutex<Vec<Doubt>>);
+
+impl Doubts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Doubt>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What settling one doubt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Voided {
+    /// Redis never ran the call.
+    NeverRan,
+    /// It ran; its charge was given back and a `void` entry appended.
+    Voided,
+    /// It ran and stays: a retry was answered with its outcome, or (a hold) it was
+    /// settled or expired meanwhile. The text says which.
+    Kept(String),
+}
+
+/// The wall clock, Unix ms (Redis's clock and the call deadlines are wall-clock time).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Engine {
+    /// Registers an attempt answered 503 after its store call failed in a way that may
+    /// have let Redis run it (timed out, or the connection broke).
+    pub(super) fn doubt(&self, entry: &LedgerEntry, stream: &str, idempotency: Option<String>) {
+        let timeout = i64::try_from(self.counters.call_timeout().as_millis()).unwrap_or(i64::MAX);
+        let now = wall_ms();
+        // The call was sent at most `timeout` ago, and carried now + timeout at most.
+        let deadline = now.saturating_add(timeout);
+        self.doubts.lock().push(Doubt {
+            due_ms: deadline.saturating_add(2 * CLOCK_SKEW_MS),
+            stream: stream.to_owned(),
+            window: (
+                now - timeout - 2 * CLOCK_SKEW_MS,
+                deadline.saturating_add(2 * CLOCK_SKEW_MS),
+            ),
+            entry: entry.clone(),
+            idempotency,
+            since: Instant::now(),
+        });
+    }
+
+    /// Voids every doubt settled by now (`all`: every one, waiting until it settles);
+    /// returns what each found.
+    pub async fn void_settled(&self, all: bool) -> Vec<Voided> {
+        let due: Vec<Doubt> = {
+            let mut doubts = self.doubts.lock();
+            let now = wall_ms();
+            let (due, later) = doubts.drain(..).partition(|d| all || d.due_ms <= now);
+            *doubts = later;
+            due
+        };
+        let mut found = Vec::with_capacity(due.len());
+        for mut doubt in due {
+            let wait = doubt.due_ms - wall_ms();
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+            }
+            match self.settle_doubt(&doubt).await {
+                Ok(settled) => {
+                    match &settled {
+                        Voided::Voided => tracing::info!(
+                            entry = %doubt.entry.id,
+                            kind = doubt.entry.kind.as_str(),
+                            "voided an attempt answered 503 that Redis decided all the same"
+                        ),
+                        Voided::Kept(why) => tracing::info!(
+                            entry = %doubt.entry.id,
+                            why,
+                            "an attempt answered 503 that Redis decided stays charged"
+                        ),
+                        Voided::NeverRan => {}
+                    }
+                    found.push(settled);
+                }
+                Err(error) if doubt.since.elapsed() < GIVE_UP_AFTER && !all => {
+                    static SITE: crate::logs::Throttle = crate::logs::Throttle::new();
+                    if let Some(count) = SITE.event() {
+                        tracing::warn!(error = %error, count, "voiding an attempt answered 503 failed; will retry");
+                    }
+                    doubt.due_ms = wall_ms() + RETRY_MS;
+                    self.doubts.lock().push(doubt);
+                }
+                Err(error) => tracing::error!(
+                    error = %error,
+                    entry = %doubt.entry.id,
+                    "gave up voiding an attempt answered 503: if Redis decided it, it stays charged (and recorded)"
+                ),
+            }
+        }
+        found
+    }
+
+    /// Whether the counter store streams the ledger (Redis): then attempts can be in doubt.
+    pub(crate) fn counters_stream_ledger(&self) -> bool {
+        self.counters.streams_ledger()
+    }
+
+    /// Voids settled doubts every `every`, until the task is aborted.
+    pub(crate) async fn void_every(&self, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            self.void_settled(false).await;
+        }
+    }
+
+    /// Settles one doubt: see the module doc.
+    async fn settle_doubt(&self, doubt: &Doubt) -> Result<Voided, EngineError> {
+        let id = doubt.entry.id.to_string();
+        let in_stream = match &self.drain {
+            Some(drain) => {
+                drain
+                    .appended(&doubt.stream, doubt.window, &id, SEARCH_PAGE)
+                    .await?
+            }
+            None => false,
+        };
+        let applied = in_stream || !self.ledger.seqs_of(&[id]).await?.is_empty();
+        if !applied {
+            return Ok(Voided::NeverRan);
+        }
+        let request = self.void_request(doubt)?;
+        let now_ms = self.now().timestamp_millis();
+        Ok(match self.counters.give_back(now_ms, &request).await? {
+            GivenBack::Done { .. } => Voided::Voided,
+            GivenBack::Conflict(why) => Voided::Kept(why),
+            GivenBack::Unknown => Voided::Kept("the hold is gone".to_owned()),
+            GivenBack::Replayed(_) => Voided::Kept("replayed".to_owned()),
+        })
+    }
+
+    /// The give-back that voids `doubt`'s charge or hold, with its `void` entry.
+    fn void_request(&self, doubt: &Doubt) -> Result<GiveBack, EngineError> {
+        let entry = &doubt.entry;
+        let now = self.now();
+        let keys = SubjectKeys::new(&self.prefix, &entry.action, &entry.subject);
+        let idempotency = doubt.idempotency.as_ref().map(|key| IdempotencyRecord {
+            key: key.clone(),
+            ttl_ms: 0,
+            record: keys::outcome_given(key),
+            pending: false,
+        });
+        let mut void = LedgerEntry {
+            id: EntryId::new(),
+            at: now,
+            kind: EntryKind::Void,
+            action: entry.action.clone(),
+            subject: entry.subject.clone(),
+            amount: entry.amount,
+            consumption_id: entry.consumption_id,
+            hold_id: entry.hold_id,
+            idempotency_key: entry.idempotency_key.clone(),
+            policies: super::giveback::given(&entry.counters, entry.amount, true),
+            attributes: entry.attributes.clone(),
+            counters: Vec::new(),
+            hold_expires_at: None,
+            kept_answer: None,
+        };
+        if let (Some(hold_id), Some(expires_at)) = (entry.hold_id, entry.hold_expires_at) {
+            let record = HoldRecord {
+                action: entry.action.clone(),
+                subject: entry.subject.clone(),
+                amount: entry.amount,
+                expires_at_ms: expires_at.timestamp_millis(),
+                counters: entry.counters.clone(),
+                attributes: entry.attributes.clone(),
+            };
+            let (_, mut request) =
+                self.hold_give_back(hold_id, &record, Some(Settle::Release), now)?;
+            void.policies = super::giveback::given(&entry.counters, entry.amount, true);
+            request.kind = GiveBackKind::VoidHold {
+                total: entry.amount,
+                expires_at_ms: record.expires_at_ms,
+            };
+            request.ledger = self.stream_entry(hold_id.shard(), &void);
+            request.idempotency = idempotency;
+            return Ok(request);
+        }
+        let consumption = entry
+            .consumption_id
+            .map(|id| id.to_string())
+            .unwrap_or_default();
+        Ok(GiveBack {
+            kind: GiveBackKind::Void {
+                total: entry.amount,
+            },
+            pending: None,
+            control_key: keys::void_marker(&self.prefix, keys.shard, &consumption),
+            hold_index: None,
+            counters: entry.counters.clone(),
+            ledger: self.stream_entry(keys.shard, &void),
+            idempotency,
+        })
+    }
+}
