@@ -101,3 +101,73 @@ impl MigrationSource<'static> for Embedded {
 pub(super) async fn migrator(files: Files) -> Result<Migrator, sqlx::migrate::MigrateError> {
     Migrator::new(Embedded(files)).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::{Connection, SqliteConnection};
+
+    /// The migration that adds the `void` kind copies SQLite's ledger into a new table: every
+    /// row and `seq` stays, and the next `seq` is never one retention already gave away.
+    #[tokio::test]
+    async fn adding_the_void_kind_keeps_every_entry_and_the_sequence_of_sqlite() {
+        let mut conn = SqliteConnection::connect("sqlite::memory:")
+            .await
+            .expect("works in memory");
+        let before_void = SQLITE.len() - 1;
+        assert!(SQLITE[before_void].0.ends_with("add_void_kind.sql"));
+        migrator(&SQLITE[..before_void])
+            .await
+            .expect("works in memory")
+            .run(&mut conn)
+            .await
+            .expect("works in memory");
+        let insert = "INSERT INTO ledger_entries (id, at, kind, action, subject, amount) \
+                      VALUES ($1, '2026-11-27T10:00:00+00:00', 'charge', 'sms', 'u', 1)";
+        for id in ["a", "b", "c"] {
+            sqlx::query(insert)
+                .bind(id)
+                .execute(&mut conn)
+                .await
+                .expect("works in memory");
+        }
+        // Retention deleted the newest: seq 3 was given once and must never be again.
+        sqlx::query("DELETE FROM ledger_entries WHERE id = 'c'")
+            .execute(&mut conn)
+            .await
+            .expect("works in memory");
+        let refused = sqlx::query(insert.replace("'charge'", "'void'").as_str())
+            .bind("v0")
+            .execute(&mut conn)
+            .await;
+        assert!(refused.is_err(), "no void kind before the migration");
+
+        migrator(SQLITE)
+            .await
+            .expect("works in memory")
+            .run(&mut conn)
+            .await
+            .expect("works in memory");
+        sqlx::query(insert.replace("'charge'", "'void'").as_str())
+            .bind("v")
+            .execute(&mut conn)
+            .await
+            .expect("works in memory");
+        let rows: Vec<(i64, String, String)> =
+            sqlx::query_as("SELECT seq, id, kind FROM ledger_entries ORDER BY seq")
+                .fetch_all(&mut conn)
+                .await
+                .expect("works in memory");
+        let expected = [(1, "a", "charge"), (2, "b", "charge"), (4, "v", "void")]
+            .map(|(seq, id, kind)| (seq, id.to_owned(), kind.to_owned()));
+        assert_eq!(rows, expected);
+        let indexes: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' \
+             AND tbl_name = 'ledger_entries' AND name LIKE 'ledger_entries_%_idx'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .expect("works in memory");
+        assert_eq!(indexes, 5, "every index is made again");
+    }
+}

@@ -155,6 +155,17 @@ impl Engine {
             }
             false => self.decide_waiting(&plan, &effects).await,
         };
+        let decided = match decided {
+            Ok(Decided::Fresh(_))
+                if self.counters.streams_ledger()
+                    && super::faults::fault!(self, "store.reply_lost") =>
+            {
+                Err(StoreError::Timeout(
+                    "failpoint store.reply_lost: the reply was lost".to_owned(),
+                ))
+            }
+            decided => decided,
+        };
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
                 let decision = plan.decision(&evaluation);

@@ -85,6 +85,8 @@ pub struct Drainer {
     pass: tokio::sync::Mutex<Instant>,
     /// Each moved entry's lag, decision to SQL commit.
     lag: Arc<Lag>,
+    /// The failpoints tests arm (shared with the engine).
+    faults: Arc<super::faults::Faults>,
 }
 
 impl Drainer {
@@ -106,7 +108,13 @@ impl Drainer {
             appends: Arc::default(),
             pass: tokio::sync::Mutex::new(Instant::now()),
             lag: Arc::default(),
+            faults: Arc::default(),
         }
+    }
+
+    /// Its failpoints (the engine arms them).
+    pub(crate) fn faults(&self) -> Arc<super::faults::Faults> {
+        self.faults.clone()
     }
 
     /// Records each moved entry's lag (decision to SQL commit) in `lag`.
@@ -260,6 +268,9 @@ impl Drainer {
             if !refused.contains(&origin) && acks[*stream].last() != Some(id) {
                 acks[*stream].push(origin.1);
             }
+        }
+        if super::faults::fault!(self, "drain.ack") {
+            anyhow::bail!("failpoint drain.ack: acknowledging the drained entries failed");
         }
         let mut moved = 0;
         for (stream, ids) in pass.streams.into_iter().zip(acks) {

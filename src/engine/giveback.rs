@@ -302,6 +302,9 @@ impl Engine {
                 }
             };
             for member in due {
+                if super::faults::fault!(self, "sweep.expire") {
+                    continue;
+                }
                 match self.expire_hold(shard, &member).await {
                     Ok(true) => expired += 1,
                     Ok(false) => {}

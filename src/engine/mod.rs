@@ -13,6 +13,7 @@ pub(crate) mod consume;
 pub(crate) mod crossslot;
 pub(crate) mod cut;
 pub mod drain;
+pub mod faults;
 pub(crate) mod giveback;
 pub mod janitor;
 pub mod lag;
@@ -214,6 +215,8 @@ pub struct Engine {
     drift: verify::DriftWatch,
     /// Attempts answered 503 that Redis may have decided, until voided.
     doubts: void::Doubts,
+    /// The failpoints tests arm (shared with the drain).
+    faults: Arc<faults::Faults>,
 }
 
 impl Engine {
@@ -233,6 +236,9 @@ impl Engine {
             snapshots,
             janitor,
         } = ports;
+        let faults = drain
+            .as_ref()
+            .map_or_else(Arc::default, |drain| drain.faults());
         Self {
             shards,
             scratch,
@@ -254,7 +260,13 @@ impl Engine {
             janitor,
             drift: verify::DriftWatch::default(),
             doubts: void::Doubts::default(),
+            faults,
         }
+    }
+
+    /// The failpoints of this engine and its drain, for tests (`engine::faults`).
+    pub fn faults(&self) -> &faults::Faults {
+        &self.faults
     }
 
     /// Whether this instance sweeps after dead ones, and its lease.

@@ -47,6 +47,12 @@ impl Engine {
             },
             confirm,
         );
+        if super::faults::fault!(self, "unit.commit") {
+            drop(rollback); // undoes the change, as when a job is dropped unsent
+            return Err(EngineError::from(super::ledger::LedgerError::unavailable(
+                std::io::Error::other("failpoint unit.commit: the ledger commit failed"),
+            )));
+        }
         self.writer
             .append_or_undo(entries, Some(rollback))
             .await

@@ -112,6 +112,13 @@ impl Engine {
             bytes: parts.iter().map(Vec::len).sum(),
         };
         drop(items);
+        if crate::engine::faults::fault!(self, "snapshot.save") {
+            return Err(EngineError::from(
+                crate::engine::ledger::LedgerError::unavailable(std::io::Error::other(
+                    "failpoint snapshot.save: saving the snapshot failed",
+                )),
+            ));
+        }
         let snapshot = StoredSnapshot {
             format: codec::SNAPSHOT_FORMAT,
             covered_seq,
