@@ -149,6 +149,8 @@ async fn comes_back_from_the_ledger(app: &TestApp, (hold_id, paid): &(String, Va
     assert_eq!(&retry.body["consumption_id"], paid);
     let usage = app.usage("sms", "u3").await;
     assert_eq!(usage.body["policies"][0]["used"], 1, "{}", usage.body);
+    // And every budget is the ledger's.
+    crate::integrity::assert_no_drift(app).await;
 }
 
 #[tokio::test]
