@@ -28,9 +28,9 @@
 #      the size of one, and how long the backlog takes to drain once the database is back;
 #   6. the idle Redis load: the commands per second Redis runs for 1, then 4 instances with
 #      no traffic (their ledger drain and hold sweeper);
-#   7. counters verify on the embedded default's ledger of the runs: seconds per million
-#      ledger entries, and the consumes/s of the calendar-day row while verifies run back
-#      to back against the same row alone;
+#   7. counters verify on the ledger of the runs, embedded and with Redis: seconds per
+#      million ledger entries, and the consumes/s of the calendar-day row while verifies
+#      run back to back against the same row alone;
 # then prints one table with the targets of issues 6, 10 and 12 beside the measured figures.
 #
 # Installs what is missing (wrk, redis-server, redis-tools, curl) with apt-get, builds
@@ -570,29 +570,31 @@ bench_restart() {
 	stop_service
 }
 
-# bench_verify DB: counters verify on the embedded service restarted on the ledger its runs
-# left: the seconds one GET /admin/counters/verify takes (a replay of the ledger's horizon
-# into memory, compared with the live counters), per million ledger entries; then the
-# calendar-day consume row at 100k subjects twice, alone and while verifies run back to
-# back, for the throughput a verify costs the consumes. Records the entries, the seconds,
-# the budgets checked, and the two rows.
+# bench_verify MODE DB: counters verify on the service (MODE: embedded or redis) restarted
+# on the ledger its runs left: the seconds one GET /admin/counters/verify takes (a replay of
+# the ledger's horizon into memory, compared with the live counters; with Redis, read shard
+# by shard at one instant each), per million ledger entries; then the calendar-day consume
+# row at 100k subjects twice, alone and while verifies run back to back, for the throughput
+# a verify costs the consumes. Records the entries, the seconds, the budgets checked, and
+# the two rows.
 bench_verify() {
-	local db=$1 entries t0 t1 checked pid
-	log "embedded: counters verify on the ledger of the runs"
-	read -r entries _ <<<"$(result restart:embedded)"
-	start_service embedded "$db" 6000
+	local mode=$1 db=$2 entries t0 t1 checked pid
+	log "$mode: counters verify on the ledger of the runs"
+	entries=$(python3 -c 'import sqlite3, sys
+print(sqlite3.connect(sys.argv[1]).execute("SELECT COUNT(*) FROM ledger_entries").fetchone()[0])' "$db" 2>/dev/null || echo 0)
+	start_service "$mode" "$db" 6000
 	t0=$(date +%s.%N)
 	checked=$(curl -sf "$BASE/admin/counters/verify" -H "Authorization: Bearer $ADMIN_TOKEN" |
 		sed -n 's/.*"checked":\([0-9]*\).*/\1/p')
 	t1=$(date +%s.%N)
 	[[ -n $checked ]] || die "counters verify gave no answer"
-	record "verify:embedded ${entries:-0} $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $checked"
-	record "verify-alone:embedded $(run_wrk sms 100000 "")"
+	record "verify:$mode ${entries:-0} $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $checked"
+	record "verify-alone:$mode $(run_wrk sms 100000 "")"
 	(while kill -0 "$SERVICE_PID" 2>/dev/null; do
 		curl -s -o /dev/null "$BASE/admin/counters/verify" -H "Authorization: Bearer $ADMIN_TOKEN" || true
 	done) &
 	pid=$!
-	record "verify-during:embedded $(run_wrk sms 100000 "")"
+	record "verify-during:$mode $(run_wrk sms 100000 "")"
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
 	stop_service
@@ -933,15 +935,17 @@ print_table() {
 		printf '  %-58s %8s\n' "  of which replayed after the snapshot" "$replayed"
 		printf '  %-58s %8s  %-16s %s\n' "  per million entries (linear)" "$v s" "<= 5 s" "$(verdict "$v <= 5")"
 	fi
-	read -r entries seconds checked <<<"$(result verify:embedded)"
-	if [[ -n ${seconds:-} ]]; then
-		v=$(awk -v s="$seconds" -v n="$entries" 'BEGIN { printf "%.1f", (n > 0 ? s * 1e6 / n : 0) }')
-		printf '  %-58s %8s\n' "counters verify: $checked budgets, $entries ledger entries" "$seconds s"
-		printf '  %-58s %8s\n' "  per million entries (linear)" "$v s"
-		alone=$(field rps "$(result verify-alone:embedded)")
-		during=$(field rps "$(result verify-during:embedded)")
-		printf '  %-58s %8s\n' "  consumes/s while verifies run back to back, vs alone" "$(ratio "$during" "$alone")x"
-	fi
+	for mode in embedded redis; do
+		read -r entries seconds checked <<<"$(result "verify:$mode")"
+		if [[ -n ${seconds:-} ]]; then
+			v=$(awk -v s="$seconds" -v n="$entries" 'BEGIN { printf "%.1f", (n > 0 ? s * 1e6 / n : 0) }')
+			printf '  %-58s %8s\n' "$mode counters verify: $checked budgets, $entries ledger entries" "$seconds s"
+			printf '  %-58s %8s\n' "  per million entries (linear)" "$v s"
+			alone=$(field rps "$(result "verify-alone:$mode")")
+			during=$(field rps "$(result "verify-during:$mode")")
+			printf '  %-58s %8s\n' "  consumes/s while verifies run back to back, vs alone" "$(ratio "$during" "$alone")x"
+		fi
+	done
 }
 
 # ---------------------------------------------------------------------------
@@ -969,9 +973,11 @@ start_redis
 bench_baseline
 for mode in "${MODES[@]}"; do
 	bench_mode "$mode"
+	mode_db=$SERVICE_DB
 	if [[ $mode == redis ]]; then
 		bench_memory
 		bench_backlog
+		bench_verify redis "$mode_db"
 		if ((IDLE_SECONDS > 0)); then
 			log "idle Redis load: 1, then 4 instances with no traffic"
 			bench_idle 1
@@ -979,7 +985,7 @@ for mode in "${MODES[@]}"; do
 		fi
 	else
 		bench_restart "$SERVICE_DB"
-		bench_verify "$SERVICE_DB"
+		bench_verify embedded "$SERVICE_DB"
 	fi
 done
 if [[ -n ${BENCH_OUT:-} ]]; then

@@ -2,7 +2,8 @@
 //! with the `fail` crate. Ours belong to one engine, so tests running side by side in one
 //! process never see each other's faults. They exist only in test builds (the
 //! `failpoints` feature, which the tests turn on); elsewhere [`fault!`] is `false`, and
-//! costs nothing.
+//! costs nothing. An armed point fails, or pauses: the work waits there for good, so that
+//! a test can kill the instance at exactly that step.
 //!
 //! | point | where | the fault |
 //! |---|---|---|
@@ -21,17 +22,29 @@ pub const POINTS: [&str; 5] = [
     "snapshot.save",
 ];
 
+/// What an armed point does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The step fails.
+    Fail,
+    /// The step never ends: the work waits there until its instance is killed (a test
+    /// kills it at that step).
+    Pause,
+}
+
 /// The failpoints armed in one engine.
 #[derive(Debug, Default)]
 pub struct Faults {
     /// Whether any is armed: the one load an unarmed point costs.
     any: std::sync::atomic::AtomicBool,
     /// The armed points.
-    armed: std::sync::Mutex<std::collections::HashSet<String>>,
+    armed: std::sync::Mutex<std::collections::HashMap<String, Fault>>,
+    /// How many times work reached a paused point.
+    paused: std::sync::atomic::AtomicUsize,
 }
 
 impl Faults {
-    fn armed(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    fn armed(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Fault>> {
         self.armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -39,8 +52,13 @@ impl Faults {
 
     /// Makes `point` fail every time it is reached, until [`Faults::clear`].
     pub fn arm(&self, point: &str) {
+        self.arm_with(point, Fault::Fail);
+    }
+
+    /// Makes `point` do `fault` every time it is reached, until [`Faults::clear`].
+    pub fn arm_with(&self, point: &str, fault: Fault) {
         assert!(POINTS.contains(&point), "no failpoint named {point}");
-        self.armed().insert(point.to_owned());
+        self.armed().insert(point.to_owned(), fault);
         self.any.store(true, std::sync::atomic::Ordering::Release);
     }
 
@@ -50,18 +68,36 @@ impl Faults {
         self.any.store(false, std::sync::atomic::Ordering::Release);
     }
 
-    /// Whether `point` fails now.
+    /// How many times work reached a paused point (and waits there).
+    pub fn paused(&self) -> usize {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether `point` fails now; a paused point never returns.
     #[cfg(feature = "failpoints")]
-    pub(crate) fn fails(&self, point: &str) -> bool {
-        self.any.load(std::sync::atomic::Ordering::Acquire) && self.armed().contains(point)
+    pub(crate) async fn hit(&self, point: &str) -> bool {
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+        let fault = self.armed().get(point).copied();
+        match fault {
+            Some(Fault::Fail) => true,
+            Some(Fault::Pause) => {
+                self.paused
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                std::future::pending().await
+            }
+            None => false,
+        }
     }
 }
 
-/// Whether the failpoint `$point` of `$engine` fails now; `false` outside test builds.
+/// Whether the failpoint `$point` of `$engine` fails now (a paused one never returns);
+/// `false` outside test builds.
 macro_rules! fault {
     ($engine:expr, $point:literal) => {{
         #[cfg(feature = "failpoints")]
-        let failed = $engine.faults.fails($point);
+        let failed = $engine.faults.hit($point).await;
         #[cfg(not(feature = "failpoints"))]
         let failed = false;
         failed

@@ -187,8 +187,15 @@ async fn a_redis_cluster_that_lost_its_keys_is_rebuilt_from_the_ledger() {
 /// Redis restored from an old backup: counters as they were before the day's charges,
 /// epochs still there, so nothing detects it; the operator rebuilds on demand.
 async fn forget_the_day(app: &TestApp) {
-    // The epochs are never missing meanwhile: a shard without one would be rebuilt by the
-    // service itself (its janitor looks every 30 s), which is not what this is about.
+    // The service rebuilds every shard without an epoch by itself, when its janitor looks
+    // (first when it takes the lease, then every 30 s): let that first look pass, so that
+    // only the rebuild on demand runs while the shards are closed. And the epochs are never
+    // missing meanwhile.
+    eventually(WITHIN, "the janitor's lease is taken", || async {
+        app.engine.janitor().held().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     set_old_epochs(app).await;
     lose_keys_but(app, &app.settings.redis_urls.clone(), true).await;
     assert_eq!(

@@ -20,7 +20,7 @@ use crate::helpers::{
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use quota_ledger::engine::faults::POINTS;
+use quota_ledger::engine::faults::{Fault, POINTS};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use sqlx::{Connection, Row};
@@ -80,6 +80,12 @@ enum Step {
         point: Index,
         steps: u8,
     },
+    /// `kill -9` while work waits at a failpoint (paused there): a consume between its
+    /// change and its ledger commit, or (Redis) after Redis applied it, before its answer;
+    /// the drain between its insert and its acknowledgement; an expiry; a snapshot's save.
+    KillAt {
+        point: Index,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -100,6 +106,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (1u8..12).prop_map(|steps| Step::LedgerDown { steps }),
         1 => any::<bool>().prop_map(|ran| Step::RedisStall { ran }),
         2 => (any::<Index>(), 1u8..8).prop_map(|(point, steps)| Step::Fault { point, steps }),
+        1 => any::<Index>().prop_map(|point| Step::KillAt { point }),
     ]
 }
 
@@ -308,9 +315,73 @@ async fn act(app: &TestApp, step: &Step, model: &mut Model) -> Result<(), TestCa
         Step::Restart { .. }
         | Step::LedgerDown { .. }
         | Step::RedisStall { .. }
-        | Step::Fault { .. } => {}
+        | Step::Fault { .. }
+        | Step::KillAt { .. } => {}
     }
     Ok(())
+}
+
+/// Kills `app` (`kill -9`) while work waits paused at `point`, and starts another instance
+/// on its stores. The work is a consume keyed `kill-<n>` (its outcome unknown to the
+/// client), a sweep, a snapshot or a drain pass, whichever reaches `point`; work that never
+/// reaches it (a point the store does not have) is killed wherever it is.
+async fn kill_at(app: TestApp, point: &str, n: usize) -> TestApp {
+    app.engine.faults().arm_with(point, Fault::Pause);
+    let engine = app.engine.clone();
+    let work = match point {
+        "sweep.expire" => tokio::spawn(async move {
+            engine.expire_due_holds().await;
+        }),
+        "snapshot.save" => tokio::spawn(async move {
+            engine.snapshot_now().await;
+        }),
+        "drain.ack" => tokio::spawn(async move {
+            engine.drain_ledger_now().await;
+        }),
+        _ => {
+            let request = app
+                .client
+                .post(format!("{}/quota/consume", app.address))
+                .json(&json!({"action": "pay", "subject": subject(0), "amount": 7,
+                    "idempotency_key": format!("kill-{n}")}));
+            tokio::spawn(async move {
+                let _ = request.send().await;
+            })
+        }
+    };
+    let started = std::time::Instant::now();
+    while app.engine.faults().paused() == 0 && started.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let app = app.crash_restart().await;
+    work.abort();
+    app
+}
+
+/// The consumes a `kill -9` cut short (keyed `kill-<n>`) that the ledger shows charged:
+/// those that got past the point, and (Redis) those Redis applied before the instance died,
+/// which stand, recorded (the README says so). One killed between its change and its
+/// ledger commit (the embedded store) must count nowhere.
+async fn killed_charges(url: &str) -> Vec<Consumption> {
+    let sql = "SELECT consumption_id, amount FROM ledger_entries \
+               WHERE kind = 'charge' AND idempotency_key LIKE 'kill-%'";
+    let rows: Vec<(String, i64)> = if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    };
+    rows.into_iter()
+        .map(|(id, amount)| Consumption {
+            id,
+            subject: 0,
+            amount: u64::try_from(amount).unwrap_or(0),
+            refunded: 0,
+        })
+        .collect()
 }
 
 /// Freezes `redis` while a consume waits (see [`Step::RedisStall`]), then settles the
@@ -347,6 +418,7 @@ async fn run(
     let mut model = Model::default();
     let mut down: Option<(Refusal, u8)> = None;
     let mut fault: Option<(&str, u8)> = None;
+    let mut kills = 0;
     for step in history {
         match step {
             Step::Restart { graceful: true } => app = app.restart().await,
@@ -355,6 +427,11 @@ async fn run(
                 // README says so): not what these histories explore.
                 app.engine.void_settled(true).await;
                 app = app.crash_restart().await;
+            }
+            Step::KillAt { point } => {
+                kills += 1;
+                app.engine.void_settled(true).await;
+                app = kill_at(app, POINTS[point.index(POINTS.len())], kills).await;
             }
             Step::Fault { point, steps } => {
                 if fault.is_none() {
@@ -410,6 +487,8 @@ async fn run(
             "entries still wait in the streams after a minute"
         );
     }
+    // What a kill cut short counts exactly when the ledger shows it charged.
+    model.consumptions.extend(killed_charges(&url).await);
     for n in 0..SUBJECTS {
         let usage = app.usage("pay", &subject(n)).await;
         let used = usage.body["policies"]
