@@ -349,6 +349,25 @@ pub(crate) struct HoldRecord {
     pub(crate) attributes: Attributes,
 }
 
+impl HoldRecord {
+    /// The record of the hold `entry` (a `hold` entry) opened, with its id; `None` for an
+    /// entry written before holds recorded their expiry.
+    pub(crate) fn opened_by(entry: &crate::domain::LedgerEntry) -> Option<(HoldId, Self)> {
+        let (hold_id, expires_at) = (entry.hold_id?, entry.hold_expires_at?);
+        Some((
+            hold_id,
+            Self {
+                action: entry.action.clone(),
+                subject: entry.subject.clone(),
+                amount: entry.amount,
+                expires_at_ms: expires_at.timestamp_millis(),
+                counters: entry.counters.clone(),
+                attributes: entry.attributes.clone(),
+            },
+        ))
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct HoldWire {
     action: String,

@@ -21,7 +21,9 @@
 //! neither, so it never shows as drift.
 //!
 //! A budget shared by subjects is charged by entries of every shard's stream. On a
-//! standalone Redis, when such a budget exists, every shard is read in one script. On a
+//! standalone Redis, when such a budget exists, those budgets are compared with a replay of
+//! their own (the entries that charge them), read with every stream at one instant in one
+//! script (the budgets are few; the streams hold what was appended since the hold). On a
 //! Redis Cluster such budgets are charged across slots in steps (`engine::crossslot`), so
 //! no instant has them settled: they are left out of the comparison (and of `checked`), and
 //! so are, for this verify, the home counters of a consume across slots still in flight
@@ -67,6 +69,40 @@ impl Cut {
     }
 }
 
+/// One replay of the ledger to compare live counters with: a scratch store and how far
+/// its replay went.
+struct Side {
+    target: Arc<dyn Replay>,
+    replayer: Replayer,
+}
+
+/// What the cuts read: the live items of each side, the counters in flight, and the
+/// instant usage is compared at.
+struct Read {
+    own: Vec<StateItem>,
+    wide: Vec<StateItem>,
+    in_flight: BTreeSet<String>,
+    now_ms: i64,
+}
+
+/// Whether the replay of budgets shared by subjects needs `entry`: a charge or hold of
+/// one, or any give-back (a refund or settlement names its charge's counters only through
+/// the charge; one of another budget finds nothing to give back to).
+fn wide_wants(entry: &LedgerEntry) -> bool {
+    entry.counters.is_empty()
+        || entry
+            .counters
+            .iter()
+            .any(|c| charged_from_afar(entry, &c.key))
+}
+
+/// Whether `key`, one of `entry`'s counters, is a budget shared by subjects: it sits in
+/// another shard than the entry's subject.
+fn charged_from_afar(entry: &LedgerEntry, key: &str) -> bool {
+    let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
+    keys::shard_of_tag(keys::hash_tag(key)) != Some(home)
+}
+
 impl Engine {
     /// `counters verify` of a store that streams the ledger (Redis): see the module doc.
     pub(super) async fn verify_streamed(
@@ -78,10 +114,22 @@ impl Engine {
         known: &Mutex<HashMap<String, Known>>,
     ) -> Result<Verified, VerifyError> {
         let listed = shards.counter_keys().await.map_err(EngineError::from)?;
-        let target = scratch();
-        let mut replayer = Replayer::after(None);
-        self.replay_pages(&mut replayer, target.as_ref(), None, learn)
+        let mut own = Side {
+            target: scratch(),
+            replayer: Replayer::after(None),
+        };
+        // Budgets shared by subjects get a replay of their own on a standalone Redis.
+        let mut wide = (self.counters.atomic_across_tags() && self.cache.has_shared_budgets())
+            .then(|| Side {
+                target: scratch(),
+                replayer: Replayer::after(None),
+            });
+        self.replay_pages(&mut own.replayer, own.target.as_ref(), None, learn)
             .await?;
+        if let Some(wide) = wide.as_mut() {
+            self.replay_pages(&mut wide.replayer, wide.target.as_ref(), None, &wide_wants)
+                .await?;
+        }
         let token = uuid::Uuid::new_v4().simple().to_string();
         shards
             .hold_deletes(&token, HOLD_MS)
@@ -91,8 +139,7 @@ impl Engine {
             .read_cuts(
                 shards,
                 &token,
-                target.as_ref(),
-                &mut replayer,
+                (&mut own, wide.as_mut()),
                 listed,
                 learn,
                 known,
@@ -102,85 +149,148 @@ impl Engine {
             // The hold expires by itself; the next acknowledgement deletes what it held.
             tracing::warn!(error = %error, "letting the ledger streams' deletions go on failed");
         }
-        let (live, in_flight, now_ms) = read?;
-        let ledger = target.dump(now_ms).await;
+        let read = read?;
+        let own_ledger = own.target.dump(read.now_ms).await;
+        let wide_ledger = match &wide {
+            Some(wide) => Some(wide.target.dump(read.now_ms).await),
+            None => None,
+        };
         let known = known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // On a cluster, budgets shared by subjects are never settled at one instant.
-        // And counters charged by a consume across slots in flight are not settled yet.
-        let compared = |item: &StateItem| {
-            super::verify::item_key(item).is_none_or(|key| {
-                !in_flight.contains(key)
-                    && (self.counters.atomic_across_tags()
-                        || known.get(key).is_none_or(|k| !k.shared))
-            })
+        // Counters charged by a consume across slots in flight are not settled yet; each
+        // side compares its own counters (on a cluster, shared budgets are on neither).
+        let side = |items: Vec<StateItem>, shared: bool| -> Vec<StateItem> {
+            items
+                .into_iter()
+                .filter(|item| {
+                    super::verify::item_key(item).is_none_or(|key| {
+                        !read.in_flight.contains(key)
+                            && known.get(key).is_some_and(|k| k.shared) == shared
+                    })
+                })
+                .collect()
         };
-        let live: Vec<StateItem> = live.into_iter().filter(|i| compared(i)).collect();
-        let ledger: Vec<StateItem> = ledger.into_iter().filter(|i| compared(i)).collect();
-        Ok(self.compare(&live, &ledger, &known, action, now_ms))
+        let ledger = side(own_ledger, false);
+        let mut verified =
+            self.compare(&side(read.own, false), &ledger, &known, action, read.now_ms);
+        if let Some(wide_ledger) = wide_ledger {
+            let ledger = side(wide_ledger, true);
+            let shared = self.compare(&side(read.wide, true), &ledger, &known, action, read.now_ms);
+            verified.checked += shared.checked;
+            verified.drift.extend(shared.drift);
+        }
+        Ok(verified)
     }
 
-    /// Steps 3 and 4 of the module doc: the live items of every shard, and the instant
-    /// their usage is compared at; the ledger's side is replayed into `target`.
-    #[expect(clippy::too_many_arguments, reason = "one step of verify_streamed")]
+    /// Steps 3 and 4 of the module doc: each shard's own counters at its instant, replayed
+    /// into `own`; with `wide`, the budgets shared by subjects and every stream at one
+    /// instant, replayed into `wide`.
     async fn read_cuts(
         &self,
         shards: &Arc<dyn ShardStates>,
         token: &str,
-        target: &dyn Replay,
-        replayer: &mut Replayer,
+        (own, wide): (&mut Side, Option<&mut Side>),
         mut listed: BTreeMap<u16, Vec<String>>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
-    ) -> Result<(Vec<StateItem>, BTreeSet<String>, i64), VerifyError> {
-        self.replay_pages(replayer, target, None, learn).await?;
-        let groups: Vec<Vec<u16>> =
-            match self.counters.atomic_across_tags() && self.cache.has_shared_budgets() {
-                true => vec![(0..keys::SHARDS).collect()],
-                false => (0..keys::SHARDS).map(|shard| vec![shard]).collect(),
-            };
+    ) -> Result<Read, VerifyError> {
+        self.replay_pages(&mut own.replayer, own.target.as_ref(), None, learn)
+            .await?;
+        let shared_known: BTreeSet<String> = known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(_, k)| k.shared)
+            .map(|(key, _)| key.clone())
+            .collect();
         let now_ms = self.now().timestamp_millis();
-        let (mut live, mut in_flight, mut all_streamed) = (Vec::new(), BTreeSet::new(), Vec::new());
-        for group in groups {
-            let mut counters: BTreeSet<String> = group
-                .iter()
-                .filter_map(|shard| listed.remove(shard))
-                .flatten()
+        let mut read = Read {
+            own: Vec::new(),
+            wide: Vec::new(),
+            in_flight: BTreeSet::new(),
+            now_ms,
+        };
+        let mut streamed_own = Vec::new();
+        for shard in 0..keys::SHARDS {
+            let group = [shard];
+            let mut counters: BTreeSet<String> = listed
+                .remove(&shard)
+                .unwrap_or_default()
+                .into_iter()
                 .collect();
             counters.extend(self.known_in(known, &group));
-            let mut rereads = 0;
-            let (cut, streamed) = loop {
-                let list: Vec<String> = counters.iter().cloned().collect();
-                let cut = shards
-                    .read_cut(token, &group, &list, now_ms)
-                    .await
-                    .map_err(EngineError::from)?
-                    .ok_or(VerifyError::Unsettled(
-                        "the verify held the ledger streams too long",
-                    ))?;
-                let streamed = self.not_replayed(&cut, replayer.last_seq()).await?;
-                let missed: Vec<String> = streamed
-                    .iter()
-                    .flat_map(|entry| &entry.counters)
-                    .map(|counter| counter.key.clone())
-                    .filter(|key| in_group(key, &group) && !counters.contains(key))
-                    .collect();
-                if missed.is_empty() || rereads == REREADS {
-                    break (cut, streamed);
-                }
-                counters.extend(missed);
-                rereads += 1;
-            };
+            counters.retain(|key| !shared_known.contains(key));
+            let (cut, streamed) = self
+                .cut_of(shards, token, &group, counters, &own.replayer, false)
+                .await?;
+            read.in_flight.extend(cut.in_flight());
+            read.own.extend(cut.items);
+            streamed_own.extend(streamed);
+        }
+        for entry in &streamed_own {
+            learn(entry);
+        }
+        self.replay_streamed(&mut own.replayer, own.target.as_ref(), streamed_own)
+            .await?;
+        if let Some(wide) = wide {
+            self.replay_pages(&mut wide.replayer, wide.target.as_ref(), None, &wide_wants)
+                .await?;
+            let every: Vec<u16> = (0..keys::SHARDS).collect();
+            let (cut, streamed) = self
+                .cut_of(shards, token, &every, shared_known, &wide.replayer, true)
+                .await?;
             for entry in &streamed {
                 learn(entry);
             }
-            all_streamed.extend(streamed);
-            in_flight.extend(cut.in_flight());
-            live.extend(cut.items);
+            read.wide = cut.items;
+            self.replay_streamed(&mut wide.replayer, wide.target.as_ref(), streamed)
+                .await?;
         }
-        self.replay_streamed(replayer, target, all_streamed).await?;
-        Ok((live, in_flight, now_ms))
+        Ok(read)
+    }
+
+    /// `group`'s streams and `counters` at one instant, read again (a few times at most)
+    /// when the streams name counters of the group the read missed (created since they were
+    /// listed): budgets shared by subjects if `shared`, the others if not. With the entries
+    /// of the streams that `replayer` did not read from SQL.
+    async fn cut_of(
+        &self,
+        shards: &Arc<dyn ShardStates>,
+        token: &str,
+        group: &[u16],
+        mut counters: BTreeSet<String>,
+        replayer: &Replayer,
+        shared: bool,
+    ) -> Result<(Cut, Vec<LedgerEntry>), VerifyError> {
+        let mut rereads = 0;
+        loop {
+            let list: Vec<String> = counters.iter().cloned().collect();
+            let cut = shards
+                .read_cut(token, group, &list, self.now().timestamp_millis())
+                .await
+                .map_err(EngineError::from)?
+                .ok_or(VerifyError::Unsettled(
+                    "the verify held the ledger streams too long",
+                ))?;
+            let streamed = self.not_replayed(&cut, replayer.last_seq()).await?;
+            let missed: Vec<String> = streamed
+                .iter()
+                .flat_map(|entry| {
+                    entry
+                        .counters
+                        .iter()
+                        .filter(move |c| charged_from_afar(entry, &c.key) == shared)
+                })
+                .map(|counter| counter.key.clone())
+                .filter(|key| in_group(key, group) && !counters.contains(key))
+                .collect();
+            if missed.is_empty() || rereads == REREADS {
+                return Ok((cut, streamed));
+            }
+            counters.extend(missed);
+            rereads += 1;
+        }
     }
 
     /// The counters of `group`'s shards the ledger knows of.

@@ -348,17 +348,9 @@ impl Engine {
 
     /// A hold's record and index entry, as its consume opened them.
     fn open_hold(&self, replayer: &mut Replayer, entry: &LedgerEntry) -> Vec<ReplayOp> {
-        let (Some(hold_id), Some(expires_at)) = (entry.hold_id, entry.hold_expires_at) else {
+        let Some((hold_id, record)) = HoldRecord::opened_by(entry) else {
             // Written before holds recorded their expiry: it cannot be opened again.
             return Vec::new();
-        };
-        let record = HoldRecord {
-            action: entry.action.clone(),
-            subject: entry.subject.clone(),
-            amount: entry.amount,
-            expires_at_ms: expires_at.timestamp_millis(),
-            counters: entry.counters.clone(),
-            attributes: entry.attributes.clone(),
         };
         let (shard, member) = (hold_id.shard(), hold_id.to_string());
         let ops = vec![

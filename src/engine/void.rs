@@ -219,7 +219,7 @@ impl Engine {
             record: keys::outcome_given(key),
             pending: false,
         });
-        let mut void = LedgerEntry {
+        let void = LedgerEntry {
             id: EntryId::new(),
             at: now,
             kind: EntryKind::Void,
@@ -235,18 +235,9 @@ impl Engine {
             hold_expires_at: None,
             kept_answer: None,
         };
-        if let (Some(hold_id), Some(expires_at)) = (entry.hold_id, entry.hold_expires_at) {
-            let record = HoldRecord {
-                action: entry.action.clone(),
-                subject: entry.subject.clone(),
-                amount: entry.amount,
-                expires_at_ms: expires_at.timestamp_millis(),
-                counters: entry.counters.clone(),
-                attributes: entry.attributes.clone(),
-            };
+        if let Some((hold_id, record)) = HoldRecord::opened_by(entry) {
             let (_, mut request) =
                 self.hold_give_back(hold_id, &record, Some(Settle::Release), now)?;
-            void.policies = super::giveback::given(&entry.counters, entry.amount, true);
             request.kind = GiveBackKind::VoidHold {
                 total: entry.amount,
                 expires_at_ms: record.expires_at_ms,

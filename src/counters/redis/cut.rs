@@ -113,9 +113,9 @@ fn item_of(key: String, kind: &str, value: &Value, pttl: i64, now_ms: i64) -> Op
 
 impl RedisCounterStore {
     /// Runs `call` on the node of `key`'s slot (any command, on a cluster too), within
-    /// [`SLOW_CALL`].
+    /// [`SLOW_CALL`], on a connection of its own.
     async fn on_node_of(&self, key: &str, call: Cmd) -> Result<Value, StoreError> {
-        match self.connection().await? {
+        match self.slow_connection(SLOW_CALL).await? {
             Connection::Standalone(mut c) => bounded(SLOW_CALL, call.query_async(&mut c)).await,
             Connection::Cluster(mut c) => {
                 let route = Route::with_key(key.as_bytes(), SlotAddr::Master);

@@ -100,6 +100,9 @@ pub struct RedisCounterStore {
     refusal: Arc<Refusal>,
     /// Told of every call that may have appended to a ledger stream.
     appends: Option<Arc<Appends>>,
+    /// A connection of its own for `counters verify`'s long reads (`cut.rs`), made on the
+    /// first: they would time out on the decisions' connection, and hold it up.
+    slow: Arc<tokio::sync::OnceCell<Connection>>,
 }
 
 /// Set while the last look at Redis's `maxmemory-policy` found it unsafe: every script
@@ -193,6 +196,7 @@ impl RedisCounterStore {
             allow_eviction: false,
             refusal: Arc::default(),
             appends: None,
+            slow: Arc::default(),
         };
         if let Err(error) = store.connection().await {
             tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
@@ -258,25 +262,44 @@ impl RedisCounterStore {
         })
     }
 
+    /// A new connection whose replies may take up to `response` (connecting takes at most
+    /// the call timeout).
+    async fn connect_with(&self, response: Duration) -> Result<Connection, redis::RedisError> {
+        if self.cluster {
+            let client = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
+                .connection_timeout(self.timeout)
+                .response_timeout(response)
+                .build()?;
+            Ok(Connection::Cluster(client.get_async_connection().await?))
+        } else {
+            let client = redis::Client::open(self.urls[0].as_str())?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(response));
+            Ok(Connection::Standalone(
+                ConnectionManager::new_with_config(client, config).await?,
+            ))
+        }
+    }
+
+    /// The connection of `counters verify`'s long reads: replies may take `response`.
+    async fn slow_connection(&self, response: Duration) -> Result<Connection, StoreError> {
+        let connect = || async {
+            bounded(response, self.connect_with(response))
+                .await
+                .map_err(|e| match e {
+                    StoreError::Timeout(why) => {
+                        StoreError::NotConnected(format!("connecting: {why}"))
+                    }
+                    other => other,
+                })
+        };
+        self.slow.get_or_try_init(connect).await.cloned()
+    }
+
     /// This thread's connection, made now if it was not yet.
     async fn connection(&self) -> Result<Connection, StoreError> {
-        let connecting = async {
-            if self.cluster {
-                let client = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
-                    .connection_timeout(self.timeout)
-                    .response_timeout(self.timeout)
-                    .build()?;
-                Ok(Connection::Cluster(client.get_async_connection().await?))
-            } else {
-                let client = redis::Client::open(self.urls[0].as_str())?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout));
-                Ok(Connection::Standalone(
-                    ConnectionManager::new_with_config(client, config).await?,
-                ))
-            }
-        };
+        let connecting = self.connect_with(self.timeout);
         // Not connected within the deadline: unreachable (a closed port ends here too, as
         // the client retries within the deadline), or, while this instance sheds load,
         // most likely our own saturation (the handshake's reply waited here).
