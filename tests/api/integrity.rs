@@ -45,3 +45,23 @@ pub async fn cli_verify(app: &TestApp) -> (i32, String) {
         + &String::from_utf8_lossy(&output.stderr);
     (output.status.code().unwrap_or(-1), printed)
 }
+
+/// The ledger's entries of `subject` once the streams are drained, oldest first, as
+/// (kind, consumption or hold id).
+pub async fn entries_of(app: &TestApp, subject: &str) -> Vec<(String, String)> {
+    app.engine.drain_ledger_now().await;
+    let path = format!("{}/quota/ledger?subject={subject}", app.address);
+    let ledger = app.send(app.client.get(path)).await;
+    let mut items: Vec<(String, String)> = ledger.body["items"]
+        .as_array()
+        .expect("a page of entries")
+        .iter()
+        .map(|e| {
+            let id = e["consumption_id"].as_str().or(e["hold_id"].as_str());
+            let kind = e["kind"].as_str().expect("a kind");
+            (kind.to_owned(), id.unwrap_or("").to_owned())
+        })
+        .collect();
+    items.reverse();
+    items
+}

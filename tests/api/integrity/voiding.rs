@@ -53,27 +53,7 @@ async fn used(app: &TestApp) -> Value {
 
 /// The ledger's entries of subject `s`, oldest first, as (kind, consumption or hold id).
 async fn entries(app: &TestApp) -> Vec<(String, String)> {
-    app.engine.drain_ledger_now().await;
-    let ledger = app
-        .send(
-            app.client
-                .get(format!("{}/quota/ledger?subject=s", app.address)),
-        )
-        .await;
-    let mut items: Vec<(String, String)> = ledger.body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let id = e["consumption_id"].as_str().or(e["hold_id"].as_str());
-            (
-                e["kind"].as_str().unwrap().to_owned(),
-                id.unwrap_or("").to_owned(),
-            )
-        })
-        .collect();
-    items.reverse();
-    items
+    super::entries_of(app, "s").await
 }
 
 /// Waits until the ledger shows a void (the voider runs every second, once the call is
