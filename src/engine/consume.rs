@@ -207,18 +207,18 @@ impl Engine {
             Err(error) => {
                 // Redis may have run a call that timed out or lost its connection: if the
                 // answer is 503, the attempt is voided once that is settled (engine::void).
-                let in_doubt = (!across)
-                    .then_some(effects.ledger.as_ref())
-                    .flatten()
-                    .filter(|_| {
-                        matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
-                    });
+                let in_doubt = effects.ledger.as_ref().filter(|_| {
+                    matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
+                });
                 let decision = match self.on_store_failure(&plan, error) {
                     Ok(decision) => decision,
                     Err(answer) => {
                         if let Some(ledger) = in_doubt {
                             let key = effects.idempotency.as_ref().map(|i| i.key.clone());
-                            self.doubt(&attempt.allowed_entry, &ledger.stream, key);
+                            let id = attempt.allowed_entry.id.to_string();
+                            let intent =
+                                across.then(|| keys::intent(&self.prefix, plan.keys.shard, &id));
+                            self.doubt(&attempt.allowed_entry, &ledger.stream, key, intent);
                         }
                         return Err(answer);
                     }

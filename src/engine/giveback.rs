@@ -482,7 +482,7 @@ impl Engine {
     /// [`Engine::restore_foreign`]). The entry is recorded already, with a pending record
     /// at `home`: a failure here is logged, the answer stands, and the sweeper gives the
     /// share back later.
-    async fn share_foreign(
+    pub(super) async fn share_foreign(
         &self,
         home: u16,
         entry: &LedgerEntry,

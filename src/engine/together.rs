@@ -72,11 +72,12 @@ impl Engine {
         // Until the entries are committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         let across = self.across_slots(&plan);
+        let attempt_id = EntryId::new();
         let decided = match across {
             true => {
                 // The attempt's id, and the combined plan's counters in charge order.
                 let attempt = LedgerEntry {
-                    id: EntryId::new(),
+                    id: attempt_id,
                     counters: plan.counter_charges(),
                     ..allowed[0].clone()
                 };
@@ -125,16 +126,16 @@ impl Engine {
             }
             Err(error) => {
                 // As for one consume (engine::void): each charge is voided on its own.
-                let in_doubt = (!across)
-                    .then_some(effects.ledger.as_ref())
-                    .flatten()
-                    .filter(|_| {
-                        matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
-                    });
+                let in_doubt = effects.ledger.as_ref().filter(|_| {
+                    matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
+                });
                 if let Err(answer) = self.on_store_failure(&plan, error) {
                     if let Some(ledger) = in_doubt {
+                        let id = attempt_id.to_string();
+                        let intent =
+                            across.then(|| keys::intent(&self.prefix, plan.keys.shard, &id));
                         for entry in &allowed {
-                            self.doubt(entry, &ledger.stream, None);
+                            self.doubt(entry, &ledger.stream, None, intent.clone());
                         }
                     }
                     return Err(answer);

@@ -22,13 +22,16 @@
 //!
 //! What remains uncertain: the doubts live in the instance that met them. An instance that
 //! dies (or is killed) before it voided leaves the charge in place, recorded like any other.
-//! A graceful stop voids what is due first (within the settle time). A consume across
-//! Redis Cluster slots (budgets shared by subjects) has its own protocol (`engine::crossslot`)
-//! and is not voided here.
+//! A graceful stop voids what is due first (within the settle time).
+//!
+//! A consume across Redis Cluster slots (budgets shared by subjects, `engine::crossslot`)
+//! commits at its finalize, which carries no call deadline: it is settled once its intent
+//! is (`committed`, or `abandoned` by the caller or the sweeper within seconds), and its
+//! void gives its share in the other slots back too, once each, like a refund across slots.
 
 use super::codec::HoldRecord;
 use super::giveback::Settle;
-use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord};
+use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
 use super::{Engine, EngineError};
 use crate::domain::{EntryId, EntryKind, LedgerEntry};
 use crate::keys::{self, SubjectKeys};
@@ -63,6 +66,8 @@ struct Doubt {
     entry: LedgerEntry,
     /// Its idempotency record's key, if keyed.
     idempotency: Option<String>,
+    /// Across Redis Cluster slots: its intent's key (the intent says whether it committed).
+    intent: Option<String>,
     /// When it was registered.
     since: Instant,
 }
@@ -101,7 +106,14 @@ fn wall_ms() -> i64 {
 impl Engine {
     /// Registers an attempt answered 503 after its store call failed in a way that may
     /// have let Redis run it (timed out, or the connection broke).
-    pub(super) fn doubt(&self, entry: &LedgerEntry, stream: &str, idempotency: Option<String>) {
+    /// `intent`: the key of its intent, when it was decided across Redis Cluster slots.
+    pub(super) fn doubt(
+        &self,
+        entry: &LedgerEntry,
+        stream: &str,
+        idempotency: Option<String>,
+        intent: Option<String>,
+    ) {
         let timeout = i64::try_from(self.counters.call_timeout().as_millis()).unwrap_or(i64::MAX);
         let now = wall_ms();
         // The call was sent at most `timeout` ago, and carried now + timeout at most.
@@ -115,6 +127,7 @@ impl Engine {
             ),
             entry: entry.clone(),
             idempotency,
+            intent,
             since: Instant::now(),
         });
     }
@@ -136,7 +149,16 @@ impl Engine {
                 tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
             }
             match self.settle_doubt(&doubt).await {
-                Ok(settled) => {
+                // Its intent is still open: the caller's abandon or the sweeper settles it.
+                Ok(None) if doubt.since.elapsed() < GIVE_UP_AFTER => {
+                    doubt.due_ms = wall_ms() + RETRY_MS;
+                    self.doubts.lock().push(doubt);
+                }
+                Ok(None) => tracing::error!(
+                    entry = %doubt.entry.id,
+                    "gave up voiding an attempt answered 503: its intent never settled"
+                ),
+                Ok(Some(settled)) => {
                     match &settled {
                         Voided::Voided => tracing::info!(
                             entry = %doubt.entry.id,
@@ -183,8 +205,20 @@ impl Engine {
         }
     }
 
-    /// Settles one doubt: see the module doc.
-    async fn settle_doubt(&self, doubt: &Doubt) -> Result<Voided, EngineError> {
+    /// Settles one doubt (see the module doc); `None` while it cannot be settled yet.
+    async fn settle_doubt(&self, doubt: &Doubt) -> Result<Option<Voided>, EngineError> {
+        if let Some(intent) = &doubt.intent {
+            let now_ms = self.now().timestamp_millis();
+            if let Some(text) = self.counters.record(intent, now_ms).await? {
+                let (state, _) = super::codec::decode_intent(&text).map_err(StoreError::from)?;
+                match state.as_str() {
+                    "open" => return Ok(None),
+                    "committed" => return self.void(doubt).await.map(Some),
+                    _ => return Ok(Some(Voided::NeverRan)),
+                }
+            }
+            // Gone (its record outlived the settle time): the ledger tells.
+        }
         let id = doubt.entry.id.to_string();
         let in_stream = match &self.drain {
             Some(drain) => {
@@ -196,20 +230,33 @@ impl Engine {
         };
         let applied = in_stream || !self.ledger.seqs_of(&[id]).await?.is_empty();
         if !applied {
-            return Ok(Voided::NeverRan);
+            return Ok(Some(Voided::NeverRan));
         }
-        let request = self.void_request(doubt)?;
+        self.void(doubt).await.map(Some)
+    }
+
+    /// Voids `doubt`'s charge or hold, which Redis applied: at home in one script, then
+    /// its share in other Redis Cluster slots (kept pending at home until given).
+    async fn void(&self, doubt: &Doubt) -> Result<Voided, EngineError> {
+        let (void, mut request) = self.void_request(doubt)?;
+        let home = keys::shard(void.action.as_str(), void.subject.as_str());
+        let foreign = self.foreign_share(home, &mut request);
+        request.pending = self.pending_share(home, &void, &foreign);
         let now_ms = self.now().timestamp_millis();
         Ok(match self.counters.give_back(now_ms, &request).await? {
-            GivenBack::Done { .. } => Voided::Voided,
+            GivenBack::Done { .. } => {
+                self.share_foreign(home, &void, foreign, true, void.amount)
+                    .await;
+                Voided::Voided
+            }
             GivenBack::Conflict(why) => Voided::Kept(why),
             GivenBack::Unknown => Voided::Kept("the hold is gone".to_owned()),
             GivenBack::Replayed(_) => Voided::Kept("replayed".to_owned()),
         })
     }
 
-    /// The give-back that voids `doubt`'s charge or hold, with its `void` entry.
-    fn void_request(&self, doubt: &Doubt) -> Result<GiveBack, EngineError> {
+    /// The `void` entry of `doubt`'s charge or hold, and the give-back that applies it.
+    fn void_request(&self, doubt: &Doubt) -> Result<(LedgerEntry, GiveBack), EngineError> {
         let entry = &doubt.entry;
         let now = self.now();
         let keys = SubjectKeys::new(&self.prefix, &entry.action, &entry.subject);
@@ -244,13 +291,13 @@ impl Engine {
             };
             request.ledger = self.stream_entry(hold_id.shard(), &void);
             request.idempotency = idempotency;
-            return Ok(request);
+            return Ok((void, request));
         }
         let consumption = entry
             .consumption_id
             .map(|id| id.to_string())
             .unwrap_or_default();
-        Ok(GiveBack {
+        let request = GiveBack {
             kind: GiveBackKind::Void {
                 total: entry.amount,
             },
@@ -260,6 +307,7 @@ impl Engine {
             counters: entry.counters.clone(),
             ledger: self.stream_entry(keys.shard, &void),
             idempotency,
-        })
+        };
+        Ok((void, request))
     }
 }

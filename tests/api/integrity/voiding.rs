@@ -191,3 +191,58 @@ async fn an_attempt_redis_never_ran_is_left_alone() {
     assert!(entries(&app).await.is_empty());
     assert_eq!(used(&app).await, 0);
 }
+
+#[tokio::test]
+async fn on_a_cluster_a_consume_across_slots_answered_503_is_voided_in_every_slot() {
+    let redis = PrivateRedis::start_cluster().await;
+    let app = app_of(&redis, CounterBackend::Cluster).await;
+    app.must_create_policy(
+        json!({"id": "country", "action": "pay", "measure": "amount",
+        "limit": 100_000, "scope": ["country"], "window": {"type": "calendar", "period": "month"}}),
+    )
+    .await;
+    let pay = json!({"action": "pay", "subject": "s", "amount": 600, "idempotency_key": "k",
+        "attributes": {"country": "NG"}});
+    // Redis committed it (the finalize ran); its answer was lost on the way back.
+    app.engine.faults().arm("store.reply_lost");
+    let answer = app.quota("/quota/consume", pay.clone()).await;
+    app.engine.faults().clear();
+    answer.assert_problem(503);
+    let mut connection = redis.connection().await;
+    let reservations: Vec<String> = redis::cmd("KEYS")
+        .arg("*#rv*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(
+        reservations.len(),
+        1,
+        "the country's budget is in another slot"
+    );
+
+    let settled = app.engine.void_settled(true).await;
+    assert_eq!(format!("{settled:?}"), "[Voided]");
+    let entries = entries(&app).await;
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(entries[1], ("void".to_owned(), entries[0].1.clone()));
+    let usage = app
+        .send(app.client.get(format!(
+            "{}/quota/usage?action=pay&subject=s&attributes[country]=NG",
+            app.address
+        )))
+        .await
+        .body;
+    let policies = usage["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 2, "{usage}");
+    for policy in policies {
+        assert_eq!(policy["used"], 0, "given back in both slots: {usage}");
+    }
+    let retry = app.quota("/quota/consume", pay).await;
+    assert_eq!(retry.status, StatusCode::OK, "{}", retry.body);
+    assert_eq!(
+        retry.body["replayed"], false,
+        "decided afresh: {}",
+        retry.body
+    );
+    assert_no_drift(&app).await;
+}
