@@ -193,6 +193,14 @@ pub(crate) fn intents_index(prefix: &str, shard: u16) -> String {
     format!("{}#xs", shard_prefix(prefix, shard))
 }
 
+/// How many times a step across Redis Cluster slots changed the shard's counters (an
+/// intent opened or abandoned, a reservation made or undone, a share given back): a verify
+/// reads it before and after to know the budgets shared by subjects settled. The scripts
+/// derive it from the step's own key: everything up to its last `#`, then `#xv`.
+pub(crate) fn cross_slot_version(prefix: &str, shard: u16) -> String {
+    format!("{}#xv", shard_prefix(prefix, shard))
+}
+
 /// A consume across Redis Cluster slots: its reservation in a foreign slot.
 pub(crate) fn reservation(prefix: &str, shard: u16, attempt: &str) -> String {
     format!("{}#rv{attempt}", shard_prefix(prefix, shard))

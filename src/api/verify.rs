@@ -47,6 +47,9 @@ pub(crate) struct VerifyOut {
     pub(crate) checked: usize,
     /// Those whose live usage differs from the ledger's; empty when none does.
     pub(crate) drift: Vec<DriftOut>,
+    /// Budgets that could not be compared (not in `checked`): on a Redis Cluster, those
+    /// shared by subjects while consumes across slots never paused during the verify.
+    pub(crate) not_compared: usize,
 }
 
 impl From<Drift> for DriftOut {
@@ -104,5 +107,6 @@ pub(crate) async fn verify(
     Ok(web::Json(VerifyOut {
         checked: verified.checked,
         drift: verified.drift.into_iter().map(DriftOut::from).collect(),
+        not_compared: verified.not_compared,
     }))
 }

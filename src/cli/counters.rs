@@ -62,7 +62,16 @@ fn report(body: &Value) -> Verdict {
             item["ledger"],
         );
     }
+    let not_compared = body["not_compared"].as_u64().unwrap_or(0);
     match drift.len() {
+        0 if not_compared > 0 => {
+            println!(
+                "cannot tell: {checked} budgets agree with the ledger, but {not_compared} \
+                 shared by subjects could not be compared (consumes across Redis Cluster \
+                 slots were in flight throughout); try again"
+            );
+            Verdict::CannotTell
+        }
         0 => {
             let budgets = if checked == 1 {
                 "budget agrees"
@@ -91,5 +100,7 @@ mod tests {
             "key": "k", "live": 5, "ledger": 4}]});
         assert_eq!(report(&drift), Verdict::Drifts);
         assert_eq!(report(&json!({"type": "problem"})), Verdict::CannotTell);
+        let unsettled = json!({"checked": 3, "drift": [], "not_compared": 2});
+        assert_eq!(report(&unsettled), Verdict::CannotTell);
     }
 }

@@ -216,6 +216,12 @@ impl Engine {
                 ..Effects::default()
             },
         };
+        if super::faults::fault!(self, "crossslot.finalize") {
+            let _ = self.abandon(home, &member, &record, None).await;
+            return Err(StoreError::Timeout(
+                "failpoint crossslot.finalize: the finalize was never sent".to_owned(),
+            ));
+        }
         let now_ms = self.now().timestamp_millis();
         match self.counters.finalize(now_ms, &finalize).await {
             Ok(Finalized::Committed) => Ok(Decided::Fresh(evaluation)),

@@ -20,27 +20,42 @@
 //! it was read (SQL was read before). A consume in flight has changed both sides or
 //! neither, so it never shows as drift.
 //!
-//! A budget shared by subjects is charged by entries of every shard's stream. On a
-//! standalone Redis, when such a budget exists, those budgets are compared with a replay of
-//! their own (the entries that charge them), read with every stream at one instant in one
-//! script (the budgets are few; the streams hold what was appended since the hold). On a
-//! Redis Cluster such budgets are charged across slots in steps (`engine::crossslot`), so
-//! no instant has them settled: they are left out of the comparison (and of `checked`), and
-//! so are, for this verify, the home counters of a consume across slots still in flight
-//! (its intent is open: it charged them, and its entry comes with its finalize).
+//! A budget shared by subjects (its scope does not name the subject) is charged by entries
+//! of every shard's stream. When such a budget exists, those budgets are compared with a
+//! replay of their own (the entries that charge them, and every give-back). On a standalone
+//! Redis they are read with every stream at one instant, in one script (the budgets are
+//! few; the streams hold what was appended since the hold).
+//!
+//! On a Redis Cluster no script reads several slots, and such budgets are charged across
+//! slots in steps (`engine::crossslot`). Every step that changes a shard's counters across
+//! slots (an intent opened or abandoned, a reservation made or undone, a share given back)
+//! increments the shard's version (`keys::cross_slot_version`). The verify reads the
+//! versions of the shared budgets' shards, then every shard (stream, index of intents and
+//! shared budgets) one by one, then the versions again ([`Engine::settled_cut`]). When no
+//! version moved and no index held an intent, no step across slots ran or was in flight
+//! meanwhile: each shared budget, read at its shard's instant, equals the ledger read at
+//! the shards' instants. Otherwise it tries again, a few times; if it never settles, the
+//! shared budgets are not compared (`not_compared`, and the CLI cannot tell). Also on a
+//! cluster, the home counters of a consume across slots still in flight (its intent is
+//! open: it charged them, and its entry comes with its finalize) are left out of this
+//! verify.
 
 use super::rebuild::{Replay, Replayer};
 use super::shards::ShardStates;
 use super::snapshot::StateItem;
 use super::verify::{Known, Verified, VerifyError};
 use super::{codec, Engine, EngineError};
-use crate::domain::{Action, LedgerEntry};
+use crate::domain::{Action, CounterCharge, LedgerEntry};
 use crate::keys;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// How long a verify may hold deletions: its cut must be read by then, or it cannot tell.
 const HOLD_MS: u64 = 60_000;
+
+/// How many times the budgets shared by subjects are read on a Redis Cluster before the
+/// verify gives up comparing them (`Engine::settled_cut`).
+const SETTLE_TRIES: u64 = 5;
 
 /// How many times a shard is read again when its stream names counters the read missed
 /// (created by consumes after the counters were listed).
@@ -83,24 +98,21 @@ struct Read {
     wide: Vec<StateItem>,
     in_flight: BTreeSet<String>,
     now_ms: i64,
+    /// The budgets shared by subjects were never settled (a Redis Cluster).
+    unsettled: bool,
 }
 
 /// Whether the replay of budgets shared by subjects needs `entry`: a charge or hold of
 /// one, or any give-back (a refund or settlement names its charge's counters only through
 /// the charge; one of another budget finds nothing to give back to).
 fn wide_wants(entry: &LedgerEntry) -> bool {
-    entry.counters.is_empty()
-        || entry
-            .counters
-            .iter()
-            .any(|c| charged_from_afar(entry, &c.key))
+    entry.counters.is_empty() || entry.counters.iter().any(shared_budget)
 }
 
-/// Whether `key`, one of `entry`'s counters, is a budget shared by subjects: it sits in
-/// another shard than the entry's subject.
-fn charged_from_afar(entry: &LedgerEntry, key: &str) -> bool {
-    let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
-    keys::shard_of_tag(keys::hash_tag(key)) != Some(home)
+/// Whether `counter` is a budget shared by subjects: its scope does not name the subject,
+/// so entries of every shard charge it.
+fn shared_budget(counter: &CounterCharge) -> bool {
+    !counter.scope.has_subject()
 }
 
 impl Engine {
@@ -118,12 +130,11 @@ impl Engine {
             target: scratch(),
             replayer: Replayer::after(None),
         };
-        // Budgets shared by subjects get a replay of their own on a standalone Redis.
-        let mut wide = (self.counters.atomic_across_tags() && self.cache.has_shared_budgets())
-            .then(|| Side {
-                target: scratch(),
-                replayer: Replayer::after(None),
-            });
+        // Budgets shared by subjects get a replay of their own.
+        let mut wide = self.cache.has_shared_budgets().then(|| Side {
+            target: scratch(),
+            replayer: Replayer::after(None),
+        });
         self.replay_pages(&mut own.replayer, own.target.as_ref(), None, learn)
             .await?;
         if let Some(wide) = wide.as_mut() {
@@ -174,7 +185,9 @@ impl Engine {
         let ledger = side(own_ledger, false);
         let mut verified =
             self.compare(&side(read.own, false), &ledger, &known, action, read.now_ms);
-        if let Some(wide_ledger) = wide_ledger {
+        if read.unsettled {
+            verified.not_compared = known.values().filter(|k| k.shared && k.of(action)).count();
+        } else if let Some(wide_ledger) = wide_ledger {
             let ledger = side(wide_ledger, true);
             let shared = self.compare(&side(read.wide, true), &ledger, &known, action, read.now_ms);
             verified.checked += shared.checked;
@@ -210,6 +223,7 @@ impl Engine {
             wide: Vec::new(),
             in_flight: BTreeSet::new(),
             now_ms,
+            unsettled: false,
         };
         let mut streamed_own = Vec::new();
         for shard in 0..keys::SHARDS {
@@ -236,6 +250,23 @@ impl Engine {
         if let Some(wide) = wide {
             self.replay_pages(&mut wide.replayer, wide.target.as_ref(), None, &wide_wants)
                 .await?;
+            if !self.counters.atomic_across_tags() {
+                match self
+                    .settled_cut(shards, token, &wide.replayer, shared_known)
+                    .await?
+                {
+                    Some((items, streamed)) => {
+                        for entry in &streamed {
+                            learn(entry);
+                        }
+                        read.wide = items;
+                        self.replay_streamed(&mut wide.replayer, wide.target.as_ref(), streamed)
+                            .await?;
+                    }
+                    None => read.unsettled = true,
+                }
+                return Ok(read);
+            }
             let every: Vec<u16> = (0..keys::SHARDS).collect();
             let (cut, streamed) = self
                 .cut_of(shards, token, &every, shared_known, &wide.replayer, true)
@@ -280,7 +311,7 @@ impl Engine {
                     entry
                         .counters
                         .iter()
-                        .filter(move |c| charged_from_afar(entry, &c.key) == shared)
+                        .filter(move |c| shared_budget(c) == shared)
                 })
                 .map(|counter| counter.key.clone())
                 .filter(|key| in_group(key, group) && !counters.contains(key))
@@ -291,6 +322,57 @@ impl Engine {
             counters.extend(missed);
             rereads += 1;
         }
+    }
+
+    /// On a Redis Cluster, the budgets shared by subjects (`shared`) and every stream, read
+    /// shard by shard while no step across slots changed those budgets' shards and none was
+    /// in flight: then every shared budget is settled, each at its shard's instant, and
+    /// equals the ledger read at those instants. Read again a few times while that does
+    /// not hold; `None` if it never did (the budgets are then not compared).
+    async fn settled_cut(
+        &self,
+        shards: &Arc<dyn ShardStates>,
+        token: &str,
+        replayer: &Replayer,
+        shared: BTreeSet<String>,
+    ) -> Result<Option<(Vec<StateItem>, Vec<LedgerEntry>)>, VerifyError> {
+        let homes: BTreeSet<u16> = shared
+            .iter()
+            .filter_map(|key| keys::shard_of_tag(keys::hash_tag(key)))
+            .collect();
+        let homes: Vec<u16> = homes.into_iter().collect();
+        for attempt in 0..SETTLE_TRIES {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
+            }
+            let before = shards
+                .cross_slot_versions(&homes)
+                .await
+                .map_err(EngineError::from)?;
+            let (mut items, mut streamed, mut in_flight) = (Vec::new(), Vec::new(), false);
+            for shard in 0..keys::SHARDS {
+                let group = [shard];
+                let counters = shared
+                    .iter()
+                    .filter(|key| in_group(key, &group))
+                    .cloned()
+                    .collect();
+                let (cut, entries) = self
+                    .cut_of(shards, token, &group, counters, replayer, true)
+                    .await?;
+                in_flight |= !cut.intents.is_empty();
+                items.extend(cut.items);
+                streamed.extend(entries);
+            }
+            let after = shards
+                .cross_slot_versions(&homes)
+                .await
+                .map_err(EngineError::from)?;
+            if !in_flight && before == after {
+                return Ok(Some((items, streamed)));
+            }
+        }
+        Ok(None)
     }
 
     /// The counters of `group`'s shards the ledger knows of.

@@ -12,6 +12,7 @@
 //! | `drain.ack` | a drained batch is in SQL, before its stream entries are acknowledged | the acknowledgement fails: the entries are read and inserted again |
 //! | `sweep.expire` | the sweeper is about to expire a due hold | the expiry fails: the hold waits for the next sweep |
 //! | `snapshot.save` | a snapshot was taken, before it is saved | the save fails: the previous snapshot stays |
+//! | `crossslot.finalize` | a consume across Redis Cluster slots reserved every slot, before its finalize | the finalize is never sent: the attempt is abandoned and answered 503 (paused: it stays in flight) |
 
 /// Every failpoint, for tests that pick one at random.
 pub const POINTS: [&str; 5] = [
@@ -21,6 +22,10 @@ pub const POINTS: [&str; 5] = [
     "sweep.expire",
     "snapshot.save",
 ];
+
+/// The failpoints of a Redis Cluster's consumes across slots (not among [`POINTS`]: most
+/// stores never reach them).
+pub const CLUSTER_POINTS: [&str; 1] = ["crossslot.finalize"];
 
 /// What an armed point does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +62,10 @@ impl Faults {
 
     /// Makes `point` do `fault` every time it is reached, until [`Faults::clear`].
     pub fn arm_with(&self, point: &str, fault: Fault) {
-        assert!(POINTS.contains(&point), "no failpoint named {point}");
+        assert!(
+            POINTS.contains(&point) || CLUSTER_POINTS.contains(&point),
+            "no failpoint named {point}"
+        );
         self.armed().insert(point.to_owned(), fault);
         self.any.store(true, std::sync::atomic::Ordering::Release);
     }

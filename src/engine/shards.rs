@@ -108,6 +108,10 @@ pub(crate) trait ShardStates: Send + Sync {
         counters: &[String],
         now_ms: i64,
     ) -> Result<Option<super::cut::Cut>, StoreError>;
+
+    /// Each of `shards`' version of steps across Redis Cluster slots, with its epoch: equal
+    /// twice, no such step changed its counters in between (`keys::cross_slot_version`).
+    async fn cross_slot_versions(&self, shards: &[u16]) -> Result<Vec<String>, StoreError>;
 }
 
 /// What a rebuild of shards did.

@@ -40,6 +40,9 @@ pub(crate) struct Verified {
     pub(crate) checked: usize,
     /// Those that differ, by key.
     pub(crate) drift: Vec<Drift>,
+    /// Budgets that could not be compared: on a Redis Cluster, those shared by subjects
+    /// while consumes across slots never paused (`engine::cut`).
+    pub(crate) not_compared: usize,
 }
 
 /// Why a verify cannot tell.
@@ -108,8 +111,15 @@ pub(super) struct Known {
     action: Action,
     budget: Budget,
     restore: Restore,
-    /// A budget shared by subjects: charged by entries of other shards than its own.
+    /// A budget shared by subjects (its scope does not name the subject).
     pub(super) shared: bool,
+}
+
+impl Known {
+    /// Whether it is a budget of `action` (any, if `None`).
+    pub(super) fn of(&self, action: Option<&Action>) -> bool {
+        action.is_none_or(|wanted| *wanted == self.action)
+    }
 }
 
 /// Notes in `known` what `entry` says of the counters it names; keeps every entry.
@@ -117,9 +127,7 @@ fn learn(known: &Mutex<HashMap<String, Known>>, entry: &LedgerEntry) -> bool {
     let mut known = known
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
     for counter in &entry.counters {
-        let shard = keys::shard_of_tag(keys::hash_tag(&counter.key));
         known.insert(
             counter.key.clone(),
             Known {
@@ -127,7 +135,7 @@ fn learn(known: &Mutex<HashMap<String, Known>>, entry: &LedgerEntry) -> bool {
                 action: entry.action.clone(),
                 budget: entry.budget(&counter.scope),
                 restore: counter.restore,
-                shared: shard != Some(home),
+                shared: !counter.scope.has_subject(),
             },
         );
     }

@@ -22,11 +22,13 @@ pub async fn verify(app: &TestApp) -> Value {
     answer.body
 }
 
-/// Asserts that every live budget agrees with the ledger, and that some were compared.
+/// Asserts that every live budget agrees with the ledger, and that some were compared
+/// (and, nothing being in flight, all).
 pub async fn assert_no_drift(app: &TestApp) {
     let verified = verify(app).await;
     assert_eq!(verified["drift"], serde_json::json!([]), "{verified}");
     assert!(verified["checked"].as_u64().unwrap() > 0, "{verified}");
+    assert_eq!(verified["not_compared"], 0, "{verified}");
 }
 
 /// `quota-ledger counters verify --url <app>`: its exit status and what it printed.

@@ -211,6 +211,24 @@ impl RedisCounterStore {
         Ok(())
     }
 
+    /// Each shard's version of steps across slots and epoch (`keys::cross_slot_version`),
+    /// as one text per shard.
+    pub(super) async fn versions_of(&self, shards: &[u16]) -> Result<Vec<String>, StoreError> {
+        let mut versions = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            let version = keys::cross_slot_version(&self.prefix, shard);
+            let mut get = redis::cmd("MGET");
+            get.arg(&version).arg(keys::epoch(&self.prefix, shard));
+            let reply = self.on_node_of(&version, get).await?;
+            let Value::Array(parts) = reply else {
+                return Err(StoreError::Protocol(format!("MGET replied {reply:?}")));
+            };
+            let part = |i: usize| parts.get(i).and_then(text).unwrap_or_default();
+            versions.push(format!("{}:{}", part(0), part(1)));
+        }
+        Ok(versions)
+    }
+
     /// The entries of `shards`' streams and the states of `counters`, at one instant; `None`
     /// when `token` no longer holds those streams' deletions.
     pub(super) async fn read_instant(

@@ -199,6 +199,10 @@ impl ShardStates for RedisCounterStore {
     ) -> Result<Option<Cut>, StoreError> {
         self.read_instant(token, shards, counters, now_ms).await
     }
+
+    async fn cross_slot_versions(&self, shards: &[u16]) -> Result<Vec<String>, StoreError> {
+        self.versions_of(shards).await
+    }
 }
 
 #[cfg(test)]

@@ -48,7 +48,8 @@ With an intent (at home), the charges are applied with the intent `open\n<epoch>
 <record>`, and the idempotency record is only checked: it, the allowed ledger entry and the
 hold wait for finalize.lua. With a reservation (in a foreign slot), a reservation that
 exists already (undone) or a deadline passed is refused ({ -3 }); an allowed one is kept as
-`open\n<epoch>` for 60 s.
+`open\n<epoch>` for 60 s. Both count in the shard's version of steps across slots (the key
+up to its last `#`, then `#xv`), which a verify reads.
 
 When the call runs past its call deadline, nothing is read or decided and the reply is { -4 }.
 When a shard's epoch is missing (Redis lost its data, or the shard was never rebuilt
@@ -336,8 +337,10 @@ if commit and out[1] == 1 and has_intent then
   redis.call('SET', intent_key, 'open\n' .. epoch_now .. '\n' .. ARGV[e + 10] .. '\n' .. ARGV[e + 11],
     'PX', 600000)
   redis.call('ZADD', intents_key, ARGV[e + 10], ARGV[e + 9])
+  redis.call('INCR', string.match(intent_key, '^(.*)#') .. '#xv')
 elseif commit and out[1] == 1 and has_reservation then
   redis.call('SET', reservation_key, 'open\n' .. epoch_now, 'PX', 60000)
+  redis.call('INCR', string.match(reservation_key, '^(.*)#') .. '#xv')
 elseif commit and out[1] == 1 then
   local numbers = ''
   if has_idem then

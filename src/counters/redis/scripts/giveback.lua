@@ -149,6 +149,11 @@ else
   end
 end
 
+-- A step across slots counts in the shard's version (keys::cross_slot_version).
+if op == 'a' or op == 'u' or op == 'f' then
+  redis.call('INCR', string.match(control, '^(.*)#') .. '#xv')
+end
+
 for i = 1, n do
   local a = 15 + 6 * (i - 1)
   local key, kind = KEYS[i], ARGV[a]
