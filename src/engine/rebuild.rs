@@ -216,7 +216,7 @@ impl Engine {
     }
 
     /// Replays the entries waiting in `replayer`, in the order they were made (by `at`, then
-    /// as read), until `keep` wait.
+    /// by id), until `keep` wait.
     pub(super) async fn replay_waiting(
         &self,
         replayer: &mut Replayer,
@@ -466,9 +466,11 @@ pub(super) struct Replayer {
     next_after: Option<i64>,
     /// The charges replayed from the streams, for their refunds.
     streamed: HashMap<crate::domain::ConsumptionId, LedgerEntry>,
-    /// Entries read and not yet replayed, by when they were made, then as read (the
-    /// third part places a give-back right after its charge or hold: see [`Self::next`]).
-    waiting: std::collections::BTreeMap<(i64, u64, u64), LedgerEntry>,
+    /// Entries read and not yet replayed, by when they were made: the instant, then the id
+    /// (time-ordered: within one process, in the order they were made; an entry that
+    /// waited in a stream is inserted after later ones). The third part places a give-back
+    /// right after its charge or hold: see [`Self::next`].
+    waiting: std::collections::BTreeMap<(i64, u128, u64), LedgerEntry>,
     /// Entries read so far.
     read: u64,
 }
@@ -478,16 +480,16 @@ impl Replayer {
     fn wait(&mut self, entry: LedgerEntry) {
         self.read += 1;
         self.waiting
-            .insert((entry.at.timestamp_millis(), self.read, 0), entry);
+            .insert((entry.at.timestamp_millis(), entry.id.to_bits(), 0), entry);
     }
 
-    /// The next entry to replay: the first by when it was made, then as read; but a
-    /// refund or settlement whose charge or hold was made in the same millisecond and
-    /// waits still is put right after it (it was read first: inserted first, after its
-    /// charge or hold had waited in a stream).
+    /// The next entry to replay: the first by when it was made (its instant, then its
+    /// id); but a refund or settlement whose charge or hold was made in the same
+    /// millisecond and waits still is put right after it (made by another instance, its id
+    /// may sort first).
     fn next(&mut self) -> Option<LedgerEntry> {
         loop {
-            let ((at_ms, read, _), entry) = self.waiting.pop_first()?;
+            let ((at_ms, _, _), entry) = self.waiting.pop_first()?;
             let needs = |other: &LedgerEntry| match entry.kind {
                 EntryKind::Refund | EntryKind::Void if entry.consumption_id.is_some() => {
                     other.kind == EntryKind::Charge && other.consumption_id == entry.consumption_id
@@ -501,10 +503,11 @@ impl Replayer {
                 .waiting
                 .range((at_ms, 0, 0)..(at_ms + 1, 0, 0))
                 .find(|(_, other)| needs(other))
-                .map(|((_, other_read, _), _)| *other_read);
+                .map(|((_, other_id, _), _)| *other_id);
             match after {
-                Some(other_read) => {
-                    self.waiting.insert((at_ms, other_read, read), entry);
+                Some(other_id) => {
+                    self.read += 1;
+                    self.waiting.insert((at_ms, other_id, self.read), entry);
                 }
                 None => return Some(entry),
             }
