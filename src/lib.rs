@@ -10,11 +10,15 @@
 //!   script per decision).
 //! - [`ledger`]: the SQL ledger adapter (Postgres or SQLite) and retention.
 //! - [`policy`]: policy persistence (Postgres or SQLite) and the cache refresher.
+//! - [`db`]: the database connection and its migrations.
+//! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document;
+//!   [`grpc`]: Envoy's rate limit service.
+//! - [`metrics`]: Prometheus counters, histograms and gauges, recorded by the API;
+//!   [`telemetry`]: traces.
+//! - [`config`]: the settings, from the environment or flags; [`cli`]: the subcommands.
+//! - [`startup`]: wiring, shared by the binary and the tests.
 //!
 //! `ARCHITECTURE.md` at the repository root maps the modules and their boundaries.
-//! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document.
-//! - [`metrics`]: Prometheus counters, histograms and gauges, recorded by the API.
-//! - [`startup`]: wiring, shared by the binary and the tests.
 
 pub mod api;
 #[cfg(test)]

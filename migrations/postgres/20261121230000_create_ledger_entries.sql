@@ -15,9 +15,11 @@ CREATE TABLE ledger_entries (
     consumption_id  TEXT,
     hold_id         TEXT,
     idempotency_key TEXT,
-    -- JSON: [{"policy_id": "…", "amount": N}, …]
+    -- Each policy's amount and scope, in compact text: version `p1`, fields separated by
+    -- control characters (src/engine/codec/entry.rs).
     policies        TEXT NOT NULL DEFAULT '[]',
-    -- Internal JSON (how to give a charge or hold back); never served.
+    -- Internal detail (how to give a charge or hold back), in compact text: version `d1`
+    -- (src/engine/codec/entry.rs); never served.
     detail          TEXT
 );
 

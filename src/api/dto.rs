@@ -1,4 +1,5 @@
-//! Wire shapes of the admin API (the only place, with `quota.rs`, that derives `ToSchema`).
+//! Wire shapes of the admin API (`ToSchema` is derived only in `api`: here, beside each
+//! handler, and in `wire.rs`).
 
 use super::wire::{whole_number, Slug, TimeZoneName};
 use crate::domain::{

@@ -2,8 +2,8 @@
 //! same atomic step as the charge, for the [drain](super::drain) to move into SQL.
 //!
 //! The Redis adapter (`crate::counters::redis`) implements it over one stream per shard
-//! and a consumer group; the drain only needs these four operations, so it can be tested
-//! without Redis.
+//! and a consumer group; the drain, a verify and the voider only need these operations,
+//! so they can be tested without Redis.
 
 use super::store::StoreError;
 use async_trait::async_trait;

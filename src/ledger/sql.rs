@@ -1,7 +1,7 @@
 //! The SQL ledger stores: Postgres in production, SQLite as the embedded default.
 //!
 //! Both speak the same SQL, so one macro writes both implementations, as for the policy
-//! stores. The schema is applied by the policy store's migrations (one migration set per
+//! stores. The schema is applied by `db::migrate` (one migration set per
 //! database); this module only reads and writes `ledger_entries`.
 //!
 //! Pages are keyed by `seq`, the insertion order, not by time: an entry inserted while a

@@ -15,10 +15,10 @@
 //!
 //! | # | field | form |
 //! |---|---|---|
-//! | 0 | version | `3` (`2` lacks field 12; JSON entries of earlier versions start with `{`) |
+//! | 0 | version | `3` |
 //! | 1 | id | [`b64`] |
 //! | 2 | at | Unix ms |
-//! | 3 | kind | one letter: `c`harge, `r`efund, `h`old, co`m`mit, re`l`ease, e`x`pire, `d`eny |
+//! | 3 | kind | one letter: `c`harge, `r`efund, `h`old, co`m`mit, re`l`ease, e`x`pire, `d`eny, `v`oid |
 //! | 4, 5 | action, subject | as is |
 //! | 6 | amount | decimal |
 //! | 7 | consumption id | [`b64`], or empty |
@@ -45,24 +45,23 @@
 //! entry's instant falls in), `t<period ms>,<limit>` or `z<period end ms>` (a zoned calendar,
 //! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
-use super::{
-    encode_consume_record, field, CodecError, ConsumeRecord, Detail, EntryParts, KeptPolicy,
-};
+use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy};
+use super::row::{Detail, EntryParts};
+use super::{field, CodecError};
 use crate::domain::{
     Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
     Measure, Mode, PolicyAmount, PolicyId, Restore, Scope,
 };
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use std::fmt::Write as _;
 
+/// The first field of an entry's compact form.
 const VERSION: &str = "3";
-/// The version before attributes (field 12), still read.
-const VERSION_2: &str = "2";
-/// The first field of a compact `detail` column ([`encode_detail`]); JSON starts with `[`,
-/// `{` or `"`.
+/// The first field of a `detail` column ([`encode_detail`]).
 const DETAIL_VERSION: &str = "d1";
-/// The first field of a compact `policies` column ([`encode_policies`]); JSON starts with
-/// `[`.
+/// The first field of a `policies` column ([`encode_policies`]).
 const POLICIES_VERSION: &str = "p1";
 const US: char = '\u{1f}';
 const RS: char = '\u{1e}';
@@ -72,30 +71,20 @@ const WHAT: &str = "ledger entry";
 /// The kinds' letters, in [`EntryKind::ALL`] order.
 const KIND_LETTERS: [char; 8] = ['c', 'r', 'h', 'm', 'l', 'x', 'd', 'v'];
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
-/// 128 bits as 22 characters of base 64 (URL alphabet), most significant first.
+/// 128 bits as 22 characters of base 64 (URL alphabet, no padding), big-endian.
 fn b64(bits: u128) -> String {
-    (0..22)
-        .rev()
-        .map(|i| char::from(B64[((bits >> (6 * i)) & 63) as usize]))
-        .collect()
+    URL_SAFE_NO_PAD.encode(bits.to_be_bytes())
 }
 
 /// Reads what [`b64`] wrote.
 fn from_b64(text: &str) -> Result<u128, CodecError> {
-    let bad = || CodecError::new(WHAT, format!("id '{text}'"));
-    if text.len() != 22 {
-        return Err(bad());
-    }
-    text.bytes().try_fold(0u128, |bits, byte| {
-        let digit = B64.iter().position(|&d| d == byte).ok_or_else(bad)?;
-        // The first digit carries the top 2 bits only.
-        bits.checked_mul(64)
-            .filter(|_| bits >> 122 == 0)
-            .map(|bits| bits | digit as u128)
-            .ok_or_else(bad)
-    })
+    let bytes: Option<[u8; 16]> = URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()
+        .and_then(|bytes| bytes.try_into().ok());
+    bytes
+        .map(u128::from_be_bytes)
+        .ok_or_else(|| CodecError::new(WHAT, format!("id '{text}'")))
 }
 
 /// The rolling bucket a charge at `at_ms` goes to (what the engine charges).
@@ -337,34 +326,19 @@ fn optional(text: &str) -> Option<&str> {
     (!text.is_empty()).then_some(text)
 }
 
-/// The compact version `text` is in, if it is in the compact form (rather than an
-/// earlier version's JSON).
-fn compact_version(text: &str) -> Option<&'static str> {
-    [VERSION, VERSION_2]
-        .into_iter()
-        .find(|v| text.starts_with(v) && text[v.len()..].starts_with(US))
-}
-
-/// Whether `text` is in the compact form (rather than an earlier version's JSON).
-pub(super) fn is_compact(text: &str) -> bool {
-    compact_version(text).is_some()
-}
-
-/// Reads what [`encode`] (or version 2) wrote.
+/// Reads what [`encode`] wrote.
 pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
-    let version = compact_version(text);
-    let mut fields: Vec<&str> = match version {
-        Some(VERSION) => text.splitn(16, US).collect(),
-        _ => text.splitn(15, US).collect(),
-    };
-    if fields.len() < 12 || version.is_none() {
-        return Err(CodecError::new(WHAT, "not a compact entry"));
+    let mut fields: Vec<&str> = text
+        .strip_prefix(VERSION)
+        .and_then(|rest| rest.strip_prefix(US))
+        .ok_or_else(|| CodecError::new(WHAT, format!("not a version {VERSION} entry")))?
+        .splitn(15, US)
+        .collect();
+    fields.insert(0, VERSION);
+    if fields.len() < 13 {
+        return Err(CodecError::new(WHAT, "fewer than 13 fields"));
     }
-    let attributes = match version {
-        Some(VERSION) if fields.len() > 12 => decode_attributes(fields.remove(12))?,
-        Some(VERSION) => return Err(CodecError::new(WHAT, "no attributes field")),
-        _ => Attributes::default(),
-    };
+    let attributes = decode_attributes(fields.remove(12))?;
     let kind = fields[3]
         .chars()
         .next()
@@ -385,7 +359,7 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
     let compact_kept = kept_answer
         .as_ref()
         .is_some_and(|kept| !kept.text.starts_with('{'));
-    let mut entry = super::entry_from_parts(
+    let mut entry = super::row::entry_from_parts(
         EntryParts {
             id: &EntryId::from_bits(from_b64(fields[1])?).to_string(),
             at: instant(at_ms)?,
@@ -399,7 +373,7 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
         },
         policies,
         attributes,
-        super::Detail {
+        super::row::Detail {
             counters,
             hold_expires_at,
             kept_answer,
@@ -466,20 +440,21 @@ pub(super) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String 
     out
 }
 
-/// Reads what [`encode_policies`] wrote, or `None` when `text` is not in compact form
-/// (an earlier version's JSON).
-pub(super) fn decode_compact_policies(
+/// Reads what [`encode_policies`] wrote.
+pub(super) fn decode_column_policies(
     text: &str,
     amount: u64,
-) -> Option<Result<Vec<PolicyAmount>, CodecError>> {
-    let rest = text.strip_prefix(POLICIES_VERSION)?.strip_prefix(US)?;
-    Some(decode_policies(rest, amount))
-}
-
-/// Whether a `detail` column is in compact form (rather than an earlier version's JSON).
-pub(super) fn is_compact_detail(text: &str) -> bool {
-    text.strip_prefix(DETAIL_VERSION)
-        .is_some_and(|rest| rest.starts_with(US))
+) -> Result<Vec<PolicyAmount>, CodecError> {
+    let rest = text
+        .strip_prefix(POLICIES_VERSION)
+        .and_then(|rest| rest.strip_prefix(US))
+        .ok_or_else(|| {
+            CodecError::new(
+                WHAT,
+                format!("not a version {POLICIES_VERSION} policies column"),
+            )
+        })?;
+    decode_policies(rest, amount)
 }
 
 /// Reads what [`encode_detail`] wrote for the entry whose scalar fields are `parts`.
@@ -668,7 +643,7 @@ mod tests {
         for bad in [
             "",
             "AAAA",
-            "EAAAAAAAAAAAAAAAAAAAAA",
+            "AAAAAAAAAAAAAAAAAAAAAB",
             "AAAAAAAAAAAAAAAAAAAAA*",
         ] {
             assert!(from_b64(bad).is_err(), "{bad}");
@@ -680,6 +655,7 @@ mod tests {
         for text in [
             "2",
             "2\u{1f}x",
+            "3\u{1f}x",
             "3\u{1f}a\u{1f}b\u{1f}c\u{1f}d\u{1f}e\u{1f}f\u{1f}g\u{1f}h\u{1f}i\u{1f}j\u{1f}k",
         ] {
             assert!(decode(text).is_err(), "{text:?}");

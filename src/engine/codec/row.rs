@@ -1,0 +1,124 @@
+//! A ledger entry as the SQL ledger's row holds it: scalar columns ([`EntryParts`]), the
+//! `policies` column and the `detail` column (its internal part), both in the compact
+//! form of module `entry`, read back against the row's own columns.
+
+use super::{entry, field, CodecError};
+use crate::domain::{
+    Action, Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
+    KeptAnswer, LedgerEntry, PolicyAmount, Subject,
+};
+use chrono::{DateTime, Utc};
+
+/// An entry's internal part: its counters, a hold's expiry and a kept answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Detail {
+    /// See [`LedgerEntry::counters`].
+    pub(crate) counters: Vec<CounterCharge>,
+    /// See [`LedgerEntry::hold_expires_at`].
+    pub(crate) hold_expires_at: Option<DateTime<Utc>>,
+    /// See [`LedgerEntry::kept_answer`].
+    pub(crate) kept_answer: Option<KeptAnswer>,
+}
+
+#[cfg(test)]
+impl Detail {
+    pub(super) fn of(entry: &LedgerEntry) -> Self {
+        Self {
+            counters: entry.counters.clone(),
+            hold_expires_at: entry.hold_expires_at,
+            kept_answer: entry.kept_answer.clone(),
+        }
+    }
+}
+
+/// An entry's internal part, for the SQL ledger's `detail` column (`None` when empty), in
+/// compact form (see the module `entry`): the drain writes one per entry, and as JSON a
+/// three-budget charge's took three times the bytes.
+pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
+    entry::encode_detail(entry)
+}
+
+/// Reads the `detail` column [`encode_detail`] wrote for the row whose other columns are
+/// `parts` and `policies`.
+pub(crate) fn decode_detail(
+    text: Option<&str>,
+    parts: &EntryParts<'_>,
+    policies: &[PolicyAmount],
+) -> Result<Detail, CodecError> {
+    match text {
+        None => Ok(Detail::default()),
+        Some(text) => entry::decode_detail(text, parts, policies),
+    }
+}
+
+/// An entry's per-policy amounts, for the SQL ledger's `policies` column, in compact form
+/// (see the module `entry`), the amounts relative to the entry's `amount`: the drain writes
+/// one per entry, and as JSON a three-budget charge's took three times the bytes.
+pub(crate) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
+    entry::encode_policies(policies, amount)
+}
+
+/// Reads the `policies` column [`encode_policies`] wrote for the row whose amount is
+/// `amount`.
+pub(crate) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
+    entry::decode_column_policies(text, amount)
+}
+
+/// The scalar fields of an entry as text, as a stream entry or an SQL row holds them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EntryParts<'a> {
+    /// The entry id, hyphenated.
+    pub(crate) id: &'a str,
+    /// When the decision was made.
+    pub(crate) at: DateTime<Utc>,
+    /// The kind's spelling ([`EntryKind::as_str`]).
+    pub(crate) kind: &'a str,
+    /// The action, checked as [`Action::parse`] does.
+    pub(crate) action: &'a str,
+    /// The subject, checked as [`Subject::parse`] does.
+    pub(crate) subject: &'a str,
+    /// The amount as the entry records it.
+    pub(crate) amount: u64,
+    /// The consumption id, if any.
+    pub(crate) consumption_id: Option<&'a str>,
+    /// The hold id, if any.
+    pub(crate) hold_id: Option<&'a str>,
+    /// The idempotency key, if any.
+    pub(crate) idempotency_key: Option<&'a str>,
+}
+
+/// Builds an entry from its fields as text, checking each.
+pub(crate) fn entry_from_parts(
+    parts: EntryParts<'_>,
+    policies: Vec<PolicyAmount>,
+    attributes: Attributes,
+    detail: Detail,
+) -> Result<LedgerEntry, CodecError> {
+    const WHAT: &str = "ledger entry";
+    Ok(LedgerEntry {
+        id: field(WHAT, EntryId::parse(parts.id))?,
+        at: parts.at,
+        kind: EntryKind::parse(parts.kind)
+            .ok_or_else(|| CodecError::new(WHAT, format!("unknown kind '{}'", parts.kind)))?,
+        action: field(WHAT, Action::parse("action", parts.action))?,
+        subject: field(WHAT, Subject::parse("subject", parts.subject))?,
+        amount: parts.amount,
+        consumption_id: parts
+            .consumption_id
+            .map(|id| field(WHAT, ConsumptionId::parse(id)))
+            .transpose()?,
+        hold_id: parts
+            .hold_id
+            .map(|id| field(WHAT, HoldId::parse(id)))
+            .transpose()?,
+        idempotency_key: parts
+            .idempotency_key
+            .map(|key| field(WHAT, IdempotencyKey::parse(key)))
+            .transpose()?,
+        policies,
+        attributes,
+        counters: detail.counters,
+        hold_expires_at: detail.hold_expires_at,
+        kept_answer: detail.kept_answer,
+    })
+}
