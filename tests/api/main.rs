@@ -1,6 +1,10 @@
 //! Integration tests over real HTTP against real stores: one binary, many modules.
 
 #![expect(clippy::unwrap_used, reason = "a test that cannot unwrap has failed")]
+#![expect(
+    clippy::too_many_lines,
+    reason = "a scenario reads top to bottom, one step after another"
+)]
 
 mod helpers;
 

@@ -19,26 +19,22 @@
 //! pipelined on its connection.
 
 mod call;
+mod connection;
 mod cut;
 mod info;
 mod script;
 mod shards;
 mod stream;
 
-use std::cell::RefCell;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionLike;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
-use tracing::Instrument;
+use redis::{ErrorKind, RedisError, Script, Value};
 
-use call::{bounded, classify, duration_ms, wall_clock_ms};
-use info::{eviction_policies, store_memory};
+use call::{classify, duration_ms, wall_clock_ms};
+use connection::{Connection, Refusal};
+use info::store_memory;
 
 use super::circuit::CircuitBreaker;
 use crate::engine::drain::Appends;
@@ -47,16 +43,6 @@ use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, Finalize, Finalized,
     GiveBack, GivenBack, StoreError, StoreMemory,
 };
-use crate::logs::Throttle;
-
-/// A connection made on first use, then cloned for each call.
-type Slot = Arc<tokio::sync::OnceCell<Connection>>;
-
-thread_local! {
-    /// This thread's connection to each live store, by the store's `id`. A store that is
-    /// dropped leaves a dead entry, removed when this thread next adds one.
-    static SLOTS: RefCell<Vec<(Weak<()>, Slot)>> = const { RefCell::new(Vec::new()) };
-}
 
 /// Takes the lease, or extends it for its holder; its header documents KEYS, ARGV and the reply.
 const LEASE_LUA: &str = include_str!("scripts/lease.lua");
@@ -103,46 +89,6 @@ pub struct RedisCounterStore {
     /// A connection of its own for `counters verify`'s long reads (`cut.rs`), made on the
     /// first: they would time out on the decisions' connection, and hold it up.
     slow: Arc<tokio::sync::OnceCell<Connection>>,
-}
-
-/// Set while the last look at Redis's `maxmemory-policy` found it unsafe: every script
-/// call (consumes, give-backs) and readiness are refused. Plain commands (the drain, the
-/// look itself) go on, so that waiting entries still reach SQL and a fixed setting is seen.
-#[derive(Debug, Default)]
-struct Refusal {
-    set: std::sync::atomic::AtomicBool,
-    why: std::sync::Mutex<String>,
-}
-
-impl Refusal {
-    /// The reason, while refused (one atomic load when not).
-    fn get(&self) -> Option<String> {
-        if !self.set.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
-        }
-        Some(self.why.lock().map(|why| why.clone()).unwrap_or_default())
-    }
-
-    /// Refuses (with the reason) or serves, after a look at the policy.
-    fn judged(&self, verdict: &Result<(), StoreError>) {
-        if let Err(StoreError::Misconfigured(why)) = verdict {
-            if let Ok(mut kept) = self.why.lock() {
-                kept.clone_from(why);
-            }
-        }
-        let refused = matches!(verdict, Err(StoreError::Misconfigured(_)));
-        self.set
-            .store(refused, std::sync::atomic::Ordering::Release);
-    }
-}
-
-/// The two kinds of Redis deployments, behind one handle.
-#[derive(Clone)]
-enum Connection {
-    /// One server (or a proxy in front of several).
-    Standalone(ConnectionManager),
-    /// Redis Cluster: commands are routed by the hash slot of their first key.
-    Cluster(ClusterConnection),
 }
 
 impl std::fmt::Debug for RedisCounterStore {
@@ -245,242 +191,6 @@ impl RedisCounterStore {
         if let (Some(appends), Some(shard)) = (&self.appends, shard) {
             appends.appended(shard);
         }
-    }
-
-    /// This thread's slot for its connection to this store.
-    fn slot(&self) -> Slot {
-        SLOTS.with(|slots| {
-            let mut slots = slots.borrow_mut();
-            let id = Arc::as_ptr(&self.id);
-            if let Some((_, slot)) = slots.iter().find(|(owner, _)| owner.as_ptr() == id) {
-                return slot.clone();
-            }
-            slots.retain(|(owner, _)| owner.strong_count() > 0);
-            let slot = Slot::default();
-            slots.push((Arc::downgrade(&self.id), slot.clone()));
-            slot
-        })
-    }
-
-    /// A new connection whose replies may take up to `response` (connecting takes at most
-    /// the call timeout).
-    async fn connect_with(&self, response: Duration) -> Result<Connection, redis::RedisError> {
-        if self.cluster {
-            let client = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
-                .connection_timeout(self.timeout)
-                .response_timeout(response)
-                .build()?;
-            Ok(Connection::Cluster(client.get_async_connection().await?))
-        } else {
-            let client = redis::Client::open(self.urls[0].as_str())?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.timeout))
-                .set_response_timeout(Some(response));
-            Ok(Connection::Standalone(
-                ConnectionManager::new_with_config(client, config).await?,
-            ))
-        }
-    }
-
-    /// The connection of `counters verify`'s long reads: replies may take `response`.
-    async fn slow_connection(&self, response: Duration) -> Result<Connection, StoreError> {
-        let connect = || async {
-            bounded(response, self.connect_with(response))
-                .await
-                .map_err(|e| match e {
-                    StoreError::Timeout(why) => {
-                        StoreError::NotConnected(format!("connecting: {why}"))
-                    }
-                    other => other,
-                })
-        };
-        self.slow.get_or_try_init(connect).await.cloned()
-    }
-
-    /// This thread's connection, made now if it was not yet.
-    async fn connection(&self) -> Result<Connection, StoreError> {
-        let connecting = self.connect_with(self.timeout);
-        // Not connected within the deadline: unreachable (a closed port ends here too, as
-        // the client retries within the deadline), or, while this instance sheds load,
-        // most likely our own saturation (the handshake's reply waited here).
-        let connect = || async {
-            let mut connection = bounded(self.timeout, connecting)
-                .await
-                .map_err(|e| match e {
-                    StoreError::Timeout(why) => {
-                        StoreError::NotConnected(format!("connecting: {why}"))
-                    }
-                    other => other,
-                })?;
-            self.check_eviction(&mut connection).await?;
-            Ok(connection)
-        };
-        self.slot().get_or_try_init(connect).await.cloned()
-    }
-
-    /// Refuses a Redis whose `maxmemory-policy` may evict keys, checked on every new
-    /// connection: evicted counters over-allow, evicted idempotency records double-charge,
-    /// evicted stream entries are lost charges, and nothing would say so. With
-    /// `allow_eviction`, warns instead.
-    async fn check_eviction(&self, connection: &mut Connection) -> Result<(), StoreError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("memory");
-        let reply: Result<Value, StoreError> = match connection {
-            Connection::Standalone(c) => bounded(self.timeout, info.query_async(c)).await,
-            Connection::Cluster(c) => bounded(self.timeout, info.query_async(c)).await,
-        };
-        let reply = match reply {
-            Ok(reply) => reply,
-            // A Redis that refuses INFO (an ACL) cannot be checked: say so, and serve.
-            Err(StoreError::Protocol(why)) => {
-                static SITE: Throttle = Throttle::new();
-                if let Some(count) = SITE.event() {
-                    tracing::warn!(count, error = %why, "cannot read Redis's maxmemory-policy; make sure it is noeviction");
-                }
-                return Ok(());
-            }
-            Err(error) => return Err(error),
-        };
-        let verdict = self.judge(&eviction_policies(&reply));
-        self.refusal.judged(&verdict);
-        verdict
-    }
-
-    /// Whether `policies` (every node's `maxmemory-policy`) may be served: an evicting one
-    /// is refused (logged at error level) unless `allow_eviction` (a warning then).
-    fn judge(&self, policies: &[String]) -> Result<(), StoreError> {
-        let Some(policy) = policies.iter().find(|policy| *policy != "noeviction") else {
-            return Ok(());
-        };
-        let why = format!(
-            "Redis maxmemory-policy is '{policy}': Redis may evict counters, idempotency \
-             records, holds and ledger entries not yet moved to SQL, which over-allows quota \
-             and loses charges without an error. Set maxmemory-policy to noeviction (CONFIG \
-             SET maxmemory-policy noeviction, and in redis.conf), or set \
-             QUOTA_REDIS_ALLOW_EVICTION=true to accept that risk"
-        );
-        if self.allow_eviction {
-            static SITE: Throttle = Throttle::new();
-            if let Some(count) = SITE.event() {
-                tracing::warn!(
-                    count,
-                    "{why}; serving anyway (QUOTA_REDIS_ALLOW_EVICTION=true)"
-                );
-            }
-            return Ok(());
-        }
-        static SITE: Throttle = Throttle::new();
-        if let Some(count) = SITE.event() {
-            tracing::error!(count, "{why}; refusing every call");
-        }
-        Err(StoreError::Misconfigured(why))
-    }
-
-    /// One script call, as a `redis` child span of the request when traces are exported.
-    async fn exec(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
-        self.exec_script(script, call)
-            .instrument(redis_span("redis EVALSHA"))
-            .await
-    }
-
-    /// Runs `call` of `script` under the circuit breaker and the timeout.
-    async fn exec_script(&self, script: &Script, call: &Cmd) -> Result<Value, StoreError> {
-        if let Some(why) = self.refusal.get() {
-            return Err(StoreError::Misconfigured(why));
-        }
-        if !self.breaker.allow() {
-            return Err(StoreError::Unavailable(
-                "Redis failed repeatedly; circuit open, retrying shortly".to_owned(),
-            ));
-        }
-        let reply = async {
-            // Callers queued behind another's connection attempt wait at most one deadline.
-            let connection = tokio::time::timeout(self.timeout, self.connection())
-                .await
-                .map_err(|_| {
-                    StoreError::NotConnected(format!(
-                        "no connection within {} ms",
-                        self.timeout.as_millis()
-                    ))
-                })??;
-            match connection {
-                Connection::Standalone(mut c) => {
-                    bounded(self.timeout, run(script, &mut c, call)).await
-                }
-                Connection::Cluster(mut c) => {
-                    bounded(self.timeout, run(script, &mut c, call)).await
-                }
-            }
-        }
-        .await;
-        match &reply {
-            // While this instance sheds load and Redis still answers, a late reply most
-            // likely waited behind the flood here, not in Redis: neither a failure of
-            // Redis nor a success.
-            Err(error) if error.is_late() && self.load.as_ref().is_some_and(|l| l.saturated()) => {}
-            Err(error) if error.is_transient() => self.breaker.failed(),
-            Ok(_) => {
-                if let Some(load) = &self.load {
-                    load.answered();
-                }
-                self.breaker.succeeded();
-            }
-            Err(_) => self.breaker.succeeded(),
-        }
-        reply
-    }
-
-    /// Runs a plain command (no script) under the timeout (for the ledger drain).
-    pub(super) async fn query<T: redis::FromRedisValue>(
-        &self,
-        call: &Cmd,
-    ) -> Result<T, StoreError> {
-        self.plain(call).await
-    }
-
-    /// Runs a plain command (no script) under the timeout.
-    async fn plain<T: redis::FromRedisValue>(&self, call: &Cmd) -> Result<T, StoreError> {
-        async {
-            match self.connection().await? {
-                Connection::Standalone(mut c) => {
-                    bounded(self.timeout, call.query_async(&mut c)).await
-                }
-                Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
-            }
-        }
-        .instrument(redis_span("redis command"))
-        .await
-    }
-}
-
-/// The span of one Redis call named `name`: a client child span of the request when spans
-/// are exported and the caller runs inside one; none for background work (the drain, the
-/// sweeper, rebuilds), which makes no span per call.
-fn redis_span(name: &'static str) -> tracing::Span {
-    if !crate::logs::spans_exported() || tracing::Span::current().is_none() {
-        return tracing::Span::none();
-    }
-    tracing::trace_span!(
-        "redis",
-        otel.name = name,
-        otel.kind = "client",
-        db.system = "redis",
-    )
-}
-
-/// Sends `call`; if the server has lost `script` (NOSCRIPT: a restart, a failover, a
-/// `SCRIPT FLUSH`), loads it (on every primary, in a cluster) and sends `call` again.
-async fn run(
-    script: &Script,
-    connection: &mut impl ConnectionLike,
-    call: &Cmd,
-) -> RedisResult<Value> {
-    match call.query_async(connection).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(connection).await?;
-            call.query_async(connection).await
-        }
-        answer => answer,
     }
 }
 

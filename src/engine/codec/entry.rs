@@ -46,7 +46,7 @@
 //! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
 use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy};
-use super::row::{Detail, EntryParts};
+use super::row::EntryParts;
 use super::{field, CodecError};
 use crate::domain::{
     Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
@@ -60,13 +60,13 @@ use std::fmt::Write as _;
 /// The first field of an entry's compact form.
 const VERSION: &str = "3";
 /// The first field of a `detail` column ([`encode_detail`]).
-const DETAIL_VERSION: &str = "d1";
+pub(super) const DETAIL_VERSION: &str = "d1";
 /// The first field of a `policies` column ([`encode_policies`]).
-const POLICIES_VERSION: &str = "p1";
-const US: char = '\u{1f}';
+pub(super) const POLICIES_VERSION: &str = "p1";
+pub(super) const US: char = '\u{1f}';
 const RS: char = '\u{1e}';
 const GS: char = '\u{1d}';
-const WHAT: &str = "ledger entry";
+pub(super) const WHAT: &str = "ledger entry";
 
 /// The kinds' letters, in [`EntryKind::ALL`] order.
 const KIND_LETTERS: [char; 8] = ['c', 'r', 'h', 'm', 'l', 'x', 'd', 'v'];
@@ -140,7 +140,7 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
 }
 
 /// Field 10: the entry's policies, their amounts relative to the entry's `amount`.
-fn write_policies(out: &mut String, policies: &[PolicyAmount], amount: u64) {
+pub(super) fn write_policies(out: &mut String, policies: &[PolicyAmount], amount: u64) {
     for (i, p) in policies.iter().enumerate() {
         if i > 0 {
             out.push(RS);
@@ -156,7 +156,7 @@ fn write_policies(out: &mut String, policies: &[PolicyAmount], amount: u64) {
 }
 
 /// Field 11: the entry's counters, their keys relative to `suffix` (`<action>|<subject>`).
-fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str, at_ms: i64) {
+pub(super) fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str, at_ms: i64) {
     for (i, c) in entry.counters.iter().enumerate() {
         if i > 0 {
             out.push(RS);
@@ -217,7 +217,7 @@ fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str, at_ms: i6
 
 /// Fields 13 to 15, each with the separator before it: a hold's expiry and a kept answer
 /// (nothing when the entry has neither).
-fn write_expiry_and_kept(out: &mut String, entry: &LedgerEntry) {
+pub(super) fn write_expiry_and_kept(out: &mut String, entry: &LedgerEntry) {
     let hold_expiry = entry.hold_expires_at.map(|at| at.timestamp_millis());
     if hold_expiry.is_some() || entry.kept_answer.is_some() {
         out.push(US);
@@ -392,7 +392,7 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
 
 /// Reads what [`write_expiry_and_kept`] wrote, split at its separators: a hold's expiry,
 /// then a kept answer's expiry and text (each optional).
-fn decode_expiry_and_kept(
+pub(super) fn decode_expiry_and_kept(
     fields: &[&str],
 ) -> Result<(Option<DateTime<Utc>>, Option<KeptAnswer>), CodecError> {
     let hold_expires_at = fields
@@ -410,73 +410,6 @@ fn decode_expiry_and_kept(
         _ => return Err(CodecError::new(WHAT, "a kept answer without its text")),
     };
     Ok((hold_expires_at, kept_answer))
-}
-
-/// The SQL ledger's `detail` column in compact form: [`DETAIL_VERSION`], then the fields
-/// 11 (counters) and 13 to 15 (a hold's expiry, a kept answer) of the entry's compact form,
-/// read back against the row's own action, subject, instant and policies; `None` when the
-/// entry has none of them. A three-budget charge's detail takes about a third of its JSON.
-pub(super) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
-    if entry.counters.is_empty() && entry.hold_expires_at.is_none() && entry.kept_answer.is_none() {
-        return None;
-    }
-    let mut out = String::with_capacity(96);
-    out.push_str(DETAIL_VERSION);
-    out.push(US);
-    let suffix = format!("{}|{}", entry.action, entry.subject);
-    write_counters(&mut out, entry, &suffix, entry.at.timestamp_millis());
-    write_expiry_and_kept(&mut out, entry);
-    Some(out)
-}
-
-/// The SQL ledger's `policies` column in compact form: [`POLICIES_VERSION`], then field 10
-/// of the entry's compact form, read back against the row's own `amount`. A three-budget
-/// charge's takes about a third of its JSON.
-pub(super) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
-    let mut out = String::with_capacity(8 + 24 * policies.len());
-    out.push_str(POLICIES_VERSION);
-    out.push(US);
-    write_policies(&mut out, policies, amount);
-    out
-}
-
-/// Reads what [`encode_policies`] wrote.
-pub(super) fn decode_column_policies(
-    text: &str,
-    amount: u64,
-) -> Result<Vec<PolicyAmount>, CodecError> {
-    let rest = text
-        .strip_prefix(POLICIES_VERSION)
-        .and_then(|rest| rest.strip_prefix(US))
-        .ok_or_else(|| {
-            CodecError::new(
-                WHAT,
-                format!("not a version {POLICIES_VERSION} policies column"),
-            )
-        })?;
-    decode_policies(rest, amount)
-}
-
-/// Reads what [`encode_detail`] wrote for the entry whose scalar fields are `parts`.
-pub(super) fn decode_detail(
-    text: &str,
-    parts: &EntryParts<'_>,
-    policies: &[PolicyAmount],
-) -> Result<Detail, CodecError> {
-    let fields: Vec<&str> = text
-        .strip_prefix(DETAIL_VERSION)
-        .and_then(|rest| rest.strip_prefix(US))
-        .ok_or_else(|| CodecError::new(WHAT, "not a compact detail"))?
-        .splitn(4, US)
-        .collect();
-    let suffix = format!("{}|{}", parts.action, parts.subject);
-    let counters = decode_counters(fields[0], policies, &suffix, parts.at.timestamp_millis())?;
-    let (hold_expires_at, kept_answer) = decode_expiry_and_kept(&fields[1..])?;
-    Ok(Detail {
-        counters,
-        hold_expires_at,
-        kept_answer,
-    })
 }
 
 fn decode_hold_id(text: &str) -> Result<HoldId, CodecError> {
@@ -501,7 +434,7 @@ fn decode_attributes(text: &str) -> Result<Attributes, CodecError> {
     field(WHAT, Attributes::parse("attributes", pairs))
 }
 
-fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
+pub(super) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
     items(text)
         .map(|item| {
             let mut parts = item.splitn(3, GS);
@@ -523,7 +456,7 @@ fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecEr
         .collect()
 }
 
-fn decode_counters(
+pub(super) fn decode_counters(
     text: &str,
     policies: &[PolicyAmount],
     suffix: &str,

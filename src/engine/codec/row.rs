@@ -2,6 +2,10 @@
 //! `policies` column and the `detail` column (its internal part), both in the compact
 //! form of module `entry`, read back against the row's own columns.
 
+use super::entry::{
+    decode_counters, decode_expiry_and_kept, write_counters, write_expiry_and_kept, write_policies,
+    DETAIL_VERSION, POLICIES_VERSION, US, WHAT,
+};
 use super::{entry, field, CodecError};
 use crate::domain::{
     Action, Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
@@ -31,11 +35,68 @@ impl Detail {
     }
 }
 
-/// An entry's internal part, for the SQL ledger's `detail` column (`None` when empty), in
-/// compact form (see the module `entry`): the drain writes one per entry, and as JSON a
-/// three-budget charge's took three times the bytes.
+/// The SQL ledger's `detail` column in compact form: `d1`, then the fields
+/// 11 (counters) and 13 to 15 (a hold's expiry, a kept answer) of the entry's compact form,
+/// read back against the row's own action, subject, instant and policies; `None` when the
+/// entry has none of them. A three-budget charge's detail takes about a third of its JSON.
 pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
-    entry::encode_detail(entry)
+    if entry.counters.is_empty() && entry.hold_expires_at.is_none() && entry.kept_answer.is_none() {
+        return None;
+    }
+    let mut out = String::with_capacity(96);
+    out.push_str(DETAIL_VERSION);
+    out.push(US);
+    let suffix = format!("{}|{}", entry.action, entry.subject);
+    write_counters(&mut out, entry, &suffix, entry.at.timestamp_millis());
+    write_expiry_and_kept(&mut out, entry);
+    Some(out)
+}
+
+/// The SQL ledger's `policies` column in compact form: `p1`, then field 10
+/// of the entry's compact form, read back against the row's own `amount`. A three-budget
+/// charge's takes about a third of its JSON.
+pub(crate) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
+    let mut out = String::with_capacity(8 + 24 * policies.len());
+    out.push_str(POLICIES_VERSION);
+    out.push(US);
+    write_policies(&mut out, policies, amount);
+    out
+}
+
+/// Reads what [`encode_policies`] wrote.
+pub(crate) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
+    let rest = text
+        .strip_prefix(POLICIES_VERSION)
+        .and_then(|rest| rest.strip_prefix(US))
+        .ok_or_else(|| {
+            CodecError::new(
+                WHAT,
+                format!("not a version {POLICIES_VERSION} policies column"),
+            )
+        })?;
+    entry::decode_policies(rest, amount)
+}
+
+/// Reads what [`encode_detail`] wrote for the entry whose scalar fields are `parts`.
+fn decode_compact_detail(
+    text: &str,
+    parts: &EntryParts<'_>,
+    policies: &[PolicyAmount],
+) -> Result<Detail, CodecError> {
+    let fields: Vec<&str> = text
+        .strip_prefix(DETAIL_VERSION)
+        .and_then(|rest| rest.strip_prefix(US))
+        .ok_or_else(|| CodecError::new(WHAT, "not a compact detail"))?
+        .splitn(4, US)
+        .collect();
+    let suffix = format!("{}|{}", parts.action, parts.subject);
+    let counters = decode_counters(fields[0], policies, &suffix, parts.at.timestamp_millis())?;
+    let (hold_expires_at, kept_answer) = decode_expiry_and_kept(&fields[1..])?;
+    Ok(Detail {
+        counters,
+        hold_expires_at,
+        kept_answer,
+    })
 }
 
 /// Reads the `detail` column [`encode_detail`] wrote for the row whose other columns are
@@ -47,21 +108,8 @@ pub(crate) fn decode_detail(
 ) -> Result<Detail, CodecError> {
     match text {
         None => Ok(Detail::default()),
-        Some(text) => entry::decode_detail(text, parts, policies),
+        Some(text) => decode_compact_detail(text, parts, policies),
     }
-}
-
-/// An entry's per-policy amounts, for the SQL ledger's `policies` column, in compact form
-/// (see the module `entry`), the amounts relative to the entry's `amount`: the drain writes
-/// one per entry, and as JSON a three-budget charge's took three times the bytes.
-pub(crate) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
-    entry::encode_policies(policies, amount)
-}
-
-/// Reads the `policies` column [`encode_policies`] wrote for the row whose amount is
-/// `amount`.
-pub(crate) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
-    entry::decode_column_policies(text, amount)
 }
 
 /// The scalar fields of an entry as text, as a stream entry or an SQL row holds them.
