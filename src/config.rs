@@ -360,7 +360,10 @@ impl Settings {
 
     /// Checks the configuration as given and builds the settings; the error names the
     /// variable and what it must be.
-    #[expect(clippy::too_many_lines, reason = "one check per variable, in the order of `ConfigArgs`; clap's typed value parsers are to take them over")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one check per variable, in the order of `ConfigArgs`; clap's typed value parsers are to take them over"
+    )]
     pub fn from_args(args: ConfigArgs) -> anyhow::Result<Self> {
         let listen = or_default(args.listen, DEFAULT_LISTEN)
             .parse()

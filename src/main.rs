@@ -121,44 +121,55 @@ enum CountersCommand {
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Command::Openapi) = cli.command {
+    let command = cli.command.unwrap_or(Command::Serve);
+    if let Command::Openapi = command {
         print!("{}", quota_ledger::api::openapi::spec_json());
         return Ok(());
     }
     let settings = Settings::from_args(cli.config).context("reading the configuration")?;
-    if let Some(Command::Policies { url, command }) = cli.command {
-        let token = settings
-            .admin_token
-            .as_ref()
-            .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
-        let remote = Remote::new(&url, token.expose())?;
-        let exit = policies_command(&remote, command).await?;
-        std::process::exit(exit as i32);
+    match command {
+        Command::Openapi => Ok(()),
+        Command::Policies { url, command } => {
+            let token = settings
+                .admin_token
+                .as_ref()
+                .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
+            let remote = Remote::new(&url, token.expose())?;
+            let exit = policies_command(&remote, command).await?;
+            std::process::exit(exit as i32);
+        }
+        Command::Counters(CountersCommand::Verify { action, url }) => {
+            let verdict = match settings.admin_token.as_ref() {
+                Some(token) => {
+                    let remote = Remote::new(&url, token.expose())?;
+                    counters::verify(&remote, action.as_deref()).await
+                }
+                None => {
+                    eprintln!(
+                        "cannot tell: QUOTA_ADMIN_TOKEN must be set to the service's admin token"
+                    );
+                    counters::Verdict::CannotTell
+                }
+            };
+            std::process::exit(verdict as i32);
+        }
+        Command::Migrate => {
+            let _telemetry = quota_ledger::telemetry::init(settings.log_json)?;
+            quota_ledger::db::migrate_url(&settings.database_url).await?;
+            tracing::info!("migrations applied");
+            Ok(())
+        }
+        Command::Counters(CountersCommand::Rebuild { action }) => {
+            let _telemetry = quota_ledger::telemetry::init(settings.log_json)?;
+            rebuild_counters(settings, action).await
+        }
+        Command::Serve => serve(settings).await,
     }
-    if let Some(Command::Counters(CountersCommand::Verify { action, url })) = &cli.command {
-        let verdict = match settings.admin_token.as_ref() {
-            Some(token) => {
-                let remote = Remote::new(url, token.expose())?;
-                counters::verify(&remote, action.as_deref()).await
-            }
-            None => {
-                eprintln!(
-                    "cannot tell: QUOTA_ADMIN_TOKEN must be set to the service's admin token"
-                );
-                counters::Verdict::CannotTell
-            }
-        };
-        std::process::exit(verdict as i32);
-    }
+}
+
+/// Serves the API until SIGTERM or SIGINT.
+async fn serve(settings: Settings) -> anyhow::Result<()> {
     let telemetry = quota_ledger::telemetry::init(settings.log_json)?;
-    if let Some(Command::Migrate) = cli.command {
-        quota_ledger::db::migrate_url(&settings.database_url).await?;
-        tracing::info!("migrations applied");
-        return Ok(());
-    }
-    if let Some(Command::Counters(CountersCommand::Rebuild { action })) = cli.command {
-        return rebuild_counters(settings, action).await;
-    }
     let app = Application::build(settings).await?;
     let base = format!("http://127.0.0.1:{}", app.port());
     if app.admin_token_generated() {

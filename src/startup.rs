@@ -241,7 +241,10 @@ impl Application {
     }
 
     /// Builds the service with an explicit time source (tests use a fake clock).
-    #[expect(clippy::too_many_lines, reason = "the wiring: one step per component, in the order they start")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the wiring: one step per component, in the order they start"
+    )]
     pub async fn build_with_clock(
         settings: Settings,
         clock: Arc<dyn Clock>,

@@ -126,7 +126,10 @@ impl Engine {
         self.charge(request, Some(ttl_seconds)).await
     }
 
-    #[expect(clippy::too_many_lines, reason = "the consume sequence, which `together` repeats; the two are to become one path")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the consume sequence, which `together` repeats; the two are to become one path"
+    )]
     async fn charge(
         &self,
         request: &ConsumeRequest,

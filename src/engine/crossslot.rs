@@ -87,7 +87,10 @@ impl Engine {
 
     /// Decides `plan` across slots: the answer the one-call path would give, or the error
     /// that stopped it (after abandoning what it had done).
-    #[expect(clippy::too_many_lines, reason = "the protocol's steps in the order the module doc lists them: open, reserve each slot, finalize")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the protocol's steps in the order the module doc lists them: open, reserve each slot, finalize"
+    )]
     pub(super) async fn decide_across(
         &self,
         plan: &Plan,

@@ -45,7 +45,10 @@ impl Engine {
     }
 
     /// The plan of `request` at `now` (several requests decided together share one).
-    #[expect(clippy::too_many_lines, reason = "one pass over the matching policies fills the plan's vectors in step; to become one list of planned charges")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one pass over the matching policies fills the plan's vectors in step; to become one list of planned charges"
+    )]
     pub(super) fn plan_at(
         &self,
         request: &ConsumeRequest,

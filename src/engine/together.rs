@@ -19,7 +19,10 @@ impl Engine {
     /// Charges every one of `requests` (one action) to the policies that apply to it, all
     /// or none; one decision per request, in order. Each decision's `allowed` is the
     /// whole's; its policies say which of them denied. Without requests, none.
-    #[expect(clippy::too_many_lines, reason = "the consume sequence of `consume::charge`, for several requests; the two are to become one path")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the consume sequence of `consume::charge`, for several requests; the two are to become one path"
+    )]
     pub(crate) async fn consume_together(
         &self,
         requests: &[ConsumeRequest],

@@ -13,7 +13,10 @@ use prometheus_client::registry::Registry;
 /// Redis) is left out rather than reported as 0.
 ///
 /// Help texts have no final period: the registry adds one.
-#[expect(clippy::too_many_lines, reason = "one gauge after another, each registered where its value is read")]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one gauge after another, each registered where its value is read"
+)]
 pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
     let mut registry = Registry::default();
     let (policies, overrides) = cache.sizes();

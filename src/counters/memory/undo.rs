@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::counting::{self, Entry};
-use super::REFUNDED_TTL_MS;
+use super::giveback::REFUNDED_TTL_MS;
 use crate::engine::store::{GiveBackKind, Undo};
 
 /// What an idempotency record kept as in flight starts with, until confirmed: no record

@@ -73,7 +73,10 @@ fn push_hold_args(call: &mut Cmd, effects: &Effects) {
 
 /// The EVALSHA call for one decision. `Cmd` writes every argument into one buffer, sized up
 /// front: two allocations per decision (a `ScriptInvocation` would make one per argument).
-#[expect(clippy::too_many_lines, reason = "the script's arguments in the order its header documents them, into one buffer")]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the script's arguments in the order its header documents them, into one buffer"
+)]
 pub(super) fn consume_cmd(
     script: &Script,
     now_ms: i64,
@@ -240,7 +243,10 @@ pub(super) fn parse_finalized(reply: Value, intent_key: &str) -> Result<Finalize
 }
 
 /// The EVALSHA call of the give-back script.
-#[expect(clippy::too_many_lines, reason = "the script's arguments in the order its header documents them, into one buffer")]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the script's arguments in the order its header documents them, into one buffer"
+)]
 pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epochs: bool) -> Cmd {
     let mut call = Cmd::with_capacity(24 + 7 * request.counters.len(), 1024);
     let extra_keys = usize::from(request.hold_index.is_some())
