@@ -1,13 +1,15 @@
 //! Typed settings, read once from the environment (names as in the product contract) or
 //! from the flags that mirror it.
 //!
-//! clap reads them ([`ConfigArgs`]), so `quota-ledger --help` lists every variable with its
-//! default; [`Settings::from_args`] then checks them and builds [`Settings`]. clap only
-//! collects text: a bad value is reported by `from_args` (naming the variable), and never
-//! stops a command that does not use the configuration, such as `openapi`.
+//! clap reads them ([`ConfigArgs`]) with a typed value parser each, so `quota-ledger --help`
+//! lists every variable with its default and a bad value is refused at once, naming the
+//! variable (for any command: the flags are global); [`Settings::from_args`] then checks
+//! what spans several variables and builds [`Settings`].
 
-use anyhow::{bail, Context};
-use clap::Args;
+use anyhow::bail;
+#[cfg(test)]
+use anyhow::Context;
+use clap::{ArgAction, Args};
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -169,8 +171,10 @@ const DEFAULT_LEDGER_PACE_MS: &str = "500";
 /// rarely enough to cost nothing noticeable.
 const DEFAULT_VERIFY_INTERVAL_S: &str = "3600";
 
-/// The configuration as given, one text per variable (or flag), defaults filled in; an
-/// empty or blank value counts as unset. [`Settings::from_args`] checks it.
+/// The configuration as given: each variable (or flag) parsed by its own value parser,
+/// defaults filled in; an empty or blank value counts as unset. A bad value stops the
+/// command with clap's error, which names the flag and says what the variable must be.
+/// [`Settings::from_args`] then checks what spans several variables.
 ///
 /// Its arguments are global: they may follow any subcommand (`quota-ledger serve --help`
 /// lists them too). Values that may hold a secret (tokens, and URLs with a password) are
@@ -180,43 +184,45 @@ const DEFAULT_VERIFY_INTERVAL_S: &str = "3600";
 pub struct ConfigArgs {
     /// Address to serve on; port 0 picks a free one.
     #[arg(long, env = "QUOTA_LISTEN", value_name = "ADDR", default_value = DEFAULT_LISTEN,
+        value_parser = parsed::<SocketAddr>(DEFAULT_LISTEN, "QUOTA_LISTEN", "an address such as 127.0.0.1:8080"),
         global = true)]
-    listen: String,
+    listen: SocketAddr,
     /// Policies and ledger: postgres://… in production, sqlite://FILE embedded.
     #[arg(long, env = "DATABASE_URL", value_name = "URL", default_value = DEFAULT_DATABASE_URL,
-        hide_env_values = true, global = true)]
+        value_parser = text(DEFAULT_DATABASE_URL), hide_env_values = true, global = true)]
     database_url: String,
     /// Counter store: redis://…, or with --redis-cluster a comma-separated list of the
     /// cluster's nodes. Unset: in-process counters.
-    #[arg(
-        long,
-        env = "REDIS_URL",
-        value_name = "URLS",
-        hide_env_values = true,
-        global = true
-    )]
-    redis_url: Option<String>,
+    #[arg(long, env = "REDIS_URL", value_name = "URLS", value_parser = list,
+        hide_env_values = true, global = true)]
+    redis_url: Option<Urls>,
     /// Address of Envoy's rate limit service (gRPC ShouldRateLimit, and the gRPC health
     /// service); port 0 picks a free one. Unset: no gRPC.
-    #[arg(long, env = "QUOTA_GRPC_LISTEN", value_name = "ADDR", global = true)]
-    grpc_listen: Option<String>,
+    #[arg(long, env = "QUOTA_GRPC_LISTEN", value_name = "ADDR", value_parser = grpc_address,
+        global = true)]
+    grpc_listen: Option<Listen>,
     /// true when REDIS_URL lists Redis Cluster nodes (true, false, 1 or 0).
-    #[arg(long, env = "REDIS_CLUSTER", value_name = "BOOL",
-        default_value = DEFAULT_REDIS_CLUSTER, global = true)]
-    redis_cluster: String,
+    #[arg(long, env = "REDIS_CLUSTER", value_name = "BOOL", default_value = DEFAULT_REDIS_CLUSTER,
+        value_parser = switch(DEFAULT_REDIS_CLUSTER, "REDIS_CLUSTER"), action = ArgAction::Set,
+        global = true)]
+    redis_cluster: bool,
     /// Serve on a Redis whose maxmemory-policy may evict keys (counters, idempotency
     /// records, holds, undrained ledger entries), accepting that risk; refused by default.
     #[arg(long, env = "QUOTA_REDIS_ALLOW_EVICTION", value_name = "BOOL",
-        default_value = DEFAULT_REDIS_ALLOW_EVICTION, global = true)]
-    redis_allow_eviction: String,
+        default_value = DEFAULT_REDIS_ALLOW_EVICTION,
+        value_parser = switch(DEFAULT_REDIS_ALLOW_EVICTION, "QUOTA_REDIS_ALLOW_EVICTION"),
+        action = ArgAction::Set, global = true)]
+    redis_allow_eviction: bool,
     /// Prefix of every Redis key, so several deployments can share one Redis; no { or }.
     #[arg(long, env = "QUOTA_REDIS_PREFIX", value_name = "PREFIX",
-        default_value = DEFAULT_REDIS_PREFIX, global = true)]
+        default_value = DEFAULT_REDIS_PREFIX, value_parser = prefix, global = true)]
     redis_prefix: String,
     /// Deadline of one Redis call, connection included, in milliseconds.
     #[arg(long, env = "QUOTA_REDIS_TIMEOUT_MS", value_name = "MS",
-        default_value = DEFAULT_REDIS_TIMEOUT_MS, global = true)]
-    redis_timeout_ms: String,
+        default_value = DEFAULT_REDIS_TIMEOUT_MS,
+        value_parser = whole::<u64>(DEFAULT_REDIS_TIMEOUT_MS, "QUOTA_REDIS_TIMEOUT_MS", "milliseconds", 0),
+        global = true)]
+    redis_timeout_ms: u64,
     /// Bearer token for /admin/* (prefer the variable: flags show in the process list).
     /// Unset: a random token is generated and printed at start.
     #[arg(long, env = "QUOTA_ADMIN_TOKEN", value_name = "TOKEN", value_parser = secret,
@@ -230,59 +236,84 @@ pub struct ConfigArgs {
     /// When Redis is unreachable: deny answers 503 (fail closed), allow answers allowed
     /// with "degraded": true (fail open).
     #[arg(long, env = "QUOTA_ON_STORE_ERROR", value_name = "deny|allow",
-        default_value = DEFAULT_ON_STORE_ERROR, global = true)]
-    on_store_error: String,
+        default_value = DEFAULT_ON_STORE_ERROR, value_parser = on_store_error, global = true)]
+    on_store_error: OnStoreError,
     /// json for one JSON object per log line; anything else is human-readable text.
     #[arg(long, env = "QUOTA_LOG_FORMAT", value_name = "FORMAT",
         default_value = DEFAULT_LOG_FORMAT, global = true)]
     log_format: String,
     /// Days ledger entries are kept (at least 1).
     #[arg(long, env = "QUOTA_LEDGER_RETENTION_DAYS", value_name = "DAYS",
-        default_value = DEFAULT_LEDGER_RETENTION_DAYS, global = true)]
-    ledger_retention_days: String,
+        default_value = DEFAULT_LEDGER_RETENTION_DAYS,
+        value_parser = whole::<u32>(DEFAULT_LEDGER_RETENTION_DAYS, "QUOTA_LEDGER_RETENTION_DAYS", "days", 1),
+        global = true)]
+    ledger_retention_days: u32,
     /// How long a drained but unacknowledged ledger entry waits before another instance
     /// claims it, in milliseconds.
     #[arg(long, env = "QUOTA_LEDGER_CLAIM_IDLE_MS", value_name = "MS",
-        default_value = DEFAULT_LEDGER_CLAIM_IDLE_MS, global = true)]
-    ledger_claim_idle_ms: String,
+        default_value = DEFAULT_LEDGER_CLAIM_IDLE_MS,
+        value_parser = whole::<u64>(DEFAULT_LEDGER_CLAIM_IDLE_MS, "QUOTA_LEDGER_CLAIM_IDLE_MS", "milliseconds", 0),
+        global = true)]
+    ledger_claim_idle_ms: u64,
     /// How often each instance checks whether the policies changed, in milliseconds.
     #[arg(long, env = "QUOTA_POLICY_POLL_MS", value_name = "MS",
-        default_value = DEFAULT_POLICY_POLL_MS, global = true)]
-    policy_poll_ms: String,
+        default_value = DEFAULT_POLICY_POLL_MS,
+        value_parser = whole::<u64>(DEFAULT_POLICY_POLL_MS, "QUOTA_POLICY_POLL_MS", "milliseconds", 0),
+        global = true)]
+    policy_poll_ms: u64,
     /// The most /quota/* requests served at once, so that the admitted ones keep their
     /// latency; the excess waits for a slot (newest first) or is answered 503 overloaded.
     #[arg(long, env = "QUOTA_MAX_IN_FLIGHT", value_name = "N",
-        default_value = DEFAULT_MAX_IN_FLIGHT, global = true)]
-    max_in_flight: String,
+        default_value = DEFAULT_MAX_IN_FLIGHT,
+        value_parser = whole::<usize>(DEFAULT_MAX_IN_FLIGHT, "QUOTA_MAX_IN_FLIGHT", "requests", 1),
+        global = true)]
+    max_in_flight: usize,
     /// The most /quota/* requests waiting for a slot; past it the oldest waiter is answered
     /// 503 overloaded (0: the excess is answered at once).
-    #[arg(long, env = "QUOTA_MAX_QUEUED", value_name = "N",
-        default_value = DEFAULT_MAX_QUEUED, global = true)]
-    max_queued: String,
+    #[arg(long, env = "QUOTA_MAX_QUEUED", value_name = "N", default_value = DEFAULT_MAX_QUEUED,
+        value_parser = whole::<usize>(DEFAULT_MAX_QUEUED, "QUOTA_MAX_QUEUED", "requests", 0),
+        global = true)]
+    max_queued: usize,
     /// The longest a /quota/* request waits for a slot before it is answered 503
     /// overloaded, in milliseconds.
     #[arg(long, env = "QUOTA_QUEUE_WAIT_MS", value_name = "MS",
-        default_value = DEFAULT_QUEUE_WAIT_MS, global = true)]
-    queue_wait_ms: String,
+        default_value = DEFAULT_QUEUE_WAIT_MS,
+        value_parser = whole::<u64>(DEFAULT_QUEUE_WAIT_MS, "QUOTA_QUEUE_WAIT_MS", "milliseconds", 0),
+        global = true)]
+    queue_wait_ms: u64,
     /// The most ledger entries waiting in the Redis streams (all shards) for SQL, e.g.
     /// while Postgres is down; past it consumes are answered 503 ledger-backlog-full (about
     /// 200 bytes of Redis memory each: the default takes about 200 MB).
     #[arg(long, env = "QUOTA_LEDGER_BACKLOG_MAX", value_name = "N",
-        default_value = DEFAULT_LEDGER_BACKLOG_MAX, global = true)]
-    ledger_backlog_max: String,
+        default_value = DEFAULT_LEDGER_BACKLOG_MAX,
+        value_parser = whole::<u64>(DEFAULT_LEDGER_BACKLOG_MAX, "QUOTA_LEDGER_BACKLOG_MAX", "entries", 1),
+        global = true)]
+    ledger_backlog_max: u64,
     /// While the ledger drain's latest commit carried an entry older than this many
     /// milliseconds, /quota/* requests wait 1 ms before they are served, so that the drain
     /// keeps up under a sustained full load (0: never).
     #[arg(long, env = "QUOTA_LEDGER_PACE_MS", value_name = "MS",
-        default_value = DEFAULT_LEDGER_PACE_MS, global = true)]
-    ledger_pace_ms: String,
+        default_value = DEFAULT_LEDGER_PACE_MS,
+        value_parser = whole::<u64>(DEFAULT_LEDGER_PACE_MS, "QUOTA_LEDGER_PACE_MS", "milliseconds", 0),
+        global = true)]
+    ledger_pace_ms: u64,
     /// How often, in seconds, the service compares every live budget with the usage its
     /// ledger gives it, exporting quota_counter_drift_budgets and logging each drifting
     /// budget once (0: never).
     #[arg(long, env = "QUOTA_VERIFY_INTERVAL_S", value_name = "SECONDS",
-        default_value = DEFAULT_VERIFY_INTERVAL_S, global = true)]
-    verify_interval_s: String,
+        default_value = DEFAULT_VERIFY_INTERVAL_S,
+        value_parser = whole::<u64>(DEFAULT_VERIFY_INTERVAL_S, "QUOTA_VERIFY_INTERVAL_S", "seconds", 0),
+        global = true)]
+    verify_interval_s: u64,
 }
+
+/// A comma-separated list of URLs, blank items dropped.
+#[derive(Debug, Clone)]
+struct Urls(Vec<String>);
+
+/// A gRPC address, or none (a blank value).
+#[derive(Debug, Clone, Copy)]
+struct Listen(Option<SocketAddr>);
 
 /// clap's parser for secret values: any text, kept out of `Debug` output from the start.
 fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
@@ -290,29 +321,109 @@ fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
 }
 
 /// `value`, or `default` when it is empty or blank (a variable set to nothing is unset).
-fn or_default(value: String, default: &str) -> String {
+fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
     if value.trim().is_empty() {
-        default.to_owned()
+        default
     } else {
         value
+    }
+}
+
+/// A parser of `T` that reads a blank value as `default`; its error says what `variable`
+/// must be (`expected`).
+fn parsed<T: std::str::FromStr>(
+    default: &'static str,
+    variable: &'static str,
+    expected: &'static str,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static {
+    move |value| {
+        or_default(value, default)
+            .parse()
+            .map_err(|_| format!("{variable} must be {expected}, not '{value}'"))
+    }
+}
+
+/// A parser of a whole number of `unit`s, at least `min`, that reads a blank value as
+/// `default`.
+fn whole<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Send + Sync + 'static>(
+    default: &'static str,
+    variable: &'static str,
+    unit: &'static str,
+    min: T,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static {
+    move |value| {
+        let number: T = or_default(value, default)
+            .parse()
+            .map_err(|_| format!("{variable} must be a whole number of {unit}, not '{value}'"))?;
+        match number >= min {
+            true => Ok(number),
+            false => Err(format!("{variable} must be at least {min}")),
+        }
+    }
+}
+
+/// A parser of true, false, 1 or 0 that reads a blank value as `default`.
+fn switch(
+    default: &'static str,
+    variable: &'static str,
+) -> impl Fn(&str) -> Result<bool, String> + Clone + Send + Sync + 'static {
+    move |value| match or_default(value, default) {
+        "false" | "0" => Ok(false),
+        "true" | "1" => Ok(true),
+        other => Err(format!("{variable} must be true or false, not '{other}'")),
+    }
+}
+
+/// A parser of text that reads a blank value as `default`.
+fn text(
+    default: &'static str,
+) -> impl Fn(&str) -> Result<String, String> + Clone + Send + Sync + 'static {
+    move |value| Ok(or_default(value, default).to_owned())
+}
+
+/// A comma-separated list; blank items are dropped.
+fn list(value: &str) -> Result<Urls, std::convert::Infallible> {
+    Ok(Urls(split_list(value)))
+}
+
+/// A key prefix: no braces. Redis Cluster hashes the first `{...}` of a key: braces in
+/// the prefix would make it the hash tag of every key, putting all subjects on one slot.
+fn prefix(value: &str) -> Result<String, String> {
+    let prefix = or_default(value, DEFAULT_REDIS_PREFIX);
+    match prefix.contains(['{', '}']) {
+        true => Err(
+            "QUOTA_REDIS_PREFIX must not contain '{' or '}': keys carry their own hash tag"
+                .to_owned(),
+        ),
+        false => Ok(prefix.to_owned()),
+    }
+}
+
+/// The gRPC address, or none when blank.
+fn grpc_address(value: &str) -> Result<Listen, String> {
+    match value.trim() {
+        "" => Ok(Listen(None)),
+        address => address.parse().map(|a| Listen(Some(a))).map_err(|_| {
+            "QUOTA_GRPC_LISTEN must be an address such as 127.0.0.1:8081 (or unset: no gRPC)"
+                .to_owned()
+        }),
+    }
+}
+
+/// deny or allow, a blank value read as deny.
+fn on_store_error(value: &str) -> Result<OnStoreError, String> {
+    match or_default(value, DEFAULT_ON_STORE_ERROR) {
+        "deny" => Ok(OnStoreError::Deny),
+        "allow" => Ok(OnStoreError::Allow),
+        other => Err(format!(
+            "QUOTA_ON_STORE_ERROR must be deny or allow, not '{other}'"
+        )),
     }
 }
 
 /// `value` unless it is empty or blank.
 fn non_blank(value: Option<Secret>) -> Option<Secret> {
     value.filter(|v| !v.expose().trim().is_empty())
-}
-
-/// Parses a whole number, or fails with `message`.
-fn number<T: std::str::FromStr>(
-    value: String,
-    default: &str,
-    message: &'static str,
-) -> anyhow::Result<T>
-where
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    or_default(value, default).parse().context(message)
 }
 
 impl ConfigArgs {
@@ -358,119 +469,22 @@ impl Settings {
         Self::from_args(ConfigArgs::from_flags(argv)?)
     }
 
-    /// Checks the configuration as given and builds the settings; the error names the
-    /// variable and what it must be.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one check per variable, in the order of `ConfigArgs`; clap's typed value parsers are to take them over"
-    )]
+    /// Builds the settings from the configuration as given, checking what spans several
+    /// variables; the error names the variable and what it must be.
     pub fn from_args(args: ConfigArgs) -> anyhow::Result<Self> {
-        let listen = or_default(args.listen, DEFAULT_LISTEN)
-            .parse()
-            .context("QUOTA_LISTEN must be an address such as 127.0.0.1:8080")?;
-        let grpc_listen = match args.grpc_listen.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(address) => Some(address.parse().context(
-                "QUOTA_GRPC_LISTEN must be an address such as 127.0.0.1:8081 (or unset: no gRPC)",
-            )?),
-        };
-        let redis_urls: Vec<String> = args.redis_url.map(|v| split_list(&v)).unwrap_or_default();
-        let redis_cluster = match or_default(args.redis_cluster, DEFAULT_REDIS_CLUSTER).as_str() {
-            "false" | "0" => false,
-            "true" | "1" => true,
-            other => bail!("REDIS_CLUSTER must be true or false, not '{other}'"),
-        };
-        let redis_allow_eviction =
-            match or_default(args.redis_allow_eviction, DEFAULT_REDIS_ALLOW_EVICTION).as_str() {
-                "false" | "0" => false,
-                "true" | "1" => true,
-                other => bail!("QUOTA_REDIS_ALLOW_EVICTION must be true or false, not '{other}'"),
-            };
-        if redis_cluster && redis_urls.is_empty() {
+        let redis_urls = args.redis_url.map(|urls| urls.0).unwrap_or_default();
+        if args.redis_cluster && redis_urls.is_empty() {
             bail!("REDIS_CLUSTER=true needs REDIS_URL to list the cluster's nodes");
         }
-        let on_store_error = match or_default(args.on_store_error, DEFAULT_ON_STORE_ERROR).as_str()
-        {
-            "deny" => OnStoreError::Deny,
-            "allow" => OnStoreError::Allow,
-            other => bail!("QUOTA_ON_STORE_ERROR must be deny or allow, not '{other}'"),
-        };
-        let redis_prefix = or_default(args.redis_prefix, DEFAULT_REDIS_PREFIX);
-        if redis_prefix.contains(['{', '}']) {
-            // Redis Cluster hashes the first `{...}` of a key: braces in the prefix would make
-            // it the hash tag of every key, putting all subjects on one slot (one node).
-            bail!(
-                "QUOTA_REDIS_PREFIX must not contain '{{' or '}}': keys carry their own hash tag"
-            );
-        }
-        let redis_timeout_ms: u64 = number(
-            args.redis_timeout_ms,
-            DEFAULT_REDIS_TIMEOUT_MS,
-            "QUOTA_REDIS_TIMEOUT_MS must be a whole number of milliseconds",
-        )?;
-        let ledger_retention_days: u32 = number(
-            args.ledger_retention_days,
-            DEFAULT_LEDGER_RETENTION_DAYS,
-            "QUOTA_LEDGER_RETENTION_DAYS must be a whole number of days",
-        )?;
-        let ledger_claim_idle_ms: u64 = number(
-            args.ledger_claim_idle_ms,
-            DEFAULT_LEDGER_CLAIM_IDLE_MS,
-            "QUOTA_LEDGER_CLAIM_IDLE_MS must be a whole number of milliseconds",
-        )?;
-        if ledger_retention_days == 0 {
-            bail!("QUOTA_LEDGER_RETENTION_DAYS must be at least 1");
-        }
-        let policy_poll_ms: u64 = number(
-            args.policy_poll_ms,
-            DEFAULT_POLICY_POLL_MS,
-            "QUOTA_POLICY_POLL_MS must be a whole number of milliseconds",
-        )?;
-        let max_in_flight: usize = number(
-            args.max_in_flight,
-            DEFAULT_MAX_IN_FLIGHT,
-            "QUOTA_MAX_IN_FLIGHT must be a whole number of requests",
-        )?;
-        if max_in_flight == 0 {
-            bail!("QUOTA_MAX_IN_FLIGHT must be at least 1");
-        }
-        let max_queued: usize = number(
-            args.max_queued,
-            DEFAULT_MAX_QUEUED,
-            "QUOTA_MAX_QUEUED must be a whole number of requests",
-        )?;
-        let queue_wait_ms: u64 = number(
-            args.queue_wait_ms,
-            DEFAULT_QUEUE_WAIT_MS,
-            "QUOTA_QUEUE_WAIT_MS must be a whole number of milliseconds",
-        )?;
-        let ledger_backlog_max: u64 = number(
-            args.ledger_backlog_max,
-            DEFAULT_LEDGER_BACKLOG_MAX,
-            "QUOTA_LEDGER_BACKLOG_MAX must be a whole number of entries",
-        )?;
-        if ledger_backlog_max == 0 {
-            bail!("QUOTA_LEDGER_BACKLOG_MAX must be at least 1");
-        }
-        let ledger_pace_ms: u64 = number(
-            args.ledger_pace_ms,
-            DEFAULT_LEDGER_PACE_MS,
-            "QUOTA_LEDGER_PACE_MS must be a whole number of milliseconds",
-        )?;
-        let verify_interval_s: u64 = number(
-            args.verify_interval_s,
-            DEFAULT_VERIFY_INTERVAL_S,
-            "QUOTA_VERIFY_INTERVAL_S must be a whole number of seconds",
-        )?;
         Ok(Self {
-            listen,
-            grpc_listen,
-            database_url: or_default(args.database_url, DEFAULT_DATABASE_URL),
+            listen: args.listen,
+            grpc_listen: args.grpc_listen.and_then(|listen| listen.0),
+            database_url: args.database_url,
             redis_urls,
-            redis_cluster,
-            redis_allow_eviction,
-            redis_prefix,
-            redis_timeout: Duration::from_millis(redis_timeout_ms.max(1)),
+            redis_cluster: args.redis_cluster,
+            redis_allow_eviction: args.redis_allow_eviction,
+            redis_prefix: args.redis_prefix,
+            redis_timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
             admin_token: non_blank(args.admin_token),
             client_tokens: non_blank(args.client_tokens)
                 .map(|v| {
@@ -480,18 +494,18 @@ impl Settings {
                         .collect()
                 })
                 .unwrap_or_default(),
-            on_store_error,
+            on_store_error: args.on_store_error,
             log_json: args.log_format == "json",
-            ledger_retention_days,
-            ledger_claim_idle: Duration::from_millis(ledger_claim_idle_ms.max(1)),
-            policy_poll: Duration::from_millis(policy_poll_ms.max(1)),
-            max_in_flight,
-            max_queued,
-            queue_wait: Duration::from_millis(queue_wait_ms),
-            ledger_backlog_max,
-            ledger_pace: Duration::from_millis(ledger_pace_ms),
-            verify_interval: (verify_interval_s > 0)
-                .then(|| Duration::from_secs(verify_interval_s)),
+            ledger_retention_days: args.ledger_retention_days,
+            ledger_claim_idle: Duration::from_millis(args.ledger_claim_idle_ms.max(1)),
+            policy_poll: Duration::from_millis(args.policy_poll_ms.max(1)),
+            max_in_flight: args.max_in_flight,
+            max_queued: args.max_queued,
+            queue_wait: Duration::from_millis(args.queue_wait_ms),
+            ledger_backlog_max: args.ledger_backlog_max,
+            ledger_pace: Duration::from_millis(args.ledger_pace_ms),
+            verify_interval: (args.verify_interval_s > 0)
+                .then(|| Duration::from_secs(args.verify_interval_s)),
         })
     }
 }
@@ -506,164 +520,4 @@ fn split_list(value: &str) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    fn settings(pairs: &[(&str, &str)]) -> anyhow::Result<Settings> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Settings::from_lookup(|name| map.get(name).cloned())
-    }
-
-    #[test]
-    fn defaults_are_the_embedded_store_on_localhost() {
-        let s = settings(&[]).expect("defaults are valid");
-        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(s.database_url, "sqlite://quota-ledger.db");
-        assert!(s.redis_urls.is_empty());
-        assert_eq!(s.on_store_error, OnStoreError::Deny);
-        assert!(s.admin_token.is_none());
-    }
-
-    #[test]
-    fn the_policy_poll_interval_defaults_to_half_a_second_and_must_be_milliseconds() {
-        let cases = [
-            (None, Some(500)),
-            (Some("250"), Some(250)),
-            (Some("0"), Some(1)),
-            (Some("1s"), None),
-            (Some("-5"), None),
-        ];
-        for (value, expected) in cases {
-            let pairs: Vec<(&str, &str)> = value
-                .map(|v| ("QUOTA_POLICY_POLL_MS", v))
-                .into_iter()
-                .collect();
-            let parsed = settings(&pairs)
-                .ok()
-                .map(|s| s.policy_poll.as_millis() as u64);
-            assert_eq!(parsed, expected, "QUOTA_POLICY_POLL_MS={value:?}");
-        }
-    }
-
-    #[test]
-    fn lists_and_switches_are_parsed_and_bad_values_rejected() {
-        let s = settings(&[
-            ("REDIS_URL", "redis://a:1, redis://b:2"),
-            ("REDIS_CLUSTER", "true"),
-            ("QUOTA_CLIENT_TOKENS", "t1,t2"),
-            ("QUOTA_ON_STORE_ERROR", "allow"),
-        ])
-        .expect("valid");
-        assert_eq!(s.redis_urls, vec!["redis://a:1", "redis://b:2"]);
-        assert!(s.redis_cluster);
-        assert_eq!(s.client_tokens.len(), 2);
-        assert_eq!(s.on_store_error, OnStoreError::Allow);
-        assert!(settings(&[("QUOTA_ON_STORE_ERROR", "maybe")]).is_err());
-        assert!(settings(&[("REDIS_CLUSTER", "true")]).is_err());
-        assert!(settings(&[("QUOTA_LISTEN", "nowhere")]).is_err());
-        assert!(settings(&[("QUOTA_REDIS_PREFIX", "ql{prod}")]).is_err());
-    }
-
-    #[test]
-    fn ledger_retention_is_400_days_unless_set_to_a_positive_whole_number() {
-        assert_eq!(settings(&[]).expect("valid").ledger_retention_days, 400);
-        let s = settings(&[("QUOTA_LEDGER_RETENTION_DAYS", "30")]).expect("valid");
-        assert_eq!(s.ledger_retention_days, 30);
-        for bad in ["0", "-1", "1.5", "a year"] {
-            assert!(
-                settings(&[("QUOTA_LEDGER_RETENTION_DAYS", bad)]).is_err(),
-                "{bad} is refused"
-            );
-        }
-    }
-
-    #[test]
-    fn secrets_do_not_show_in_debug_output() {
-        let s = settings(&[("QUOTA_ADMIN_TOKEN", "hunter2")]).expect("valid");
-        assert!(!format!("{s:?}").contains("hunter2"));
-    }
-
-    #[test]
-    fn an_empty_or_blank_variable_counts_as_unset() {
-        let s = settings(&[
-            ("QUOTA_LISTEN", ""),
-            ("DATABASE_URL", "  "),
-            ("REDIS_URL", " "),
-            ("REDIS_CLUSTER", ""),
-            ("QUOTA_ADMIN_TOKEN", " \t"),
-            ("QUOTA_CLIENT_TOKENS", ""),
-            ("QUOTA_ON_STORE_ERROR", " "),
-            ("QUOTA_LEDGER_RETENTION_DAYS", ""),
-            ("QUOTA_POLICY_POLL_MS", "  "),
-        ])
-        .expect("blank values are unset, not invalid");
-        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(s.database_url, "sqlite://quota-ledger.db");
-        assert!(s.redis_urls.is_empty() && !s.redis_cluster);
-        assert!(s.admin_token.is_none() && s.client_tokens.is_empty());
-        assert_eq!(s.on_store_error, OnStoreError::Deny);
-        assert_eq!(s.ledger_retention_days, 400);
-        assert_eq!(s.policy_poll, Duration::from_millis(500));
-    }
-
-    #[test]
-    fn a_flag_sets_what_its_variable_sets() {
-        let args = ConfigArgs::from_flags([
-            "--listen",
-            "127.0.0.1:0",
-            "--on-store-error=allow",
-            "--client-tokens=a,b",
-        ])
-        .expect("valid flags");
-        let s = Settings::from_args(args).expect("valid settings");
-        assert_eq!(s.listen.port(), 0);
-        assert_eq!(s.on_store_error, OnStoreError::Allow);
-        assert_eq!(s.client_tokens, vec![Secret::new("a"), Secret::new("b")]);
-    }
-
-    #[test]
-    fn values_that_may_hold_a_secret_are_kept_out_of_help_and_debug_output() {
-        let command = ConfigArgs::command();
-        for name in [
-            "QUOTA_ADMIN_TOKEN",
-            "QUOTA_CLIENT_TOKENS",
-            "DATABASE_URL",
-            "REDIS_URL",
-        ] {
-            let arg = command
-                .get_arguments()
-                .find(|arg| arg.get_env().is_some_and(|env| env == name))
-                .unwrap_or_else(|| panic!("{name} is read"));
-            assert!(
-                arg.is_hide_env_values_set(),
-                "--help hides the value of {name}"
-            );
-        }
-        let args = ConfigArgs::from_flags(["--admin-token=hunter2", "--client-tokens=swordfish"])
-            .expect("valid flags");
-        let shown = format!("{args:?}");
-        assert!(
-            !shown.contains("hunter2") && !shown.contains("swordfish"),
-            "{shown}"
-        );
-    }
-
-    #[test]
-    fn debug_output_masks_the_passwords_of_urls() {
-        for (url, shown) in [
-            (
-                "postgres://quota:s3cret@db:5432/quota",
-                "postgres://quota:***@db:5432/quota",
-            ),
-            ("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
-            ("redis://user@cache:6379", "redis://user@cache:6379"),
-            ("sqlite://quota-ledger.db", "sqlite://quota-ledger.db"),
-        ] {
-            assert_eq!(without_password(url), shown, "{url}");
-        }
-    }
-}
+mod tests;

@@ -40,9 +40,10 @@
 //! open: it charged them, and its entry comes with its finalize) are left out of this
 //! verify.
 
-use super::rebuild::{Replay, Replayer};
+use super::rebuild::Replayer;
 use super::shards::ShardStates;
-use super::snapshot::StateItem;
+use super::state::Replay;
+use super::state::StateItem;
 use super::verify::{Known, Verified, VerifyError};
 use super::{codec, Engine, EngineError};
 use crate::domain::{Action, CounterCharge, LedgerEntry};

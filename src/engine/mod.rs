@@ -24,6 +24,7 @@ pub(crate) mod policies;
 pub(crate) mod rebuild;
 pub mod shards;
 pub(crate) mod snapshot;
+pub(crate) mod state;
 pub mod store;
 pub(crate) mod stream;
 mod together;

@@ -17,12 +17,11 @@
 
 use super::codec::{self, HoldRecord};
 use super::giveback::Settle;
-use super::snapshot::StateItem;
-use super::store::{Algorithm, Charge, CounterStore, GiveBack, StoreError, MAX_UNITS};
+use super::state::{Rebuilt, Replay, ReplayOp};
+use super::store::{Algorithm, Charge, StoreError, MAX_UNITS};
 use super::{Engine, EngineError};
 use crate::domain::{CounterCharge, EntryKind, HoldId, LedgerEntry, Quantity, Restore, Window};
 use crate::keys::{self, SubjectKeys};
-use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
 
@@ -43,72 +42,6 @@ const MIN_HORIZON: Duration = Duration::days(38);
 /// A calendar counter's lifetime when its entry predates the recorded period end: the
 /// longest period (a month), so it is never dropped early.
 const CALENDAR_FALLBACK_MS: i64 = 32 * 86_400_000;
-
-/// One step of history, as a counter store applies it again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReplayOp {
-    /// Puts each charge's cost on its counter at `at_ms`, whatever the limit: the charge
-    /// was allowed when it was made.
-    Charge {
-        /// When it was charged, Unix ms.
-        at_ms: i64,
-        /// The counters, as one decision charged them (one hash tag).
-        charges: Vec<Charge>,
-    },
-    /// Gives back at `at_ms` as a refund, settlement or expiry did.
-    GiveBack {
-        /// When, Unix ms.
-        at_ms: i64,
-        /// The request, as the engine made it then (boxed: it is much larger than the
-        /// other steps).
-        request: Box<GiveBack>,
-    },
-    /// Keeps `text` at `key` until `expires_at_ms`: a hold's record, or a kept answer.
-    Record {
-        /// The key.
-        key: String,
-        /// The text, as the store keeps it.
-        text: String,
-        /// When the store lets it go, Unix ms.
-        expires_at_ms: i64,
-    },
-    /// Indexes an open hold by its expiry, for the sweeper.
-    IndexHold {
-        /// The shard's index of open holds.
-        index_key: String,
-        /// The hold id.
-        hold_id: String,
-        /// When it expires, Unix ms.
-        expires_at_ms: i64,
-    },
-}
-
-/// A counter store that history can be replayed into, and whose state can be dumped and
-/// loaded again (snapshots). Its records are read through [`CounterStore::record`].
-#[async_trait]
-pub(crate) trait Replay: CounterStore {
-    /// Applies `ops` in order.
-    async fn replay(&self, ops: Vec<ReplayOp>) -> Result<(), StoreError>;
-    /// Everything the store holds that is live at `now_ms`. Call it while nothing changes
-    /// the store (the engine holds its `cut` lock alone): each shard is copied under its
-    /// lock, but not all at once.
-    async fn dump(&self, now_ms: i64) -> Vec<StateItem>;
-    /// Puts `items` into the store (a fresh one), dropping those already gone at
-    /// `taken_at_ms`, the snapshot's time; returns how many it kept. Items that expired
-    /// later, while the service was down, are kept: entries replayed after the snapshot
-    /// are applied at their own times, when those items still counted, and every call
-    /// at a later time sees them gone (expiry is by the `now_ms` of the calls).
-    async fn load(&self, items: Vec<StateItem>, taken_at_ms: i64) -> usize;
-}
-
-/// What a rebuild did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Rebuilt {
-    /// Ledger entries read.
-    pub(crate) entries: usize,
-    /// Steps replayed.
-    pub(crate) steps: usize,
-}
 
 /// How far back a replay must read: past the longest window of any policy, enabled or not
 /// (a unit charged earlier counts nowhere now, even if a policy is enabled again; and an

@@ -22,8 +22,8 @@
 //! is lost with it. An operator can close shards on purpose (`quota-ledger counters
 //! rebuild`): after restoring Redis from an old backup, say.
 
-use super::rebuild::Replay;
-use super::snapshot::StateItem;
+use super::state::Replay;
+use super::state::StateItem;
 use super::store::StoreError;
 use super::{Engine, EngineError};
 use crate::domain::{Action, LedgerEntry};

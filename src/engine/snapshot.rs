@@ -7,7 +7,7 @@
 //! the store holds it (shared) from its store call until its ledger entry is committed, so
 //! once it is taken, and the ledger writer flushed, the store's live state equals the
 //! replay of every committed entry. The engine dumps that state as [`StateItem`]s through
-//! the [`Replay`](super::rebuild::Replay) port, lets changes resume, encodes the items with
+//! the [`Replay`](super::state::Replay) port, lets changes resume, encodes the items with
 //! `codec::snapshot` and saves them through the [`SnapshotStore`] port (the SQL ledger's
 //! database), with the ledger `seq` they cover. At start, `Engine::restore` loads a
 //! usable snapshot into the fresh store and replays the entries after it
@@ -32,7 +32,7 @@
 mod restore;
 
 use super::ledger::LedgerError;
-use super::rebuild::{Rebuilt, Replay};
+use super::state::{Rebuilt, Replay, StateItem};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
@@ -44,60 +44,6 @@ pub(crate) struct Snapshots {
     pub(crate) store: Arc<dyn Replay>,
     /// Where snapshots are kept.
     pub(crate) table: Arc<dyn SnapshotStore>,
-}
-
-/// The state of one counter, one variant per algorithm.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CounterState {
-    /// A calendar period: the units used in it.
-    Calendar {
-        /// Units used.
-        used: u64,
-    },
-    /// A rolling window: (bucket index, units), ascending by index.
-    Rolling {
-        /// The buckets held.
-        buckets: Vec<(i64, u64)>,
-    },
-    /// A token bucket (GCRA): `s` = used × period_ms as of time `t_ms`.
-    TokenBucket {
-        /// Used × period, in unit-milliseconds.
-        s: u64,
-        /// When `s` was last brought up to date, Unix ms.
-        t_ms: i64,
-    },
-}
-
-/// One piece of a counter store's live state, as a snapshot keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum StateItem {
-    /// A counter and when it is dropped.
-    Counter {
-        /// The counter's key.
-        key: String,
-        /// Last millisecond at which it exists.
-        expires_at_ms: i64,
-        /// What it counts.
-        state: CounterState,
-    },
-    /// A record (a kept answer, a hold's record, a refunded total) and when it is dropped.
-    Record {
-        /// The record's key.
-        key: String,
-        /// The text as the store keeps it.
-        text: String,
-        /// Last millisecond at which it exists.
-        expires_at_ms: i64,
-    },
-    /// An open hold in its shard's index, by expiry (indexes themselves never expire).
-    IndexedHold {
-        /// The shard's index of open holds.
-        index_key: String,
-        /// The hold id.
-        hold_id: String,
-        /// When the hold expires, Unix ms (its score in the index).
-        expires_at_ms: i64,
-    },
 }
 
 /// A snapshot as the [`SnapshotStore`] keeps it: a header and the encoded parts.

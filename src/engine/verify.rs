@@ -9,8 +9,8 @@
 //! as usage at the same instant. A request in flight is therefore in both or in neither:
 //! it never shows as drift.
 
-use super::rebuild::Replay;
-use super::snapshot::{CounterState, StateItem};
+use super::state::Replay;
+use super::state::{CounterState, StateItem};
 use super::{Engine, EngineError};
 use crate::domain::{Action, Budget, LedgerEntry, PolicyId, Restore};
 use crate::keys;

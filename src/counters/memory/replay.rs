@@ -1,12 +1,12 @@
 //! The in-process store as the rebuild sees it: ledger history replayed into it, and its
-//! live state dumped into a snapshot and loaded back (`engine::rebuild::Replay`).
+//! live state dumped into a snapshot and loaded back (`engine::state::Replay`).
 
 use async_trait::async_trait;
 
 use super::counting::{self, Entry, State};
 use super::{lock, MemoryCounterStore};
-use crate::engine::rebuild::{Replay, ReplayOp};
-use crate::engine::snapshot::{CounterState, StateItem};
+use crate::engine::state::{CounterState, StateItem};
+use crate::engine::state::{Replay, ReplayOp};
 use crate::engine::store::{check_charges, Charge, CounterStore, StoreError};
 
 #[async_trait]

@@ -5,7 +5,7 @@
 use super::call::bounded;
 use super::{Connection, RedisCounterStore};
 use crate::engine::cut::Cut;
-use crate::engine::snapshot::{CounterState, StateItem};
+use crate::engine::state::{CounterState, StateItem};
 use crate::engine::store::StoreError;
 use crate::keys::{self, SHARDS};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};

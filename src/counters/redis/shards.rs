@@ -5,7 +5,7 @@
 use super::RedisCounterStore;
 use crate::engine::cut::Cut;
 use crate::engine::shards::ShardStates;
-use crate::engine::snapshot::{CounterState, StateItem};
+use crate::engine::state::{CounterState, StateItem};
 use crate::engine::store::StoreError;
 use crate::keys::{self, SHARDS};
 use async_trait::async_trait;

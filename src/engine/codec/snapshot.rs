@@ -19,7 +19,7 @@
 //! replays the ledger instead).
 
 use super::CodecError;
-use crate::engine::snapshot::{CounterState, StateItem};
+use crate::engine::state::{CounterState, StateItem};
 
 /// The version of this encoding, stored with every snapshot.
 pub(crate) const SNAPSHOT_FORMAT: i32 = 1;
