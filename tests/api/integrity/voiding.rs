@@ -142,6 +142,23 @@ async fn a_keyed_consume_whose_retry_got_its_outcome_is_never_voided() {
 }
 
 #[tokio::test]
+async fn a_keyed_retry_with_another_amount_gets_no_outcome_and_the_attempt_is_voided() {
+    let redis = PrivateRedis::start().await;
+    let app = app_on(&redis).await;
+    let pay = json!({"action": "pay", "subject": "s", "amount": 600, "idempotency_key": "pay-1"});
+    frozen_while(&app, &redis, "/quota/consume", pay.clone()).await;
+    let mut other = pay.clone();
+    other["amount"] = json!(700);
+    let retry = app.quota("/quota/consume", other).await;
+    retry.assert_problem(409);
+
+    let settled = app.engine.void_settled(true).await;
+    assert_eq!(format!("{settled:?}"), "[Voided]");
+    assert_eq!(used(&app).await, 0, "the client was told of no charge");
+    assert_no_drift(&app).await;
+}
+
+#[tokio::test]
 async fn on_a_cluster_a_consume_answered_503_that_redis_ran_later_is_voided() {
     let redis = PrivateRedis::start_cluster().await;
     let app = app_of(&redis, CounterBackend::Cluster).await;

@@ -57,7 +57,8 @@ from the ledger), nothing is read or decided and the reply is { -2 }.
 When the idempotency record exists already, nothing is decided and the reply is
   { -1, record .. "\n" .. the original reply numbers, comma-separated }; a committing call
   also marks the record's outcome as given (the record's key with '}#o' for '}#i', kept as
-  long as the record), so that the attempt it records is never voided (engine::void).
+  long as the record), so that the attempt it records is never voided (engine::void),
+  unless it asks for another amount (the engine answers that 409).
 Otherwise it returns a flat array of integers:
   { allowed_all, used_1, allowed_1, resets_at_1, retry_at_1, used_2, ... }
 allowed_all and allowed_i are 1 or 0; retry_at_i is -1 when the charge passes or can never
@@ -132,7 +133,9 @@ if has_idem then
   if kept then
     -- The outcome is now the caller's: an attempt answered 503 that Redis decided all the
     -- same is never voided once a retry was answered with it (keys.rs: outcome_given).
-    if commit then
+    -- A retry that asks for another amount is answered 409, not with the outcome.
+    local asked = string.match(ARGV[e + 2], '"amount":(%d+)')
+    if commit and asked == string.match(kept, '"amount":(%d+)') then
       local given = string.gsub(idem_key, '}#i', '}#o', 1)
       redis.call('SET', given, '1', 'PX', math.max(redis.call('PTTL', idem_key), 1))
     end
