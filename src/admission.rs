@@ -24,7 +24,8 @@
 //! queueing (a burst is over, arrivals find free slots), stale waiters get the free slots,
 //! and a waiter whose wait ran out takes a slot no arrival took: after a burst, the queue
 //! is served, not left to time out while slots stand free.
-//! Admin, health and metrics endpoints are not counted: they stay responsive.
+//! Admin, health and metrics endpoints are not counted: they stay responsive. The HTTP
+//! side is `api::admission` (a middleware); gRPC admits each call itself.
 //!
 //! Pacing. In the Redis mode an allowed consume's ledger entry waits in a stream for the
 //! drain, which shares the machine's cores with the requests. Under a sustained full load
@@ -35,15 +36,8 @@
 //! fewer, and the drain catches up. A drain that commits nothing (SQL is down) paces
 //! nothing: the backlog bound is for outages (see `crate::engine::backlog`).
 
-use super::problem::ApiError;
-use super::AppState;
 use crate::engine::lag::Lag;
 use crate::engine::load::Load;
-use crate::logs::Throttle;
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::Next;
-use actix_web::web;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -320,52 +314,6 @@ impl Admission {
             if newest.slot.send(()).is_ok() {
                 state.in_flight += 1;
             }
-        }
-    }
-}
-
-/// Serves a `/quota/*` request once it has a slot, holding the slot until the answer is
-/// built; answers the ones refused 503 overloaded without reading their body.
-pub(crate) async fn middleware(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    let admission = req
-        .app_data::<web::Data<AppState>>()
-        // The path the router matches (percent-decoded), so `/%71uota/…` is counted too.
-        .filter(|_| req.match_info().as_str().starts_with("/quota/"))
-        .map(|state| state.admission.clone());
-    let Some(admission) = admission else {
-        return Ok(next.call(req).await?.map_into_left_body());
-    };
-    match admission.admit().await {
-        Ok(_slot) => Ok(next.call(req).await?.map_into_left_body()),
-        Err(why) => {
-            static SITE: Throttle = Throttle::new();
-            let limits = admission.limits;
-            if let Some(count) = SITE.event() {
-                tracing::warn!(
-                    count,
-                    in_flight = limits.in_flight,
-                    queued = limits.queued,
-                    "shedding load: quota requests answered 503 overloaded"
-                );
-            }
-            let detail = match why {
-                Refused::QueueFull => format!(
-                    "the service has {} requests in flight and {} waiting, the most it takes; \
-                     retry shortly",
-                    limits.in_flight, limits.queued
-                ),
-                Refused::Waited => format!(
-                    "the service has {} requests in flight, the most it serves at once, and no \
-                     slot came free for this one; retry shortly",
-                    limits.in_flight
-                ),
-            };
-            Ok(req
-                .error_response(ApiError::Overloaded(detail))
-                .map_into_right_body())
         }
     }
 }

@@ -192,15 +192,16 @@ const LAYERS: &[(&str, &str)] = &[
     ("policy", "engine domain db"),
     ("metrics", "engine domain"),
     ("config", "engine domain"),
+    ("admission", "engine logs"),
     (
         "api",
-        "engine domain clock keys policy metrics config logs telemetry",
+        "engine domain clock keys policy metrics config logs telemetry admission",
     ),
     ("cli", "api domain"),
-    ("grpc", "engine domain config api metrics"),
+    ("grpc", "engine domain config metrics admission"),
     (
         "startup",
-        "api engine domain clock counters ledger policy metrics config db grpc",
+        "api engine domain clock counters ledger policy metrics config db grpc admission",
     ),
 ];
 

@@ -20,7 +20,7 @@
 //! - With client tokens configured, the `authorization: Bearer <token>` metadata is
 //!   required (`UNAUTHENTICATED` without a known one).
 
-use crate::api::admission::Admission;
+use crate::admission::Admission;
 use crate::config::Secret;
 use crate::domain::{Action, Attributes, FieldErrors, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, Engine, EngineError, PolicyDecision};

@@ -11,6 +11,7 @@
 //! - [`ledger`]: the SQL ledger adapter (Postgres or SQLite) and retention.
 //! - [`policy`]: policy persistence (Postgres or SQLite) and the cache refresher.
 //! - [`db`]: the database connection and its migrations.
+//! - [`admission`]: how many requests are served at once, and which wait.
 //! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document;
 //!   [`grpc`]: Envoy's rate limit service.
 //! - [`metrics`]: Prometheus counters, histograms and gauges, recorded by the API;
@@ -20,6 +21,7 @@
 //!
 //! `ARCHITECTURE.md` at the repository root maps the modules and their boundaries.
 
+pub mod admission;
 pub mod api;
 #[cfg(test)]
 mod architecture;

@@ -2,7 +2,7 @@
 
 mod embedded;
 
-use crate::api::admission::{Admission, Limits};
+use crate::admission::{Admission, Limits};
 use crate::api::extract::{problem_for_bare_errors, Tokens, MAX_BODY_BYTES};
 use crate::api::problem::ApiError;
 use crate::api::{self, AppState};

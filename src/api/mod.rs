@@ -38,7 +38,7 @@ pub(crate) struct AppState {
     /// What `/metrics` reports; the quota handlers record into it.
     pub(crate) metrics: Arc<Metrics>,
     /// Bounds the `/quota/*` requests in flight.
-    pub(crate) admission: Arc<admission::Admission>,
+    pub(crate) admission: Arc<crate::admission::Admission>,
     /// How long ledger entries took to reach SQL (the drain and the writer record it).
     pub(crate) ledger_lag: Arc<crate::engine::lag::Lag>,
 }

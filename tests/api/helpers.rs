@@ -125,7 +125,7 @@ pub struct TestApp {
     /// The app's engine, to run background work (hold expiry, the drain) when a test says.
     pub engine: Arc<quota_ledger::engine::Engine>,
     /// The app's admission control (how many quota requests are in flight).
-    pub admission: Arc<quota_ledger::api::admission::Admission>,
+    pub admission: Arc<quota_ledger::admission::Admission>,
     /// How its start rebuilt the in-process counters (`None` on Redis).
     pub restored: Option<quota_ledger::engine::Restored>,
     handle: actix_web::dev::ServerHandle,
