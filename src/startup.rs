@@ -10,13 +10,15 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Secret, Settings};
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
+use crate::engine::backlog::Backlog;
+use crate::engine::deployment::{Deployment, Streamed};
 use crate::engine::drain::{Appends, Drainer};
 use crate::engine::janitor::Janitor;
 use crate::engine::lag::Lag;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
 use crate::engine::policies::PolicyCache;
-use crate::engine::shards::{ScratchStore, ShardStates};
+use crate::engine::shards::ScratchStore;
 use crate::engine::state::Replay;
 use crate::engine::store::CounterStore;
 use crate::engine::writer::LedgerWriter;
@@ -118,13 +120,11 @@ fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()
 /// The counter store of a new application.
 struct Counters {
     store: Arc<dyn CounterStore>,
-    /// Redis: moves its ledger streams into SQL.
-    drain: Option<Arc<Drainer>>,
+    /// In process, or Redis with its drain, backlog bound and shards.
+    deployment: Deployment,
     /// In-process: the same store, empty, for the snapshot and the ledger to be replayed
     /// into, and snapshotted from at shutdown.
     embedded: Option<embedded::Embedded>,
-    /// Redis: its shards, rebuilt from the ledger when they lose their epoch.
-    shards: Option<Arc<dyn ShardStates>>,
 }
 
 /// A fresh in-process store, to replay the ledger into: a shard's before it is written
@@ -144,11 +144,11 @@ async fn counter_store(
     if settings.redis_urls.is_empty() {
         let store = Arc::new(MemoryCounterStore::new());
         let snapshots = crate::ledger::snapshot::connect(&settings.database_url).await?;
+        let embedded = embedded::Embedded { store, snapshots };
         return Ok(Counters {
-            store: store.clone(),
-            drain: None,
-            embedded: Some(embedded::Embedded { store, snapshots }),
-            shards: None,
+            store: embedded.store.clone(),
+            deployment: Deployment::Embedded(embedded.ports()),
+            embedded: Some(embedded),
         });
     }
     let appends = Arc::new(Appends::default());
@@ -177,9 +177,13 @@ async fn counter_store(
     );
     Ok(Counters {
         store: store.clone(),
-        drain: Some(drain),
+        deployment: Deployment::Streamed(Streamed {
+            drain,
+            backlog: Backlog::new(settings.ledger_backlog_max),
+            shards: store,
+            cluster: settings.redis_cluster,
+        }),
         embedded: None,
-        shards: Some(store),
     })
 }
 
@@ -271,21 +275,18 @@ impl Application {
         // The janitor's first sweeps may start at once.
         janitor.keep().await;
         tasks.0.push(janitor.clone().spawn());
-        if let Some(drain) = &counters.drain {
+        if let Some(drain) = counters.deployment.drain() {
             tasks.0.push(drain.clone().spawn(janitor.clone()));
         }
         let ports = Ports {
             counters: counters.store,
             writer: LedgerWriter::spawn_recording(ledger.clone(), ledger_lag.clone()),
             ledger,
-            drain: counters.drain,
             cache,
             clock,
             load: load.clone(),
-            backlog_max: settings.ledger_backlog_max,
-            scratch: Some(Arc::new(scratch_store) as ScratchStore),
-            shards: counters.shards.clone(),
-            snapshots: counters.embedded.as_ref().map(embedded::Embedded::ports),
+            deployment: counters.deployment,
+            scratch: Arc::new(scratch_store) as ScratchStore,
             janitor,
         };
         let engine = Engine::new(
@@ -307,7 +308,6 @@ impl Application {
             engine: Arc::new(engine),
             ledger_lag: ledger_lag.clone(),
             policies,
-            embedded_counters: settings.redis_urls.is_empty(),
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(
                 Admission::new(

@@ -47,13 +47,13 @@ pub(crate) async fn healthz() -> web::Json<Health> {
 pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let word = |ok: bool| if ok { "ok" } else { "down" }.to_owned();
     let policy_ok = state.policies.ping().await.is_ok();
-    let counter_ok = state.engine.counters().ping().await.is_ok();
-    let counter_store = match state.embedded_counters {
-        true => "embedded".to_owned(),
-        false => word(counter_ok),
+    let counters = state.engine.readiness().await;
+    let counter_store = match counters.store {
+        Some(ok) => word(ok),
+        None => "embedded".to_owned(),
     };
-    let backlog_full = state.engine.backlog().map(|b| b.is_full());
-    let ready = policy_ok && counter_ok && backlog_full != Some(true);
+    let backlog_full = counters.backlog_full;
+    let ready = policy_ok && counters.store != Some(false) && backlog_full != Some(true);
     let body = Health {
         status: if ready { "ok" } else { "unavailable" }.to_owned(),
         stores: Some(StoreHealth {

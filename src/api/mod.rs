@@ -34,7 +34,6 @@ pub(crate) struct AppState {
     /// Policy persistence (admin reads and writes go here).
     pub(crate) policies: Arc<dyn PolicyStore>,
     /// True when counters are in-process (no Redis configured).
-    pub(crate) embedded_counters: bool,
     /// What `/metrics` reports; the quota handlers record into it.
     pub(crate) metrics: Arc<Metrics>,
     /// Bounds the `/quota/*` requests in flight.

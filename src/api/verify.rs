@@ -99,9 +99,7 @@ pub(crate) async fn verify(
         .verify(action.as_ref())
         .await
         .map_err(|error| match error {
-            VerifyError::Unsupported | VerifyError::Unsettled(_) => {
-                ApiError::Unavailable(error.to_string())
-            }
+            VerifyError::Unsettled(_) => ApiError::Unavailable(error.to_string()),
             VerifyError::Engine(error) => error.into(),
         })?;
     Ok(web::Json(VerifyOut {

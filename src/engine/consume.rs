@@ -3,9 +3,7 @@
 
 use super::codec::{self, ConsumeRecord, HoldRecord};
 use super::plan::{replayed_decision, Plan};
-use super::store::{
-    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, StoreError, Undo,
-};
+use super::store::{Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, StoreError, Undo};
 use super::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
 use crate::keys;
@@ -42,6 +40,26 @@ pub(crate) struct Consumed {
     pub(crate) hold: Option<HoldTicket>,
     /// True when this replays an earlier answer for the same idempotency key.
     pub(crate) replayed: bool,
+}
+
+/// What a unit of work did.
+enum Charged {
+    /// No policy applies: nothing was counted; the entries are recorded.
+    Uncharged,
+    /// Decided now; if allowed, charged and recorded.
+    Fresh(Evaluation),
+    /// A retry of a keyed consume: its kept answer, and the counters now.
+    Replayed {
+        /// The idempotency record.
+        record: String,
+        /// The counters' usage now.
+        evaluation: Evaluation,
+    },
+    /// The key's first attempt is still being committed or undone.
+    InFlight,
+    /// The counter store failed and the configuration fails open: accepted uncounted,
+    /// recorded.
+    Degraded,
 }
 
 /// One consume or hold before it is decided: its ids, and the ledger entry it records if
@@ -126,10 +144,7 @@ impl Engine {
         self.charge(request, Some(ttl_seconds)).await
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the consume sequence, which `together` repeats; the two are to become one path"
-    )]
+    /// A consume or hold: one request, its idempotency record and (for a hold) its record.
     async fn charge(
         &self,
         request: &ConsumeRequest,
@@ -137,32 +152,130 @@ impl Engine {
     ) -> Result<Consumed, EngineError> {
         let plan = self.plan(request)?;
         let attempt = Attempt::new(&plan, request, hold_ttl);
+        let effects = self.effects(&plan, request, &attempt);
+        let attempts = std::slice::from_ref(&attempt);
+        match self.charge_unit(&plan, attempts, &effects).await? {
+            Charged::Uncharged => Ok(attempt.answer(plan.empty_decision())),
+            Charged::Fresh(evaluation) => Ok(attempt.answer(plan.decision(&evaluation))),
+            Charged::Degraded => Ok(attempt.answer(plan.degraded_decision())),
+            Charged::Replayed { record, evaluation } => replay(request, &record, &evaluation),
+            Charged::InFlight => Err(EngineError::Conflict(format!(
+                "a request with idempotency key '{}' is still being decided; retry shortly",
+                request
+                    .idempotency_key
+                    .as_ref()
+                    .map_or("", |key| key.as_str())
+            ))),
+        }
+    }
+
+    /// Charges every one of `requests` (one action) to the policies that apply to it, all
+    /// or none; one decision per request, in order. Each decision's `allowed` is the
+    /// whole's; its policies say which of them denied. Without requests, none. The
+    /// descriptors of one gateway request (`grpc`) are decided this way.
+    ///
+    /// Each request is planned at one shared `now`; their plans combine into one
+    /// ([`Plan::combined`]): a counter that several requests charge (the same budget of the
+    /// same policy) is charged once with their costs summed, so that together they are held
+    /// to its limit. The combined plan is one unit of work, like a consume's, and its
+    /// stream entry records one ledger entry per request ([`codec::encode_entries`]).
+    pub(crate) async fn consume_together(
+        &self,
+        requests: &[ConsumeRequest],
+    ) -> Result<Vec<Decision>, EngineError> {
+        let now = self.now();
+        let plans = requests
+            .iter()
+            .enumerate()
+            .map(|(i, request)| {
+                self.plan_at(request, now).map_err(|error| match error {
+                    // Which request: `requests[i].<field>`.
+                    EngineError::Invalid(mut errors) => {
+                        for error in &mut errors.0 {
+                            error.field = format!("requests[{i}].{}", error.field);
+                        }
+                        EngineError::Invalid(errors)
+                    }
+                    other => other,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some((plan, picks)) = Plan::combined(&plans) else {
+            return Ok(Vec::new());
+        };
+        let attempts: Vec<Attempt> = plans
+            .iter()
+            .zip(requests)
+            .map(|(plan, request)| Attempt::new(plan, request, None))
+            .collect();
+        let effects = Effects {
+            ledger: self.ledger_append(plan.keys.shard, || {
+                let allowed: Vec<_> = attempts.iter().map(|a| a.allowed_entry.clone()).collect();
+                let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
+                let denied: Vec<_> = denied.collect();
+                let kept = (!denied.is_empty()).then(|| codec::encode_entries(&denied));
+                (codec::encode_entries(&allowed), kept)
+            }),
+            ..Effects::default()
+        };
+        match self.charge_unit(&plan, &attempts, &effects).await? {
+            Charged::Uncharged => Ok(plans.iter().map(Plan::empty_decision).collect()),
+            Charged::Fresh(evaluation) => Ok(plans
+                .iter()
+                .zip(&picks)
+                .map(|(plan, pick)| {
+                    plan.decision(&Evaluation {
+                        allowed: evaluation.allowed,
+                        outcomes: pick.iter().map(|&j| evaluation.outcomes[j]).collect(),
+                    })
+                })
+                .collect()),
+            Charged::Degraded => Ok(plans.iter().map(Plan::degraded_decision).collect()),
+            Charged::Replayed { .. } | Charged::InFlight => Err(EngineError::Store(
+                StoreError::Protocol("requests decided together got a replay".to_owned()),
+            )),
+        }
+    }
+
+    /// The unit of work of every consume, hold and consume together: `plan`'s charges
+    /// decided in one store call with `effects`, the `attempts`' entries recorded, and the
+    /// change undone if they cannot be (`engine::unit`); a store failure answered as the
+    /// configuration says, with what Redis may have applied voided (`engine::void`).
+    async fn charge_unit(
+        &self,
+        plan: &Plan,
+        attempts: &[Attempt],
+        effects: &Effects,
+    ) -> Result<Charged, EngineError> {
+        let allowed: Vec<LedgerEntry> = attempts.iter().map(|a| a.allowed_entry.clone()).collect();
         // A hold goes to the store even when no policy applies: its record must exist, so
         // that it can be settled.
-        if plan.charges.is_empty() && hold_ttl.is_none() {
-            self.record(vec![attempt.allowed_entry.clone()]).await?;
-            return Ok(attempt.answer(plan.empty_decision()));
+        if plan.charges.is_empty() && effects.hold.is_none() {
+            self.record(allowed).await?;
+            return Ok(Charged::Uncharged);
         }
-        // Only a store that streams the ledger has a backlog (Redis).
-        let backlog = self.backlog();
-        if let Some(backlog) = backlog.filter(|b| b.is_full()) {
-            return Err(EngineError::BacklogFull { max: backlog.max() });
-        }
-        let effects = self.effects(&plan, request, &attempt);
-        // Until the entry is committed: a snapshot must see both or neither.
+        self.admit()?;
+        let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
+        let denied: Vec<LedgerEntry> = denied.collect();
+        // Until the entries are committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
-        let across = self.across_slots(&plan);
+        let across = self.across_slots(plan);
+        // The attempt across slots: its id names its intent; its counters are the plan's.
+        let attempt = match allowed.as_slice() {
+            [one] => one.clone(),
+            many => LedgerEntry {
+                id: EntryId::new(),
+                counters: plan.counter_charges(),
+                ..many[0].clone()
+            },
+        };
         let decided = match across {
-            true => {
-                self.decide_across(&plan, &effects, &attempt.allowed_entry)
-                    .await
-            }
-            false => self.decide_waiting(&plan, &effects).await,
+            true => self.decide_across(plan, effects, &attempt).await,
+            false => self.decide_waiting(plan, effects).await,
         };
         let decided = match decided {
             Ok(Decided::Fresh(_))
-                if self.counters.streams_ledger()
-                    && super::faults::fault!(self, "store.reply_lost") =>
+                if effects.ledger.is_some() && super::faults::fault!(self, "store.reply_lost") =>
             {
                 Err(StoreError::Timeout(
                     "failpoint store.reply_lost: the reply was lost".to_owned(),
@@ -172,65 +285,49 @@ impl Engine {
         };
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
-                let decision = plan.decision(&evaluation);
-                if let Some(backlog) = backlog {
-                    let appended = decision.allowed || attempt.denied_entry.is_some();
-                    backlog.appended(u64::from(appended));
-                }
-                match decision.allowed {
+                self.appended(evaluation.allowed || !denied.is_empty());
+                match evaluation.allowed {
                     true => {
-                        let entry = LedgerEntry {
-                            kept_answer: kept_answer(&plan, &effects, &evaluation),
-                            ..attempt.allowed_entry.clone()
-                        };
-                        self.commit_or_undo(vec![entry], plan.now_ms(), || {
-                            undo_charge(&attempt.allowed_entry, &effects)
-                        })
-                        .await?;
-                    }
-                    // A denial changed nothing: its entry (if kept) is only recorded.
-                    false if !self.counters.streams_ledger() => {
-                        self.record(attempt.denied_entry.iter().cloned().collect())
+                        let mut entries = allowed;
+                        entries[0].kept_answer = kept_answer(plan, effects, &evaluation);
+                        let undo = || undo_charge(&entries, effects);
+                        self.commit_or_undo(entries.clone(), plan.now_ms(), undo)
                             .await?;
                     }
-                    false => {}
+                    // A denial changed nothing: its entries (if kept) are only recorded.
+                    false => self.record_denied(denied).await?,
                 }
-                Ok(attempt.answer(decision))
+                Ok(Charged::Fresh(evaluation))
             }
-            Ok(Decided::Replayed { record, evaluation }) => replay(request, &record, &evaluation),
-            Ok(Decided::InFlight) => Err(EngineError::Conflict(format!(
-                "a request with idempotency key '{}' is still being decided; retry shortly",
-                request
-                    .idempotency_key
-                    .as_ref()
-                    .map_or("", |key| key.as_str())
-            ))),
+            Ok(Decided::Replayed { record, evaluation }) => {
+                Ok(Charged::Replayed { record, evaluation })
+            }
+            Ok(Decided::InFlight) => Ok(Charged::InFlight),
             Ok(Decided::Refused) => Err(EngineError::Store(StoreError::Protocol(
                 "a consume was refused as a reservation".to_owned(),
             ))),
             Err(error) => {
                 // Redis may have run a call that timed out or lost its connection: if the
-                // answer is 503, the attempt is voided once that is settled (engine::void).
+                // answer is 503, each charge is voided once that is settled (engine::void).
                 let in_doubt = effects.ledger.as_ref().filter(|_| {
                     matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
                 });
-                let decision = match self.on_store_failure(&plan, error) {
-                    Ok(decision) => decision,
-                    Err(answer) => {
-                        if let Some(ledger) = in_doubt {
-                            let key = effects.idempotency.as_ref().map(|i| i.key.clone());
-                            let id = attempt.allowed_entry.id.to_string();
-                            let intent =
-                                across.then(|| keys::intent(&self.prefix, plan.keys.shard, &id));
-                            self.doubt(&attempt.allowed_entry, &ledger.stream, key, intent);
+                if let Err(answer) = self.on_store_failure(plan, error) {
+                    if let Some(ledger) = in_doubt {
+                        let key = effects.idempotency.as_ref().map(|i| i.key.clone());
+                        let id = attempt.id.to_string();
+                        let intent =
+                            across.then(|| keys::intent(&self.prefix, plan.keys.shard, &id));
+                        for entry in &allowed {
+                            self.doubt(entry, &ledger.stream, key.clone(), intent.clone());
                         }
-                        return Err(answer);
                     }
-                };
-                // Failing open: the consume is accepted uncounted, but never unrecorded:
-                // with the ledger down too, it is answered 503.
-                self.record(vec![attempt.allowed_entry.clone()]).await?;
-                Ok(attempt.answer(decision))
+                    return Err(answer);
+                }
+                // Failing open: accepted uncounted, but never unrecorded: with the ledger
+                // down too, it is answered 503.
+                self.record(allowed).await?;
+                Ok(Charged::Degraded)
             }
         }
     }
@@ -271,7 +368,7 @@ impl Engine {
                 key: plan.keys.idempotency(scope, key.as_str()),
                 ttl_ms: MIN_IDEMPOTENCY_MS.max(plan.longest_window_ms() + 3_600_000),
                 record: codec::encode_consume_record(&record),
-                pending: !self.counters.streams_ledger(),
+                pending: self.records_pending(),
             };
             (idem, record.policies)
         });
@@ -284,10 +381,9 @@ impl Engine {
             }
             _ => codec::encode_entry(entry),
         };
-        let ledger = self.counters.streams_ledger().then(|| LedgerAppend {
-            stream: keys::ledger_stream(&self.prefix, plan.keys.shard),
-            allowed: allowed(&attempt.allowed_entry),
-            denied: attempt.denied_entry.as_ref().map(codec::encode_entry),
+        let ledger = self.ledger_append(plan.keys.shard, || {
+            let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
+            (allowed(&attempt.allowed_entry), denied)
         });
         let hold = hold.map(|(ticket, ttl_ms)| {
             let expires_at_ms = ticket.expires_at.timestamp_millis();
@@ -319,10 +415,10 @@ impl Engine {
     }
 }
 
-/// What undoes the charge `entry` records, with its `effects` (kept answer, hold).
-pub(super) fn undo_charge(entry: &LedgerEntry, effects: &Effects) -> Undo {
+/// What undoes the charges `entries` record, with their `effects` (kept answer, hold).
+pub(super) fn undo_charge(entries: &[LedgerEntry], effects: &Effects) -> Undo {
     Undo::Charge {
-        counters: entry.counters.clone(),
+        counters: entries.iter().flat_map(|e| e.counters.clone()).collect(),
         idempotency: effects.idempotency.as_ref().map(|idem| idem.key.clone()),
         hold: effects.hold.as_ref().map(|hold| {
             (

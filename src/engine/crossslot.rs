@@ -78,7 +78,7 @@ fn shard_of(key: &str) -> Option<u16> {
 impl Engine {
     /// Whether `plan` charges several shards on a store that takes one per call.
     pub(super) fn across_slots(&self, plan: &Plan) -> bool {
-        !self.counters.atomic_across_tags()
+        self.deployment.cluster()
             && plan
                 .charges
                 .iter()
@@ -349,7 +349,7 @@ impl Engine {
     /// instance's), on every shard; returns how many were resolved. Only on a store that
     /// decides one slot per call, and only while some policy has shared budgets.
     pub(crate) async fn resolve_attempts(&self) -> usize {
-        if self.counters.atomic_across_tags() || !self.cache.has_shared_budgets() {
+        if !self.deployment.cluster() || !self.cache.has_shared_budgets() {
             return 0;
         }
         let due = self.now().timestamp_millis() - SKEW_MS;
@@ -406,7 +406,7 @@ impl Engine {
         request: &mut GiveBack,
     ) -> BTreeMap<u16, Vec<CounterCharge>> {
         let mut foreign: BTreeMap<u16, Vec<CounterCharge>> = BTreeMap::new();
-        if self.counters.atomic_across_tags() {
+        if !self.deployment.cluster() {
             return foreign;
         }
         request

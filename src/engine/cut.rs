@@ -251,7 +251,7 @@ impl Engine {
         if let Some(wide) = wide {
             self.replay_pages(&mut wide.replayer, wide.target.as_ref(), None, &wide_wants)
                 .await?;
-            if !self.counters.atomic_across_tags() {
+            if self.deployment.cluster() {
                 match self
                     .settled_cut(shards, token, &wide.replayer, shared_known)
                     .await?

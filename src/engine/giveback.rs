@@ -221,8 +221,7 @@ impl Engine {
         if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
             return Ok(entry);
         }
-        if let Some(drain) = &self.drain {
-            drain.drain_once().await;
+        if self.settle_streams().await {
             if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
                 return Ok(entry);
             }
@@ -504,16 +503,6 @@ impl Engine {
                     "giving back to a shared budget's slot failed; the sweeper will");
             }
         }
-    }
-
-    /// `entry` as the give-back script appends it to `shard`'s stream (Redis only).
-    pub(super) fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
-        self.counters.streams_ledger().then(|| {
-            (
-                keys::ledger_stream(&self.prefix, shard),
-                codec::encode_entry(entry),
-            )
-        })
     }
 
     /// Writes `entry` to the SQL ledger before the answer, unless the store streamed it;

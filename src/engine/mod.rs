@@ -12,6 +12,7 @@ pub mod codec;
 pub(crate) mod consume;
 pub(crate) mod crossslot;
 pub(crate) mod cut;
+pub(crate) mod deployment;
 pub mod drain;
 pub mod faults;
 pub(crate) mod giveback;
@@ -27,7 +28,6 @@ pub(crate) mod snapshot;
 pub(crate) mod state;
 pub mod store;
 pub(crate) mod stream;
-mod together;
 mod unit;
 pub(crate) mod verify;
 pub mod void;
@@ -41,7 +41,7 @@ use crate::domain::{
 };
 use crate::logs::Throttle;
 use chrono::{DateTime, TimeZone, Utc};
-use drain::Drainer;
+use deployment::Deployment;
 use ledger::{LedgerError, LedgerStore};
 use policies::PolicyCache;
 use std::sync::Arc;
@@ -164,25 +164,27 @@ pub(crate) struct Ports {
     /// Writes entries to the ledger before the answer when the counter store does not
     /// stream them (the embedded default), and for degraded allows.
     pub(crate) writer: LedgerWriter,
-    /// Moves streamed entries into SQL (Redis only); refunds ask it to run at once when
-    /// their charge is not in SQL yet.
-    pub(crate) drain: Option<Arc<Drainer>>,
     /// The policies, in memory.
     pub(crate) cache: Arc<PolicyCache>,
     /// The time source.
     pub(crate) clock: Arc<dyn Clock>,
     /// Whether admission control is shedding load (a timeout is then ours, not Redis's).
     pub(crate) load: Arc<load::Load>,
-    /// The most ledger entries that may wait in the streams (Redis only).
-    pub(crate) backlog_max: u64,
-    /// The counter store's shards, for rebuilding them from the ledger (Redis only).
-    pub(crate) shards: Option<Arc<dyn shards::ShardStates>>,
+    /// In process or on Redis, with what each needs beside the counter store.
+    pub(crate) deployment: Deployment,
     /// A fresh in-process store to replay the ledger into (a shard's on Redis; all of it to verify).
-    pub(crate) scratch: Option<shards::ScratchStore>,
-    /// The in-process store and the table its snapshots go to (the embedded default).
-    pub(crate) snapshots: Option<snapshot::Snapshots>,
+    pub(crate) scratch: shards::ScratchStore,
     /// Whether this instance sweeps after dead ones.
     pub(crate) janitor: Arc<janitor::Janitor>,
+}
+
+/// What readiness checks report of the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Readiness {
+    /// Whether the counter store answers; `None` in process, where it always does.
+    pub(crate) store: Option<bool>,
+    /// Whether the ledger backlog waiting in Redis is full; `None` in process.
+    pub(crate) backlog_full: Option<bool>,
 }
 
 /// The quota engine; shared by every request.
@@ -194,17 +196,14 @@ pub struct Engine {
     on_store_error: OnStoreError,
     ledger: Arc<dyn LedgerStore>,
     writer: LedgerWriter,
-    drain: Option<Arc<Drainer>>,
     load: Arc<load::Load>,
-    /// With a drain: the bound on what waits in the streams.
-    backlog: Option<backlog::Backlog>,
-    shards: Option<Arc<dyn shards::ShardStates>>,
-    scratch: Option<shards::ScratchStore>,
+    /// In process or on Redis: chosen once, in `startup`.
+    deployment: Deployment,
+    scratch: shards::ScratchStore,
     /// One rebuild of shards at a time in this instance.
     reopening: tokio::sync::Mutex<()>,
     /// Set when a decision found a shard without its epoch.
     rebuild_wanted: std::sync::atomic::AtomicBool,
-    snapshots: Option<snapshot::Snapshots>,
     /// Every change to the counter store holds it (shared) from the store call until its
     /// ledger entry is committed; a snapshot holds it alone while it copies the store, so
     /// the copy is exactly the replay of the entries committed by then (a consistent cut).
@@ -227,25 +226,21 @@ impl Engine {
             counters,
             ledger,
             writer,
-            drain,
             cache,
             clock,
             load,
-            backlog_max,
-            shards,
+            deployment,
             scratch,
-            snapshots,
             janitor,
         } = ports;
-        let faults = drain
-            .as_ref()
+        let faults = deployment
+            .drain()
             .map_or_else(Arc::default, |drain| drain.faults());
         Self {
-            shards,
+            deployment,
             scratch,
             reopening: tokio::sync::Mutex::new(()),
             rebuild_wanted: std::sync::atomic::AtomicBool::new(false),
-            backlog: drain.as_ref().map(|_| backlog::Backlog::new(backlog_max)),
             counters,
             cache,
             clock,
@@ -253,9 +248,7 @@ impl Engine {
             on_store_error,
             ledger,
             writer,
-            drain,
             load,
-            snapshots,
             cut: tokio::sync::RwLock::new(()),
             hold_dues: giveback::HoldDues::default(),
             janitor,
@@ -283,7 +276,7 @@ impl Engine {
 
     /// Moves everything the Redis ledger streams hold into SQL now; 0 without Redis.
     pub async fn drain_ledger_now(&self) -> usize {
-        match &self.drain {
+        match self.deployment.drain() {
             Some(drain) => drain.drain_once().await,
             None => 0,
         }
@@ -293,9 +286,8 @@ impl Engine {
     /// it (`None` without Redis, or when Redis did not answer). Runs every
     /// [`backlog::MEASURE_EVERY`] in the background; tests call it to measure at once.
     pub async fn measure_backlog(&self) -> Option<u64> {
-        let (Some(drain), Some(backlog)) = (&self.drain, &self.backlog) else {
-            return None;
-        };
+        let streamed = self.deployment.streamed()?;
+        let (drain, backlog) = (&streamed.drain, &streamed.backlog);
         let _one_at_a_time = backlog.measuring.lock().await;
         let before = backlog.measure_starts();
         let total = drain.backlog().await?;
@@ -305,7 +297,21 @@ impl Engine {
 
     /// The backlog bound and what is known of the backlog (`None` without Redis).
     pub(crate) fn backlog(&self) -> Option<&backlog::Backlog> {
-        self.backlog.as_ref()
+        self.deployment.backlog()
+    }
+
+    /// Whether the counter store answers, and whether the ledger backlog is full.
+    pub(crate) async fn readiness(&self) -> Readiness {
+        match self.deployment.backlog() {
+            Some(backlog) => Readiness {
+                store: Some(self.counters.ping().await.is_ok()),
+                backlog_full: Some(backlog.is_full()),
+            },
+            None => Readiness {
+                store: None,
+                backlog_full: None,
+            },
+        }
     }
 
     /// The durable ledger (the ledger query API reads it).

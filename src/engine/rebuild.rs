@@ -232,7 +232,7 @@ impl Engine {
     /// home (`engine::crossslot`): the replay gives that share back, so a share the sweeper
     /// would redo after the rebuild must find it given.
     fn share_markers(&self, entry: &LedgerEntry, ops: &[ReplayOp]) -> Vec<ReplayOp> {
-        if self.counters.atomic_across_tags() {
+        if !self.deployment.cluster() {
             return Vec::new();
         }
         let home = keys::shard(entry.action.as_str(), entry.subject.as_str());

@@ -153,7 +153,7 @@ impl Engine {
     /// replayed and written (its subjects spread over every shard, so every shard closes
     /// for the time it takes); the other actions' keys are left as they are.
     pub async fn rebuild_counters(&self, action: Option<&Action>) -> anyhow::Result<Reopened> {
-        let Some(shards) = &self.shards else {
+        let Some(shards) = self.deployment.shards() else {
             anyhow::bail!("the counters are in process (no REDIS_URL): every start rebuilds them");
         };
         let all: Vec<u16> = (0..keys::SHARDS).collect();
@@ -185,7 +185,7 @@ impl Engine {
         &self,
         action: Option<&Action>,
     ) -> Result<Reopened, EngineError> {
-        let (Some(shards), Some(scratch)) = (&self.shards, &self.scratch) else {
+        let (Some(shards), scratch) = (self.deployment.shards(), &self.scratch) else {
             return Ok(Reopened::default());
         };
         let _one_at_a_time = self.reopening.lock().await;
@@ -209,7 +209,7 @@ impl Engine {
         // shared by subjects, an entry that charged these shards may wait in any shard's
         // stream: then every stream is drained.
         let shared = self.cache.has_shared_budgets();
-        if shared && !self.counters.atomic_across_tags() {
+        if shared && self.deployment.cluster() {
             // On a cluster, an attempt across slots that reserved in these shards before
             // they closed commits (or can no longer) within its deadline and the skew:
             // its entry is then in a stream, drained below.
@@ -281,7 +281,7 @@ impl Engine {
     /// open shards, when every stream is drained for budgets shared by subjects) are not
     /// waited for: they cannot have charged the closed shards.
     async fn drained(&self, shards: &BTreeSet<u16>) -> bool {
-        let Some(drain) = &self.drain else {
+        let Some(drain) = self.deployment.drain() else {
             return true;
         };
         let started = std::time::Instant::now();

@@ -11,10 +11,12 @@
 //! even when the request is cancelled while it waits. On Redis the script appends the
 //! entry to its stream in the same atomic step, so there is nothing to undo.
 
-use super::store::Undo;
+use super::codec;
+use super::store::{LedgerAppend, Undo};
 use super::writer::Rollback;
 use super::{Engine, EngineError};
 use crate::domain::LedgerEntry;
+use crate::keys;
 use crate::logs::Throttle;
 
 impl Engine {
@@ -27,7 +29,7 @@ impl Engine {
         now_ms: i64,
         undo: impl FnOnce() -> Undo,
     ) -> Result<(), EngineError> {
-        if self.counters.streams_ledger() {
+        if self.deployment.streams_ledger() {
             return Ok(());
         }
         let change = std::sync::Arc::new(undo());
@@ -57,5 +59,78 @@ impl Engine {
             .append_or_undo(entries, Some(rollback))
             .await
             .map_err(EngineError::from)
+    }
+}
+
+impl Engine {
+    /// Whether a consume may charge now: not while the ledger backlog waiting in the Redis
+    /// streams is full (`engine::backlog`; nothing waits in process).
+    pub(super) fn admit(&self) -> Result<(), EngineError> {
+        match self.deployment.backlog().filter(|b| b.is_full()) {
+            Some(backlog) => Err(EngineError::BacklogFull { max: backlog.max() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a decided consume's stream entry towards the backlog, if it `appended` one
+    /// (Redis only).
+    pub(super) fn appended(&self, appended: bool) {
+        if let Some(backlog) = self.deployment.backlog() {
+            backlog.appended(u64::from(appended));
+        }
+    }
+
+    /// The stream entry a consume's script appends in `shard` if allowed, and if denied:
+    /// `entries` encodes both. `None` when the ledger does not stream (in process).
+    pub(super) fn ledger_append(
+        &self,
+        shard: u16,
+        entries: impl FnOnce() -> (String, Option<String>),
+    ) -> Option<LedgerAppend> {
+        self.deployment.streams_ledger().then(|| {
+            let (allowed, denied) = entries();
+            LedgerAppend {
+                stream: keys::ledger_stream(&self.prefix, shard),
+                allowed,
+                denied,
+            }
+        })
+    }
+
+    /// `entry` as a give-back script appends it to `shard`'s stream (Redis only).
+    pub(super) fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
+        self.deployment.streams_ledger().then(|| {
+            (
+                keys::ledger_stream(&self.prefix, shard),
+                codec::encode_entry(entry),
+            )
+        })
+    }
+
+    /// Records the entries of a denial, which changed nothing: the script streamed them on
+    /// Redis; in process they are written like any entry.
+    pub(super) async fn record_denied(&self, entries: Vec<LedgerEntry>) -> Result<(), EngineError> {
+        match self.deployment.streams_ledger() || entries.is_empty() {
+            true => Ok(()),
+            false => self.record(entries).await,
+        }
+    }
+
+    /// Whether a kept answer waits as in flight until its entry is committed: in process,
+    /// where the entry commits after the change ([`Engine::commit_or_undo`]).
+    pub(super) fn records_pending(&self) -> bool {
+        !self.deployment.streams_ledger()
+    }
+
+    /// Moves what the ledger streams hold into SQL now, so that a charge just made is
+    /// found there; false when nothing streams (every entry is in SQL before its answer).
+    pub(super) async fn settle_streams(&self) -> bool {
+        match self.deployment.drain() {
+            Some(drain) => {
+                drain.drain_once().await;
+                true
+            }
+            None => false,
+        }
     }
 }

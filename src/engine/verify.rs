@@ -9,6 +9,7 @@
 //! as usage at the same instant. A request in flight is therefore in both or in neither:
 //! it never shows as drift.
 
+use super::deployment::Deployment;
 use super::state::Replay;
 use super::state::{CounterState, StateItem};
 use super::{Engine, EngineError};
@@ -48,9 +49,6 @@ pub(crate) struct Verified {
 /// Why a verify cannot tell.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum VerifyError {
-    /// This deployment keeps no counters to compare.
-    #[error("this deployment has no counters to verify")]
-    Unsupported,
     /// No consistent instant could be read (Redis): try again.
     #[error("the counters could not be read at one instant: {0}; try again")]
     Unsettled(&'static str),
@@ -147,16 +145,16 @@ impl Engine {
     pub(crate) async fn verify(&self, action: Option<&Action>) -> Result<Verified, VerifyError> {
         let known: Mutex<HashMap<String, Known>> = Mutex::default();
         let learn = |entry: &LedgerEntry| learn(&known, entry);
-        let verified = match (&self.snapshots, &self.shards, &self.scratch) {
-            (Some(snapshots), _, Some(scratch)) => {
+        let scratch = &self.scratch;
+        let verified = match &self.deployment {
+            Deployment::Embedded(snapshots) => {
                 self.verify_embedded(snapshots, scratch, action, &learn, &known)
                     .await?
             }
-            (None, Some(shards), Some(scratch)) => {
-                self.verify_streamed(shards, scratch, action, &learn, &known)
+            Deployment::Streamed(streamed) => {
+                self.verify_streamed(&streamed.shards, scratch, action, &learn, &known)
                     .await?
             }
-            _ => return Err(VerifyError::Unsupported),
         };
         if action.is_none() {
             self.drift.saw(&verified);
@@ -212,7 +210,6 @@ impl Engine {
                     drift = verified.drift.len(),
                     "verified the counters against the ledger"
                 ),
-                Err(VerifyError::Unsupported) => return,
                 Err(error) => {
                     static SITE: crate::logs::Throttle = crate::logs::Throttle::new();
                     if let Some(count) = SITE.event() {

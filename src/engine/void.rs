@@ -194,7 +194,7 @@ impl Engine {
 
     /// Whether the counter store streams the ledger (Redis): then attempts can be in doubt.
     pub(crate) fn counters_stream_ledger(&self) -> bool {
-        self.counters.streams_ledger()
+        self.deployment.streams_ledger()
     }
 
     /// Voids settled doubts every `every`, until the task is aborted.
@@ -220,7 +220,7 @@ impl Engine {
             // Gone (its record outlived the settle time): the ledger tells.
         }
         let id = doubt.entry.id.to_string();
-        let in_stream = match &self.drain {
+        let in_stream = match self.deployment.drain() {
             Some(drain) => {
                 drain
                     .appended(&doubt.stream, doubt.window, &id, SEARCH_PAGE)

@@ -316,10 +316,6 @@ impl CounterStore for RedisCounterStore {
         self.timeout
     }
 
-    fn streams_ledger(&self) -> bool {
-        true
-    }
-
     fn atomic_across_tags(&self) -> bool {
         !self.cluster
     }

@@ -56,7 +56,7 @@ impl Engine {
     /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
     /// `covered` (the snapshot kept covers it: the state it holds is the same).
     pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
-        let snapshots = self.snapshots.as_ref()?;
+        let snapshots = self.deployment.snapshots()?;
         let started = std::time::Instant::now();
         match self
             .save_snapshot(snapshots.store.as_ref(), snapshots.table.as_ref(), covered)

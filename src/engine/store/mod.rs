@@ -357,7 +357,7 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError>;
 
     /// Undoes a change whose ledger entry could not be committed (see [`Undo`]). Only a
-    /// store that does not [`stream the ledger`](CounterStore::streams_ledger) is asked;
+    /// store that does not stream the ledger (the in-process one) is asked;
     /// it is synchronous so that it can run when a cancelled request's work is dropped.
     fn undo(&self, _now_ms: i64, _undo: &Undo) -> Result<(), StoreError> {
         Err(StoreError::Protocol(
@@ -369,12 +369,6 @@ pub trait CounterStore: Send + Sync + 'static {
     /// ([`IdempotencyRecord::pending`]) is kept for good. Only a store that does not
     /// stream the ledger is asked; synchronous, like [`CounterStore::undo`].
     fn confirm(&self, _now_ms: i64, _change: &Undo) {}
-
-    /// Whether this store appends ledger entries itself (to a Redis stream) as part of
-    /// [`CounterStore::decide`] and [`CounterStore::give_back`].
-    fn streams_ledger(&self) -> bool {
-        false
-    }
 
     /// The longest a call may take before its caller stops waiting (Redis: the call's
     /// deadline is its send time plus this); zero for a store whose calls cannot time out.
