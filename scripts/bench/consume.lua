@@ -4,7 +4,7 @@
 --
 -- AMOUNT "" is the default amount (1). COUNTRIES, a comma-separated list of country codes
 -- ("NG,IN,US"), adds "attributes":{"country":"<C>"} to every body, C uniform in the list:
--- the budgets scoped by country are then few and hot (budgets, issue 10).
+-- the budgets scoped by country are then few and hot (budgets shared by subjects).
 --
 -- done() prints one machine-readable line (latencies in milliseconds):
 --   BENCH requests=N seconds=S rps=R p50_ms=X p99_ms=Y socket_errors=E non2xx=M

@@ -1,0 +1,172 @@
+"""quota-ledger's benchmark harness: the consume path's throughput, latency and memory, in
+one table. Run it as scripts/bench.sh (which makes sure python3 is there).
+
+On this machine, all on loopback, in one run:
+  1. a baseline: redis-benchmark running a minimal atomic check-and-charge Lua script
+     (scripts/bench/baseline.lua) with 50 clients over 100k keys, against a private Redis;
+  2. the service in release mode on that Redis, then on its embedded default (no Redis):
+     POST /quota/consume with wrk at 50 connections, for a calendar-day policy, a rolling
+     24 h policy in 24 buckets, a token bucket, a two-policy action (count + amount) and a
+     3-budget consume (calendar-day budgets of the subject, of its country, one of 20 drawn
+     uniformly, and of the whole action, charged in one call), each with 1k, 100k and 1M
+     distinct subjects (scripts/bench/consume.lua); each 3-budget row, against two more
+     calendar-day rows right before and after it, gives what budgets shared by subjects
+     cost; and Envoy's ShouldRateLimit over gRPC for the calendar-day policy at 100k
+     subjects (at the first subject count when 100k is not measured), right after its HTTP
+     row, with 50 streams over 2 HTTP/2 connections (examples/rls_load.rs: no packaged gRPC
+     load generator here); then the calendar day at 2,000 connections (the overload rows),
+     and the ledger lag;
+  3. Redis memory per subject per policy for each window type: the used_memory delta after
+     charging 100k distinct subjects through the service (scripts/bench/fill.lua), and the
+     service's resident memory;
+  4. the embedded default restarted on the ledger its runs left, after a graceful stop
+     (which snapshots its counters): the time until its first consume is answered (the
+     counters are rebuilt from the snapshot and the ledger after it first);
+  5. the outage budget: the service on Redis while its ledger database refuses writes (a
+     SQLite lock held by another process, as a Postgres outage looks to the drain): the
+     consumes/s, the ledger entries held in Redis, the Redis memory each takes and the
+     size of one, and how long the backlog takes to drain once the database is back;
+  6. the idle Redis load: the commands per second Redis runs for 1, then 4 instances with
+     no traffic (their ledger drain and hold sweeper);
+  7. counters verify on the ledger of the runs, embedded and with Redis: seconds per
+     million ledger entries, and the consumes/s of the calendar-day row while verifies run
+     back to back against the same row alone;
+then prints one table: every row, and each target (named by what it measures) beside the
+measured figure. Steps 3, 5 and 6 run after the Redis mode's rows, 4 after the
+embedded one's, 7 after each.
+
+Installs what is missing (wrk, redis-server, redis-tools) with apt-get, builds the release
+binary and the gRPC load generator with cargo (incrementally), and stops everything it
+started on exit, on failure and on Ctrl-C / SIGTERM too.
+Timings are noisy on a shared machine: compare the ratios within one run.
+
+Knobs (environment):
+  BENCH_DURATION=10          seconds measured per wrk run (after the warm-up)
+  BENCH_WARMUP=2             seconds of warm-up before each measured run
+  BENCH_CONNECTIONS=50       wrk connections, redis-benchmark clients and gRPC streams
+  BENCH_FLOOD_CONNECTIONS=2000  wrk connections of the overload rows (0: none)
+  BENCH_THREADS=2            wrk threads
+  BENCH_SUBJECTS="1000 100000 1000000"   distinct subjects per run
+  BENCH_MEMORY_SUBJECTS=100000           subjects charged for the memory figures
+  BENCH_MODES="redis embedded"           which service modes to run
+  BENCH_GRPC=0               no gRPC row (nor its load generator's build)
+  BENCH_GRPC_CONNECTIONS=2   HTTP/2 connections the gRPC streams share
+  BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load) as it is
+  BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
+  BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
+  BENCH_OUT=FILE             also write the table to FILE (relative to the repository)
+  BENCH_IDLE_SECONDS=30      seconds the idle Redis load is counted over (0: not measured;
+                             the janitor measures every stream every 15 s)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+from typing import Dict, List, Optional
+
+if sys.version_info < (3, 9):
+    sys.exit("bench: Python 3.9 or later is needed")
+
+from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
+from measurements import (  # noqa: E402
+    Bench,
+    measure_baseline,
+    measure_consume_rows,
+    measure_idle_load,
+    measure_memory,
+    measure_outage_budget,
+    measure_restart,
+    measure_verify,
+)
+from processes import Failure, Processes, Stop, build, ensure_tools, log  # noqa: E402
+from table import table  # noqa: E402
+
+SIGNALS: Dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
+
+
+def run(knobs: Knobs, processes: Processes, tmp: Path) -> List[str]:
+    """Every step, in order; returns the table."""
+    bench = Bench(knobs, processes, tmp)
+    bench.redis.start()
+    measure_baseline(bench)
+    for mode in knobs.modes:
+        service = measure_consume_rows(bench, mode)
+        if mode == "redis":
+            measure_memory(bench)
+            measure_outage_budget(bench)
+            measure_verify(bench, "redis", service.db)
+            if knobs.idle_seconds > 0:
+                log("idle Redis load: 1, then 4 instances with no traffic")
+                measure_idle_load(bench, 1)
+                measure_idle_load(bench, 4)
+        else:
+            measure_restart(bench, service)
+            measure_verify(bench, "embedded", service.db)
+    return table(knobs, bench.results, bench.redis.version())
+
+
+def main(argv: List[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        return 0
+    if argv:
+        log(f"no arguments are taken (the knobs are BENCH_* variables; see --help): {' '.join(argv)}")
+        return 2
+    os.chdir(ROOT)
+    processes = Processes()
+
+    def stop(signum: int, _frame: Optional[FrameType]) -> None:
+        raise Stop(SIGNALS[signum])
+
+    for signum in SIGNALS:
+        signal.signal(signum, stop)
+    tmp: Optional[Path] = None
+    code = 0
+    try:
+        knobs = Knobs.from_env(os.environ)
+        ensure_tools(knobs)
+        if knobs.build:
+            build(knobs)
+        if not os.access(knobs.binary, os.X_OK):
+            raise Failure(f"{knobs.binary} is missing: build it with cargo build --release")
+        if knobs.grpc and not os.access(LOADGEN, os.X_OK):
+            raise Failure(
+                f"{LOADGEN} is missing: build it with cargo build --release --example rls_load (or BENCH_GRPC=0)"
+            )
+        tmp = Path(tempfile.mkdtemp(prefix="quota-bench."))
+        lines = run(knobs, processes, tmp)
+        text = "\n".join(lines) + "\n"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if knobs.out is not None:
+            knobs.out.write_text(text)
+    except Stop as stopped:
+        log("stopping: a signal arrived")
+        code = stopped.code
+    except (Failure, KnobError) as error:
+        log(f"error: {error}")
+        code = 1
+    except Exception:
+        # A bug or an unexpected answer: its traceback, then the same cleanup.
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        # A second signal during the cleanup kills what is left at once.
+        for signum in SIGNALS:
+            signal.signal(signum, lambda _s, _f: processes.kill_all())
+        processes.stop_all()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
