@@ -20,8 +20,8 @@ use quota_ledger::counters::memory::MemoryCounterStore;
 use quota_ledger::domain::{
     Action, CalendarPeriod, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Subject, Window,
 };
+use quota_ledger::engine::decision::window::calendar_bounds;
 use quota_ledger::engine::store::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
-use quota_ledger::engine::window::calendar_bounds;
 use quota_ledger::keys::{policy_key, SubjectKeys};
 
 /// Saturday 2026-11-21 15:30:00 UTC.

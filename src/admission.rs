@@ -34,10 +34,10 @@
 //! latest commit carried an entry older than `QUOTA_LEDGER_PACE_MS`, each admitted request
 //! waits [`PACE`] with its slot before it is served: callers that await their answers send
 //! fewer, and the drain catches up. A drain that commits nothing (SQL is down) paces
-//! nothing: the backlog bound is for outages (see `crate::engine::backlog`).
+//! nothing: the backlog bound is for outages (see `crate::engine::pipeline::backlog`).
 
-use crate::engine::lag::Lag;
 use crate::engine::load::Load;
+use crate::engine::pipeline::lag::Lag;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

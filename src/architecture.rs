@@ -56,6 +56,17 @@ fn group_heads(group: &str) -> Vec<&str> {
 /// The modules of `known`, other than `module`, that `text` names through `crate::` paths
 /// outside comment lines.
 fn references(module: &str, text: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+    references_under("crate::", module, text, known)
+}
+
+/// The modules of `known`, other than `module`, that `text` names through paths that
+/// start with `prefix` (`crate::`, or `crate::engine::` for the engine's parts).
+fn references_under(
+    prefix: &str,
+    module: &str,
+    text: &str,
+    known: &BTreeSet<String>,
+) -> BTreeSet<String> {
     let code = text
         .lines()
         .filter(|line| !line.trim_start().starts_with("//"))
@@ -63,10 +74,10 @@ fn references(module: &str, text: &str, known: &BTreeSet<String>) -> BTreeSet<St
         .join("\n");
     let mut heads = Vec::new();
     let mut rest = code.as_str();
-    while let Some(at) = rest.find("crate::") {
+    while let Some(at) = rest.find(prefix) {
         // A whole word: `$crate::` counts, `other_crate::` does not.
         let whole_word = !rest[..at].chars().next_back().is_some_and(is_ident);
-        rest = &rest[at + "crate::".len()..];
+        rest = &rest[at + prefix.len()..];
         match rest.strip_prefix('{') {
             Some(group) if whole_word => heads.extend(group_heads(group)),
             None if whole_word => heads.push(ident(rest)),
@@ -327,4 +338,79 @@ fn a_file_belongs_to_the_top_level_module_it_sits_under() {
     let files = "keys.rs engine/mod.rs counters/memory/counting.rs lib.rs main.rs";
     let modules: Vec<String> = files.split(' ').map(module).collect();
     assert_eq!(modules, ["keys", "engine", "counters", "", ""]);
+}
+
+/// What each part of the engine may name (ARCHITECTURE.md, "The engine's three jobs"):
+/// the decision path and the ledger pipeline only the ports and shared types at the
+/// engine's root (`ports`: every file there but `mod.rs`, which holds the engine and its
+/// wiring, and `deployment.rs`, the mode chosen in startup); recovery replays with the
+/// decision path's arithmetic. The ports name no part.
+const ENGINE_PARTS: &[(&str, &str)] = &[
+    ("ports", ""),
+    ("decision", ""),
+    ("pipeline", ""),
+    ("recovery", "decision"),
+];
+
+/// The engine's part that `file` (under `src/engine/`) belongs to; `None` for the hub.
+fn engine_part(file: &Path) -> Option<String> {
+    let mut parts = file.components().map(|c| c.as_os_str().to_string_lossy());
+    let first = parts.next()?;
+    let nested = parts.next().is_some();
+    match first.as_ref() {
+        "mod.rs" | "deployment.rs" => None,
+        part @ ("decision" | "pipeline" | "recovery") if nested => Some(part.to_owned()),
+        _ => Some("ports".to_owned()),
+    }
+}
+
+#[test]
+fn each_part_of_the_engine_names_only_what_its_job_may() {
+    let (sources, _, _) = repository();
+    let known = names("decision pipeline recovery");
+    let mut graph = Graph::new();
+    let mut climbing = Vec::new();
+    for source in sources.iter().filter(|s| s.module == "engine") {
+        let file = source.path.strip_prefix("engine").expect("an engine file");
+        let Some(part) = engine_part(file) else {
+            continue;
+        };
+        // The parts name each other by `crate::engine::` paths, which this check reads.
+        if part != "ports" && source.text.contains("super::super::") {
+            climbing.push(format!("src/{}", source.path.display()));
+        }
+        let named = references_under("crate::engine::", &part, &source.text, &known);
+        graph.entry(part).or_default().extend(named);
+    }
+    assert!(
+        climbing.is_empty(),
+        "name the engine's parts by crate::engine:: paths, not super::super:: in {climbing:?}"
+    );
+    let found = violations(&graph, ENGINE_PARTS);
+    assert!(
+        found.is_empty(),
+        "parts of the engine name what their job may not (ARCHITECTURE.md):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_engine_part_check_reads_engine_paths() {
+    let known = names("decision pipeline recovery");
+    let text = "use crate::engine::{pipeline::drain::Drainer, store::Charge};\n\
+                // crate::engine::recovery in a comment\n\
+                let x = crate::engine::decision::plan::Plan::new();";
+    assert_eq!(
+        references_under("crate::engine::", "ports", text, &known),
+        names("decision pipeline")
+    );
+    assert_eq!(
+        engine_part(Path::new("decision/plan.rs")).as_deref(),
+        Some("decision")
+    );
+    assert_eq!(
+        engine_part(Path::new("store/mod.rs")).as_deref(),
+        Some("ports")
+    );
+    assert_eq!(engine_part(Path::new("mod.rs")), None);
 }

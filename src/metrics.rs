@@ -21,7 +21,7 @@ mod labels;
 mod scrape;
 mod text;
 
-use crate::engine::policies::PolicyCache;
+use crate::engine::decision::policies::PolicyCache;
 use crate::engine::store::{StoreError, StoreMemory};
 use crate::engine::{Decision, EngineError};
 use labels::{DecisionLabels, EndpointLabels, RequestLabels, RequestResult, StoreErrorLabels};
@@ -94,7 +94,7 @@ pub(crate) struct Live {
     /// `/quota/*` requests paced while the ledger's drain was behind, since the start.
     pub(crate) paced: u64,
     /// How long ledger entries took from their decision to their SQL commit.
-    pub(crate) ledger_lag: crate::engine::lag::LagSnapshot,
+    pub(crate) ledger_lag: crate::engine::pipeline::lag::LagSnapshot,
     /// Budgets whose counters drifted from the ledger at the last verify; `None` before.
     pub(crate) counter_drift_budgets: Option<u64>,
 }

@@ -10,18 +10,18 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Secret, Settings};
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
-use crate::engine::backlog::Backlog;
+use crate::engine::decision::policies::PolicyCache;
 use crate::engine::deployment::{Deployment, Streamed};
-use crate::engine::drain::{Appends, Drainer};
 use crate::engine::janitor::Janitor;
-use crate::engine::lag::Lag;
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
-use crate::engine::policies::PolicyCache;
-use crate::engine::shards::ScratchStore;
+use crate::engine::pipeline::backlog::Backlog;
+use crate::engine::pipeline::drain::{Appends, Drainer};
+use crate::engine::pipeline::lag::Lag;
+use crate::engine::pipeline::writer::LedgerWriter;
+use crate::engine::recovery::shards::ScratchStore;
 use crate::engine::state::Replay;
 use crate::engine::store::CounterStore;
-use crate::engine::writer::LedgerWriter;
 use crate::engine::{Engine, Ports, Restored};
 use crate::ledger::retention::{Retention, RetentionTask};
 use crate::metrics::Metrics;
@@ -77,15 +77,15 @@ impl Drop for BackgroundTasks {
 }
 
 /// Counts the ledger entries waiting in the Redis streams every
-/// [`MEASURE_EVERY`](crate::engine::backlog::MEASURE_EVERY) while any may wait (this
+/// [`MEASURE_EVERY`](crate::engine::pipeline::backlog::MEASURE_EVERY) while any may wait (this
 /// instance appended since the last count, or the last count found some), which bounds
 /// consumes by `QUOTA_LEDGER_BACKLOG_MAX`; looks at Redis's memory settings every
-/// [`MEMORY_LOOK_EVERY`](crate::engine::backlog::MEMORY_LOOK_EVERY); and rebuilds the
+/// [`MEMORY_LOOK_EVERY`](crate::engine::pipeline::backlog::MEMORY_LOOK_EVERY); and rebuilds the
 /// shards that lost their epoch, as soon as a decision finds one and (the janitor only)
-/// every [`SHARD_LOOK_EVERY`](crate::engine::shards::SHARD_LOOK_EVERY) (Redis only).
+/// every [`SHARD_LOOK_EVERY`](crate::engine::recovery::shards::SHARD_LOOK_EVERY) (Redis only).
 fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
-    use crate::engine::backlog::{MEASURE_EVERY, MEMORY_LOOK_EVERY};
-    use crate::engine::shards::SHARD_LOOK_EVERY;
+    use crate::engine::pipeline::backlog::{MEASURE_EVERY, MEMORY_LOOK_EVERY};
+    use crate::engine::recovery::shards::SHARD_LOOK_EVERY;
     tokio::spawn(async move {
         let mut full = false;
         let mut last_look = std::time::Instant::now();
@@ -330,7 +330,9 @@ impl Application {
         if state.engine.counters_stream_ledger() {
             let engine = state.engine.clone();
             tasks.0.push(tokio::spawn(async move {
-                engine.void_every(crate::engine::void::VOID_EVERY).await;
+                engine
+                    .void_every(crate::engine::decision::void::VOID_EVERY)
+                    .await;
             }));
         }
         let sweeper = embedded::Sweeper::spawn(state.clone());

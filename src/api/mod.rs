@@ -39,7 +39,7 @@ pub(crate) struct AppState {
     /// Bounds the `/quota/*` requests in flight.
     pub(crate) admission: Arc<crate::admission::Admission>,
     /// How long ledger entries took to reach SQL (the drain and the writer record it).
-    pub(crate) ledger_lag: Arc<crate::engine::lag::Lag>,
+    pub(crate) ledger_lag: Arc<crate::engine::pipeline::lag::Lag>,
 }
 
 impl AppState {

@@ -9,7 +9,7 @@ use super::wire::{
 };
 use super::AppState;
 use crate::domain::{ConsumptionId, FieldErrors, HoldId, Quantity};
-use crate::engine::giveback::Settle;
+use crate::engine::decision::giveback::Settle;
 use crate::engine::Settled;
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};

@@ -7,7 +7,7 @@ use super::quota::budget_out;
 use super::wire::Slug;
 use super::AppState;
 use crate::domain::{Action, FieldErrors};
-use crate::engine::verify::{Drift, VerifyError};
+use crate::engine::recovery::verify::{Drift, VerifyError};
 use actix_web::{get, web};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

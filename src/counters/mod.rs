@@ -4,7 +4,7 @@
 //! - [`memory`]: in-process counters, the embedded default (sharded mutexes, the same
 //!   arithmetic as the Lua scripts, in Rust).
 //! - [`redis`]: Redis or Redis Cluster, one `EVALSHA` per decision; it also implements the
-//!   [`LedgerStream`](crate::engine::stream::LedgerStream) port.
+//!   [`LedgerStream`](crate::engine::pipeline::stream::LedgerStream) port.
 //!
 //! One conformance suite (`conformance`, tests only) runs the same scenarios on both.
 

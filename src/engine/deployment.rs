@@ -2,10 +2,10 @@
 //! that knows the two deployments apart. The decision path never asks which it runs in;
 //! it calls the ledger pipeline (`engine::unit`), which does what the deployment needs.
 
-use super::backlog::Backlog;
-use super::drain::Drainer;
-use super::shards::ShardStates;
-use super::snapshot::Snapshots;
+use super::pipeline::backlog::Backlog;
+use super::pipeline::drain::Drainer;
+use super::recovery::shards::ShardStates;
+use super::recovery::snapshot::Snapshots;
 use std::sync::Arc;
 
 /// The deployment: in process (the embedded default), or on Redis.

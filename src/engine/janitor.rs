@@ -1,7 +1,7 @@
 //! The janitor: the one instance at a time that does the background work nobody asked for.
 //!
 //! Each instance drains the ledger streams it appended to and releases the holds it opened
-//! when they fall due (see [`drain`](super::drain) and [`HoldDues`](super::giveback::HoldDues)).
+//! when they fall due (see [`drain`](crate::engine::pipeline::drain) and [`HoldDues`](crate::engine::decision::giveback::HoldDues)).
 //! What is left is what a dead instance left behind, and it is the janitor's: entries it
 //! appended and never read, entries it read and never acknowledged (claimed once idle for
 //! the claim timeout), holds it opened, shards whose Redis data was lost while no request
@@ -13,7 +13,7 @@
 //! janitors at once, for a moment, are harmless: every sweep it makes is safe to repeat.
 //! Its Redis work is therefore the same whatever the number of instances.
 
-use super::store::CounterStore;
+use crate::engine::store::CounterStore;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,50 +7,34 @@
 //! Consumes and holds ([`consume`]) also keep idempotency records and ledger entries in
 //! that same atomic step; refunds and hold settlement live in [`giveback`].
 
-pub mod backlog;
 pub mod codec;
-pub(crate) mod consume;
-pub(crate) mod crossslot;
-pub(crate) mod cut;
+pub mod decision;
 pub(crate) mod deployment;
-pub mod drain;
 pub mod faults;
-pub(crate) mod giveback;
 pub mod janitor;
-pub mod lag;
 pub mod ledger;
 pub mod load;
-mod plan;
-pub(crate) mod policies;
-pub(crate) mod rebuild;
-pub mod shards;
-pub(crate) mod snapshot;
+pub mod pipeline;
+pub mod recovery;
 pub(crate) mod state;
 pub mod store;
-pub(crate) mod stream;
-mod unit;
-pub(crate) mod verify;
-pub mod void;
-pub mod window;
-pub mod writer;
 
 use crate::clock::Clock;
 use crate::domain::{
     Action, Attributes, Budget, FieldErrors, IdempotencyKey, Measure, Mode, PolicyId, Quantity,
     Subject,
 };
-use crate::logs::Throttle;
 use chrono::{DateTime, TimeZone, Utc};
+use decision::policies::PolicyCache;
 use deployment::Deployment;
 use ledger::{LedgerError, LedgerStore};
-use policies::PolicyCache;
+use pipeline::writer::LedgerWriter;
 use std::sync::Arc;
 use store::{CounterStore, StoreError};
-use writer::LedgerWriter;
 
-pub(crate) use consume::Consumed;
-pub(crate) use giveback::Settled;
-pub use snapshot::{Restored, Saved};
+pub(crate) use decision::consume::Consumed;
+pub(crate) use decision::giveback::Settled;
+pub use recovery::snapshot::{Restored, Saved};
 
 /// One request to charge (or check, or hold) `amount` for `subject` doing `action`.
 #[derive(Debug, Clone)]
@@ -173,7 +157,7 @@ pub(crate) struct Ports {
     /// In process or on Redis, with what each needs beside the counter store.
     pub(crate) deployment: Deployment,
     /// A fresh in-process store to replay the ledger into (a shard's on Redis; all of it to verify).
-    pub(crate) scratch: shards::ScratchStore,
+    pub(crate) scratch: recovery::shards::ScratchStore,
     /// Whether this instance sweeps after dead ones.
     pub(crate) janitor: Arc<janitor::Janitor>,
 }
@@ -199,7 +183,7 @@ pub struct Engine {
     load: Arc<load::Load>,
     /// In process or on Redis: chosen once, in `startup`.
     deployment: Deployment,
-    scratch: shards::ScratchStore,
+    scratch: recovery::shards::ScratchStore,
     /// One rebuild of shards at a time in this instance.
     reopening: tokio::sync::Mutex<()>,
     /// Set when a decision found a shard without its epoch.
@@ -209,12 +193,12 @@ pub struct Engine {
     /// the copy is exactly the replay of the entries committed by then (a consistent cut).
     cut: tokio::sync::RwLock<()>,
     /// When the holds this instance knows of fall due, per shard.
-    hold_dues: giveback::HoldDues,
+    hold_dues: decision::giveback::HoldDues,
     janitor: Arc<janitor::Janitor>,
     /// What the last verify found.
-    drift: verify::DriftWatch,
+    drift: recovery::verify::DriftWatch,
     /// Attempts answered 503 that Redis may have decided, until voided.
-    doubts: void::Doubts,
+    doubts: decision::void::Doubts,
     /// The failpoints tests arm (shared with the drain).
     faults: Arc<faults::Faults>,
 }
@@ -250,10 +234,10 @@ impl Engine {
             writer,
             load,
             cut: tokio::sync::RwLock::new(()),
-            hold_dues: giveback::HoldDues::default(),
+            hold_dues: decision::giveback::HoldDues::default(),
             janitor,
-            drift: verify::DriftWatch::default(),
-            doubts: void::Doubts::default(),
+            drift: recovery::verify::DriftWatch::default(),
+            doubts: decision::void::Doubts::default(),
             faults,
         }
     }
@@ -284,7 +268,7 @@ impl Engine {
 
     /// Counts the ledger entries waiting in the Redis streams now, and bounds consumes by
     /// it (`None` without Redis, or when Redis did not answer). Runs every
-    /// [`backlog::MEASURE_EVERY`] in the background; tests call it to measure at once.
+    /// [`pipeline::backlog::MEASURE_EVERY`] in the background; tests call it to measure at once.
     pub async fn measure_backlog(&self) -> Option<u64> {
         let streamed = self.deployment.streamed()?;
         let (drain, backlog) = (&streamed.drain, &streamed.backlog);
@@ -296,7 +280,7 @@ impl Engine {
     }
 
     /// The backlog bound and what is known of the backlog (`None` without Redis).
-    pub(crate) fn backlog(&self) -> Option<&backlog::Backlog> {
+    pub(crate) fn backlog(&self) -> Option<&pipeline::backlog::Backlog> {
         self.deployment.backlog()
     }
 
@@ -334,79 +318,6 @@ impl Engine {
     /// window computation, answer and ledger entry (and of what Postgres keeps).
     pub(crate) fn now(&self) -> DateTime<Utc> {
         chrono::SubsecRound::trunc_subsecs(self.clock.now(), 3)
-    }
-
-    /// Decides `request` without charging (a check). Consumes go through [`Engine::consume`].
-    pub(crate) async fn check(&self, request: &ConsumeRequest) -> Result<Decision, EngineError> {
-        let plan = self.plan(request)?;
-        if plan.charges.is_empty() {
-            return Ok(plan.empty_decision());
-        }
-        let evaluated = match self.across_slots(&plan) {
-            true => self.evaluate_across(&plan).await,
-            false => {
-                self.counters
-                    .evaluate(plan.now_ms(), &plan.charges, false)
-                    .await
-            }
-        };
-        match evaluated {
-            Ok(evaluation) => Ok(plan.decision(&evaluation)),
-            Err(error) => self.on_store_failure(&plan, error),
-        }
-    }
-
-    /// Current usage of every enabled policy of the action that applies to the subject with
-    /// `attributes`; charges nothing.
-    pub(crate) async fn usage(
-        &self,
-        action: &Action,
-        subject: &Subject,
-        attributes: &Attributes,
-    ) -> Result<Decision, EngineError> {
-        let plan = self.plan(&ConsumeRequest {
-            action: action.clone(),
-            subject: subject.clone(),
-            amount: Quantity::ZERO,
-            idempotency_key: None,
-            attributes: attributes.clone(),
-            anonymous: false,
-        })?;
-        if plan.charges.is_empty() {
-            return Ok(plan.empty_decision());
-        }
-        let evaluation = match self.across_slots(&plan) {
-            true => self.evaluate_across(&plan).await?,
-            false => {
-                self.counters
-                    .evaluate(plan.now_ms(), &plan.charges, false)
-                    .await?
-            }
-        };
-        Ok(plan.decision(&evaluation))
-    }
-
-    /// The degraded answer when the store is down and the operator chose to fail open.
-    fn on_store_failure(
-        &self,
-        plan: &plan::Plan,
-        error: StoreError,
-    ) -> Result<Decision, EngineError> {
-        if matches!(error, StoreError::Rebuilding { .. }) {
-            self.want_rebuild();
-        }
-        match error {
-            // Never fail open while shedding: a flood must not switch the limits off.
-            error if error.is_transient() && self.load.overloaded() => Err(EngineError::Overloaded),
-            error if error.is_transient() && self.on_store_error == OnStoreError::Allow => {
-                static SITE: Throttle = Throttle::new();
-                if let Some(count) = SITE.event() {
-                    tracing::warn!(error = %error, count, "counter store unavailable; allowing (degraded)");
-                }
-                Ok(plan.degraded_decision())
-            }
-            error => Err(error.into()),
-        }
     }
 }
 

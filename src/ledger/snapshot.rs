@@ -1,5 +1,5 @@
 //! The `counter_snapshots` table: the engine's
-//! [`SnapshotStore`](crate::engine::snapshot::SnapshotStore) port over the ledger's
+//! [`SnapshotStore`](crate::engine::recovery::snapshot::SnapshotStore) port over the ledger's
 //! database, Postgres or SQLite, written by one macro as the ledger is.
 //!
 //! A snapshot is a few rows, one per encoded part, each repeating the header; saving
@@ -8,7 +8,7 @@
 
 use super::sql::{db_error, PostgresLedgerStore, SqliteLedgerStore};
 use crate::engine::ledger::LedgerError;
-use crate::engine::snapshot::{SnapshotStore, StoredSnapshot};
+use crate::engine::recovery::snapshot::{SnapshotStore, StoredSnapshot};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;

@@ -3,7 +3,7 @@
 //! scrape from the values the handler passes, so nothing has to keep them up to date.
 
 use super::Live;
-use crate::engine::policies::PolicyCache;
+use crate::engine::decision::policies::PolicyCache;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -132,9 +132,9 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
     registry
 }
 
-/// A histogram read from the engine's [`crate::engine::lag::Lag`] at scrape time.
+/// A histogram read from the engine's [`crate::engine::pipeline::lag::Lag`] at scrape time.
 #[derive(Debug)]
-struct LagHistogram(crate::engine::lag::LagSnapshot);
+struct LagHistogram(crate::engine::pipeline::lag::LagSnapshot);
 
 impl prometheus_client::encoding::EncodeMetric for LagHistogram {
     fn encode(

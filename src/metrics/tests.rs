@@ -2,7 +2,7 @@
 
 use super::{Endpoint, Live, Metrics, UNKNOWN_ACTION};
 use crate::domain::{Action, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Window};
-use crate::engine::policies::PolicyCache;
+use crate::engine::decision::policies::PolicyCache;
 use crate::engine::store::{StoreError, StoreMemory};
 use crate::engine::{Decision, EngineError, PolicyDecision};
 use chrono::{DateTime, Utc};
@@ -248,7 +248,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         overloaded: 11,
         paced: 13,
         ledger_lag: {
-            let lag = crate::engine::lag::Lag::default();
+            let lag = crate::engine::pipeline::lag::Lag::default();
             let now = Utc::now();
             let decided = [now, now, now - chrono::Duration::milliseconds(700)];
             lag.observe_all(now, decided.into_iter());

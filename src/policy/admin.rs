@@ -5,7 +5,7 @@
 
 use super::{PolicyStore, StoreResult};
 use crate::domain::{Override, Policy, PolicyId, Subject};
-use crate::engine::policies::PolicyCache;
+use crate::engine::decision::policies::PolicyCache;
 
 /// The write side of the policy module: the store's writes, each followed by a cache reload.
 ///

@@ -2,7 +2,7 @@
 //! in-process cache in step with it.
 //!
 //! The consume path never reads from here directly: it reads the engine's
-//! [`PolicyCache`](crate::engine::policies::PolicyCache), which is
+//! [`PolicyCache`](crate::engine::decision::policies::PolicyCache), which is
 //! rebuilt from the store after every change made through this instance ([`PolicyAdmin`]),
 //! and kept in step
 //! with changes made through other instances by [`Refresher`] (Postgres notifications,
@@ -21,7 +21,7 @@ pub(crate) use refresh::Refresher;
 pub(crate) use sql::connect;
 
 use crate::domain::{Action, Override, Policy, PolicyId, Subject};
-use crate::engine::policies::PolicyCache;
+use crate::engine::decision::policies::PolicyCache;
 use async_trait::async_trait;
 
 /// The most policies one action may have: each consume evaluates all of them in one script.
@@ -140,7 +140,7 @@ pub(crate) mod tests {
     use super::{refresh_if_changed, reload, PolicyAdmin, PolicyStore, PolicyStoreError};
     use crate::domain::{Action, Policy, PolicyId};
     use crate::domain::{Measure, Mode, PolicySpec, Quantity, Window};
-    use crate::engine::policies::PolicyCache;
+    use crate::engine::decision::policies::PolicyCache;
     use chrono::TimeZone;
     use chrono::Utc;
     use std::path::PathBuf;

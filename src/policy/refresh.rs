@@ -13,7 +13,7 @@
 //! failures twice: when it begins and when it ends, not on every attempt.
 
 use super::{FeedEvent, PolicyStore, PolicyStoreError, StoreResult};
-use crate::engine::policies::PolicyCache;
+use crate::engine::decision::policies::PolicyCache;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;

@@ -4,7 +4,7 @@
 //! hold sweeper, which is stopped between two sweeps before that.
 
 use crate::api::AppState;
-use crate::engine::snapshot::{SnapshotStore, Snapshots};
+use crate::engine::recovery::snapshot::{SnapshotStore, Snapshots};
 use crate::engine::state::Replay;
 use crate::engine::{Engine, Restored};
 use actix_web::web;

@@ -37,8 +37,8 @@ use connection::{Connection, Refusal};
 use info::store_memory;
 
 use super::circuit::CircuitBreaker;
-use crate::engine::drain::Appends;
 use crate::engine::load::Load;
+use crate::engine::pipeline::drain::Appends;
 use crate::engine::store::{
     check_charges, Charge, CounterStore, Decided, Effects, Evaluation, Finalize, Finalized,
     GiveBack, GivenBack, StoreError, StoreMemory,

@@ -2,8 +2,8 @@
 //! consumer group, claiming what dead consumers left pending, and acknowledging.
 
 use super::RedisCounterStore;
+use crate::engine::pipeline::stream::{LedgerStream, Read, StreamEntry};
 use crate::engine::store::StoreError;
-use crate::engine::stream::{LedgerStream, Read, StreamEntry};
 use async_trait::async_trait;
 use redis::Value;
 

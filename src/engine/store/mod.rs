@@ -402,7 +402,7 @@ pub trait CounterStore: Send + Sync + 'static {
     /// (Redis), for `/metrics`; `None` for the in-process store, or when it did not answer.
     /// Redis's adapter also judges the eviction policy it read: an unsafe one refuses
     /// every decision from then on, a fixed one serves again. The engine looks every
-    /// [`MEMORY_LOOK_EVERY`](super::backlog::MEMORY_LOOK_EVERY).
+    /// [`MEMORY_LOOK_EVERY`](super::pipeline::backlog::MEMORY_LOOK_EVERY).
     async fn memory(&self) -> Option<StoreMemory> {
         None
     }

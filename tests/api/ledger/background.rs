@@ -6,7 +6,7 @@ use crate::on_policy_stores;
 use chrono::Duration;
 use quota_ledger::clock::FakeClock;
 use quota_ledger::engine::ledger::LedgerFilter;
-use quota_ledger::engine::writer::LedgerWriter;
+use quota_ledger::engine::pipeline::writer::LedgerWriter;
 use quota_ledger::ledger::retention::Retention;
 use std::collections::HashSet;
 use std::sync::Arc;

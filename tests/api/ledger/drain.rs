@@ -5,8 +5,8 @@ use crate::helpers::{fresh_settings, CounterBackend, FreshSettings, PolicyBacken
 use crate::on_policy_stores;
 use quota_ledger::counters::redis::RedisCounterStore;
 use quota_ledger::domain::LedgerEntry;
-use quota_ledger::engine::drain::Drainer;
 use quota_ledger::engine::ledger::{LedgerFilter, LedgerStore};
+use quota_ledger::engine::pipeline::drain::Drainer;
 use quota_ledger::keys::{ledger_stream, SHARDS};
 use std::collections::HashSet;
 use std::sync::Arc;

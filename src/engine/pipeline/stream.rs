@@ -1,15 +1,15 @@
 //! The ledger-stream port: where the Redis consume script appends ledger entries, in the
-//! same atomic step as the charge, for the [drain](super::drain) to move into SQL.
+//! same atomic step as the charge, for the [drain](crate::engine::pipeline::drain) to move into SQL.
 //!
 //! The Redis adapter (`crate::counters::redis`) implements it over one stream per shard
 //! and a consumer group; the drain, a verify and the voider only need these operations,
 //! so they can be tested without Redis.
 
-use super::store::StoreError;
+use crate::engine::store::StoreError;
 use async_trait::async_trait;
 
 /// One stream entry: its id in the stream and the encoded ledger entry
-/// (see [`codec::decode_entry`](super::codec::decode_entry)).
+/// (see [`codec::decode_entry`](crate::engine::codec::decode_entry)).
 pub type StreamEntry = (String, String);
 
 /// Which entries to read.

@@ -10,7 +10,7 @@
 //! 1. it takes the shard's **lock** (one instance rebuilds a shard; the others wait);
 //! 2. it **drains** the ledger streams, so that every entry Redis still holds is in SQL;
 //! 3. it **replays** the ledger's entries of the shard (the horizon of
-//!    [`rebuild`](super::rebuild)) into a fresh in-process store, the same replay the
+//!    [`rebuild`](crate::engine::recovery::rebuild)) into a fresh in-process store, the same replay the
 //!    embedded default starts with;
 //! 4. it **writes** that store's state into Redis as absolute values (counters, hold records
 //!    and the index of open holds, refunded totals), while the shard is still closed and the
@@ -22,11 +22,12 @@
 //! is lost with it. An operator can close shards on purpose (`quota-ledger counters
 //! rebuild`): after restoring Redis from an old backup, say.
 
-use super::state::Replay;
-use super::state::StateItem;
-use super::store::StoreError;
-use super::{Engine, EngineError};
 use crate::domain::{Action, LedgerEntry};
+use crate::engine::decision::crossslot::{ATTEMPT_MS, SKEW_MS};
+use crate::engine::state::Replay;
+use crate::engine::state::StateItem;
+use crate::engine::store::StoreError;
+use crate::engine::{Engine, EngineError};
 use crate::keys;
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,7 +108,7 @@ pub(crate) trait ShardStates: Send + Sync {
         shards: &[u16],
         counters: &[String],
         now_ms: i64,
-    ) -> Result<Option<super::cut::Cut>, StoreError>;
+    ) -> Result<Option<crate::engine::recovery::cut::Cut>, StoreError>;
 
     /// Each of `shards`' version of steps across Redis Cluster slots, with its epoch: equal
     /// twice, no such step changed its counters in between (`keys::cross_slot_version`).
@@ -213,7 +214,7 @@ impl Engine {
             // On a cluster, an attempt across slots that reserved in these shards before
             // they closed commits (or can no longer) within its deadline and the skew:
             // its entry is then in a stream, drained below.
-            let wait = super::crossslot::ATTEMPT_MS + super::crossslot::SKEW_MS;
+            let wait = ATTEMPT_MS + SKEW_MS;
             tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
         }
         let to_drain: BTreeSet<u16> = match shared {

@@ -9,17 +9,17 @@
 //!
 //! An instance does not poll: its counter store tells it which shards' streams it
 //! appended to ([`Appends`]), and its drain wakes for those. What a dead instance left in
-//! the streams is the [janitor](super::janitor)'s: every half claim timeout it measures
+//! the streams is the [janitor](crate::engine::janitor)'s: every half claim timeout it measures
 //! each stream and drains (and claims from) those that hold anything. With no traffic,
 //! the drains of every instance together cost Redis 64 `XLEN` per half claim timeout.
 
-use super::codec;
-use super::janitor::Janitor;
-use super::lag::Lag;
-use super::ledger::{LedgerError, LedgerStore};
-use super::store::StoreError;
-use super::stream::{LedgerStream, Read, StreamEntry};
 use crate::domain::LedgerEntry;
+use crate::engine::codec;
+use crate::engine::janitor::Janitor;
+use crate::engine::ledger::{LedgerError, LedgerStore};
+use crate::engine::pipeline::lag::Lag;
+use crate::engine::pipeline::stream::{LedgerStream, Read, StreamEntry};
+use crate::engine::store::StoreError;
 use crate::keys::{ledger_stream, SHARDS};
 use crate::logs::Throttle;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,7 +86,7 @@ pub struct Drainer {
     /// Each moved entry's lag, decision to SQL commit.
     lag: Arc<Lag>,
     /// The failpoints tests arm (shared with the engine).
-    faults: Arc<super::faults::Faults>,
+    faults: Arc<crate::engine::faults::Faults>,
 }
 
 impl Drainer {
@@ -113,7 +113,7 @@ impl Drainer {
     }
 
     /// Its failpoints (the engine arms them).
-    pub(crate) fn faults(&self) -> Arc<super::faults::Faults> {
+    pub(crate) fn faults(&self) -> Arc<crate::engine::faults::Faults> {
         self.faults.clone()
     }
 
@@ -269,7 +269,7 @@ impl Drainer {
                 acks[*stream].push(origin.1);
             }
         }
-        if super::faults::fault!(self, "drain.ack") {
+        if crate::engine::faults::fault!(self, "drain.ack") {
             anyhow::bail!("failpoint drain.ack: acknowledging the drained entries failed");
         }
         let mut moved = 0;
@@ -504,7 +504,7 @@ impl Drainer {
         for _ in 0..1_000 {
             let read = self.streams.range(stream, from, to, page).await?;
             let found = read.iter().any(|(_, text)| {
-                super::codec::decode_entries(text)
+                crate::engine::codec::decode_entries(text)
                     .is_ok_and(|entries| entries.iter().any(|e| e.id.to_string() == entry))
             });
             if found {

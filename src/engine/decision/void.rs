@@ -29,11 +29,11 @@
 //! is (`committed`, or `abandoned` by the caller or the sweeper within seconds), and its
 //! void gives its share in the other slots back too, once each, like a refund across slots.
 
-use super::codec::HoldRecord;
-use super::giveback::Settle;
-use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
-use super::{Engine, EngineError};
 use crate::domain::{EntryId, EntryKind, LedgerEntry};
+use crate::engine::codec::HoldRecord;
+use crate::engine::decision::giveback::Settle;
+use crate::engine::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
+use crate::engine::{Engine, EngineError};
 use crate::keys::{self, SubjectKeys};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -107,7 +107,7 @@ impl Engine {
     /// Registers an attempt answered 503 after its store call failed in a way that may
     /// have let Redis run it (timed out, or the connection broke).
     /// `intent`: the key of its intent, when it was decided across Redis Cluster slots.
-    pub(super) fn doubt(
+    pub(in crate::engine) fn doubt(
         &self,
         entry: &LedgerEntry,
         stream: &str,
@@ -210,7 +210,8 @@ impl Engine {
         if let Some(intent) = &doubt.intent {
             let now_ms = self.now().timestamp_millis();
             if let Some(text) = self.counters.record(intent, now_ms).await? {
-                let (state, _) = super::codec::decode_intent(&text).map_err(StoreError::from)?;
+                let (state, _) =
+                    crate::engine::codec::decode_intent(&text).map_err(StoreError::from)?;
                 match state.as_str() {
                     "open" => return Ok(None),
                     "committed" => return self.void(doubt).await.map(Some),
@@ -276,7 +277,7 @@ impl Engine {
             consumption_id: entry.consumption_id,
             hold_id: entry.hold_id,
             idempotency_key: entry.idempotency_key.clone(),
-            policies: super::giveback::given(&entry.counters, entry.amount, true),
+            policies: crate::engine::decision::giveback::given(&entry.counters, entry.amount, true),
             attributes: entry.attributes.clone(),
             counters: Vec::new(),
             hold_expires_at: None,

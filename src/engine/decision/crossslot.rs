@@ -26,14 +26,14 @@
 //! home is 1 + k reads; a denial in foreign shard i adds an abandon (k + 2 calls) and up
 //! to k reads for the answer. A global budget's slot takes one call per consume.
 
-use super::codec::{self, IntentRecord};
-use super::plan::Plan;
-use super::store::{
+use crate::domain::{CounterCharge, LedgerEntry};
+use crate::engine::codec::{self, IntentRecord};
+use crate::engine::decision::plan::Plan;
+use crate::engine::store::{
     Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind, GivenBack,
     IntentOpen, LedgerAppend, Outcome, ReservationOpen, StoreError,
 };
-use super::Engine;
-use crate::domain::{CounterCharge, LedgerEntry};
+use crate::engine::Engine;
 use crate::keys;
 use std::collections::BTreeMap;
 
@@ -77,7 +77,7 @@ fn shard_of(key: &str) -> Option<u16> {
 
 impl Engine {
     /// Whether `plan` charges several shards on a store that takes one per call.
-    pub(super) fn across_slots(&self, plan: &Plan) -> bool {
+    pub(in crate::engine) fn across_slots(&self, plan: &Plan) -> bool {
         self.deployment.cluster()
             && plan
                 .charges
@@ -91,7 +91,7 @@ impl Engine {
         clippy::too_many_lines,
         reason = "the protocol's steps in the order the module doc lists them: open, reserve each slot, finalize"
     )]
-    pub(super) async fn decide_across(
+    pub(in crate::engine) async fn decide_across(
         &self,
         plan: &Plan,
         effects: &Effects,
@@ -220,7 +220,7 @@ impl Engine {
                 ..Effects::default()
             },
         };
-        if super::faults::fault!(self, "crossslot.finalize") {
+        if crate::engine::faults::fault!(self, "crossslot.finalize") {
             let _ = self.abandon(home, &member, &record, None).await;
             return Err(StoreError::Timeout(
                 "failpoint crossslot.finalize: the finalize was never sent".to_owned(),
@@ -250,7 +250,10 @@ impl Engine {
 
     /// Reads `plan` (a check, or usage) one shard at a time: advisory, not one atomic
     /// read across the slots.
-    pub(super) async fn evaluate_across(&self, plan: &Plan) -> Result<Evaluation, StoreError> {
+    pub(in crate::engine) async fn evaluate_across(
+        &self,
+        plan: &Plan,
+    ) -> Result<Evaluation, StoreError> {
         let (home, groups) = groups(plan);
         let outcomes = vec![None; plan.charges.len()];
         let outcomes = self.read_rest(plan, outcomes, &groups, Some(&home)).await?;
@@ -400,7 +403,7 @@ impl Engine {
 
     /// A give-back's share in foreign shards, on a store that takes one slot per call: the
     /// counters of `request` outside `home` are taken out of it and returned by shard.
-    pub(super) fn foreign_share(
+    pub(in crate::engine) fn foreign_share(
         &self,
         home: u16,
         request: &mut GiveBack,
@@ -423,7 +426,7 @@ impl Engine {
 
     /// The record kept at home with a give-back whose share of other slots is given next
     /// (`GiveBack::pending`): the sweeper redoes the share if the instance dies first.
-    pub(super) fn pending_share(
+    pub(in crate::engine) fn pending_share(
         &self,
         home: u16,
         entry: &LedgerEntry,
@@ -452,7 +455,7 @@ impl Engine {
     /// Gives the entry `id`'s share back to foreign shards, once each (a marker per entry):
     /// count policies their charge when `full`, amount policies `by_amount`; then drops its
     /// pending record at `home` from the index.
-    pub(super) async fn restore_foreign(
+    pub(in crate::engine) async fn restore_foreign(
         &self,
         home: u16,
         id: &str,

@@ -9,9 +9,9 @@
 //! batch. While a batch commits, the next one queues up, so the busier the service, the
 //! larger the batches and the fewer the fsyncs per entry.
 
-use super::lag::Lag;
-use super::ledger::{LedgerError, LedgerStore};
 use crate::domain::LedgerEntry;
+use crate::engine::ledger::{LedgerError, LedgerStore};
+use crate::engine::pipeline::lag::Lag;
 use crate::logs::Throttle;
 use std::ops::Range;
 use std::sync::Arc;

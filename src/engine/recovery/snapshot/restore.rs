@@ -4,7 +4,7 @@
 use super::{Restored, Saved, SnapshotStore, StateItem, StoredSnapshot};
 use crate::engine::codec;
 use crate::engine::ledger::LedgerError;
-use crate::engine::rebuild::horizon;
+use crate::engine::recovery::rebuild::horizon;
 use crate::engine::state::Replay;
 use crate::engine::{Engine, EngineError};
 use chrono::{DateTime, Utc};

@@ -7,11 +7,11 @@
 //! the store holds it (shared) from its store call until its ledger entry is committed, so
 //! once it is taken, and the ledger writer flushed, the store's live state equals the
 //! replay of every committed entry. The engine dumps that state as [`StateItem`]s through
-//! the [`Replay`](super::state::Replay) port, lets changes resume, encodes the items with
+//! the [`Replay`](crate::engine::state::Replay) port, lets changes resume, encodes the items with
 //! `codec::snapshot` and saves them through the [`SnapshotStore`] port (the SQL ledger's
 //! database), with the ledger `seq` they cover. At start, `Engine::restore` loads a
 //! usable snapshot into the fresh store and replays the entries after it
-//! ([`Engine::rebuild`](super::Engine) from that seq); otherwise it replays the whole
+//! ([`Engine::rebuild`](crate::engine::Engine) from that seq); otherwise it replays the whole
 //! horizon.
 //!
 //! A snapshot is **unusable**, and the start replays the whole horizon instead (logging a
@@ -31,8 +31,8 @@
 
 mod restore;
 
-use super::ledger::LedgerError;
-use super::state::{Rebuilt, Replay, StateItem};
+use crate::engine::ledger::LedgerError;
+use crate::engine::state::{Rebuilt, Replay, StateItem};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;

@@ -9,11 +9,11 @@
 //! as usage at the same instant. A request in flight is therefore in both or in neither:
 //! it never shows as drift.
 
-use super::deployment::Deployment;
-use super::state::Replay;
-use super::state::{CounterState, StateItem};
-use super::{Engine, EngineError};
 use crate::domain::{Action, Budget, LedgerEntry, PolicyId, Restore};
+use crate::engine::deployment::Deployment;
+use crate::engine::state::Replay;
+use crate::engine::state::{CounterState, StateItem};
+use crate::engine::{Engine, EngineError};
 use crate::keys;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -104,18 +104,18 @@ impl DriftWatch {
 
 /// What the ledger says of one counter key.
 #[derive(Debug, Clone)]
-pub(super) struct Known {
+pub(in crate::engine) struct Known {
     policy_id: PolicyId,
     action: Action,
     budget: Budget,
     restore: Restore,
     /// A budget shared by subjects (its scope does not name the subject).
-    pub(super) shared: bool,
+    pub(in crate::engine) shared: bool,
 }
 
 impl Known {
     /// Whether it is a budget of `action` (any, if `None`).
-    pub(super) fn of(&self, action: Option<&Action>) -> bool {
+    pub(in crate::engine) fn of(&self, action: Option<&Action>) -> bool {
         action.is_none_or(|wanted| *wanted == self.action)
     }
 }
@@ -165,8 +165,8 @@ impl Engine {
     /// `counters verify` of the embedded store: see the module doc.
     async fn verify_embedded(
         &self,
-        snapshots: &super::snapshot::Snapshots,
-        scratch: &super::shards::ScratchStore,
+        snapshots: &crate::engine::recovery::snapshot::Snapshots,
+        scratch: &crate::engine::recovery::shards::ScratchStore,
         action: Option<&Action>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
@@ -221,7 +221,7 @@ impl Engine {
     }
 
     /// The drift between the `live` and `ledger` states' counters (of `action`, or all).
-    pub(super) fn compare(
+    pub(in crate::engine) fn compare(
         &self,
         live: &[StateItem],
         ledger: &[StateItem],
@@ -281,7 +281,7 @@ impl Engine {
 
 /// The key of a counter's state item (a zoned calendar period is kept as a record);
 /// `None` for records and indexes that are no counters.
-pub(super) fn item_key(item: &StateItem) -> Option<&str> {
+pub(in crate::engine) fn item_key(item: &StateItem) -> Option<&str> {
     match item {
         StateItem::Counter { key, .. } => Some(key),
         StateItem::Record { key, .. } => keys::counter_policy_key(key).map(|_| key.as_str()),

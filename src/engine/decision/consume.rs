@@ -1,11 +1,13 @@
 //! Consumes and holds: the charge, its idempotency record, its ledger entry and (for a
 //! hold) its record, all in one atomic counter-store call.
 
-use super::codec::{self, ConsumeRecord, HoldRecord};
-use super::plan::{replayed_decision, Plan};
-use super::store::{Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, StoreError, Undo};
-use super::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
+use crate::engine::codec::{self, ConsumeRecord, HoldRecord};
+use crate::engine::decision::plan::{replayed_decision, Plan};
+use crate::engine::store::{
+    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, StoreError, Undo,
+};
+use crate::engine::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::keys;
 use chrono::{DateTime, Utc};
 
@@ -18,7 +20,7 @@ const MIN_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Hold records outlive their hold by a week, so late settlement attempts get a clear 409.
-pub(super) const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
+pub(in crate::engine) const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
 
 /// A hold's id and expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,16 +66,20 @@ enum Charged {
 
 /// One consume or hold before it is decided: its ids, and the ledger entry it records if
 /// allowed (and if denied, when a policy asks for denials).
-pub(super) struct Attempt {
+pub(in crate::engine) struct Attempt {
     consumption_id: Option<ConsumptionId>,
     /// The hold's ticket and its time to live, ms.
     hold: Option<(HoldTicket, i64)>,
-    pub(super) allowed_entry: LedgerEntry,
-    pub(super) denied_entry: Option<LedgerEntry>,
+    pub(in crate::engine) allowed_entry: LedgerEntry,
+    pub(in crate::engine) denied_entry: Option<LedgerEntry>,
 }
 
 impl Attempt {
-    pub(super) fn new(plan: &Plan, request: &ConsumeRequest, hold_ttl: Option<u64>) -> Self {
+    pub(in crate::engine) fn new(
+        plan: &Plan,
+        request: &ConsumeRequest,
+        hold_ttl: Option<u64>,
+    ) -> Self {
         let (consumption_id, hold) = match hold_ttl {
             None => (Some(ConsumptionId::new()), None),
             Some(ttl) => {
@@ -275,7 +281,8 @@ impl Engine {
         };
         let decided = match decided {
             Ok(Decided::Fresh(_))
-                if effects.ledger.is_some() && super::faults::fault!(self, "store.reply_lost") =>
+                if effects.ledger.is_some()
+                    && crate::engine::faults::fault!(self, "store.reply_lost") =>
             {
                 Err(StoreError::Timeout(
                     "failpoint store.reply_lost: the reply was lost".to_owned(),
@@ -416,7 +423,7 @@ impl Engine {
 }
 
 /// What undoes the charges `entries` record, with their `effects` (kept answer, hold).
-pub(super) fn undo_charge(entries: &[LedgerEntry], effects: &Effects) -> Undo {
+pub(in crate::engine) fn undo_charge(entries: &[LedgerEntry], effects: &Effects) -> Undo {
     Undo::Charge {
         counters: entries.iter().flat_map(|e| e.counters.clone()).collect(),
         idempotency: effects.idempotency.as_ref().map(|idem| idem.key.clone()),

@@ -15,12 +15,12 @@
 //! the `seq` it covers are replayed: a settlement of a hold opened before it then finds
 //! the hold's record in the store, and a refund counts every refund before the replay.
 
-use super::codec::{self, HoldRecord};
-use super::giveback::Settle;
-use super::state::{Rebuilt, Replay, ReplayOp};
-use super::store::{Algorithm, Charge, StoreError, MAX_UNITS};
-use super::{Engine, EngineError};
 use crate::domain::{CounterCharge, EntryKind, HoldId, LedgerEntry, Quantity, Restore, Window};
+use crate::engine::codec::{self, HoldRecord};
+use crate::engine::decision::giveback::Settle;
+use crate::engine::state::{Rebuilt, Replay, ReplayOp};
+use crate::engine::store::{Algorithm, Charge, StoreError, MAX_UNITS};
+use crate::engine::{Engine, EngineError};
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
@@ -89,7 +89,7 @@ impl Engine {
 
     /// Replays the entries after `after` (or of the horizon), up to the one numbered
     /// `until` when given, that `wanted` keeps, into `target`.
-    pub(super) async fn replay_ledger(
+    pub(in crate::engine) async fn replay_ledger(
         &self,
         target: &dyn Replay,
         after: Option<i64>,
@@ -107,7 +107,7 @@ impl Engine {
     /// Replays the entries inserted after those `replayer` replayed (the first time, of the
     /// horizon), up to the one numbered `until` when given, that `wanted` keeps, but for
     /// the last [`REORDER`] of them, which wait in `replayer` ([`Engine::replay_waiting`]).
-    pub(super) async fn replay_pages(
+    pub(in crate::engine) async fn replay_pages(
         &self,
         replayer: &mut Replayer,
         target: &dyn Replay,
@@ -150,7 +150,7 @@ impl Engine {
 
     /// Replays the entries waiting in `replayer`, in the order they were made (by `at`, then
     /// by id), until `keep` wait.
-    pub(super) async fn replay_waiting(
+    pub(in crate::engine) async fn replay_waiting(
         &self,
         replayer: &mut Replayer,
         target: &dyn Replay,
@@ -172,7 +172,7 @@ impl Engine {
     /// Replays `entries`, which are not in SQL (yet): they wait in the ledger streams. They
     /// are replayed in order with those still waiting in `replayer`, then every entry is.
     /// A refund among them finds its charge among them too.
-    pub(super) async fn replay_streamed(
+    pub(in crate::engine) async fn replay_streamed(
         &self,
         replayer: &mut Replayer,
         target: &dyn Replay,
@@ -254,7 +254,8 @@ impl Engine {
             .map(|shard| ReplayOp::Record {
                 key: keys::giveback_marker(&self.prefix, shard, &id),
                 text: "1".to_owned(),
-                expires_at_ms: entry.at.timestamp_millis() + super::crossslot::MARKER_TTL_MS,
+                expires_at_ms: entry.at.timestamp_millis()
+                    + crate::engine::decision::crossslot::MARKER_TTL_MS,
             })
             .collect()
     }
@@ -290,7 +291,8 @@ impl Engine {
             ReplayOp::Record {
                 key: keys::hold_record(&self.prefix, shard, &member),
                 text: format!("open\n{}", codec::encode_hold_record(&record)),
-                expires_at_ms: record.expires_at_ms + super::consume::HOLD_RECORD_EXTRA_MS,
+                expires_at_ms: record.expires_at_ms
+                    + crate::engine::decision::consume::HOLD_RECORD_EXTRA_MS,
             },
             ReplayOp::IndexHold {
                 index_key: keys::holds_index(&self.prefix, shard),
@@ -385,7 +387,7 @@ impl Engine {
 
 /// What a replay remembers between entries.
 #[derive(Default)]
-pub(super) struct Replayer {
+pub(in crate::engine) struct Replayer {
     /// The holds opened by the entries replayed so far and not yet settled.
     holds: HashMap<HoldId, HoldRecord>,
     /// What was refunded so far, per consumption with a replayed refund (those before the
@@ -448,13 +450,13 @@ impl Replayer {
     }
 
     /// The last entry of SQL read, if any.
-    pub(super) fn last_seq(&self) -> Option<i64> {
+    pub(in crate::engine) fn last_seq(&self) -> Option<i64> {
         self.next_after
     }
 
     /// A replay of the entries after the one numbered `after` (a snapshot's), or of the
     /// horizon.
-    pub(super) fn after(after: Option<i64>) -> Self {
+    pub(in crate::engine) fn after(after: Option<i64>) -> Self {
         Self {
             first_seq: after.map_or(0, |after| after + 1),
             after_snapshot: after.is_some(),

@@ -1,24 +1,24 @@
 //! A decision's plan: the policies that apply, their counters and window parameters at `now`,
 //! and how a store's [`Evaluation`] becomes a [`Decision`].
 
-use super::codec::KeptPolicy;
-use super::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
-use super::{
-    from_millis, seconds_until, window, ConsumeRequest, Decision, Engine, EngineError,
-    PolicyDecision,
-};
 use crate::domain::{
     Attributes, Budget, CounterCharge, FieldError, FieldErrors, Measure, Mode, Policy,
     PolicyAmount, Subject, Window,
 };
-use crate::engine::policies::ActionPolicies;
+use crate::engine::codec::KeptPolicy;
+use crate::engine::decision::policies::ActionPolicies;
+use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
+use crate::engine::{
+    decision::window, from_millis, seconds_until, ConsumeRequest, Decision, Engine, EngineError,
+    PolicyDecision,
+};
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use std::sync::Arc;
 
 /// Everything one decision needs, computed once.
-pub(super) struct Plan {
+pub(in crate::engine) struct Plan {
     /// The action's policies (enabled ones, with overrides).
     pub(crate) policies: Arc<ActionPolicies>,
     /// The subject's keys.
@@ -40,7 +40,7 @@ impl Engine {
     /// The plan of `request` at the clock's `now`: the policies whose `match` admits it,
     /// each with its budget. A request lacking an attribute that the scope of an applying
     /// policy names is invalid (no budget is skipped silently).
-    pub(super) fn plan(&self, request: &ConsumeRequest) -> Result<Plan, EngineError> {
+    pub(in crate::engine) fn plan(&self, request: &ConsumeRequest) -> Result<Plan, EngineError> {
         self.plan_at(request, self.now())
     }
 
@@ -49,7 +49,7 @@ impl Engine {
         clippy::too_many_lines,
         reason = "one pass over the matching policies fills the plan's vectors in step; to become one list of planned charges"
     )]
-    pub(super) fn plan_at(
+    pub(in crate::engine) fn plan_at(
         &self,
         request: &ConsumeRequest,
         now: DateTime<Utc>,
@@ -144,7 +144,7 @@ impl Plan {
     /// plan's charges, a counter charged by several plans (the same budget of the same
     /// policy) once, with their costs summed, so that together they are held to its limit;
     /// and, per plan, where its charges are in the combined plan. `None` without plans.
-    pub(super) fn combined(plans: &[Plan]) -> Option<(Plan, Vec<Vec<usize>>)> {
+    pub(in crate::engine) fn combined(plans: &[Plan]) -> Option<(Plan, Vec<Vec<usize>>)> {
         let first = plans.first()?;
         let mut combined = Plan {
             policies: first.policies.clone(),
@@ -343,7 +343,7 @@ impl Plan {
 
 /// Rebuilds a decision from an idempotency record (kept with the original request's
 /// `attributes`) and the evaluation it kept, for a retry by `subject`.
-pub(super) fn replayed_decision(
+pub(in crate::engine) fn replayed_decision(
     subject: &Subject,
     attributes: &Attributes,
     kept: &[KeptPolicy],

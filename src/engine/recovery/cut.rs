@@ -40,13 +40,13 @@
 //! open: it charged them, and its entry comes with its finalize) are left out of this
 //! verify.
 
-use super::rebuild::Replayer;
-use super::shards::ShardStates;
-use super::state::Replay;
-use super::state::StateItem;
-use super::verify::{Known, Verified, VerifyError};
-use super::{codec, Engine, EngineError};
 use crate::domain::{Action, CounterCharge, LedgerEntry};
+use crate::engine::recovery::rebuild::Replayer;
+use crate::engine::recovery::shards::ShardStates;
+use crate::engine::recovery::verify::{Known, Verified, VerifyError};
+use crate::engine::state::Replay;
+use crate::engine::state::StateItem;
+use crate::engine::{codec, Engine, EngineError};
 use crate::keys;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -118,10 +118,10 @@ fn shared_budget(counter: &CounterCharge) -> bool {
 
 impl Engine {
     /// `counters verify` of a store that streams the ledger (Redis): see the module doc.
-    pub(super) async fn verify_streamed(
+    pub(in crate::engine) async fn verify_streamed(
         &self,
         shards: &Arc<dyn ShardStates>,
-        scratch: &super::shards::ScratchStore,
+        scratch: &crate::engine::recovery::shards::ScratchStore,
         action: Option<&Action>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
@@ -176,7 +176,7 @@ impl Engine {
             items
                 .into_iter()
                 .filter(|item| {
-                    super::verify::item_key(item).is_none_or(|key| {
+                    crate::engine::recovery::verify::item_key(item).is_none_or(|key| {
                         !read.in_flight.contains(key)
                             && known.get(key).is_some_and(|k| k.shared) == shared
                     })

@@ -11,11 +11,11 @@
 //! even when the request is cancelled while it waits. On Redis the script appends the
 //! entry to its stream in the same atomic step, so there is nothing to undo.
 
-use super::codec;
-use super::store::{LedgerAppend, Undo};
-use super::writer::Rollback;
-use super::{Engine, EngineError};
 use crate::domain::LedgerEntry;
+use crate::engine::codec;
+use crate::engine::pipeline::writer::Rollback;
+use crate::engine::store::{LedgerAppend, Undo};
+use crate::engine::{Engine, EngineError};
 use crate::keys;
 use crate::logs::Throttle;
 
@@ -23,7 +23,7 @@ impl Engine {
     /// Commits `entries`, the record of a change already applied to the counter store at
     /// `now_ms`; if they cannot be committed, `undo` takes the change back and the error
     /// is returned. A store that streams the ledger recorded them itself: nothing to do.
-    pub(super) async fn commit_or_undo(
+    pub(in crate::engine) async fn commit_or_undo(
         &self,
         entries: Vec<LedgerEntry>,
         now_ms: i64,
@@ -49,11 +49,13 @@ impl Engine {
             },
             confirm,
         );
-        if super::faults::fault!(self, "unit.commit") {
+        if crate::engine::faults::fault!(self, "unit.commit") {
             drop(rollback); // undoes the change, as when a job is dropped unsent
-            return Err(EngineError::from(super::ledger::LedgerError::unavailable(
-                std::io::Error::other("failpoint unit.commit: the ledger commit failed"),
-            )));
+            return Err(EngineError::from(
+                crate::engine::ledger::LedgerError::unavailable(std::io::Error::other(
+                    "failpoint unit.commit: the ledger commit failed",
+                )),
+            ));
         }
         self.writer
             .append_or_undo(entries, Some(rollback))
@@ -65,7 +67,7 @@ impl Engine {
 impl Engine {
     /// Whether a consume may charge now: not while the ledger backlog waiting in the Redis
     /// streams is full (`engine::backlog`; nothing waits in process).
-    pub(super) fn admit(&self) -> Result<(), EngineError> {
+    pub(in crate::engine) fn admit(&self) -> Result<(), EngineError> {
         match self.deployment.backlog().filter(|b| b.is_full()) {
             Some(backlog) => Err(EngineError::BacklogFull { max: backlog.max() }),
             None => Ok(()),
@@ -74,7 +76,7 @@ impl Engine {
 
     /// Counts a decided consume's stream entry towards the backlog, if it `appended` one
     /// (Redis only).
-    pub(super) fn appended(&self, appended: bool) {
+    pub(in crate::engine) fn appended(&self, appended: bool) {
         if let Some(backlog) = self.deployment.backlog() {
             backlog.appended(u64::from(appended));
         }
@@ -82,7 +84,7 @@ impl Engine {
 
     /// The stream entry a consume's script appends in `shard` if allowed, and if denied:
     /// `entries` encodes both. `None` when the ledger does not stream (in process).
-    pub(super) fn ledger_append(
+    pub(in crate::engine) fn ledger_append(
         &self,
         shard: u16,
         entries: impl FnOnce() -> (String, Option<String>),
@@ -98,7 +100,11 @@ impl Engine {
     }
 
     /// `entry` as a give-back script appends it to `shard`'s stream (Redis only).
-    pub(super) fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
+    pub(in crate::engine) fn stream_entry(
+        &self,
+        shard: u16,
+        entry: &LedgerEntry,
+    ) -> Option<(String, String)> {
         self.deployment.streams_ledger().then(|| {
             (
                 keys::ledger_stream(&self.prefix, shard),
@@ -109,7 +115,10 @@ impl Engine {
 
     /// Records the entries of a denial, which changed nothing: the script streamed them on
     /// Redis; in process they are written like any entry.
-    pub(super) async fn record_denied(&self, entries: Vec<LedgerEntry>) -> Result<(), EngineError> {
+    pub(in crate::engine) async fn record_denied(
+        &self,
+        entries: Vec<LedgerEntry>,
+    ) -> Result<(), EngineError> {
         match self.deployment.streams_ledger() || entries.is_empty() {
             true => Ok(()),
             false => self.record(entries).await,
@@ -118,13 +127,13 @@ impl Engine {
 
     /// Whether a kept answer waits as in flight until its entry is committed: in process,
     /// where the entry commits after the change ([`Engine::commit_or_undo`]).
-    pub(super) fn records_pending(&self) -> bool {
+    pub(in crate::engine) fn records_pending(&self) -> bool {
         !self.deployment.streams_ledger()
     }
 
     /// Moves what the ledger streams hold into SQL now, so that a charge just made is
     /// found there; false when nothing streams (every entry is in SQL before its answer).
-    pub(super) async fn settle_streams(&self) -> bool {
+    pub(in crate::engine) async fn settle_streams(&self) -> bool {
         match self.deployment.drain() {
             Some(drain) => {
                 drain.drain_once().await;

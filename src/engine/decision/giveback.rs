@@ -2,13 +2,15 @@
 //! Each is one atomic counter-store call that restores the counters the charge went to
 //! (where they still count), checks and updates the bookkeeping, and appends the ledger entry.
 
-use super::codec::{self, HoldRecord};
-use super::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo};
-use super::{Decision, Engine, EngineError};
 use crate::domain::{
     ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
     PolicyAmount, Quantity,
 };
+use crate::engine::codec::{self, HoldRecord};
+use crate::engine::store::{
+    GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo,
+};
+use crate::engine::{Decision, Engine, EngineError};
 use crate::keys::{self, SubjectKeys};
 use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
@@ -70,7 +72,11 @@ pub(crate) enum Settle {
 
 /// Per-policy amounts given back: amount policies get `by_amount` (at most what they were
 /// charged), count policies their charge when `full`.
-pub(super) fn given(counters: &[CounterCharge], by_amount: u64, full: bool) -> Vec<PolicyAmount> {
+pub(in crate::engine) fn given(
+    counters: &[CounterCharge],
+    by_amount: u64,
+    full: bool,
+) -> Vec<PolicyAmount> {
     counters
         .iter()
         .map(|c| PolicyAmount {
@@ -166,7 +172,7 @@ impl Engine {
 
     /// The store's request for the refund `entry` of `charge`, `refunded` having been
     /// refunded before it (per the ledger: the store's running total wins if it has one).
-    pub(super) fn refund_give_back(
+    pub(in crate::engine) fn refund_give_back(
         &self,
         charge: &LedgerEntry,
         entry: &LedgerEntry,
@@ -301,7 +307,7 @@ impl Engine {
                 }
             };
             for member in due {
-                if super::faults::fault!(self, "sweep.expire") {
+                if crate::engine::faults::fault!(self, "sweep.expire") {
                     continue;
                 }
                 match self.expire_hold(shard, &member).await {
@@ -405,7 +411,7 @@ impl Engine {
 
     /// The entry and the store's request that settle (`how`) or expire (`None`) a hold at
     /// `now`; a commit of more than the hold holds is a conflict.
-    pub(super) fn hold_give_back(
+    pub(in crate::engine) fn hold_give_back(
         &self,
         hold_id: HoldId,
         record: &HoldRecord,
@@ -481,7 +487,7 @@ impl Engine {
     /// [`Engine::restore_foreign`]). The entry is recorded already, with a pending record
     /// at `home`: a failure here is logged, the answer stands, and the sweeper gives the
     /// share back later.
-    pub(super) async fn share_foreign(
+    pub(in crate::engine) async fn share_foreign(
         &self,
         home: u16,
         entry: &LedgerEntry,
