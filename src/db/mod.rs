@@ -1,8 +1,12 @@
 //! Opening the SQL database that `DATABASE_URL` names (Postgres, or the SQLite default),
 //! and its schema: the migrations of every table (policies and the ledger), embedded in
-//! the binary so a deployment is one file.
+//! the binary so a deployment is one file. `dialect.rs` holds what the stores, each written
+//! once for both databases, need to know of the one they run on.
 
+mod dialect;
 mod migrations;
+
+pub(crate) use dialect::{ColumnType, Dialect, Sql};
 
 use anyhow::Context;
 use sqlx::postgres::PgPoolOptions;

@@ -7,16 +7,25 @@
 //! numbered from the Unix epoch in SQL, so that both databases group alike: Postgres
 //! reads the epoch of a TIMESTAMPTZ, SQLite that of the RFC 3339 text it stores.
 
-use super::sql::{db_error, PostgresLedgerStore, SqliteLedgerStore};
+use super::sql::{db_error, SqlLedgerStore};
+use crate::db::{ColumnType, Dialect, Sql};
 use crate::engine::ledger::{DeniedSubject, HourActivity, LedgerError};
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::{ColumnIndex, Encode, Executor, IntoArguments, Row, Type};
 
 /// Postgres: the hour of `at`, counted from the Unix epoch.
 const POSTGRES_HOUR: &str = "CAST(FLOOR(EXTRACT(EPOCH FROM at) / 3600) AS BIGINT)";
 
 /// SQLite: the hour of `at` (RFC 3339 text), counted from the Unix epoch.
 const SQLITE_HOUR: &str = "(CAST(strftime('%s', at) AS INTEGER) / 3600)";
+
+/// The hour of `at`, counted from the Unix epoch, as `dialect` computes it.
+fn hour(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => POSTGRES_HOUR,
+        Dialect::Sqlite => SQLITE_HOUR,
+    }
+}
 
 /// The per-hour statement; `{hour}` is the database's hour expression. Sums are cast to
 /// BIGINT: Postgres sums a BIGINT column into NUMERIC. A sum past BIGINT fails loudly
@@ -44,9 +53,13 @@ const TOP_DENIED_ORDER: &str =
 /// action: the per-hour one (`$1`, `$2`: the span) and the most-denied one (`$3`: how
 /// many). For checks of their query plans.
 pub fn statements(postgres: bool) -> [String; 2] {
-    let hour = if postgres { POSTGRES_HOUR } else { SQLITE_HOUR };
+    let dialect = if postgres {
+        Dialect::Postgres
+    } else {
+        Dialect::Sqlite
+    };
     [
-        format!("{} GROUP BY action, hour", activity_sql(hour)),
+        format!("{} GROUP BY action, hour", activity_sql(hour(dialect))),
         format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
     ]
 }
@@ -57,85 +70,86 @@ fn natural(value: i64) -> Result<u64, LedgerError> {
         .map_err(|_| LedgerError::Corrupt(format!("a negative ledger total: {value}")))
 }
 
-macro_rules! sql_activity {
-    ($store:ident, $db:ty, $hour:expr) => {
-        impl $store {
-            /// See [`LedgerStore::activity`](crate::engine::ledger::LedgerStore::activity).
-            pub(super) async fn select_activity(
-                &self,
-                from: DateTime<Utc>,
-                to: DateTime<Utc>,
-                action: Option<&str>,
-            ) -> Result<Vec<HourActivity>, LedgerError> {
-                let sql = format!(
-                    "{}{} GROUP BY action, hour ORDER BY action, hour",
-                    activity_sql($hour),
-                    if action.is_some() {
-                        " AND action = $3"
-                    } else {
-                        ""
-                    },
-                );
-                let query = sqlx::query::<$db>(&sql).bind(from).bind(to);
-                let query = match action {
-                    Some(action) => query.bind(action),
-                    None => query,
-                };
-                let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
-                rows.iter()
-                    .map(|row| {
-                        let hour: i64 = row.try_get("hour").map_err(db_error)?;
-                        Ok(HourActivity {
-                            action: row.try_get("action").map_err(db_error)?,
-                            hour: DateTime::from_timestamp(hour.saturating_mul(3_600), 0)
-                                .ok_or_else(|| {
-                                    LedgerError::Corrupt(format!("an hour out of range: {hour}"))
-                                })?,
-                            charges: natural(row.try_get("charges").map_err(db_error)?)?,
-                            amount: natural(row.try_get("amount").map_err(db_error)?)?,
-                            denials: natural(row.try_get("denials").map_err(db_error)?)?,
-                        })
-                    })
-                    .collect()
-            }
+impl<DB> SqlLedgerStore<DB>
+where
+    DB: Sql,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    i64: ColumnType<DB>,
+    String: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+{
+    /// See [`LedgerStore::activity`](crate::engine::ledger::LedgerStore::activity).
+    pub(super) async fn select_activity(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        action: Option<&str>,
+    ) -> Result<Vec<HourActivity>, LedgerError> {
+        let sql = format!(
+            "{}{} GROUP BY action, hour ORDER BY action, hour",
+            activity_sql(hour(DB::DIALECT)),
+            if action.is_some() {
+                " AND action = $3"
+            } else {
+                ""
+            },
+        );
+        let query = sqlx::query::<DB>(&sql).bind(from).bind(to);
+        let query = match action {
+            Some(action) => query.bind(action),
+            None => query,
+        };
+        let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                let hour: i64 = row.try_get("hour").map_err(db_error)?;
+                Ok(HourActivity {
+                    action: row.try_get("action").map_err(db_error)?,
+                    hour: DateTime::from_timestamp(hour.saturating_mul(3_600), 0).ok_or_else(
+                        || LedgerError::Corrupt(format!("an hour out of range: {hour}")),
+                    )?,
+                    charges: natural(row.try_get("charges").map_err(db_error)?)?,
+                    amount: natural(row.try_get("amount").map_err(db_error)?)?,
+                    denials: natural(row.try_get("denials").map_err(db_error)?)?,
+                })
+            })
+            .collect()
+    }
 
-            /// See [`LedgerStore::top_denied`](crate::engine::ledger::LedgerStore::top_denied).
-            pub(super) async fn select_top_denied(
-                &self,
-                from: DateTime<Utc>,
-                to: DateTime<Utc>,
-                action: Option<&str>,
-                limit: u32,
-            ) -> Result<Vec<DeniedSubject>, LedgerError> {
-                let sql = match action {
-                    Some(_) => format!("{TOP_DENIED_SQL} AND action = $4{TOP_DENIED_ORDER}"),
-                    None => format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
-                };
-                let query = sqlx::query::<$db>(&sql)
-                    .bind(from)
-                    .bind(to)
-                    .bind(i64::from(limit));
-                let query = match action {
-                    Some(action) => query.bind(action),
-                    None => query,
-                };
-                let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
-                rows.iter()
-                    .map(|row| {
-                        Ok(DeniedSubject {
-                            action: row.try_get("action").map_err(db_error)?,
-                            subject: row.try_get("subject").map_err(db_error)?,
-                            denials: natural(row.try_get("denials").map_err(db_error)?)?,
-                        })
-                    })
-                    .collect()
-            }
-        }
-    };
+    /// See [`LedgerStore::top_denied`](crate::engine::ledger::LedgerStore::top_denied).
+    pub(super) async fn select_top_denied(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        action: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<DeniedSubject>, LedgerError> {
+        let sql = match action {
+            Some(_) => format!("{TOP_DENIED_SQL} AND action = $4{TOP_DENIED_ORDER}"),
+            None => format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
+        };
+        let query = sqlx::query::<DB>(&sql)
+            .bind(from)
+            .bind(to)
+            .bind(i64::from(limit));
+        let query = match action {
+            Some(action) => query.bind(action),
+            None => query,
+        };
+        let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeniedSubject {
+                    action: row.try_get("action").map_err(db_error)?,
+                    subject: row.try_get("subject").map_err(db_error)?,
+                    denials: natural(row.try_get("denials").map_err(db_error)?)?,
+                })
+            })
+            .collect()
+    }
 }
-
-sql_activity!(PostgresLedgerStore, sqlx::Postgres, POSTGRES_HOUR);
-sql_activity!(SqliteLedgerStore, sqlx::Sqlite, SQLITE_HOUR);
 
 #[cfg(test)]
 mod tests {
@@ -144,9 +158,9 @@ mod tests {
     use crate::engine::ledger::LedgerStore;
     use crate::ledger::sql::tests::{assert_searches_the_at_index, fresh_sqlite};
 
-    async fn sqlite() -> (SqliteLedgerStore, std::path::PathBuf) {
+    async fn sqlite() -> (SqlLedgerStore<sqlx::Sqlite>, std::path::PathBuf) {
         let (pool, file) = fresh_sqlite().await;
-        (SqliteLedgerStore { pool }, file)
+        (SqlLedgerStore { pool }, file)
     }
 
     fn at(text: &str) -> DateTime<Utc> {

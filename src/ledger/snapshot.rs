@@ -1,32 +1,35 @@
 //! The `counter_snapshots` table: the engine's
 //! [`SnapshotStore`](crate::engine::recovery::snapshot::SnapshotStore) port over the ledger's
-//! database, Postgres or SQLite, written by one macro as the ledger is.
+//! database, Postgres or SQLite, written once for both as the ledger is.
 //!
 //! A snapshot is a few rows, one per encoded part, each repeating the header; saving
 //! deletes every older row in the same transaction, so at most one snapshot is kept, and
 //! a crash while saving leaves the previous one whole.
 
-use super::sql::{db_error, PostgresLedgerStore, SqliteLedgerStore};
+use super::sql::{db_error, SqlLedgerStore};
+use crate::db::ColumnType;
 use crate::engine::ledger::LedgerError;
 use crate::engine::recovery::snapshot::{SnapshotStore, StoredSnapshot};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, Row, Type};
 use std::sync::Arc;
 
 /// Opens the snapshot table of the database `database_url` names, on a pool of its own
 /// (used at start and at shutdown only). Does not migrate.
 pub(crate) async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn SnapshotStore>> {
     Ok(match crate::db::open(database_url, 2).await? {
-        crate::db::Pool::Postgres(pool) => Arc::new(PostgresLedgerStore { pool }),
-        crate::db::Pool::Sqlite(pool) => Arc::new(SqliteLedgerStore { pool }),
+        crate::db::Pool::Postgres(pool) => Arc::new(SqlLedgerStore { pool }),
+        crate::db::Pool::Sqlite(pool) => Arc::new(SqlLedgerStore { pool }),
     })
 }
 
+/// Inserts one part of a snapshot.
 const INSERT: &str = "INSERT INTO counter_snapshots \
      (covered_seq, part, parts, format, covered_id, prefix, taken_at, data) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
+/// Every part of every snapshot kept, newest snapshot first, each in part order.
 const SELECT: &str = "SELECT covered_seq, part, parts, format, covered_id, prefix, taken_at, \
      data FROM counter_snapshots ORDER BY covered_seq DESC, part";
 
@@ -71,6 +74,7 @@ fn snapshot_header(snapshot: &StoredSnapshot) -> StoredSnapshot {
     }
 }
 
+/// The error of a snapshot whose parts do not add up.
 fn incomplete(snapshot: &StoredSnapshot) -> LedgerError {
     LedgerError::Corrupt(format!(
         "the counter snapshot covering seq {} has missing or mismatched parts",
@@ -78,98 +82,114 @@ fn incomplete(snapshot: &StoredSnapshot) -> LedgerError {
     ))
 }
 
-macro_rules! sql_snapshot_store {
-    ($store:ident, $row:ty) => {
-        impl $store {
-            fn part_row(row: &$row) -> Result<PartRow, LedgerError> {
-                let taken_at: DateTime<Utc> = row.try_get("taken_at").map_err(db_error)?;
-                Ok(PartRow {
-                    part: row.try_get("part").map_err(db_error)?,
-                    parts: row.try_get("parts").map_err(db_error)?,
-                    header: StoredSnapshot {
-                        format: row.try_get("format").map_err(db_error)?,
-                        covered_seq: row.try_get("covered_seq").map_err(db_error)?,
-                        covered_id: row.try_get("covered_id").map_err(db_error)?,
-                        prefix: row.try_get("prefix").map_err(db_error)?,
-                        taken_at,
-                        parts: Vec::new(),
-                    },
-                    data: row.try_get("data").map_err(db_error)?,
-                })
-            }
-        }
-
-        #[async_trait]
-        impl SnapshotStore for $store {
-            async fn save(&self, snapshot: &StoredSnapshot) -> Result<(), LedgerError> {
-                let parts = i32::try_from(snapshot.parts.len())
-                    .map_err(|_| LedgerError::Corrupt("a snapshot of too many parts".into()))?;
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                sqlx::query("DELETE FROM counter_snapshots")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                for (part, data) in (0..parts).zip(&snapshot.parts) {
-                    sqlx::query(INSERT)
-                        .bind(snapshot.covered_seq)
-                        .bind(part)
-                        .bind(parts)
-                        .bind(snapshot.format)
-                        .bind(snapshot.covered_id.as_deref())
-                        .bind(snapshot.prefix.as_str())
-                        .bind(snapshot.taken_at)
-                        .bind(data.as_slice())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                }
-                tx.commit().await.map_err(db_error)
-            }
-
-            async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError> {
-                let rows = sqlx::query(SELECT)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                assemble(rows.iter().map(Self::part_row).collect::<Result<_, _>>()?)
-            }
-
-            async fn delete_all(&self) -> Result<(), LedgerError> {
-                sqlx::query("DELETE FROM counter_snapshots")
-                    .execute(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(())
-            }
-
-            async fn last_entry(&self) -> Result<Option<(i64, String)>, LedgerError> {
-                let row =
-                    sqlx::query("SELECT seq, id FROM ledger_entries ORDER BY seq DESC LIMIT 1")
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(db_error)?;
-                row.map(|row| {
-                    Ok((
-                        row.try_get("seq").map_err(db_error)?,
-                        row.try_get("id").map_err(db_error)?,
-                    ))
-                })
-                .transpose()
-            }
-
-            async fn entry_id_at(&self, seq: i64) -> Result<Option<String>, LedgerError> {
-                sqlx::query_scalar("SELECT id FROM ledger_entries WHERE seq = $1")
-                    .bind(seq)
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(db_error)
-            }
-        }
-    };
+/// One row of [`SELECT`] as a [`PartRow`].
+fn part_row<DB>(row: &DB::Row) -> Result<PartRow, LedgerError>
+where
+    DB: Database,
+    for<'q> &'q str: ColumnIndex<DB::Row>,
+    i32: ColumnType<DB>,
+    i64: ColumnType<DB>,
+    String: ColumnType<DB>,
+    Option<String>: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+    Vec<u8>: ColumnType<DB>,
+{
+    let taken_at: DateTime<Utc> = row.try_get("taken_at").map_err(db_error)?;
+    Ok(PartRow {
+        part: row.try_get("part").map_err(db_error)?,
+        parts: row.try_get("parts").map_err(db_error)?,
+        header: StoredSnapshot {
+            format: row.try_get("format").map_err(db_error)?,
+            covered_seq: row.try_get("covered_seq").map_err(db_error)?,
+            covered_id: row.try_get("covered_id").map_err(db_error)?,
+            prefix: row.try_get("prefix").map_err(db_error)?,
+            taken_at,
+            parts: Vec::new(),
+        },
+        data: row.try_get("data").map_err(db_error)?,
+    })
 }
 
-sql_snapshot_store!(PostgresLedgerStore, sqlx::postgres::PgRow);
-sql_snapshot_store!(SqliteLedgerStore, sqlx::sqlite::SqliteRow);
+#[async_trait]
+impl<DB> SnapshotStore for SqlLedgerStore<DB>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'q> Option<&'q str>: Encode<'q, DB>,
+    for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    i32: ColumnType<DB>,
+    i64: ColumnType<DB>,
+    String: ColumnType<DB>,
+    Option<String>: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+    Vec<u8>: ColumnType<DB>,
+{
+    async fn save(&self, snapshot: &StoredSnapshot) -> Result<(), LedgerError> {
+        let parts = i32::try_from(snapshot.parts.len())
+            .map_err(|_| LedgerError::Corrupt("a snapshot of too many parts".into()))?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        sqlx::query("DELETE FROM counter_snapshots")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        for (part, data) in (0..parts).zip(&snapshot.parts) {
+            sqlx::query(INSERT)
+                .bind(snapshot.covered_seq)
+                .bind(part)
+                .bind(parts)
+                .bind(snapshot.format)
+                .bind(snapshot.covered_id.as_deref())
+                .bind(snapshot.prefix.as_str())
+                .bind(snapshot.taken_at)
+                .bind(data.as_slice())
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)
+    }
+
+    async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError> {
+        let rows = sqlx::query(SELECT)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        assemble(rows.iter().map(part_row::<DB>).collect::<Result<_, _>>()?)
+    }
+
+    async fn delete_all(&self) -> Result<(), LedgerError> {
+        sqlx::query("DELETE FROM counter_snapshots")
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    async fn last_entry(&self) -> Result<Option<(i64, String)>, LedgerError> {
+        let row = sqlx::query("SELECT seq, id FROM ledger_entries ORDER BY seq DESC LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_error)?;
+        row.map(|row| {
+            Ok((
+                row.try_get("seq").map_err(db_error)?,
+                row.try_get("id").map_err(db_error)?,
+            ))
+        })
+        .transpose()
+    }
+
+    async fn entry_id_at(&self, seq: i64) -> Result<Option<String>, LedgerError> {
+        sqlx::query_scalar("SELECT id FROM ledger_entries WHERE seq = $1")
+            .bind(seq)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+}
 
 #[cfg(test)]
 mod tests {

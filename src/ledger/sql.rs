@@ -1,7 +1,7 @@
 //! The SQL ledger stores: Postgres in production, SQLite as the embedded default.
 //!
-//! Both speak the same SQL, so one macro writes both implementations, as for the policy
-//! stores. The schema is applied by `db::migrate` (one migration set per
+//! Both speak the same SQL, so one [`SqlLedgerStore`], generic over the database, serves
+//! both, as for the policy stores. The schema is applied by `db::migrate` (one migration set per
 //! database); this module only reads and writes `ledger_entries`.
 //!
 //! Pages are keyed by `seq`, the insertion order, not by time: an entry inserted while a
@@ -9,6 +9,7 @@
 //! can never shift a later page (no duplicates, no gaps among the entries that were there).
 
 use super::cursor::{decode_cursor, encode_cursor};
+use crate::db::{ColumnType, Sql};
 use crate::domain::{ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::codec::{self, EntryParts};
 use crate::engine::ledger::{
@@ -17,21 +18,16 @@ use crate::engine::ledger::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::error::ErrorKind;
-use sqlx::{QueryBuilder, Row};
+use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, QueryBuilder, Row, Type};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The ledger in Postgres.
-#[derive(Debug, Clone)]
-pub(crate) struct PostgresLedgerStore {
-    /// The connection pool (the ledger's own, so its batches never starve admin requests).
-    pub(crate) pool: sqlx::PgPool,
-}
-
-/// The ledger in a local SQLite file.
-#[derive(Debug, Clone)]
-pub(crate) struct SqliteLedgerStore {
-    /// The connection pool.
-    pub(crate) pool: sqlx::SqlitePool,
+/// The ledger in Postgres (production) or in a local SQLite file (the embedded default).
+#[derive(Debug)]
+pub(crate) struct SqlLedgerStore<DB: Database> {
+    /// The connection pool (Postgres: the ledger's own, so its batches never starve admin
+    /// requests).
+    pub(crate) pool: sqlx::Pool<DB>,
 }
 
 /// Opens the ledger that `database_url` names: `postgres://…` or `sqlite://…`.
@@ -40,8 +36,8 @@ pub(crate) struct SqliteLedgerStore {
 pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>> {
     Ok(
         match crate::db::open_with(database_url, 8, &SQLITE_PRAGMAS).await? {
-            crate::db::Pool::Postgres(pool) => Arc::new(PostgresLedgerStore { pool }),
-            crate::db::Pool::Sqlite(pool) => Arc::new(SqliteLedgerStore { pool }),
+            crate::db::Pool::Postgres(pool) => Arc::new(SqlLedgerStore { pool }),
+            crate::db::Pool::Sqlite(pool) => Arc::new(SqlLedgerStore { pool }),
         },
     )
 }
@@ -69,6 +65,7 @@ const ROWS_PER_INSERT: usize = 500;
 pub(crate) const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq IN \
      (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY at LIMIT $2)";
 
+/// The columns of `ledger_entries` that hold an entry, in the order inserts bind them.
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
      idempotency_key, policies, detail, attributes";
 
@@ -86,6 +83,7 @@ pub(super) fn db_error(error: sqlx::Error) -> LedgerError {
     }
 }
 
+/// A row that no longer parses: which entry, and why.
 fn corrupt(what: &str, error: impl std::fmt::Display) -> LedgerError {
     LedgerError::Corrupt(format!("{what}: {error}"))
 }
@@ -95,344 +93,340 @@ fn column_amount(id: &str, value: u64) -> Result<i64, LedgerError> {
     i64::try_from(value).map_err(|_| corrupt(id, "amount exceeds the largest BIGINT"))
 }
 
-macro_rules! sql_ledger_store {
-    ($store:ident, $db:ty, $row:ty, $system:literal) => {
-        impl $store {
-            fn entry_from_row(row: &$row) -> Result<LedgerEntry, LedgerError> {
-                let id: String = row.try_get("id").map_err(db_error)?;
-                let amount: i64 = row.try_get("amount").map_err(db_error)?;
-                let policies: String = row.try_get("policies").map_err(db_error)?;
-                let detail: Option<String> = row.try_get("detail").map_err(db_error)?;
-                let kind: String = row.try_get("kind").map_err(db_error)?;
-                let action: String = row.try_get("action").map_err(db_error)?;
-                let subject: String = row.try_get("subject").map_err(db_error)?;
-                let consumption_id: Option<String> =
-                    row.try_get("consumption_id").map_err(db_error)?;
-                let hold_id: Option<String> = row.try_get("hold_id").map_err(db_error)?;
-                let idempotency_key: Option<String> =
-                    row.try_get("idempotency_key").map_err(db_error)?;
-                let parts = EntryParts {
-                    id: &id,
-                    at: row.try_get("at").map_err(db_error)?,
-                    kind: &kind,
-                    action: &action,
-                    subject: &subject,
-                    amount: u64::try_from(amount).map_err(|e| corrupt(&id, e))?,
-                    consumption_id: consumption_id.as_deref(),
-                    hold_id: hold_id.as_deref(),
-                    idempotency_key: idempotency_key.as_deref(),
-                };
-                let policies = codec::decode_policies(&policies, parts.amount)
-                    .map_err(|e| corrupt(&id, e))?;
-                let detail = codec::decode_detail(detail.as_deref(), &parts, &policies)
-                    .map_err(|e| corrupt(&id, e))?;
-                let attributes: Option<String> = row.try_get("attributes").map_err(db_error)?;
-                let attributes = codec::decode_attributes(attributes.as_deref())
-                    .map_err(|e| corrupt(&id, e))?;
-                codec::entry_from_parts(parts, policies, attributes, detail)
-                    .map_err(|e| corrupt(&id, e))
-            }
+impl<DB> SqlLedgerStore<DB>
+where
+    DB: Sql,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    i64: ColumnType<DB>,
+    String: ColumnType<DB>,
+    Option<String>: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+{
+    /// A row of `ledger_entries` (its [`ENTRY_COLUMNS`]) as a [`LedgerEntry`].
+    fn entry_from_row(row: &DB::Row) -> Result<LedgerEntry, LedgerError> {
+        let id: String = row.try_get("id").map_err(db_error)?;
+        let amount: i64 = row.try_get("amount").map_err(db_error)?;
+        let policies: String = row.try_get("policies").map_err(db_error)?;
+        let detail: Option<String> = row.try_get("detail").map_err(db_error)?;
+        let kind: String = row.try_get("kind").map_err(db_error)?;
+        let action: String = row.try_get("action").map_err(db_error)?;
+        let subject: String = row.try_get("subject").map_err(db_error)?;
+        let consumption_id: Option<String> = row.try_get("consumption_id").map_err(db_error)?;
+        let hold_id: Option<String> = row.try_get("hold_id").map_err(db_error)?;
+        let idempotency_key: Option<String> = row.try_get("idempotency_key").map_err(db_error)?;
+        let parts = EntryParts {
+            id: &id,
+            at: row.try_get("at").map_err(db_error)?,
+            kind: &kind,
+            action: &action,
+            subject: &subject,
+            amount: u64::try_from(amount).map_err(|e| corrupt(&id, e))?,
+            consumption_id: consumption_id.as_deref(),
+            hold_id: hold_id.as_deref(),
+            idempotency_key: idempotency_key.as_deref(),
+        };
+        let policies =
+            codec::decode_policies(&policies, parts.amount).map_err(|e| corrupt(&id, e))?;
+        let detail = codec::decode_detail(detail.as_deref(), &parts, &policies)
+            .map_err(|e| corrupt(&id, e))?;
+        let attributes: Option<String> = row.try_get("attributes").map_err(db_error)?;
+        let attributes =
+            codec::decode_attributes(attributes.as_deref()).map_err(|e| corrupt(&id, e))?;
+        codec::entry_from_parts(parts, policies, attributes, detail).map_err(|e| corrupt(&id, e))
+    }
 
-            /// Inserts one chunk of entries in one statement; returns how many were new.
-            async fn insert_chunk(
-                conn: &mut <$db as sqlx::Database>::Connection,
-                chunk: &[LedgerEntry],
-            ) -> Result<u64, LedgerError> {
-                let mut rows = Vec::with_capacity(chunk.len());
-                for e in chunk {
-                    let id = e.id.to_string();
-                    let amount = column_amount(&id, e.amount)?;
-                    rows.push((e, id, amount));
-                }
-                let mut sql = QueryBuilder::<$db>::new(format!(
-                    "INSERT INTO ledger_entries ({ENTRY_COLUMNS}) "
-                ));
-                sql.push_values(rows, |mut b, (e, id, amount)| {
-                    b.push_bind(id)
-                        .push_bind(e.at)
-                        .push_bind(e.kind.as_str())
-                        .push_bind(e.action.to_string())
-                        .push_bind(e.subject.to_string())
-                        .push_bind(amount)
-                        .push_bind(e.consumption_id.map(|id| id.to_string()))
-                        .push_bind(e.hold_id.map(|id| id.to_string()))
-                        .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
-                        .push_bind(codec::encode_policies(&e.policies, e.amount))
-                        .push_bind(codec::encode_detail(e))
-                        .push_bind(codec::encode_attributes(&e.attributes));
-                });
-                sql.push(" ON CONFLICT (id) DO NOTHING");
-                let done = sql.build().execute(conn).await.map_err(db_error)?;
-                Ok(done.rows_affected())
-            }
+    /// A row of `seq` and [`ENTRY_COLUMNS`] as the entry and its `seq`.
+    fn seq_and_entry(row: &DB::Row) -> Result<(i64, LedgerEntry), LedgerError> {
+        let seq: i64 = row.try_get("seq").map_err(db_error)?;
+        Ok((seq, Self::entry_from_row(row)?))
+    }
 
-            /// The newest `limit` entries matching `filter` with a `seq` below `before`,
-            /// each with its `seq`.
-            async fn select_page(
-                &self,
-                filter: &LedgerFilter,
-                before: Option<i64>,
-                limit: i64,
-            ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
-                // Only the filters given become conditions, so each query shape can use
-                // its index ((subject, seq), (action, seq)) rather than `$1 IS NULL OR …`.
-                let mut sql = QueryBuilder::<$db>::new(format!(
-                    "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries WHERE 1 = 1"
-                ));
-                if let Some(subject) = &filter.subject {
-                    sql.push(" AND subject = ").push_bind(subject.as_str());
-                }
-                if let Some(action) = &filter.action {
-                    sql.push(" AND action = ").push_bind(action.as_str());
-                }
-                if let Some(kind) = filter.kind {
-                    sql.push(" AND kind = ").push_bind(kind.as_str());
-                }
-                if let Some(from) = filter.from {
-                    sql.push(" AND at >= ").push_bind(from);
-                }
-                if let Some(to) = filter.to {
-                    sql.push(" AND at < ").push_bind(to);
-                }
-                if let Some(before) = before {
-                    sql.push(" AND seq < ").push_bind(before);
-                }
-                sql.push(" ORDER BY seq DESC LIMIT ").push_bind(limit);
-                let rows = sql.build().fetch_all(&self.pool).await.map_err(db_error)?;
-                rows.iter()
-                    .map(|row| {
-                        let seq: i64 = row.try_get("seq").map_err(db_error)?;
-                        Ok((seq, Self::entry_from_row(row)?))
-                    })
-                    .collect()
-            }
-
-            /// The first entry of `kind` whose `column` is `value`.
-            async fn first_of(
-                &self,
-                column: &str,
-                value: &str,
-                kind: EntryKind,
-            ) -> Result<Option<LedgerEntry>, LedgerError> {
-                let sql = format!(
-                    "SELECT {ENTRY_COLUMNS} FROM ledger_entries \
-                     WHERE {column} = $1 AND kind = $2 ORDER BY seq LIMIT 1"
-                );
-                let row = sqlx::query(&sql)
-                    .bind(value)
-                    .bind(kind.as_str())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                row.as_ref().map(Self::entry_from_row).transpose()
-            }
+    /// Inserts one chunk of entries in one statement; returns how many were new.
+    async fn insert_chunk(
+        conn: &mut DB::Connection,
+        chunk: &[LedgerEntry],
+    ) -> Result<u64, LedgerError> {
+        let mut rows = Vec::with_capacity(chunk.len());
+        for e in chunk {
+            let id = e.id.to_string();
+            let amount = column_amount(&id, e.amount)?;
+            rows.push((e, id, amount));
         }
+        let mut sql =
+            QueryBuilder::<DB>::new(format!("INSERT INTO ledger_entries ({ENTRY_COLUMNS}) "));
+        sql.push_values(rows, |mut b, (e, id, amount)| {
+            b.push_bind(id)
+                .push_bind(e.at)
+                .push_bind(e.kind.as_str())
+                .push_bind(e.action.to_string())
+                .push_bind(e.subject.to_string())
+                .push_bind(amount)
+                .push_bind(e.consumption_id.map(|id| id.to_string()))
+                .push_bind(e.hold_id.map(|id| id.to_string()))
+                .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
+                .push_bind(codec::encode_policies(&e.policies, e.amount))
+                .push_bind(codec::encode_detail(e))
+                .push_bind(codec::encode_attributes(&e.attributes));
+        });
+        sql.push(" ON CONFLICT (id) DO NOTHING");
+        let done = DB::build(&mut sql).execute(conn).await.map_err(db_error)?;
+        Ok(DB::rows_affected(&done))
+    }
 
-        #[async_trait]
-        impl LedgerStore for $store {
-            async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
-                if entries.is_empty() {
-                    return Ok(0);
-                }
-                if entries.len() <= ROWS_PER_INSERT {
-                    // One statement is atomic by itself. Without an explicit transaction
-                    // around it, SQLite keeps no statement journal: a sixth of its work
-                    // for the small batches of the embedded writer.
-                    let mut conn = self.pool.acquire().await.map_err(db_error)?;
-                    return Self::insert_chunk(&mut conn, entries).await;
-                }
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let mut inserted = 0;
-                for chunk in entries.chunks(ROWS_PER_INSERT) {
-                    inserted += Self::insert_chunk(&mut tx, chunk).await?;
-                }
-                tx.commit().await.map_err(db_error)?;
-                Ok(inserted)
-            }
-
-            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger page", otel.kind = "client", db.system = $system))]
-
-            async fn page(
-                &self,
-                filter: &LedgerFilter,
-                limit: u32,
-                cursor: Option<&str>,
-            ) -> Result<LedgerPage, LedgerError> {
-                let before = cursor.map(decode_cursor).transpose()?;
-                let limit = limit.clamp(1, MAX_PAGE) as usize;
-                // One row more than asked tells whether an older page exists.
-                let mut rows = self.select_page(filter, before, limit as i64 + 1).await?;
-                let more = rows.len() > limit;
-                rows.truncate(limit);
-                let next_cursor = match (more, rows.last()) {
-                    (true, Some((seq, _))) => Some(encode_cursor(*seq)),
-                    _ => None,
-                };
-                Ok(LedgerPage {
-                    items: rows.into_iter().map(|(_, entry)| entry).collect(),
-                    next_cursor,
-                })
-            }
-
-            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger charge_of", otel.kind = "client", db.system = $system))]
-
-            async fn charge_of(
-                &self,
-                consumption_id: ConsumptionId,
-            ) -> Result<Option<LedgerEntry>, LedgerError> {
-                let id = consumption_id.to_string();
-                self.first_of("consumption_id", &id, EntryKind::Charge)
-                    .await
-            }
-
-            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger hold_of", otel.kind = "client", db.system = $system))]
-
-            async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError> {
-                self.first_of("hold_id", &hold_id.to_string(), EntryKind::Hold)
-                    .await
-            }
-
-            #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger refunded", otel.kind = "client", db.system = $system))]
-
-            async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError> {
-                let consumption_id = consumption_id.to_string();
-                // Postgres sums BIGINT as NUMERIC: cast back (refunds never exceed the
-                // charge, itself at most 2^53 - 1).
-                let total: i64 = sqlx::query_scalar(
-                    "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
-                     WHERE consumption_id = $1 AND kind = 'refund'",
-                )
-                .bind(&consumption_id)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(db_error)?;
-                u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
-            }
-
-            async fn refunded_before(
-                &self,
-                consumption_id: ConsumptionId,
-                seq: i64,
-            ) -> Result<u64, LedgerError> {
-                let consumption_id = consumption_id.to_string();
-                let total: i64 = sqlx::query_scalar(
-                    "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
-                     WHERE consumption_id = $1 AND kind = 'refund' AND seq < $2",
-                )
-                .bind(&consumption_id)
-                .bind(seq)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(db_error)?;
-                u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
-            }
-
-            async fn seqs_of(
-                &self,
-                ids: &[String],
-            ) -> Result<std::collections::HashMap<String, i64>, LedgerError> {
-                let mut seqs = std::collections::HashMap::new();
-                for chunk in ids.chunks(500) {
-                    let mut sql = QueryBuilder::<$db>::new(
-                        "SELECT id, seq FROM ledger_entries WHERE id IN (",
-                    );
-                    let mut list = sql.separated(", ");
-                    for id in chunk {
-                        list.push_bind(id.as_str());
-                    }
-                    sql.push(")");
-                    let rows = sql.build().fetch_all(&self.pool).await.map_err(db_error)?;
-                    for row in rows {
-                        seqs.insert(
-                            row.try_get::<String, _>("id").map_err(db_error)?,
-                            row.try_get::<i64, _>("seq").map_err(db_error)?,
-                        );
-                    }
-                }
-                Ok(seqs)
-            }
-
-            async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
-                // The at index holds each row's seq (SQLite: the rowid; Postgres reads it).
-                sqlx::query_scalar("SELECT MIN(seq) FROM ledger_entries WHERE at >= $1")
-                    .bind(at)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(db_error)
-            }
-
-            async fn entries_after(
-                &self,
-                after: i64,
-                limit: u32,
-            ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
-                let sql = format!(
-                    "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries \
-                     WHERE seq > $1 ORDER BY seq LIMIT $2"
-                );
-                let rows = sqlx::query(&sql)
-                    .bind(after)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                rows.iter()
-                    .map(|row| {
-                        let seq: i64 = row.try_get("seq").map_err(db_error)?;
-                        Ok((seq, Self::entry_from_row(row)?))
-                    })
-                    .collect()
-            }
-
-            async fn activity(
-                &self,
-                from: DateTime<Utc>,
-                to: DateTime<Utc>,
-                action: Option<&str>,
-            ) -> Result<Vec<HourActivity>, LedgerError> {
-                self.select_activity(from, to, action).await
-            }
-
-            async fn top_denied(
-                &self,
-                from: DateTime<Utc>,
-                to: DateTime<Utc>,
-                action: Option<&str>,
-                limit: u32,
-            ) -> Result<Vec<DeniedSubject>, LedgerError> {
-                self.select_top_denied(from, to, action, limit).await
-            }
-
-            async fn delete_older_than(
-                &self,
-                cutoff: DateTime<Utc>,
-                batch: u32,
-            ) -> Result<u64, LedgerError> {
-                // One short statement per batch: locks only the rows it deletes, briefly.
-                let done = sqlx::query(RETENTION_DELETE)
-                    .bind(cutoff)
-                    .bind(i64::from(batch))
-                    .execute(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                Ok(done.rows_affected())
-            }
+    /// The newest `limit` entries matching `filter` with a `seq` below `before`, each with
+    /// its `seq`.
+    async fn select_page(
+        &self,
+        filter: &LedgerFilter,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+        // Only the filters given become conditions, so each query shape can use its index
+        // ((subject, seq), (action, seq)) rather than `$1 IS NULL OR …`.
+        let mut sql = QueryBuilder::<DB>::new(format!(
+            "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries WHERE 1 = 1"
+        ));
+        if let Some(subject) = &filter.subject {
+            sql.push(" AND subject = ").push_bind(subject.as_str());
         }
-    };
+        if let Some(action) = &filter.action {
+            sql.push(" AND action = ").push_bind(action.as_str());
+        }
+        if let Some(kind) = filter.kind {
+            sql.push(" AND kind = ").push_bind(kind.as_str());
+        }
+        if let Some(from) = filter.from {
+            sql.push(" AND at >= ").push_bind(from);
+        }
+        if let Some(to) = filter.to {
+            sql.push(" AND at < ").push_bind(to);
+        }
+        if let Some(before) = before {
+            sql.push(" AND seq < ").push_bind(before);
+        }
+        sql.push(" ORDER BY seq DESC LIMIT ").push_bind(limit);
+        let rows = DB::build(&mut sql)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        rows.iter().map(Self::seq_and_entry).collect()
+    }
+
+    /// The first entry of `kind` whose `column` is `value`.
+    async fn first_of(
+        &self,
+        column: &str,
+        value: &str,
+        kind: EntryKind,
+    ) -> Result<Option<LedgerEntry>, LedgerError> {
+        let sql = format!(
+            "SELECT {ENTRY_COLUMNS} FROM ledger_entries \
+             WHERE {column} = $1 AND kind = $2 ORDER BY seq LIMIT 1"
+        );
+        let row = sqlx::query(&sql)
+            .bind(value)
+            .bind(kind.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_error)?;
+        row.as_ref().map(Self::entry_from_row).transpose()
+    }
 }
 
-sql_ledger_store!(
-    PostgresLedgerStore,
-    sqlx::Postgres,
-    sqlx::postgres::PgRow,
-    "postgresql"
-);
-sql_ledger_store!(
-    SqliteLedgerStore,
-    sqlx::Sqlite,
-    sqlx::sqlite::SqliteRow,
-    "sqlite"
-);
+#[async_trait]
+impl<DB> LedgerStore for SqlLedgerStore<DB>
+where
+    DB: Sql,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    i64: ColumnType<DB>,
+    String: ColumnType<DB>,
+    Option<String>: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+{
+    async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        if entries.len() <= ROWS_PER_INSERT {
+            // One statement is atomic by itself. Without an explicit transaction around it,
+            // SQLite keeps no statement journal: a sixth of its work for the small batches
+            // of the embedded writer.
+            let mut conn = self.pool.acquire().await.map_err(db_error)?;
+            return Self::insert_chunk(&mut conn, entries).await;
+        }
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut inserted = 0;
+        for chunk in entries.chunks(ROWS_PER_INSERT) {
+            inserted += Self::insert_chunk(&mut tx, chunk).await?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(inserted)
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger page", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn page(
+        &self,
+        filter: &LedgerFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<LedgerPage, LedgerError> {
+        let before = cursor.map(decode_cursor).transpose()?;
+        let limit = limit.clamp(1, MAX_PAGE) as usize;
+        // One row more than asked tells whether an older page exists.
+        let mut rows = self.select_page(filter, before, limit as i64 + 1).await?;
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next_cursor = match (more, rows.last()) {
+            (true, Some((seq, _))) => Some(encode_cursor(*seq)),
+            _ => None,
+        };
+        Ok(LedgerPage {
+            items: rows.into_iter().map(|(_, entry)| entry).collect(),
+            next_cursor,
+        })
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger charge_of", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn charge_of(
+        &self,
+        consumption_id: ConsumptionId,
+    ) -> Result<Option<LedgerEntry>, LedgerError> {
+        let id = consumption_id.to_string();
+        self.first_of("consumption_id", &id, EntryKind::Charge)
+            .await
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger hold_of", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn hold_of(&self, hold_id: HoldId) -> Result<Option<LedgerEntry>, LedgerError> {
+        self.first_of("hold_id", &hold_id.to_string(), EntryKind::Hold)
+            .await
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger refunded", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn refunded(&self, consumption_id: ConsumptionId) -> Result<u64, LedgerError> {
+        let consumption_id = consumption_id.to_string();
+        // Postgres sums BIGINT as NUMERIC: cast back (refunds never exceed the charge,
+        // itself at most 2^53 - 1).
+        let total: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
+             WHERE consumption_id = $1 AND kind = 'refund'",
+        )
+        .bind(&consumption_id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
+    }
+
+    async fn refunded_before(
+        &self,
+        consumption_id: ConsumptionId,
+        seq: i64,
+    ) -> Result<u64, LedgerError> {
+        let consumption_id = consumption_id.to_string();
+        let total: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) FROM ledger_entries \
+             WHERE consumption_id = $1 AND kind = 'refund' AND seq < $2",
+        )
+        .bind(&consumption_id)
+        .bind(seq)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
+    }
+
+    async fn seqs_of(&self, ids: &[String]) -> Result<HashMap<String, i64>, LedgerError> {
+        let mut seqs = HashMap::new();
+        for chunk in ids.chunks(500) {
+            let mut sql =
+                QueryBuilder::<DB>::new("SELECT id, seq FROM ledger_entries WHERE id IN (");
+            let mut list = sql.separated(", ");
+            for id in chunk {
+                list.push_bind(id.as_str());
+            }
+            sql.push(")");
+            let rows = DB::build(&mut sql)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
+            for row in rows {
+                seqs.insert(
+                    row.try_get::<String, _>("id").map_err(db_error)?,
+                    row.try_get::<i64, _>("seq").map_err(db_error)?,
+                );
+            }
+        }
+        Ok(seqs)
+    }
+
+    async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {
+        // The at index holds each row's seq (SQLite: the rowid; Postgres reads it).
+        sqlx::query_scalar("SELECT MIN(seq) FROM ledger_entries WHERE at >= $1")
+            .bind(at)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
+    async fn entries_after(
+        &self,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+        let sql = format!(
+            "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries \
+             WHERE seq > $1 ORDER BY seq LIMIT $2"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        rows.iter().map(Self::seq_and_entry).collect()
+    }
+
+    async fn activity(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        action: Option<&str>,
+    ) -> Result<Vec<HourActivity>, LedgerError> {
+        self.select_activity(from, to, action).await
+    }
+
+    async fn top_denied(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        action: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<DeniedSubject>, LedgerError> {
+        self.select_top_denied(from, to, action, limit).await
+    }
+
+    async fn delete_older_than(
+        &self,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        // One short statement per batch: locks only the rows it deletes, briefly.
+        let done = sqlx::query(RETENTION_DELETE)
+            .bind(cutoff)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(DB::rows_affected(&done))
+    }
+}
 
 #[cfg(test)]
 pub(super) mod tests {

@@ -4,8 +4,9 @@
 //! Postgres delivers at commit to every instance that `LISTEN`s. SQLite cannot: other
 //! instances see the change when they next poll the change marker.
 
-use super::sql::{PostgresPolicyStore, SqlitePolicyStore};
 use super::StoreResult;
+use crate::db::Sql;
+use async_trait::async_trait;
 use sqlx::postgres::PgListener;
 
 /// The Postgres notification channel of policy and override changes.
@@ -38,12 +39,21 @@ impl ChangeFeed {
     }
 }
 
-impl PostgresPolicyStore {
+/// How a database tells the other instances about a change: the one part of the policy
+/// stores that differs between Postgres and SQLite.
+#[async_trait]
+pub(super) trait Announce: Sql {
     /// Announces change `version` to the listening instances when the transaction commits.
-    pub(super) async fn announce_change(
-        conn: &mut sqlx::PgConnection,
-        version: i64,
-    ) -> sqlx::Result<()> {
+    async fn announce_change(conn: &mut Self::Connection, version: i64) -> sqlx::Result<()>;
+
+    /// Starts listening to the changes of every instance, if the database can tell them.
+    async fn subscribe_to_changes(pool: &sqlx::Pool<Self>) -> StoreResult<Option<ChangeFeed>>;
+}
+
+#[async_trait]
+impl Announce for sqlx::Postgres {
+    /// Runs `pg_notify` on [`CHANNEL`]; Postgres delivers it at commit.
+    async fn announce_change(conn: &mut sqlx::PgConnection, version: i64) -> sqlx::Result<()> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(CHANNEL)
             .bind(version.to_string())
@@ -53,8 +63,8 @@ impl PostgresPolicyStore {
     }
 
     /// Starts listening on [`CHANNEL`] on a connection of its own.
-    pub(super) async fn subscribe_to_changes(&self) -> StoreResult<Option<ChangeFeed>> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
+    async fn subscribe_to_changes(pool: &sqlx::PgPool) -> StoreResult<Option<ChangeFeed>> {
+        let mut listener = PgListener::connect_with(pool).await?;
         // On a lost connection, report it rather than reconnect inside `try_recv`: the
         // caller reconnects with its own backoff and catches up on what it missed.
         listener.eager_reconnect(false);
@@ -63,9 +73,10 @@ impl PostgresPolicyStore {
     }
 }
 
-impl SqlitePolicyStore {
+#[async_trait]
+impl Announce for sqlx::Sqlite {
     /// SQLite has no notifications: other instances find the change by polling.
-    pub(super) async fn announce_change(
+    async fn announce_change(
         _conn: &mut sqlx::SqliteConnection,
         _version: i64,
     ) -> sqlx::Result<()> {
@@ -73,7 +84,7 @@ impl SqlitePolicyStore {
     }
 
     /// SQLite cannot announce changes, so there is nothing to subscribe to.
-    pub(super) async fn subscribe_to_changes(&self) -> StoreResult<Option<ChangeFeed>> {
+    async fn subscribe_to_changes(_pool: &sqlx::SqlitePool) -> StoreResult<Option<ChangeFeed>> {
         Ok(None)
     }
 }
