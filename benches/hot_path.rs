@@ -110,7 +110,7 @@ fn ready<T>(future: impl Future<Output = T>) -> T {
 
 fn charge(key: String, algorithm: Algorithm, cost: u64) -> Charge {
     Charge {
-        key,
+        key: quota_ledger::keys::CounterKey::read(key),
         algorithm,
         limit: 1_000_000_000,
         cost,

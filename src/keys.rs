@@ -92,6 +92,46 @@ pub(crate) fn budget_shard(action: &str, budget: &Budget) -> u16 {
     (hash % u64::from(SHARDS)) as u16
 }
 
+/// A counter's key and the shard it lives in. This module builds it, so the shard is known
+/// from the start and never parsed back out of the text; a key read back from persisted
+/// text (a ledger entry's counters) goes through [`CounterKey::read`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    shard: u16,
+    text: String,
+}
+
+impl CounterKey {
+    /// The key `text` of a counter in `shard`.
+    fn new(shard: u16, text: String) -> Self {
+        Self { shard, text }
+    }
+
+    /// A key read back from its text: its shard is the one its hash tag names (0 for a
+    /// tag that names none, as the stores' tests use).
+    pub fn read(text: impl Into<String>) -> Self {
+        let text = text.into();
+        let shard = shard_of_tag(hash_tag(&text)).unwrap_or(0);
+        Self { shard, text }
+    }
+
+    /// The shard the counter lives in.
+    pub fn shard(&self) -> u16 {
+        self.shard
+    }
+
+    /// The full key (prefix and hash tag included).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::fmt::Display for CounterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// The counter of a budget shared by subjects, `<p>{<s>}<policy key>[<period>]<action>|`
 /// then the budget's values in scope order, each but the last as `<length>:<value>` (the
 /// policy key fixes how many there are; the global budget has none), in
@@ -102,8 +142,9 @@ pub(crate) fn shared_counter(
     policy_key: &PolicyKey,
     period: Option<i64>,
     budget: &Budget,
-) -> String {
-    let mut key = shard_prefix(prefix, budget_shard(action.as_str(), budget));
+) -> CounterKey {
+    let shard = budget_shard(action.as_str(), budget);
+    let mut key = shard_prefix(prefix, shard);
     key.push_str(policy_key.as_str());
     if let Some(period) = period {
         push_period(&mut key, period);
@@ -119,7 +160,14 @@ pub(crate) fn shared_counter(
         }
         key.push_str(last);
     }
-    key
+    CounterKey::new(shard, key)
+}
+
+/// The shard of a key read back as text (a ledger entry's counter, a dumped record, a
+/// script's key): the one its hash tag names, if it is one of ours. Keys this module
+/// builds for a decision carry their shard ([`CounterKey`]).
+pub(crate) fn shard_of(key: &str) -> Option<u16> {
+    shard_of_tag(hash_tag(key))
 }
 
 /// The shard a hash tag names (the inverse of the name [`shard_prefix`] gives it).
@@ -361,7 +409,12 @@ impl SubjectKeys {
 
     /// The counter key of the policy with `policy_key`; `period` is the start (Unix s) of
     /// its calendar period.
-    pub fn counter(&self, policy_key: &PolicyKey, period: Option<i64>) -> String {
+    pub fn counter(&self, policy_key: &PolicyKey, period: Option<i64>) -> CounterKey {
+        CounterKey::new(self.shard, self.counter_text(policy_key, period))
+    }
+
+    /// The text of [`SubjectKeys::counter`].
+    fn counter_text(&self, policy_key: &PolicyKey, period: Option<i64>) -> String {
         let mut key =
             String::with_capacity(self.tag.len() + POLICY_KEY_LEN + PERIOD_LEN + self.tail.len());
         key.push_str(&self.tag);
@@ -380,17 +433,17 @@ impl SubjectKeys {
         policy_key: &PolicyKey,
         period: Option<i64>,
         budget: &Budget,
-    ) -> String {
+    ) -> CounterKey {
         if budget.is_subject_only() {
             return self.counter(policy_key, period);
         }
-        let mut key = self.counter(policy_key, period);
+        let mut key = self.counter_text(policy_key, period);
         // Everything up to `<action>|`, then the budget's other values and the subject.
         let subject_len = self.tail.len() - self.tail.find('|').map_or(0, |bar| bar + 1);
         let subject = key.split_off(key.len() - subject_len);
         push_budget(&mut key, budget);
         key.push_str(&subject);
-        key
+        CounterKey::new(self.shard, key)
     }
 
     /// The record of an idempotency key; `scope` separates consumes (`c`), holds (`h`) and
@@ -467,7 +520,9 @@ mod tests {
         let pk = PolicyKey(*b"abcdefg");
         for subject in ["user-42", "{evil}", "a}b{c", "50%", "x:y|z", "Zoë ünïcode"] {
             let keys = keys_of("sms.send", subject);
-            let key = keys.counter(&pk, Some(1_795_237_200));
+            let counter = keys.counter(&pk, Some(1_795_237_200));
+            assert_eq!(counter.shard(), keys.shard, "the key knows its shard");
+            let key = counter.as_str();
             let open = key.find('{').expect("has a tag");
             let close = key[open..].find('}').expect("tag closes") + open;
             assert_eq!(close, open + 2, "a one-character tag: {key}");
@@ -490,7 +545,7 @@ mod tests {
             let keys = keys_of(action, subject);
             for pk in &pks {
                 for period in [None, Some(0), Some(61), Some(62), Some(1_795_237_200)] {
-                    seen.insert(keys.counter(pk, period));
+                    seen.insert(keys.counter(pk, period).as_str().to_owned());
                     count += 1;
                 }
             }
@@ -551,6 +606,6 @@ mod tests {
         // Redis keeps such a name in a 32-byte allocation (see the module documentation).
         let daily = policy_key(&policy("sms-per-day", Measure::Count, day_in("UTC"), 10));
         let key = keys_of("sms", "u12345").counter(&daily, Some(1_795_237_200));
-        assert_eq!(key.len(), 28, "{key}");
+        assert_eq!(key.as_str().len(), 28, "{key}");
     }
 }

@@ -156,6 +156,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate => {
             let _telemetry = quota_ledger::telemetry::init(settings.log_json)?;
             quota_ledger::db::migrate_url(&settings.database_url).await?;
+            quota_ledger::ledger::upgrade::upgrade_url(&settings.database_url).await?;
             tracing::info!("migrations applied");
             Ok(())
         }

@@ -254,6 +254,7 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
         crate::db::migrate_url(&settings.database_url).await?;
+        crate::ledger::upgrade::upgrade_url(&settings.database_url).await?;
         let policies = policy::connect(&settings.database_url).await?;
         let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
         let retention =

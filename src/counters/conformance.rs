@@ -311,7 +311,7 @@ pub(super) async fn clean_up_tag(probe: &RedisProbe, tag: &str) {
 /// An enforcing charge.
 pub(super) fn charge(key: &str, algorithm: Algorithm, limit: u64, cost: u64) -> Charge {
     Charge {
-        key: key.to_owned(),
+        key: crate::keys::CounterKey::read(key),
         algorithm,
         limit,
         cost,

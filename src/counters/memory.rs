@@ -185,7 +185,10 @@ fn evaluate_in(
     let mut readings = Vec::with_capacity(charges.len());
     let mut allowed = true;
     for charge in charges {
-        let entry = shard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
+        let entry = shard
+            .entries
+            .get(charge.key.as_str())
+            .filter(|e| e.is_live(now_ms));
         let reading = counting::read(entry, now_ms, charge)?;
         allowed &= reading.outcome.allowed || !charge.enforce;
         readings.push(reading);
@@ -360,7 +363,7 @@ mod tests {
 
     fn rolling_charge(key: String, cost: u64) -> Charge {
         Charge {
-            key,
+            key: crate::keys::CounterKey::read(key),
             algorithm: Algorithm::Rolling {
                 bucket_ms: 1_000,
                 buckets: 10,

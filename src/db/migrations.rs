@@ -39,6 +39,10 @@ pub(super) const POSTGRES: Files = &[
         "20261220090000_add_void_kind.sql",
         include_str!("../../migrations/postgres/20261220090000_add_void_kind.sql"),
     ),
+    (
+        "20261227090000_readable_ledger_columns.sql",
+        include_str!("../../migrations/postgres/20261227090000_readable_ledger_columns.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -66,6 +70,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261220090000_add_void_kind.sql",
         include_str!("../../migrations/sqlite/20261220090000_add_void_kind.sql"),
+    ),
+    (
+        "20261227090000_readable_ledger_columns.sql",
+        include_str!("../../migrations/sqlite/20261227090000_readable_ledger_columns.sql"),
     ),
 ];
 

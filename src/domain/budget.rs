@@ -61,7 +61,7 @@ pub struct Attributes(BTreeMap<String, String>);
 
 impl Attributes {
     /// Parses `pairs`, naming `field` (e.g. `attributes`) in every error.
-    pub(crate) fn parse(
+    pub fn parse(
         field: &str,
         pairs: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, FieldErrors> {
@@ -157,7 +157,7 @@ impl Default for Scope {
 
 impl Scope {
     /// Parses the keys of `texts`, naming `field[i]` in each error.
-    pub(crate) fn parse<S: AsRef<str>>(field: &str, texts: &[S]) -> Result<Self, FieldErrors> {
+    pub fn parse<S: AsRef<str>>(field: &str, texts: &[S]) -> Result<Self, FieldErrors> {
         let mut errors = FieldErrors::default();
         if texts.len() > MAX_SCOPE_KEYS {
             errors.push(FieldError::new(

@@ -35,7 +35,7 @@ impl fmt::Display for FieldError {
 
 /// Every invalid field of one input, collected so the client sees them all at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct FieldErrors(pub(crate) Vec<FieldError>);
+pub struct FieldErrors(pub(crate) Vec<FieldError>);
 
 impl FieldErrors {
     /// Records the error of `result` (if any) and returns its value.

@@ -13,7 +13,7 @@ mod quantity;
 mod window;
 
 pub use budget::{Attributes, Budget, Match, Scope, ScopeKey, MAX_ATTRIBUTES, SUBJECT_KEY};
-pub(crate) use error::{FieldError, FieldErrors};
+pub use error::{FieldError, FieldErrors};
 pub use ids::{Action, PolicyId, Subject};
 pub use ledger::{
     BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,

@@ -12,3 +12,4 @@ mod cursor;
 pub mod retention;
 pub(crate) mod snapshot;
 pub mod sql;
+pub mod upgrade;

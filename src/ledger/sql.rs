@@ -17,7 +17,9 @@ use crate::engine::ledger::{
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 use sqlx::error::ErrorKind;
+use sqlx::types::Json;
 use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, QueryBuilder, Row, Type};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +71,11 @@ pub(crate) const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq 
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
      idempotency_key, policies, detail, attributes";
 
+/// [`ENTRY_COLUMNS`] as selects read them: with the compact text of rows written before
+/// `policies` was JSON, until `quota-ledger migrate` has rewritten them ([`upgrade`]).
+const READ_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
+     idempotency_key, policies, detail, attributes, policies_compact";
+
 /// Sorts a database failure: a broken constraint is a bug in what we tried to store
 /// (retrying cannot help); anything else is the database being unavailable.
 pub(super) fn db_error(error: sqlx::Error) -> LedgerError {
@@ -104,12 +111,15 @@ where
     String: ColumnType<DB>,
     Option<String>: ColumnType<DB>,
     DateTime<Utc>: ColumnType<DB>,
+    Json<Value>: ColumnType<DB>,
+    Option<Json<Value>>: ColumnType<DB>,
 {
     /// A row of `ledger_entries` (its [`ENTRY_COLUMNS`]) as a [`LedgerEntry`].
     fn entry_from_row(row: &DB::Row) -> Result<LedgerEntry, LedgerError> {
         let id: String = row.try_get("id").map_err(db_error)?;
         let amount: i64 = row.try_get("amount").map_err(db_error)?;
-        let policies: String = row.try_get("policies").map_err(db_error)?;
+        let policies: Option<Json<Value>> = row.try_get("policies").map_err(db_error)?;
+        let compact: Option<String> = row.try_get("policies_compact").map_err(db_error)?;
         let detail: Option<String> = row.try_get("detail").map_err(db_error)?;
         let kind: String = row.try_get("kind").map_err(db_error)?;
         let action: String = row.try_get("action").map_err(db_error)?;
@@ -128,13 +138,17 @@ where
             hold_id: hold_id.as_deref(),
             idempotency_key: idempotency_key.as_deref(),
         };
-        let policies =
-            codec::decode_policies(&policies, parts.amount).map_err(|e| corrupt(&id, e))?;
+        let policies = match (policies, compact) {
+            (Some(Json(policies)), _) => codec::policies_from_column(policies),
+            (None, Some(compact)) => codec::decode_policies(&compact, parts.amount),
+            (None, None) => Ok(Vec::new()),
+        }
+        .map_err(|e| corrupt(&id, e))?;
         let detail = codec::decode_detail(detail.as_deref(), &parts, &policies)
             .map_err(|e| corrupt(&id, e))?;
-        let attributes: Option<String> = row.try_get("attributes").map_err(db_error)?;
-        let attributes =
-            codec::decode_attributes(attributes.as_deref()).map_err(|e| corrupt(&id, e))?;
+        let attributes: Option<Json<Value>> = row.try_get("attributes").map_err(db_error)?;
+        let attributes = codec::attributes_from_column(attributes.map(|Json(value)| value))
+            .map_err(|e| corrupt(&id, e))?;
         codec::entry_from_parts(parts, policies, attributes, detail).map_err(|e| corrupt(&id, e))
     }
 
@@ -167,9 +181,13 @@ where
                 .push_bind(e.consumption_id.map(|id| id.to_string()))
                 .push_bind(e.hold_id.map(|id| id.to_string()))
                 .push_bind(e.idempotency_key.as_ref().map(ToString::to_string))
-                .push_bind(codec::encode_policies(&e.policies, e.amount))
+                .push_bind(Json(codec::policies_column(
+                    &e.policies,
+                    &e.subject,
+                    &e.attributes,
+                )))
                 .push_bind(codec::encode_detail(e))
-                .push_bind(codec::encode_attributes(&e.attributes));
+                .push_bind(codec::attributes_column(&e.attributes).map(Json));
         });
         sql.push(" ON CONFLICT (id) DO NOTHING");
         let done = DB::build(&mut sql).execute(conn).await.map_err(db_error)?;
@@ -187,7 +205,7 @@ where
         // Only the filters given become conditions, so each query shape can use its index
         // ((subject, seq), (action, seq)) rather than `$1 IS NULL OR …`.
         let mut sql = QueryBuilder::<DB>::new(format!(
-            "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries WHERE 1 = 1"
+            "SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE 1 = 1"
         ));
         if let Some(subject) = &filter.subject {
             sql.push(" AND subject = ").push_bind(subject.as_str());
@@ -223,7 +241,7 @@ where
         kind: EntryKind,
     ) -> Result<Option<LedgerEntry>, LedgerError> {
         let sql = format!(
-            "SELECT {ENTRY_COLUMNS} FROM ledger_entries \
+            "SELECT {READ_COLUMNS} FROM ledger_entries \
              WHERE {column} = $1 AND kind = $2 ORDER BY seq LIMIT 1"
         );
         let row = sqlx::query(&sql)
@@ -248,6 +266,8 @@ where
     String: ColumnType<DB>,
     Option<String>: ColumnType<DB>,
     DateTime<Utc>: ColumnType<DB>,
+    Json<Value>: ColumnType<DB>,
+    Option<Json<Value>>: ColumnType<DB>,
 {
     async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
         if entries.is_empty() {
@@ -381,7 +401,7 @@ where
         limit: u32,
     ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
         let sql = format!(
-            "SELECT seq, {ENTRY_COLUMNS} FROM ledger_entries \
+            "SELECT seq, {READ_COLUMNS} FROM ledger_entries \
              WHERE seq > $1 ORDER BY seq LIMIT $2"
         );
         let rows = sqlx::query(&sql)

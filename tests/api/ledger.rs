@@ -5,6 +5,7 @@ mod background;
 mod drain;
 mod http;
 mod paging;
+mod sql;
 
 use crate::helpers::{fresh_settings, start_instant, CounterBackend, FreshSettings, PolicyBackend};
 use crate::on_policy_stores;

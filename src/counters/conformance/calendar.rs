@@ -68,7 +68,7 @@ async fn a_calendar_charge_above_the_limit_is_denied_with_no_retry_time(h: &Harn
     let big = charge(&h.key("transfer:day0"), calendar(END), 10, 11);
     assert_eq!(h.one(T0, &big).await, outcome(0, false, T0, None));
     assert!(
-        !h.exists(&big.key, T0).await,
+        !h.exists(big.key.as_str(), T0).await,
         "a denied charge writes nothing"
     );
 }
@@ -100,7 +100,7 @@ async fn a_decision_of_more_charges_than_luas_stack_holds_applies_each_of_them(h
         .all(|o| *o == outcome(2, false, END, Some(END))));
     // The second charge kept the period's TTL the first one set.
     for c in [&charges[0], &charges[1_399]] {
-        let ttl = h.ttl_ms(&c.key, T0 + 3).await;
+        let ttl = h.ttl_ms(c.key.as_str(), T0 + 3).await;
         assert!(ttl.is_some_and(|ttl| ttl > END - T0), "{}: {ttl:?}", c.key);
     }
 }

@@ -141,7 +141,7 @@ async fn different_subjects_spread_over_every_primary_and_one_subjects_keys_stay
             break;
         }
         let tag = format!("{run}|subject-{i}");
-        let slot = topology.slot_of(&decision(&tag)[0].key).await;
+        let slot = topology.slot_of(decision(&tag)[0].key.as_str()).await;
         owners.insert(tag, topology.owner(slot));
     }
     for tag in owners.keys() {
@@ -159,7 +159,7 @@ async fn different_subjects_spread_over_every_primary_and_one_subjects_keys_stay
         let expected: BTreeSet<String> = owners
             .iter()
             .filter(|(_, owner)| **owner == index)
-            .flat_map(|(tag, _)| decision(tag).map(|c| c.key))
+            .flat_map(|(tag, _)| decision(tag).map(|c| c.key.as_str().to_owned()))
             .collect();
         assert_eq!(found, expected, "keys on {}:{}", primary.host, primary.port);
         nodes_with_keys += usize::from(!found.is_empty());
@@ -169,7 +169,7 @@ async fn different_subjects_spread_over_every_primary_and_one_subjects_keys_stay
     assert_eq!(nodes_with_keys, topology.primaries.len());
 
     for (tag, owner) in &owners {
-        let keys: Vec<String> = decision(tag).map(|c| c.key).into();
+        let keys: Vec<String> = decision(tag).map(|c| c.key.as_str().to_owned()).into();
         let _: i64 = topology.primaries[*owner]
             .query(redis::cmd("DEL").arg(&keys))
             .await;
@@ -184,7 +184,7 @@ async fn the_store_follows_ask_and_moved_while_a_subjects_slot_moves_to_another_
     let mut found = None;
     for _ in 0..100 {
         let tag = unique_tag("moving");
-        let slot = topology.slot_of(&decision(&tag)[0].key).await;
+        let slot = topology.slot_of(decision(&tag)[0].key.as_str()).await;
         let source = topology.owner(slot);
         let keys: i64 = topology.primaries[source]
             .query(redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))

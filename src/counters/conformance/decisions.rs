@@ -43,7 +43,7 @@ async fn one_denied_enforced_charge_applies_no_charge_at_all(h: &Harness) {
             );
         }
         for c in three(h, costs) {
-            assert!(!h.exists(&c.key, T0).await, "{} was written", c.key);
+            assert!(!h.exists(c.key.as_str(), T0).await, "{} was written", c.key);
         }
     }
     // With usage already there, a denial leaves it exactly as it was.
@@ -129,7 +129,11 @@ async fn a_peek_reports_the_charge_but_changes_nothing(h: &Harness) {
     assert_eq!(evaluation.outcomes[0], outcome(0, true, T0, None));
     assert_eq!(evaluation.outcomes[1], outcome(0, true, T0, None));
     for c in &untouched {
-        assert!(!h.exists(&c.key, T0).await, "a peek created {}", c.key);
+        assert!(
+            !h.exists(c.key.as_str(), T0).await,
+            "a peek created {}",
+            c.key
+        );
     }
     assert_eq!(h.peek(T0, &day).await.used, 5);
 }
@@ -142,7 +146,7 @@ async fn a_zero_cost_charge_creates_no_key(h: &Harness) {
         .iter()
         .all(|o| *o == outcome(0, true, T0, None)));
     for c in three(h, [0, 0, 0]) {
-        assert!(!h.exists(&c.key, T0).await, "{} was created", c.key);
+        assert!(!h.exists(c.key.as_str(), T0).await, "{} was created", c.key);
     }
 }
 
@@ -169,7 +173,7 @@ async fn every_charged_key_expires_once_its_usage_is_gone_plus_the_grace(h: &Har
     // Calendar: the period's end; rolling: W + B; token bucket: 4 units drain in 4 s.
     for (c, lives) in charges.iter().zip([DAY, 11_000, 4_000]) {
         let expected = lives + KEY_GRACE_MS;
-        let ttl = h.ttl_ms(&c.key, T0).await.unwrap_or(-2);
+        let ttl = h.ttl_ms(c.key.as_str(), T0).await.unwrap_or(-2);
         assert!(
             ttl <= expected && ttl > expected - 5_000,
             "{}: TTL {ttl}, not {expected}",
@@ -207,7 +211,7 @@ async fn malformed_decisions_are_rejected_before_touching_any_key(h: &Harness) {
         h.eval_err(1 << 52, std::slice::from_ref(&a)).await,
         StoreError::Protocol(_)
     ));
-    assert!(!h.exists(&a.key, T0).await);
+    assert!(!h.exists(a.key.as_str(), T0).await);
 }
 
 /// A store atomic across hash tags (memory, standalone Redis) decides charges of several

@@ -63,7 +63,7 @@ async fn check_rolling(
     for &(step, cost) in &case.steps {
         now += step;
         let charge = Charge {
-            key: key.to_owned(),
+            key: crate::keys::CounterKey::read(key),
             algorithm: Algorithm::Rolling {
                 bucket_ms: b,
                 buckets: n,
@@ -267,7 +267,7 @@ fn charges(h: &Harness, case: &Case, step: &Step, now: i64) -> Vec<Charge> {
             policy.limit
         };
         charges.push(Charge {
-            key,
+            key: crate::keys::CounterKey::read(key),
             algorithm,
             limit,
             cost: step.costs[i],
@@ -322,8 +322,8 @@ async fn check_agreement(
             if m.cost == 0 || o.used >= saturated {
                 continue; // nothing written, or maybe not: usage was already saturated
             }
-            let expected = memory.ttl_ms(&m.key, now).await.unwrap_or(-2);
-            let actual = redis.ttl_ms(&r.key, now).await.unwrap_or(-2);
+            let expected = memory.ttl_ms(m.key.as_str(), now).await.unwrap_or(-2);
+            let actual = redis.ttl_ms(r.key.as_str(), now).await.unwrap_or(-2);
             let slack = match m.algorithm {
                 Algorithm::Calendar { .. } => calendar_slack,
                 _ => 0,

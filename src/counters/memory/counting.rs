@@ -348,7 +348,10 @@ pub(super) fn apply(
             current,
             oldest_live,
         } => {
-            if let Some(entry) = entries.get_mut(&charge.key).filter(|e| e.is_live(now_ms)) {
+            if let Some(entry) = entries
+                .get_mut(charge.key.as_str())
+                .filter(|e| e.is_live(now_ms))
+            {
                 if let State::Buckets(held) = &mut entry.state {
                     held.retain(|(index, _)| *index >= oldest_live);
                     match held.binary_search_by_key(&current, |(index, _)| *index) {
@@ -366,10 +369,10 @@ pub(super) fn apply(
         state,
         expires_at_ms,
     };
-    match entries.get_mut(&charge.key) {
+    match entries.get_mut(charge.key.as_str()) {
         Some(slot) => *slot = entry,
         None => {
-            entries.insert(charge.key.clone(), entry);
+            entries.insert(charge.key.as_str().to_owned(), entry);
         }
     }
 }

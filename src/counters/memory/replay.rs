@@ -138,7 +138,10 @@ impl MemoryCounterStore {
         let keys: Vec<&str> = charges.iter().map(|c| c.key.as_str()).collect();
         self.with_keys(&keys, |shard| {
             for charge in charges {
-                let entry = shard.entries.get(&charge.key).filter(|e| e.is_live(now_ms));
+                let entry = shard
+                    .entries
+                    .get(charge.key.as_str())
+                    .filter(|e| e.is_live(now_ms));
                 if let Some(write) = counting::read(entry, now_ms, charge)?.write {
                     counting::apply(&mut shard.entries, charge, now_ms, write);
                 }
@@ -157,7 +160,7 @@ mod tests {
 
     fn charge(key: &str, algorithm: Algorithm, cost: u64) -> Charge {
         Charge {
-            key: key.to_owned(),
+            key: crate::keys::CounterKey::read(key),
             algorithm,
             limit: 1_000,
             cost,

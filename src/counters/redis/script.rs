@@ -25,12 +25,9 @@ pub(super) const FINALIZE_LUA: &str = include_str!("scripts/finalize.lua");
 fn epochs_of<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut epochs: Vec<String> = Vec::with_capacity(1);
     for key in keys {
-        let shard = keys::shard_part(key);
-        if !epochs
-            .iter()
-            .any(|e| e.strip_suffix("#epoch") == Some(shard))
-        {
-            epochs.push(keys::epoch_of(key));
+        let epoch = keys::epoch_of(key);
+        if !epochs.contains(&epoch) {
+            epochs.push(epoch);
         }
     }
     epochs
@@ -85,7 +82,7 @@ pub(super) fn consume_cmd(
     effects: &Effects,
     (epochs, deadline_ms): (bool, Option<i64>),
 ) -> Cmd {
-    let keys: usize = charges.iter().map(|c| c.key.len()).sum();
+    let keys: usize = charges.iter().map(|c| c.key.as_str().len()).sum();
     let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
         + effects
             .idempotency
@@ -370,7 +367,7 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
 
 /// The shard of `key`, for [`StoreError::Rebuilding`].
 fn shard_of(key: &str) -> u16 {
-    keys::shard_of_tag(keys::hash_tag(key)).unwrap_or(0)
+    keys::shard_of(key).unwrap_or(0)
 }
 
 /// Reads the consume script's reply: a replay (`[-1, record]`), a shard without its epoch
@@ -379,7 +376,7 @@ fn shard_of(key: &str) -> u16 {
 pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided, StoreError> {
     if let Value::Array(items) = &reply {
         if let [Value::Int(-2)] = items.as_slice() {
-            let shard = shard_of(charges.first().map_or("", |c| c.key.as_str()));
+            let shard = charges.first().map_or(0, |c| c.key.shard());
             return Err(StoreError::Rebuilding { shard });
         }
         if let [Value::Int(-3)] = items.as_slice() {
@@ -480,7 +477,7 @@ pub(super) mod tests {
     /// One calendar charge of 1 against a limit of 5.
     pub(in crate::counters::redis) fn one_charge() -> Vec<Charge> {
         vec![Charge {
-            key: "k".to_owned(),
+            key: keys::CounterKey::read("k"),
             algorithm: Algorithm::Calendar { period_end_ms: 10 },
             limit: 5,
             cost: 1,

@@ -20,6 +20,7 @@ use crate::domain::{Attributes, Scope};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+mod columns;
 mod counter;
 mod entry;
 mod hold;
@@ -31,15 +32,16 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use columns::{
+    attributes_column, attributes_from_column, policies_column, policies_from_column,
+};
 pub(crate) use hold::{decode_hold_record, encode_hold_record, HoldRecord};
 pub(crate) use intent::{decode_intent, encode_intent, IntentRecord};
 pub(crate) use replay::{
     decode_consume_record, decode_replay, encode_consume_record, encode_replay, reply_numbers,
     ConsumeRecord, KeptPolicy,
 };
-pub(crate) use row::{
-    decode_detail, decode_policies, encode_detail, encode_policies, entry_from_parts, EntryParts,
-};
+pub(crate) use row::{decode_detail, decode_policies, encode_detail, entry_from_parts, EntryParts};
 pub(crate) use snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_FORMAT};
 pub use stream::encode_entry;
 pub(crate) use stream::{
@@ -106,21 +108,6 @@ fn attributes_from_wire(
     wire: AttributesWire,
 ) -> Result<Attributes, CodecError> {
     field(what, Attributes::parse("attributes", wire))
-}
-
-/// A request's attributes as the SQL ledger's `attributes` column holds them (`None`
-/// when there are none).
-pub(crate) fn encode_attributes(attributes: &Attributes) -> Option<String> {
-    (!attributes.is_empty()).then(|| to_json(&attributes_wire(attributes)))
-}
-
-/// Reads what [`encode_attributes`] wrote.
-pub(crate) fn decode_attributes(text: Option<&str>) -> Result<Attributes, CodecError> {
-    const WHAT: &str = "attributes of an entry";
-    match text {
-        None => Ok(Attributes::default()),
-        Some(text) => attributes_from_wire(WHAT, from_json(WHAT, text)?),
-    }
 }
 
 fn field<T, E: std::fmt::Display>(

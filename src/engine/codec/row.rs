@@ -3,8 +3,8 @@
 //! form of module `entry`, read back against the row's own columns.
 
 use super::entry::{
-    decode_counters, decode_expiry_and_kept, write_counters, write_expiry_and_kept, write_policies,
-    DETAIL_VERSION, POLICIES_VERSION, US, WHAT,
+    decode_counters, decode_expiry_and_kept, write_counters, write_expiry_and_kept, DETAIL_VERSION,
+    POLICIES_VERSION, US, WHAT,
 };
 use super::{entry, field, CodecError};
 use crate::domain::{
@@ -55,7 +55,9 @@ pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
 /// The SQL ledger's `policies` column in compact form: `p1`, then field 10
 /// of the entry's compact form, read back against the row's own `amount`. A three-budget
 /// charge's takes about a third of its JSON.
+#[cfg(test)]
 pub(crate) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
+    use super::entry::write_policies;
     let mut out = String::with_capacity(8 + 24 * policies.len());
     out.push_str(POLICIES_VERSION);
     out.push(US);

@@ -1,6 +1,6 @@
 //! Round trips of every record, and what malformed ones read as.
 
-use super::row::Detail;
+use super::row::{encode_policies, Detail};
 use super::stream::decode_entry;
 use super::*;
 use crate::domain::{

@@ -70,11 +70,6 @@ struct Group {
     charges: Vec<usize>,
 }
 
-/// The shard a counter key lives in.
-fn shard_of(key: &str) -> Option<u16> {
-    keys::shard_of_tag(keys::hash_tag(key))
-}
-
 impl Engine {
     /// Whether `plan` charges several shards on a store that takes one per call.
     pub(in crate::engine) fn across_slots(&self, plan: &Plan) -> bool {
@@ -82,7 +77,7 @@ impl Engine {
             && plan
                 .charges
                 .iter()
-                .any(|c| shard_of(&c.key) != Some(plan.keys.shard))
+                .any(|c| c.key.shard() != plan.keys.shard)
     }
 
     /// Decides `plan` across slots: the answer the one-call path would give, or the error
@@ -414,7 +409,7 @@ impl Engine {
         }
         request
             .counters
-            .retain(|counter| match shard_of(&counter.key) {
+            .retain(|counter| match keys::shard_of(&counter.key) {
                 Some(shard) if shard != home => {
                     foreign.entry(shard).or_default().push(counter.clone());
                     false
@@ -488,8 +483,8 @@ fn groups(plan: &Plan) -> (Vec<usize>, Vec<Group>) {
     let mut home = Vec::new();
     let mut foreign: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (i, charge) in plan.charges.iter().enumerate() {
-        match shard_of(&charge.key) {
-            Some(shard) if shard != plan.keys.shard => foreign.entry(shard).or_default().push(i),
+        match charge.key.shard() {
+            shard if shard != plan.keys.shard => foreign.entry(shard).or_default().push(i),
             _ => home.push(i),
         }
     }

@@ -294,7 +294,7 @@ impl Plan {
             .zip(&self.charges)
             .map(|(policy, charge)| CounterCharge {
                 policy_id: policy.id.clone(),
-                key: charge.key.clone(),
+                key: charge.key.as_str().to_owned(),
                 restore: match charge.algorithm {
                     Algorithm::Calendar { period_end_ms } => Restore::Calendar { period_end_ms },
                     Algorithm::ZonedCalendar { period_end_ms } => Restore::ZonedCalendar {

@@ -243,7 +243,7 @@ impl Engine {
                 _ => None,
             })
             .flatten()
-            .filter_map(|c| keys::shard_of_tag(keys::hash_tag(&c.key)))
+            .filter_map(|c| keys::shard_of(&c.key))
             .filter(|shard| *shard != home)
             .collect();
         shards.sort_unstable();
@@ -486,7 +486,7 @@ fn replayed_charge(counter: &CounterCharge, at_ms: i64) -> Charge {
         }
     };
     Charge {
-        key: counter.key.clone(),
+        key: keys::CounterKey::read(counter.key.as_str()),
         algorithm,
         limit,
         cost: counter.charged,

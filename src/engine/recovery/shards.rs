@@ -126,15 +126,10 @@ pub struct Reopened {
     pub items: usize,
 }
 
-/// The shard of `key` (its hash tag), if it is one of ours.
-fn shard_of_key(key: &str) -> Option<u16> {
-    keys::shard_of_tag(keys::hash_tag(key))
-}
-
 fn shard_of_item(item: &StateItem) -> Option<u16> {
     match item {
-        StateItem::Counter { key, .. } | StateItem::Record { key, .. } => shard_of_key(key),
-        StateItem::IndexedHold { index_key, .. } => shard_of_key(index_key),
+        StateItem::Counter { key, .. } | StateItem::Record { key, .. } => keys::shard_of(key),
+        StateItem::IndexedHold { index_key, .. } => keys::shard_of(index_key),
     }
 }
 

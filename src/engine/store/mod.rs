@@ -17,6 +17,7 @@
 
 use crate::domain::CounterCharge;
 pub(crate) use crate::domain::Restore;
+use crate::keys::CounterKey;
 use async_trait::async_trait;
 
 mod effects;
@@ -67,8 +68,8 @@ pub enum Algorithm {
 /// What one policy asks of the store in one decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Charge {
-    /// The counter's full key (prefix and hash tag included); see `crate::keys`.
-    pub key: String,
+    /// The counter's key, and the shard it lives in; see `crate::keys`.
+    pub key: CounterKey,
     /// How to count.
     pub algorithm: Algorithm,
     /// The most that may be used (the override's limit when one applies).
@@ -445,7 +446,9 @@ pub(crate) fn check_charges(
             "time {now_ms} ms is out of range"
         )));
     }
-    let tag = charges.first().map(|c| crate::keys::hash_tag(&c.key));
+    let tag = charges
+        .first()
+        .map(|c| crate::keys::hash_tag(c.key.as_str()));
     for (i, charge) in charges.iter().enumerate() {
         if charge.limit > MAX_UNITS || charge.cost > MAX_UNITS {
             return Err(invalid(i, "limit and cost must be at most 2^53 - 1"));
@@ -472,7 +475,7 @@ pub(crate) fn check_charges(
         if !window_ok {
             return Err(invalid(i, "window parameters out of range"));
         }
-        if !across && tag != Some(crate::keys::hash_tag(&charge.key)) {
+        if !across && tag != Some(crate::keys::hash_tag(charge.key.as_str())) {
             return Err(invalid(i, "all keys of one decision must share a hash tag"));
         }
         if charges[..i].iter().any(|other| other.key == charge.key) {

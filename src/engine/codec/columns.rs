@@ -1,0 +1,100 @@
+//! The SQL ledger's readable columns: `policies` and `attributes` as JSON (`jsonb` on
+//! Postgres, JSON text on SQLite), so that psql, a BI tool or a reconciliation job reads
+//! the book of record without our code (README, "The ledger in SQL").
+//!
+//! `policies` holds one object per policy the entry concerns, in the entry's order:
+//! `{"policy": id, "amount": units, "scope": [key names], "budget": {key: value}}`. The
+//! amount is what the policy was charged (charge, hold), given back (refund, commit,
+//! release, expire, void) or asked for (deny). `budget` names the budget the units went to
+//! (the scope's values for this entry's subject and attributes); it is written for
+//! queries and derived again on reading, never trusted over the scope.
+//!
+//! Version: the column's type is its version. Rows written before these columns existed
+//! keep their compact text in `policies_compact` until `quota-ledger migrate` rewrites
+//! them (`ledger::upgrade`); [`super::decode_policies`] still reads that form.
+
+use super::{attributes_from_wire, attributes_wire, field, CodecError};
+use crate::domain::{Attributes, PolicyAmount, PolicyId, Scope, Subject};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+const WHAT: &str = "policies column";
+
+/// One policy's part of an entry, as the `policies` column holds it.
+#[derive(Serialize, Deserialize)]
+struct PolicyColumn {
+    policy: String,
+    amount: u64,
+    scope: Vec<String>,
+    /// Written for queries; not read back (the scope with the row's subject and
+    /// attributes gives it).
+    #[serde(default, skip_deserializing)]
+    budget: BTreeMap<String, String>,
+}
+
+/// The `policies` column of an entry with `policies`, made by `subject` with `attributes`.
+pub(crate) fn policies_column(
+    policies: &[PolicyAmount],
+    subject: &Subject,
+    attributes: &Attributes,
+) -> Value {
+    let columns: Vec<PolicyColumn> = policies
+        .iter()
+        .map(|p| PolicyColumn {
+            policy: p.policy_id.to_string(),
+            amount: p.amount,
+            scope: p
+                .scope
+                .keys()
+                .iter()
+                .map(|k| k.as_str().to_owned())
+                .collect(),
+            budget: p
+                .scope
+                .budget_of(subject, attributes)
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        })
+        .collect();
+    // Plain structs of strings and numbers always serialize.
+    serde_json::to_value(columns).unwrap_or(Value::Null)
+}
+
+/// Reads what [`policies_column`] wrote.
+pub(crate) fn policies_from_column(value: Value) -> Result<Vec<PolicyAmount>, CodecError> {
+    let columns: Vec<PolicyColumn> =
+        serde_json::from_value(value).map_err(|e| CodecError::new(WHAT, e))?;
+    columns
+        .into_iter()
+        .map(|c| {
+            Ok(PolicyAmount {
+                policy_id: field(WHAT, PolicyId::parse("policy", &c.policy))?,
+                amount: c.amount,
+                scope: field(WHAT, Scope::parse("scope", &c.scope))?,
+            })
+        })
+        .collect()
+}
+
+/// A request's attributes as the `attributes` column holds them: a JSON object of
+/// strings, `None` when there are none.
+pub(crate) fn attributes_column(attributes: &Attributes) -> Option<Value> {
+    (!attributes.is_empty()).then(|| {
+        // A map of strings always serializes.
+        serde_json::to_value(attributes_wire(attributes)).unwrap_or(Value::Null)
+    })
+}
+
+/// Reads what [`attributes_column`] wrote.
+pub(crate) fn attributes_from_column(value: Option<Value>) -> Result<Attributes, CodecError> {
+    const WHAT: &str = "attributes of an entry";
+    match value {
+        None | Some(Value::Null) => Ok(Attributes::default()),
+        Some(value) => attributes_from_wire(
+            WHAT,
+            serde_json::from_value(value).map_err(|e| CodecError::new(WHAT, e))?,
+        ),
+    }
+}
