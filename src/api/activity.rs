@@ -3,6 +3,7 @@
 
 use super::extract::AdminAuth;
 use super::problem::{ApiError, Problem};
+use super::responses::{AdminAuthProblems, QueryProblems};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, FieldError, FieldErrors};
@@ -158,8 +159,7 @@ fn per_action(rows: Vec<HourActivity>, from: DateTime<Utc>, hours: u32) -> Vec<A
     params(ActivityQuery),
     responses(
         (status = 200, description = "The activity", body = Activity),
-        (status = 400, description = "Unknown or repeated query parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminAuthProblems, QueryProblems,
         (status = 422, description = "Invalid hours or action", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Ledger store down", body = Problem, content_type = "application/problem+json"),
     ),

@@ -5,6 +5,7 @@ use super::dto::{
 };
 use super::extract::{if_match, AdminAuth, ApiJson};
 use super::problem::{ApiError, Problem};
+use super::responses::{BodyProblems, JsonBodyProblems, PolicyAdminProblems};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Budget, Override, Policy, PolicyId, Subject};
@@ -71,9 +72,8 @@ async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
     params(PolicyFilter),
     responses(
         (status = 200, description = "The policies", body = PolicyList),
+        PolicyAdminProblems,
         (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -107,13 +107,8 @@ pub(crate) async fn list_policies(
     responses(
         (status = 201, description = "Created", body = PolicyOut,
             headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        PolicyAdminProblems, JsonBodyProblems,
         (status = 409, description = "The id is taken, or the action has 32 policies already", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -151,9 +146,8 @@ pub(crate) async fn create_policy(
     params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily"))),
     responses(
         (status = 200, description = "The policy", body = PolicyOut, headers(("ETag" = String, description = "The version"))),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        PolicyAdminProblems,
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -183,15 +177,11 @@ pub(crate) async fn get_policy(
     request_body = PolicyInput,
     responses(
         (status = 200, description = "Replaced", body = PolicyOut, headers(("ETag" = String, description = "The new version"))),
+        PolicyAdminProblems, BodyProblems,
         (status = 400, description = "Malformed JSON or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The action has 32 policies already", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -256,11 +246,10 @@ pub(crate) async fn replace_policy(
     ),
     responses(
         (status = 204, description = "Deleted"),
+        PolicyAdminProblems,
         (status = 400, description = "Malformed If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -293,9 +282,8 @@ pub(crate) async fn delete_policy(
     params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily"))),
     responses(
         (status = 200, description = "The overrides", body = OverrideList),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        PolicyAdminProblems,
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -331,10 +319,9 @@ async fn override_target(
     params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")), ("subject" = SubjectText, Path, description = "Subject (URL-encoded)", example = json!("user-42"))),
     responses(
         (status = 200, description = "The override", body = OverrideOut),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        PolicyAdminProblems,
         (status = 404, description = "No such policy or override", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid subject", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -363,13 +350,8 @@ pub(crate) async fn get_override(
     responses(
         (status = 200, description = "Replaced", body = OverrideOut),
         (status = 201, description = "Created", body = OverrideOut),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        PolicyAdminProblems, JsonBodyProblems,
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -406,10 +388,9 @@ pub(crate) async fn put_override(
     params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily")), ("subject" = SubjectText, Path, description = "Subject (URL-encoded)", example = json!("user-42"))),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        PolicyAdminProblems,
         (status = 404, description = "No such policy or override", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid subject", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Policy store down", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]

@@ -2,6 +2,7 @@
 
 use super::extract::ReaderAuth;
 use super::problem::{ApiError, Problem};
+use super::responses::{QueryProblems, ReaderAuthProblems};
 use super::wire::{AttributesMap, Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, FieldError, FieldErrors, Subject};
@@ -233,8 +234,7 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
     params(LedgerQuery),
     responses(
         (status = 200, description = "A page of entries", body = LedgerList),
-        (status = 400, description = "Unknown or repeated query parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong token (a client token, or the admin token)", body = Problem, content_type = "application/problem+json"),
+        ReaderAuthProblems, QueryProblems,
         (status = 422, description = "Invalid filter, limit or cursor", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Ledger store down", body = Problem, content_type = "application/problem+json"),
     ),

@@ -17,6 +17,7 @@ pub(crate) mod payments;
 pub(crate) mod problem;
 pub(crate) mod quota;
 pub(crate) mod request_id;
+pub(crate) mod responses;
 pub(crate) mod routing;
 mod timestamp;
 pub(crate) mod verify;

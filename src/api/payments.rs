@@ -4,6 +4,7 @@ use super::extract::{parse_json, ApiJson, ClientAuth};
 use super::ledger::LedgerEntryOut;
 use super::problem::{ApiError, Problem};
 use super::quota::{idempotency_key, parse, respond, usage_of, ConsumeAnswer, PolicyUsage};
+use super::responses::{ChargeProblems, ClientAuthProblems, JsonBodyProblems};
 use super::wire::{
     optional_whole_number, whole_number, AttributesMap, IdempotencyKey, Slug, SubjectText,
 };
@@ -117,13 +118,9 @@ fn optional_amount(errors: &mut FieldErrors, value: Option<i64>) -> Option<Quant
     request_body = RefundInput,
     responses(
         (status = 200, description = "Refunded", body = SettleAnswer),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        ClientAuthProblems, JsonBodyProblems,
         (status = 404, description = "No such consumption", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Over-refund, or an idempotency key reused with another amount", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "A store is down", body = Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -163,14 +160,7 @@ pub(crate) async fn refund(
         (status = 429, description = "Denied; nothing held", body = HoldAnswer,
             headers(("Retry-After" = String, description = "Seconds until the same request would pass; absent if it never can"),
                 ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The idempotency key was used with another amount", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Counter store down (fail closed), overloaded, or the ledger backlog full (see the problem type)", body = Problem, content_type = "application/problem+json"),
+        ChargeProblems,
     ),
 )]
 #[post("/quota/holds")]
@@ -214,13 +204,9 @@ pub(crate) async fn create_hold(
     request_body(content = CommitInput, description = "Optional; an empty body commits everything"),
     responses(
         (status = 200, description = "Committed", body = SettleAnswer),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        ClientAuthProblems, JsonBodyProblems,
         (status = 404, description = "No such hold", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already settled or expired, or more than held", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -258,7 +244,7 @@ pub(crate) async fn commit_hold(
     params(("id" = String, Path, description = "The hold_id")),
     responses(
         (status = 200, description = "Released", body = SettleAnswer),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        ClientAuthProblems,
         (status = 404, description = "No such hold", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already settled or expired", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),

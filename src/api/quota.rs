@@ -3,6 +3,7 @@
 use super::dto::{MeasureDto, ModeDto};
 use super::extract::{ApiJson, ClientAuth, ReaderAuth};
 use super::problem::{ApiError, Problem};
+use super::responses::{ChargeProblems, ClientAuthProblems, JsonBodyProblems, ReaderAuthProblems};
 use super::wire::{optional_whole_number, AttributesMap, IdempotencyKey, Slug, SubjectText};
 use super::AppState;
 use crate::domain::{Action, Attributes, Budget, FieldErrors, Measure, Mode, Quantity, Subject};
@@ -337,14 +338,7 @@ pub(super) fn respond(
         (status = 429, description = "Denied; nothing charged", body = ConsumeAnswer,
             headers(("Retry-After" = String, description = "Seconds until the same request would pass; absent if it never can"),
                 ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The idempotency key was used with another amount", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Counter store down (fail closed), overloaded, or the ledger backlog full (see the problem type)", body = Problem, content_type = "application/problem+json"),
+        ChargeProblems,
     ),
 )]
 #[post("/quota/consume")]
@@ -380,12 +374,8 @@ pub(crate) async fn consume(
         (status = 429, description = "Would be denied", body = ConsumeAnswer,
             headers(("Retry-After" = String, description = "Seconds until it would pass; absent if it never can"),
                 ("RateLimit-Policy" = String, description = "Most constraining policy"), ("RateLimit" = String, description = "Its remaining quota and reset"))),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong client token", body = Problem, content_type = "application/problem+json"),
+        ClientAuthProblems, JsonBodyProblems,
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down (fail closed)", body = Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -412,8 +402,8 @@ pub(crate) async fn check(
     ),
     responses(
         (status = 200, description = "Usage", body = UsageAnswer),
+        ReaderAuthProblems,
         (status = 400, description = "Unusable query string (e.g. a repeated parameter)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong token (a client token, or the admin token)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No policy limits the action", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Missing or invalid action or subject", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),

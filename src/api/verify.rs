@@ -4,6 +4,7 @@
 use super::extract::AdminAuth;
 use super::problem::{ApiError, Problem};
 use super::quota::budget_out;
+use super::responses::{AdminAuthProblems, QueryProblems};
 use super::wire::Slug;
 use super::AppState;
 use crate::domain::{Action, FieldErrors};
@@ -75,8 +76,7 @@ impl From<Drift> for DriftOut {
     params(VerifyQuery),
     responses(
         (status = 200, description = "What was compared, and the budgets that drift", body = VerifyOut),
-        (status = 400, description = "Unknown or repeated query parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or wrong admin token", body = Problem, content_type = "application/problem+json"),
+        AdminAuthProblems, QueryProblems,
         (status = 422, description = "Invalid action", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The ledger or the counter store is down, or this deployment cannot verify yet: cannot tell", body = Problem, content_type = "application/problem+json"),
     ),
