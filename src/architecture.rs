@@ -199,7 +199,7 @@ const LAYERS: &[(&str, &str)] = &[
     ("keys", "domain"),
     ("engine", "domain clock keys logs"),
     ("counters", "engine domain clock keys logs"),
-    ("ledger", "engine domain clock db"),
+    ("ledger", "engine domain clock db logs"),
     ("policy", "engine domain db"),
     ("metrics", "engine domain"),
     ("config", "engine domain"),

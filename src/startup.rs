@@ -255,6 +255,7 @@ impl Application {
     ) -> anyhow::Result<Self> {
         crate::db::migrate_url(&settings.database_url).await?;
         crate::ledger::upgrade::upgrade_url(&settings.database_url).await?;
+        let announcements = crate::db::open_with(&settings.database_url, 1, &[]).await?;
         let policies = policy::connect(&settings.database_url).await?;
         let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
         let retention =
@@ -265,6 +266,10 @@ impl Application {
             .context("loading policies into the cache")?;
         let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
         let mut tasks = BackgroundTasks::default();
+        tasks.0.push(crate::ledger::instances::spawn(
+            announcements,
+            clock.clone(),
+        ));
         let load = Arc::new(Load::new());
         let ledger_lag = Arc::new(Lag::on(clock.clone()));
         let counters = counter_store(&settings, &ledger, &load, &ledger_lag).await?;

@@ -43,6 +43,10 @@ pub(super) const POSTGRES: Files = &[
         "20261227090000_readable_ledger_columns.sql",
         include_str!("../../migrations/postgres/20261227090000_readable_ledger_columns.sql"),
     ),
+    (
+        "20261227100000_create_service_instances.sql",
+        include_str!("../../migrations/postgres/20261227100000_create_service_instances.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -74,6 +78,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261227090000_readable_ledger_columns.sql",
         include_str!("../../migrations/sqlite/20261227090000_readable_ledger_columns.sql"),
+    ),
+    (
+        "20261227100000_create_service_instances.sql",
+        include_str!("../../migrations/sqlite/20261227100000_create_service_instances.sql"),
     ),
 ];
 
@@ -122,8 +130,10 @@ mod tests {
         let mut conn = SqliteConnection::connect("sqlite::memory:")
             .await
             .expect("works in memory");
-        let before_void = SQLITE.len() - 1;
-        assert!(SQLITE[before_void].0.ends_with("add_void_kind.sql"));
+        let before_void = SQLITE
+            .iter()
+            .position(|(name, _)| name.ends_with("add_void_kind.sql"))
+            .expect("the migration that adds the void kind");
         migrator(&SQLITE[..before_void])
             .await
             .expect("works in memory")

@@ -9,6 +9,7 @@
 
 pub mod activity;
 mod cursor;
+pub mod instances;
 pub mod retention;
 pub(crate) mod snapshot;
 pub mod sql;

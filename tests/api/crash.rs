@@ -173,17 +173,14 @@ async fn kill_9_during_a_burst_across_cluster_slots_leaves_usage_equal_to_the_le
         || async {
             // A charge counts 1 on each budget, a (whole) refund -1.
             let rows: Vec<Row> = sqlx::query_as(
-                "SELECT subject, attributes, (CASE kind WHEN 'charge' THEN 1 ELSE -1 END)::BIGINT \
+                "SELECT subject, attributes->>'country', \
+                 (CASE kind WHEN 'charge' THEN 1 ELSE -1 END)::BIGINT \
                  FROM ledger_entries WHERE kind IN ('charge', 'refund')",
             )
             .fetch_all(&db)
             .await
             .unwrap();
-            let country_of = |attributes: &Option<String>| {
-                let value: serde_json::Value =
-                    serde_json::from_str(attributes.as_deref().unwrap_or("{}")).unwrap();
-                value["country"].as_str().unwrap_or_default().to_owned()
-            };
+            let country_of = |country: &Option<String>| country.clone().unwrap_or_default();
             for (i, country) in countries.iter().enumerate() {
                 let subject = format!("user-{i}");
                 let (user, per_country, platform) = usage(subject.clone(), country).await?;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 mod binary;
 mod private_postgres;
 mod private_redis;
-pub use binary::{create_sms_policy, start_binary, Service};
+pub use binary::{create_sms_policy, start_binary, start_binary_at, Service};
 pub use private_postgres::PrivatePostgres;
 pub use private_redis::PrivateRedis;
 

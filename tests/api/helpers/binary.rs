@@ -45,9 +45,18 @@ impl Drop for Service {
 /// Starts the real binary on a free port with `settings`' stores; waits until it answers
 /// and returns it with its base URL.
 pub async fn start_binary(settings: &Settings, client: &reqwest::Client) -> (Service, String) {
+    start_binary_at(env!("CARGO_BIN_EXE_quota-ledger"), settings, client).await
+}
+
+/// [`start_binary`] of the binary at `path` (the last release's, in the mixed-version test).
+pub async fn start_binary_at(
+    path: &str,
+    settings: &Settings,
+    client: &reqwest::Client,
+) -> (Service, String) {
     let port = free_port();
     let service = Service(Some(
-        std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"))
+        std::process::Command::new(path)
             .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
             .env("DATABASE_URL", &settings.database_url)
             .env("REDIS_URL", settings.redis_urls.join(","))

@@ -1,0 +1,114 @@
+//! Instances announce themselves: every running instance upserts a row of
+//! `service_instances` (a random id, its version, the newest version of the persisted
+//! formats it reads, when it started, when it was last seen) every [`ANNOUNCE_EVERY`],
+//! in the ledger's database, which every deployment shares. It is how a rolling upgrade
+//! is finalized, as CockroachDB finalizes a cluster version: a build that writes a new
+//! format writes it only once [`readable_formats`] says every live instance reads it, and
+//! writes the previous one meanwhile. Operators see in the same table who runs what.
+
+use super::sql::db_error;
+use crate::clock::Clock;
+use crate::db::{ColumnType, Pool, Sql};
+use crate::engine::ledger::LedgerError;
+use chrono::{DateTime, Duration as Span, Utc};
+use sqlx::{Executor, IntoArguments};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The newest version of the persisted formats (ledger rows, stream entries, counter-store
+/// records, snapshots) this build reads. A build that changes one bumps it, reads the
+/// formats of the version before, and writes its own only once [`readable_formats`]
+/// reaches it.
+pub const FORMATS: i64 = 1;
+
+/// How often an instance announces itself.
+pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(5);
+
+/// An instance not seen for this long is gone (a dozen missed announcements).
+const LIVE_FOR: Span = Span::seconds(60);
+
+/// Announces this instance every [`ANNOUNCE_EVERY`] on `clock`, until the task is aborted;
+/// a failed announcement is logged and tried again next time.
+pub(crate) fn spawn(pool: Pool, clock: Arc<dyn Clock>) -> tokio::task::JoinHandle<()> {
+    let instance_id = uuid::Uuid::new_v4().simple().to_string();
+    let started_at = clock.now();
+    tokio::spawn(async move {
+        loop {
+            let seen_at = clock.now();
+            let announced = match &pool {
+                Pool::Postgres(pool) => announce(pool, &instance_id, started_at, seen_at).await,
+                Pool::Sqlite(pool) => announce(pool, &instance_id, started_at, seen_at).await,
+            };
+            if let Err(error) = announced {
+                static SITE: crate::logs::Throttle = crate::logs::Throttle::new();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %error, count, "announcing this instance failed; will try again");
+                }
+            }
+            tokio::time::sleep(ANNOUNCE_EVERY).await;
+        }
+    })
+}
+
+/// The newest format version every instance seen within [`LIVE_FOR`] of `now` reads
+/// ([`FORMATS`] when none is): what a build may write.
+pub async fn readable_formats(pool: &Pool, now: DateTime<Utc>) -> Result<i64, LedgerError> {
+    let oldest = match pool {
+        Pool::Postgres(pool) => oldest_reader(pool, now - LIVE_FOR).await,
+        Pool::Sqlite(pool) => oldest_reader(pool, now - LIVE_FOR).await,
+    }?;
+    Ok(oldest.unwrap_or(FORMATS).min(FORMATS))
+}
+
+/// Upserts this instance's row.
+async fn announce<DB>(
+    pool: &sqlx::Pool<DB>,
+    instance_id: &str,
+    started_at: DateTime<Utc>,
+    seen_at: DateTime<Utc>,
+) -> Result<(), LedgerError>
+where
+    DB: Sql,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    String: ColumnType<DB>,
+    i64: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+{
+    sqlx::query(
+        "INSERT INTO service_instances (instance_id, version, formats, started_at, seen_at) \
+         VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (instance_id) DO UPDATE SET seen_at = excluded.seen_at",
+    )
+    .bind(instance_id.to_owned())
+    .bind(env!("CARGO_PKG_VERSION").to_owned())
+    .bind(FORMATS)
+    .bind(started_at)
+    .bind(seen_at)
+    .execute(pool)
+    .await
+    .map_err(db_error)?;
+    Ok(())
+}
+
+/// The oldest format version read by an instance seen since `since`.
+async fn oldest_reader<DB>(
+    pool: &sqlx::Pool<DB>,
+    since: DateTime<Utc>,
+) -> Result<Option<i64>, LedgerError>
+where
+    DB: Sql,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    Option<i64>: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+    (Option<i64>,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let (oldest,): (Option<i64>,) =
+        sqlx::query_as("SELECT MIN(formats) FROM service_instances WHERE seen_at >= $1")
+            .bind(since)
+            .fetch_one(pool)
+            .await
+            .map_err(db_error)?;
+    Ok(oldest)
+}
