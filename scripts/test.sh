@@ -37,6 +37,10 @@ cargo fmt --all --check
 banner "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+banner "scripts/previous-release.sh (the last release, for the mixed-version test)"
+QUOTA_PREVIOUS_RELEASE_BIN=$(bash scripts/previous-release.sh)
+export QUOTA_PREVIOUS_RELEASE_BIN
+
 banner "cargo test --workspace $* (with private Redis + PostgreSQL)"
 bash scripts/with-stores.sh cargo test --workspace "$@"
 

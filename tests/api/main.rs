@@ -19,6 +19,7 @@ mod errors;
 mod http_semantics;
 mod integrity;
 mod ledger;
+mod mixed_version;
 mod observability;
 mod openapi;
 mod outages;
