@@ -348,7 +348,7 @@ impl Engine {
         loop {
             let decided = self
                 .counters
-                .decide(plan.now_ms(), &plan.charges, true, effects)
+                .decide(plan.now_ms(), &plan.store_charges(), true, effects)
                 .await;
             if !matches!(decided, Ok(Decided::InFlight)) || started.elapsed() >= IN_FLIGHT_WAIT {
                 return decided;

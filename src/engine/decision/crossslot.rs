@@ -77,7 +77,7 @@ impl Engine {
             && plan
                 .charges
                 .iter()
-                .any(|c| c.key.shard() != plan.keys.shard)
+                .any(|c| c.charge.key.shard() != plan.keys.shard)
     }
 
     /// Decides `plan` across slots: the answer the one-call path would give, or the error
@@ -125,7 +125,10 @@ impl Engine {
         };
         let mut outcomes: Vec<Option<Outcome>> = vec![None; plan.charges.len()];
         let charges_of = |indices: &[usize]| -> Vec<Charge> {
-            indices.iter().map(|&i| plan.charges[i].clone()).collect()
+            indices
+                .iter()
+                .map(|&i| plan.charges[i].charge.clone())
+                .collect()
         };
         let opened = self
             .counters
@@ -256,7 +259,7 @@ impl Engine {
             .charges
             .iter()
             .zip(&outcomes)
-            .all(|(charge, outcome)| outcome.allowed || !charge.enforce);
+            .all(|(planned, outcome)| outcome.allowed || !planned.charge.enforce);
         Ok(Evaluation { allowed, outcomes })
     }
 
@@ -289,7 +292,10 @@ impl Engine {
             if indices.iter().all(|&i| outcomes[i].is_some()) {
                 continue;
             }
-            let charges: Vec<Charge> = indices.iter().map(|&i| plan.charges[i].clone()).collect();
+            let charges: Vec<Charge> = indices
+                .iter()
+                .map(|&i| plan.charges[i].charge.clone())
+                .collect();
             let peek = self
                 .counters
                 .evaluate(plan.now_ms(), &charges, false)
@@ -482,8 +488,8 @@ impl Engine {
 fn groups(plan: &Plan) -> (Vec<usize>, Vec<Group>) {
     let mut home = Vec::new();
     let mut foreign: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-    for (i, charge) in plan.charges.iter().enumerate() {
-        match charge.key.shard() {
+    for (i, planned) in plan.charges.iter().enumerate() {
+        match planned.charge.key.shard() {
             shard if shard != plan.keys.shard => foreign.entry(shard).or_default().push(i),
             _ => home.push(i),
         }
@@ -496,7 +502,7 @@ fn groups(plan: &Plan) -> (Vec<usize>, Vec<Group>) {
         group
             .charges
             .iter()
-            .map(|&i| plan.budgets[i].iter().count())
+            .map(|&i| plan.charges[i].budget.iter().count())
             .min()
             .unwrap_or(0)
     };

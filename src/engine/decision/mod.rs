@@ -30,7 +30,7 @@ impl Engine {
             true => self.evaluate_across(&plan).await,
             false => {
                 self.counters
-                    .evaluate(plan.now_ms(), &plan.charges, false)
+                    .evaluate(plan.now_ms(), &plan.store_charges(), false)
                     .await
             }
         };
@@ -63,7 +63,7 @@ impl Engine {
             true => self.evaluate_across(&plan).await?,
             false => {
                 self.counters
-                    .evaluate(plan.now_ms(), &plan.charges, false)
+                    .evaluate(plan.now_ms(), &plan.store_charges(), false)
                     .await?
             }
         };

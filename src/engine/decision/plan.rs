@@ -23,17 +23,24 @@ pub(in crate::engine) struct Plan {
     pub(crate) policies: Arc<ActionPolicies>,
     /// The subject's keys.
     pub(crate) keys: SubjectKeys,
-    /// The enabled policies that apply to the request (their `match` admits it), as
-    /// indices into `policies.enabled`; one per charge.
-    pub(crate) applied: Vec<usize>,
-    /// The budget each charge goes to.
-    pub(crate) budgets: Vec<Budget>,
-    /// One charge per applied policy, in policy order.
-    pub(crate) charges: Vec<Charge>,
-    /// The window length of each policy, seconds.
-    pub(crate) window_seconds: Vec<u64>,
+    /// One charge per enabled policy that applies to the request (its `match` admits
+    /// it), in policy order.
+    pub(crate) charges: Vec<Planned>,
     /// The clock's time, to the millisecond: every window of the plan is computed at it.
     pub(crate) now: DateTime<Utc>,
+}
+
+/// One charge of a plan: what the counter store applies, and what the answer says of it.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct Planned {
+    /// What the counter store applies.
+    pub(crate) charge: Charge,
+    /// Its policy, as an index into `policies.enabled`.
+    pub(crate) policy: usize,
+    /// The budget it goes to.
+    pub(crate) budget: Budget,
+    /// Its policy's window length, seconds.
+    pub(crate) window_seconds: u64,
 }
 
 impl Engine {
@@ -45,10 +52,6 @@ impl Engine {
     }
 
     /// The plan of `request` at `now` (several requests decided together share one).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one pass over the matching policies fills the plan's vectors in step; to become one list of planned charges"
-    )]
     pub(in crate::engine) fn plan_at(
         &self,
         request: &ConsumeRequest,
@@ -68,9 +71,7 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
         let keys = SubjectKeys::new(&self.prefix, action, subject);
         let count = policies.enabled.len();
-        let (mut applied, mut budgets) = (Vec::with_capacity(count), Vec::with_capacity(count));
         let mut charges = Vec::with_capacity(count);
-        let mut window_seconds = Vec::with_capacity(count);
         let mut errors = FieldErrors::default();
         for (i, (policy, policy_key)) in policies.enabled.iter().zip(&policies.keys).enumerate() {
             if !policy.spec.conditions.admits(subject, attributes) {
@@ -112,16 +113,18 @@ impl Engine {
                 true => keys.budget_counter(policy_key, period, &budget),
                 false => keys::shared_counter(&self.prefix, action, policy_key, period, &budget),
             };
-            charges.push(Charge {
-                key,
-                algorithm,
-                limit: policies.limit_for(policy, &budget, now),
-                cost,
-                enforce: policy.spec.mode == Mode::Enforce,
+            charges.push(Planned {
+                charge: Charge {
+                    key,
+                    algorithm,
+                    limit: policies.limit_for(policy, &budget, now),
+                    cost,
+                    enforce: policy.spec.mode == Mode::Enforce,
+                },
+                policy: i,
+                budget,
+                window_seconds: seconds,
             });
-            window_seconds.push(seconds);
-            applied.push(i);
-            budgets.push(budget);
         }
         if !errors.0.is_empty() {
             errors.0.dedup_by(|a, b| a.field == b.field);
@@ -130,10 +133,7 @@ impl Engine {
         Ok(Plan {
             policies,
             keys,
-            applied,
-            budgets,
             charges,
-            window_seconds,
             now,
         })
     }
@@ -149,34 +149,35 @@ impl Plan {
         let mut combined = Plan {
             policies: first.policies.clone(),
             keys: first.keys.clone(),
-            applied: Vec::new(),
-            budgets: Vec::new(),
             charges: Vec::new(),
-            window_seconds: Vec::new(),
             now: first.now,
         };
         let mut picks = Vec::with_capacity(plans.len());
         for plan in plans {
             let mut pick = Vec::with_capacity(plan.charges.len());
-            for (i, charge) in plan.charges.iter().enumerate() {
-                match combined.charges.iter().position(|c| c.key == charge.key) {
+            for planned in &plan.charges {
+                let key = &planned.charge.key;
+                match combined.charges.iter().position(|c| c.charge.key == *key) {
                     Some(j) => {
-                        let kept = &mut combined.charges[j];
-                        kept.cost = kept.cost.saturating_add(charge.cost);
+                        let kept = &mut combined.charges[j].charge;
+                        kept.cost = kept.cost.saturating_add(planned.charge.cost);
                         pick.push(j);
                     }
                     None => {
                         pick.push(combined.charges.len());
-                        combined.applied.push(plan.applied[i]);
-                        combined.budgets.push(plan.budgets[i].clone());
-                        combined.charges.push(charge.clone());
-                        combined.window_seconds.push(plan.window_seconds[i]);
+                        combined.charges.push(planned.clone());
                     }
                 }
             }
             picks.push(pick);
         }
         Some((combined, picks))
+    }
+
+    /// The charges as the counter store takes them: a copy, since the store's port knows
+    /// nothing of plans (a few small values per decision).
+    pub(in crate::engine) fn store_charges(&self) -> Vec<Charge> {
+        self.charges.iter().map(|p| p.charge.clone()).collect()
     }
 
     /// `now` in Unix ms.
@@ -186,12 +187,14 @@ impl Plan {
 
     /// The `i`th charge's policy.
     fn policy(&self, i: usize) -> &Policy {
-        &self.policies.enabled[self.applied[i]]
+        &self.policies.enabled[self.charges[i].policy]
     }
 
     /// The charges' policies, in charge order.
     fn applied_policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
-        self.applied.iter().map(|&i| &self.policies.enabled[i])
+        self.charges
+            .iter()
+            .map(|p| &self.policies.enabled[p.policy])
     }
 
     /// The decision when no policy applies (all disabled, or none matches): allowed,
@@ -212,7 +215,7 @@ impl Plan {
         let mut retry_at: Option<i64> = Some(now_ms);
         let mut decisions = Vec::with_capacity(self.charges.len());
         for (i, (charge, outcome)) in self.charges.iter().zip(&evaluation.outcomes).enumerate() {
-            if charge.enforce && !outcome.allowed {
+            if charge.charge.enforce && !outcome.allowed {
                 retry_at = match (retry_at, outcome.retry_at_ms) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     _ => None,
@@ -254,7 +257,8 @@ impl Plan {
 
     fn policy_decision(&self, i: usize, outcome: &Outcome) -> PolicyDecision {
         let policy = self.policy(i);
-        let limit = self.charges[i].limit;
+        let planned = &self.charges[i];
+        let limit = planned.charge.limit;
         PolicyDecision {
             policy_id: policy.id.clone(),
             measure: policy.spec.measure,
@@ -264,8 +268,8 @@ impl Plan {
             remaining: limit.saturating_sub(outcome.used),
             resets_at: from_millis(outcome.resets_at_ms),
             allowed: outcome.allowed,
-            window_seconds: self.window_seconds[i],
-            budget: self.budgets[i].clone(),
+            window_seconds: planned.window_seconds,
+            budget: planned.budget.clone(),
         }
     }
 
@@ -276,7 +280,7 @@ impl Plan {
             .filter(|(p, _)| !only_ledger_denials || p.spec.ledger_denials)
             .map(|(p, c)| PolicyAmount {
                 policy_id: p.id.clone(),
-                amount: c.cost,
+                amount: c.charge.cost,
                 scope: p.spec.scope.clone(),
             })
             .collect()
@@ -291,7 +295,7 @@ impl Plan {
     pub(crate) fn counter_charges(&self) -> Vec<CounterCharge> {
         let now_ms = self.now_ms();
         self.applied_policies()
-            .zip(&self.charges)
+            .zip(self.charges.iter().map(|p| &p.charge))
             .map(|(policy, charge)| CounterCharge {
                 policy_id: policy.id.clone(),
                 key: charge.key.as_str().to_owned(),
@@ -322,13 +326,12 @@ impl Plan {
     pub(crate) fn kept_policies(&self) -> Vec<KeptPolicy> {
         self.applied_policies()
             .zip(&self.charges)
-            .zip(&self.window_seconds)
-            .map(|((p, c), seconds)| KeptPolicy {
+            .map(|(p, c)| KeptPolicy {
                 policy_id: p.id.clone(),
                 measure: p.spec.measure,
                 mode: p.spec.mode,
-                limit: c.limit,
-                window_seconds: *seconds,
+                limit: c.charge.limit,
+                window_seconds: c.window_seconds,
                 scope: p.spec.scope.clone(),
             })
             .collect()
@@ -336,7 +339,12 @@ impl Plan {
 
     /// The longest window of the plan's policies, ms.
     pub(crate) fn longest_window_ms(&self) -> i64 {
-        let seconds = self.window_seconds.iter().copied().max().unwrap_or(0);
+        let seconds = self
+            .charges
+            .iter()
+            .map(|p| p.window_seconds)
+            .max()
+            .unwrap_or(0);
         i64::try_from(seconds).unwrap_or(i64::MAX / 2_000) * 1_000
     }
 }
