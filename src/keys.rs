@@ -273,13 +273,13 @@ pub(crate) fn held_entries(prefix: &str, shard: u16) -> String {
 }
 
 /// Set when an idempotency record's answer was replayed to a retry: the outcome is the
-/// caller's, and the attempt it records is never voided (`engine::void`). The record's
+/// caller's, and the attempt it records is never voided (`engine::recovery::void`). The record's
 /// key with `#o` for `#i` (consume.lua makes it the same way).
 pub(crate) fn outcome_given(idempotency_record: &str) -> String {
     idempotency_record.replacen("}#i", "}#o", 1)
 }
 
-/// The once-marker of a voided charge (`engine::void`).
+/// The once-marker of a voided charge (`engine::recovery::void`).
 pub(crate) fn void_marker(prefix: &str, shard: u16, consumption_id: &str) -> String {
     format!("{}#vo{consumption_id}", shard_prefix(prefix, shard))
 }

@@ -337,7 +337,7 @@ impl Application {
             let engine = state.engine.clone();
             tasks.0.push(tokio::spawn(async move {
                 engine
-                    .void_every(crate::engine::decision::void::VOID_EVERY)
+                    .void_every(crate::engine::recovery::void::VOID_EVERY)
                     .await;
             }));
         }

@@ -198,7 +198,7 @@ pub struct Engine {
     /// What the last verify found.
     drift: recovery::verify::DriftWatch,
     /// Attempts answered 503 that Redis may have decided, until voided.
-    doubts: decision::void::Doubts,
+    doubts: recovery::void::Doubts,
     /// The failpoints tests arm (shared with the drain).
     faults: Arc<faults::Faults>,
 }
@@ -237,7 +237,7 @@ impl Engine {
             hold_dues: decision::giveback::HoldDues::default(),
             janitor,
             drift: recovery::verify::DriftWatch::default(),
-            doubts: decision::void::Doubts::default(),
+            doubts: recovery::void::Doubts::default(),
             faults,
         }
     }

@@ -230,7 +230,7 @@ impl CounterStore for RedisCounterStore {
         }
         // A call that changes state carries the moment this instance stops waiting for it:
         // Redis refuses to run it later than that (plus the clocks' skew), so that an
-        // attempt answered 503 is settled, applied or not, soon after (`engine::void`).
+        // attempt answered 503 is settled, applied or not, soon after (`engine::recovery::void`).
         let deadline = commit.then(|| wall_clock_ms() + duration_ms(self.timeout));
         let call = script::consume_cmd(
             &self.script,

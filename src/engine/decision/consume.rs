@@ -246,7 +246,7 @@ impl Engine {
     /// The unit of work of every consume, hold and consume together: `plan`'s charges
     /// decided in one store call with `effects`, the `attempts`' entries recorded, and the
     /// change undone if they cannot be (`engine::unit`); a store failure answered as the
-    /// configuration says, with what Redis may have applied voided (`engine::void`).
+    /// configuration says, with what Redis may have applied voided (`engine::recovery::void`).
     async fn charge_unit(
         &self,
         plan: &Plan,
@@ -315,7 +315,7 @@ impl Engine {
             ))),
             Err(error) => {
                 // Redis may have run a call that timed out or lost its connection: if the
-                // answer is 503, each charge is voided once that is settled (engine::void).
+                // answer is 503, each charge is voided once that is settled (engine::recovery::void).
                 let in_doubt = effects.ledger.as_ref().filter(|_| {
                     matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
                 });

@@ -2,16 +2,16 @@
 //! `now` ([`plan`], with the calendar math of [`window`] and the in-process [`policies`]),
 //! decided in one counter-store call and recorded as one unit of work ([`consume`]); quota
 //! given back ([`giveback`]); consumes whose budgets sit in several Redis Cluster slots
-//! ([`crossslot`]); and attempts answered 503 that Redis applied all the same, voided
-//! ([`void`]). It never asks which deployment it runs in: the ledger pipeline
-//! (`engine::pipeline`) does what the deployment needs with each decided change.
+//! ([`crossslot`], the one part that asks the deployment something: whether Redis is a
+//! cluster). It never asks how the ledger is written: the ledger pipeline
+//! (`engine::pipeline`) does what the deployment needs with each decided change, and an
+//! attempt answered 503 that Redis may have applied is handed to recovery to be voided.
 
 pub(crate) mod consume;
 pub(crate) mod crossslot;
 pub(crate) mod giveback;
 pub(crate) mod plan;
 pub(crate) mod policies;
-pub mod void;
 pub mod window;
 
 use crate::domain::{Action, Attributes, Quantity, Subject};

@@ -152,7 +152,7 @@ pub(crate) enum GiveBackKind {
         expires_at_ms: i64,
     },
     /// Void a charge whose request was answered 503 but which Redis decided all the same
-    /// (`engine::void`): give it all back, once (the control key is the marker), unless a
+    /// (`engine::recovery::void`): give it all back, once (the control key is the marker), unless a
     /// retry was answered with its outcome (the idempotency "record" names the marker the
     /// replay leaves); its idempotency record (the key) is deleted.
     Void {

@@ -41,7 +41,7 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
                '' for none): a call that Redis runs later than that plus CLOCK_SKEW (by
                Redis's own clock, TIME) does nothing and replies { -4 }, so that a caller
                that gave up knows, once that time has passed on its clock plus the skew,
-               whether the call was applied (engine::void)
+               whether the call was applied (engine::recovery::void)
 so n = (#ARGV - 15) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
@@ -57,7 +57,7 @@ from the ledger), nothing is read or decided and the reply is { -2 }.
 When the idempotency record exists already, nothing is decided and the reply is
   { -1, record .. "\n" .. the original reply numbers, comma-separated }; a committing call
   also marks the record's outcome as given (the record's key with '}#o' for '}#i', kept as
-  long as the record), so that the attempt it records is never voided (engine::void),
+  long as the record), so that the attempt it records is never voided (engine::recovery::void),
   unless it asks for another amount (the engine answers that 409).
 Otherwise it returns a flat array of integers:
   { allowed_all, used_1, allowed_1, resets_at_1, retry_at_1, used_2, ... }
@@ -86,7 +86,7 @@ key, and HDEL (stale buckets only) + HINCRBY + PEXPIRE per rolling key.
 
 local MAX = 9007199254740991 -- 2^53 - 1
 local GRACE = 60000 -- KEY_GRACE_MS in mod.rs
-local CLOCK_SKEW = 1000 -- CLOCK_SKEW_MS in engine/void.rs: how far apart clocks may be
+local CLOCK_SKEW = 1000 -- CLOCK_SKEW_MS in engine/recovery/void.rs: how far apart clocks may be
 local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])

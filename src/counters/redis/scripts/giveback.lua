@@ -11,7 +11,7 @@ share one hash tag.
 ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x' expire;
                             'v' void a charge (the control key is its once-marker), 'w'
                             void a hold (like a release): a consume or hold answered 503
-                            that Redis decided all the same (engine::void); refused
+                            that Redis decided all the same (engine::recovery::void); refused
                             ({ 2, 'replayed' }) when the key ARGV[11] names exists (a
                             retry was answered with its outcome), else its idempotency
                             record (the idempotency key, when given) is deleted;
