@@ -47,6 +47,10 @@ pub(super) const POSTGRES: Files = &[
         "20261227100000_create_service_instances.sql",
         include_str!("../../migrations/postgres/20261227100000_create_service_instances.sql"),
     ),
+    (
+        "20261227110000_index_compact_rows.sql",
+        include_str!("../../migrations/postgres/20261227110000_index_compact_rows.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -82,6 +86,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261227100000_create_service_instances.sql",
         include_str!("../../migrations/sqlite/20261227100000_create_service_instances.sql"),
+    ),
+    (
+        "20261227110000_index_compact_rows.sql",
+        include_str!("../../migrations/sqlite/20261227110000_index_compact_rows.sql"),
     ),
 ];
 
@@ -160,7 +168,7 @@ mod tests {
             .await;
         assert!(refused.is_err(), "no void kind before the migration");
 
-        migrator(SQLITE)
+        migrator(&SQLITE[..=before_void])
             .await
             .expect("works in memory")
             .run(&mut conn)

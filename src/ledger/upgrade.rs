@@ -1,9 +1,9 @@
 //! Rows migrated forward: ledger rows written before `policies` was readable JSON keep
 //! their compact text in `policies_compact` (and `policies` NULL) after the schema
 //! migration; [`upgrade_url`] rewrites them, a batch per transaction in `seq` order, so
-//! that every row reads in SQL. `quota-ledger migrate` and every start run it after the
-//! schema migrations. Readers take either form meanwhile (`ledger::sql`), so a start
-//! serves while an upgrade of a large ledger is cut short and resumed by the next.
+//! that every row reads in SQL. `quota-ledger migrate` and every start (before it serves)
+//! run it after the schema migrations. Readers take either form (`ledger::sql`), so an
+//! upgrade cut short leaves a ledger that reads, and the next run resumes it.
 
 use super::sql::{db_error, SqlLedgerStore};
 use crate::db::{ColumnType, Sql};
@@ -16,6 +16,12 @@ use sqlx::{ColumnIndex, Executor, IntoArguments, Row};
 
 /// Rows rewritten per transaction.
 const BATCH: i64 = 1_000;
+
+/// The next rows still in the compact form after `seq` `$1`, at most `$2`: through the
+/// partial index `ledger_entries_compact_idx`, empty once every row is rewritten, so that
+/// the look every start takes never reads the ledger.
+pub const COMPACT_ROWS: &str = "SELECT seq, subject, amount, attributes, policies_compact \
+     FROM ledger_entries WHERE seq > $1 AND policies IS NULL ORDER BY seq LIMIT $2";
 
 /// Rewrites every row of the ledger at `database_url` whose `policies` is still compact
 /// text; returns how many it rewrote.
@@ -49,15 +55,12 @@ where
     pub(crate) async fn upgrade(&self) -> Result<u64, LedgerError> {
         let (mut after, mut rewritten) = (0_i64, 0_u64);
         loop {
-            let rows = sqlx::query(
-                "SELECT seq, subject, amount, attributes, policies_compact FROM ledger_entries \
-                 WHERE seq > $1 AND policies IS NULL ORDER BY seq LIMIT $2",
-            )
-            .bind(after)
-            .bind(BATCH)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
+            let rows = sqlx::query(COMPACT_ROWS)
+                .bind(after)
+                .bind(BATCH)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
             let Some(last) = rows.last() else {
                 return Ok(rewritten);
             };

@@ -262,6 +262,30 @@ async fn a_row_of_the_compact_form_reads_and_is_rewritten_as_json(backend: Polic
 
 on_policy_stores!(a_row_of_the_compact_form_reads_and_is_rewritten_as_json);
 
+#[tokio::test]
+async fn every_start_finds_the_rows_left_to_rewrite_through_an_index_not_the_ledger() {
+    let (_ledger, settings) = ledger_on(PolicyBackend::Postgres).await;
+    let pool = sqlx::PgPool::connect(&settings.database_url).await.unwrap();
+    let mut connection = pool.acquire().await.unwrap();
+    // As on a large ledger, where reading every row is what the planner avoids.
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut *connection)
+        .await
+        .unwrap();
+    let explain = format!("EXPLAIN {}", quota_ledger::ledger::upgrade::COMPACT_ROWS);
+    let plan: Vec<String> = sqlx::query_scalar(&explain)
+        .bind(0_i64)
+        .bind(1_000_i64)
+        .fetch_all(&mut *connection)
+        .await
+        .unwrap();
+    assert!(
+        plan.iter()
+            .any(|line| line.contains("ledger_entries_compact_idx")),
+        "{plan:#?}"
+    );
+}
+
 #[test]
 fn the_known_ledger_starts_on_the_docs_day() {
     // The docs' queries name 2026-11-21 and 2026-11-22: the test clock's first two days.
