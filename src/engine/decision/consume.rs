@@ -297,9 +297,9 @@ impl Engine {
                     true => {
                         let mut entries = allowed;
                         entries[0].kept_answer = kept_answer(plan, effects, &evaluation);
-                        let undo = || undo_charge(&entries, effects);
-                        self.commit_or_undo(entries.clone(), plan.now_ms(), undo)
-                            .await?;
+                        let attempted = attempts.iter().map(|a| &a.allowed_entry);
+                        let undo = || undo_charge(attempted, effects);
+                        self.commit_or_undo(entries, plan.now_ms(), undo).await?;
                     }
                     // A denial changed nothing: its entries (if kept) are only recorded.
                     false => self.record_denied(denied).await?,
@@ -423,9 +423,9 @@ impl Engine {
 }
 
 /// What undoes the charges `entries` record, with their `effects` (kept answer, hold).
-pub(in crate::engine) fn undo_charge(entries: &[LedgerEntry], effects: &Effects) -> Undo {
+fn undo_charge<'a>(entries: impl Iterator<Item = &'a LedgerEntry>, effects: &Effects) -> Undo {
     Undo::Charge {
-        counters: entries.iter().flat_map(|e| e.counters.clone()).collect(),
+        counters: entries.flat_map(|e| e.counters.clone()).collect(),
         idempotency: effects.idempotency.as_ref().map(|idem| idem.key.clone()),
         hold: effects.hold.as_ref().map(|hold| {
             (
