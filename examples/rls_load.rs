@@ -1,5 +1,5 @@
 //! A load generator for Envoy's rate limit service over gRPC (`ShouldRateLimit`): the gRPC
-//! row of `scripts/bench.sh`, beside its HTTP consume rows measured with wrk (issue 14).
+//! row of `scripts/bench.sh`, beside its HTTP consume rows measured with wrk.
 //!
 //! `concurrency` tasks each loop on `ShouldRateLimit` with one descriptor
 //! `[subject=user-<n>]`, n uniform in `[1, subjects]` (`hits_addend` unset, as a stock Envoy
