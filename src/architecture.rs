@@ -197,22 +197,23 @@ const LAYERS: &[(&str, &str)] = &[
     ("db", ""),
     ("telemetry", "logs"),
     ("keys", "domain"),
+    ("access", "domain clock config"),
     ("engine", "domain clock keys logs"),
     ("counters", "engine domain clock keys logs"),
     ("ledger", "engine domain clock db logs"),
-    ("policy", "engine domain db"),
+    ("policy", "engine domain db access"),
     ("metrics", "engine domain"),
     ("config", "engine domain"),
     ("admission", "engine logs"),
     (
         "api",
-        "engine domain clock keys policy metrics config logs telemetry admission",
+        "engine domain clock keys policy metrics config logs telemetry admission access",
     ),
     ("cli", "api domain"),
-    ("grpc", "engine domain config metrics admission"),
+    ("grpc", "engine domain config metrics admission access"),
     (
         "startup",
-        "api engine domain clock counters ledger policy metrics config db grpc admission",
+        "api engine domain clock counters ledger policy metrics config db grpc admission access logs",
     ),
 ];
 

@@ -17,11 +17,12 @@
 //! - Bad input is `INVALID_ARGUMENT` with a message that names the descriptor.
 //! - A counter store that is down is `UNAVAILABLE`, or `OK` with `QUOTA_ON_STORE_ERROR=allow`
 //!   (the engine's degraded allow).
-//! - With client tokens configured, the `authorization: Bearer <token>` metadata is
-//!   required (`UNAUTHENTICATED` without a known one).
+//! - Once a client token or an API key exists, the `authorization: Bearer <token or key>`
+//!   metadata is required (`UNAUTHENTICATED` without a known one). A key needs the
+//!   `consume` operation, and a `domain` outside its actions is `PERMISSION_DENIED`.
 
+use crate::access::{Denial, Gate, Operation};
 use crate::admission::Admission;
-use crate::config::Secret;
 use crate::domain::{Action, Attributes, FieldErrors, Mode, Quantity, Subject};
 use crate::engine::{ConsumeRequest, Decision, Engine, EngineError, PolicyDecision};
 use crate::metrics::{Endpoint, Metrics};
@@ -35,7 +36,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
 /// The most descriptors one request may carry.
@@ -57,49 +57,58 @@ pub struct RateLimiter {
     /// so that a flood over gRPC is shed too, never taken for a store outage.
     admission: Arc<Admission>,
     metrics: Arc<Metrics>,
-    /// Client tokens; none: no authentication.
-    tokens: Vec<Secret>,
+    /// Who may call: the client tokens and the API keys.
+    gate: Arc<Gate>,
 }
 
 impl RateLimiter {
     /// A rate limit service over `engine`, admitted by `admission`, recorded in `metrics`,
-    /// requiring one of `tokens` when there are any.
+    /// letting in whom `gate` admits.
     pub(crate) fn new(
         engine: Arc<Engine>,
         admission: Arc<Admission>,
         metrics: Arc<Metrics>,
-        tokens: Vec<Secret>,
+        gate: Arc<Gate>,
     ) -> Self {
         Self {
             engine,
             admission,
             metrics,
-            tokens,
+            gate,
         }
     }
 
-    /// Whether `metadata` carries a known client token (or none is required).
-    fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-        if self.tokens.is_empty() {
-            return Ok(());
-        }
-        let given = metadata
+    /// Whether `metadata` may consume on `domain`: `UNAUTHENTICATED` without a known
+    /// token or key, `PERMISSION_DENIED` for a key without `consume` or outside its actions.
+    fn authorize(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        domain: &str,
+    ) -> Result<(), Status> {
+        let token = metadata
             .get("authorization")
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                Status::unauthenticated("a client token is required: authorization: Bearer <token>")
-            })?;
-        // Every token is compared, also after a match: the time says nothing of which.
-        let known = self
-            .tokens
-            .iter()
-            .fold(subtle::Choice::from(0), |found, token| {
-                found | given.as_bytes().ct_eq(token.expose().as_bytes())
-            });
-        match bool::from(known) {
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        let refused = |denial: Denial| {
+            self.metrics.auth_refused(denial.reason());
+            match denial {
+                Denial::Unauthenticated(_) => Status::unauthenticated(
+                    "a known client token or API key is required: authorization: Bearer <token or key>",
+                ),
+                Denial::Forbidden(why) => Status::permission_denied(why),
+            }
+        };
+        let actions = self
+            .gate
+            .admit(token, Operation::Consume)
+            .map_err(refused)?;
+        match actions.contains_str(domain) {
             true => Ok(()),
-            false => Err(Status::unauthenticated("unknown client token")),
+            false => Err(refused(Denial::Forbidden(format!(
+                "this API key may not act on the domain (action) '{domain}'"
+            )))),
         }
     }
 }
@@ -110,7 +119,7 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.authorize(request.metadata())?;
+        self.authorize(request.metadata(), &request.get_ref().domain)?;
         let request = request.into_inner();
         let consumes = consumes_of(&request)?;
         let _slot = self.admission.admit().await.map_err(|_| {

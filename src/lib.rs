@@ -9,7 +9,9 @@
 //! - [`counters`]: the counter-store adapters (in-process memory; Redis with one Lua
 //!   script per decision).
 //! - [`ledger`]: the SQL ledger adapter (Postgres or SQLite) and retention.
-//! - [`policy`]: policy persistence (Postgres or SQLite) and the cache refresher.
+//! - [`policy`]: policy and API key persistence (Postgres or SQLite) and the cache
+//!   refresher.
+//! - `access`: who may do what: the admin token, client tokens and API keys.
 //! - [`db`]: the database connection and its migrations.
 //! - [`admission`]: how many requests are served at once, and which wait.
 //! - [`api`]: the actix-web handlers, problem+json errors and the OpenAPI document;
@@ -21,6 +23,7 @@
 //!
 //! `ARCHITECTURE.md` at the repository root maps the modules and their boundaries.
 
+mod access;
 pub mod admission;
 pub mod api;
 #[cfg(test)]

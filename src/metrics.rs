@@ -24,7 +24,10 @@ mod text;
 use crate::engine::decision::policies::PolicyCache;
 use crate::engine::store::{StoreError, StoreMemory};
 use crate::engine::{Decision, EngineError};
-use labels::{DecisionLabels, EndpointLabels, RequestLabels, RequestResult, StoreErrorLabels};
+use labels::{
+    AuthFailureLabels, DecisionLabels, EndpointLabels, RequestLabels, RequestResult,
+    StoreErrorLabels,
+};
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -112,7 +115,13 @@ pub(crate) struct Metrics {
     store_errors: Family<StoreErrorLabels, Counter>,
     /// Consumes and checks allowed only because the store was down and we fail open.
     degraded_allows: Counter,
+    /// Requests refused by the gate (401 and 403), by reason.
+    auth_failures: Family<AuthFailureLabels, Counter>,
 }
+
+/// The reasons a request is refused by the gate: each is a series from the start.
+pub(crate) const AUTH_FAILURE_REASONS: [&str; 5] =
+    ["missing", "unknown", "expired", "revoked", "forbidden"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -123,6 +132,7 @@ impl Default for Metrics {
             durations: Family::new_with_constructor(|| Histogram::new(BUCKETS)),
             store_errors: Family::default(),
             degraded_allows: Counter::default(),
+            auth_failures: Family::default(),
         };
         // Series that are always present, at zero until something happens.
         for endpoint in Endpoint::ALL {
@@ -134,6 +144,13 @@ impl Default for Metrics {
         }
         for kind in STORE_ERROR_KINDS {
             drop(metrics.store_errors.get_or_create(&store_error(kind)));
+        }
+        for reason in AUTH_FAILURE_REASONS {
+            drop(
+                metrics
+                    .auth_failures
+                    .get_or_create(&AuthFailureLabels { reason }),
+            );
         }
         metrics.registered()
     }
@@ -175,7 +192,24 @@ impl Metrics {
             "Consumes and checks allowed unchecked because the counter store was down (QUOTA_ON_STORE_ERROR=allow)",
             self.degraded_allows.clone(),
         );
+        registry.register(
+            "quota_auth_failures",
+            "Requests refused for who sent them: missing, unknown, expired or revoked token or key (401), or a key that may not do it (forbidden, 403)",
+            self.auth_failures.clone(),
+        );
         self
+    }
+
+    /// Counts a request refused by the gate, by `reason` (one of [`AUTH_FAILURE_REASONS`];
+    /// another value is counted as `unknown`, so the series stay bounded).
+    pub(crate) fn auth_refused(&self, reason: &'static str) {
+        let reason = AUTH_FAILURE_REASONS
+            .into_iter()
+            .find(|known| *known == reason)
+            .unwrap_or("unknown");
+        self.auth_failures
+            .get_or_create(&AuthFailureLabels { reason })
+            .inc();
     }
 
     /// Counts one consume or check that reached the engine: its latency, its result, one

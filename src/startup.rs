@@ -2,15 +2,15 @@
 
 mod embedded;
 
+use crate::access::{Gate, KeyRing};
 use crate::admission::{Admission, Limits};
-use crate::api::extract::{problem_for_bare_errors, Tokens, MAX_BODY_BYTES};
+use crate::api::extract::{problem_for_bare_errors, MAX_BODY_BYTES};
 use crate::api::problem::ApiError;
 use crate::api::{self, AppState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Secret, Settings};
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
-use crate::engine::decision::policies::PolicyCache;
 use crate::engine::deployment::{Deployment, Streamed};
 use crate::engine::janitor::Janitor;
 use crate::engine::ledger::LedgerStore;
@@ -25,12 +25,13 @@ use crate::engine::store::CounterStore;
 use crate::engine::{Engine, Ports, Restored};
 use crate::ledger::retention::{Retention, RetentionTask};
 use crate::metrics::Metrics;
-use crate::policy::{self, Refresher};
+use crate::policy::{self, Caches, PolicyStore, Refresher};
 use actix_web::middleware::{from_fn, ErrorHandlers};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
@@ -192,7 +193,7 @@ async fn counter_store(
 fn http_server(
     listener: TcpListener,
     state: web::Data<AppState>,
-    tokens: web::Data<Tokens>,
+    gate: web::Data<Gate>,
 ) -> anyhow::Result<actix_web::dev::Server> {
     let spec = api::openapi::spec();
     let server = HttpServer::new(move || {
@@ -202,7 +203,7 @@ fn http_server(
             .configure(api::routes)
             .split_for_parts();
         app.app_data(state.clone())
-            .app_data(tokens.clone())
+            .app_data(gate.clone())
             .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
             .app_data(web::QueryConfig::default().error_handler(|error, _| {
                 ApiError::Malformed(format!("invalid query string: {error}")).into()
@@ -228,6 +229,36 @@ fn http_server(
     .context("starting the HTTP server")?
     .run();
     Ok(server)
+}
+
+/// How often the last use of each API key is written down: off the hot path, so that a
+/// request only notes the second in memory.
+const KEY_USE_NOTES_EVERY: Duration = Duration::from_secs(5);
+
+/// Writes down every [`KEY_USE_NOTES_EVERY`] when the keys used since were last used; a
+/// failure is logged and the uses are written next time.
+fn spawn_key_use_notes(
+    store: Arc<dyn PolicyStore>,
+    keys: Arc<KeyRing>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(KEY_USE_NOTES_EVERY).await;
+            let uses = keys.unwritten_uses();
+            if uses.is_empty() {
+                continue;
+            }
+            match store.note_key_uses(&uses).await {
+                Ok(()) => keys.written(&uses),
+                Err(error) => {
+                    static SITE: crate::logs::Throttle = crate::logs::Throttle::new();
+                    if let Some(count) = SITE.event() {
+                        tracing::warn!(error = %error, count, "writing down when API keys were last used failed; will try again");
+                    }
+                }
+            }
+        }
+    })
 }
 
 /// A fresh random token, as hex: two v4 UUIDs, 244 random bits from rand's thread-local
@@ -260,11 +291,19 @@ impl Application {
         let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
         let retention =
             Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
-        let cache = Arc::new(PolicyCache::new());
-        policy::reload(&cache, policies.as_ref())
+        let caches = Caches::new();
+        policy::reload(&caches, policies.as_ref())
             .await
-            .context("loading policies into the cache")?;
-        let refresher = Refresher::start(policies.clone(), cache.clone(), settings.policy_poll);
+            .context("loading policies and API keys into the caches")?;
+        let refresher = Refresher::start(policies.clone(), caches.clone(), settings.policy_poll);
+        let admin_token_generated = settings.admin_token.is_none();
+        let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
+        let gate = Arc::new(Gate::new(
+            admin_token.clone(),
+            settings.client_tokens.clone(),
+            caches.keys.clone(),
+            clock.clone(),
+        ));
         let mut tasks = BackgroundTasks::default();
         tasks.0.push(crate::ledger::instances::spawn(
             announcements,
@@ -288,7 +327,7 @@ impl Application {
             counters: counters.store,
             writer: LedgerWriter::spawn_recording(ledger.clone(), ledger_lag.clone()),
             ledger,
-            cache,
+            cache: caches.policies.clone(),
             clock,
             load: load.clone(),
             deployment: counters.deployment,
@@ -310,10 +349,15 @@ impl Application {
         // rebuilt from the ledger before the first request if Redis answers; else the
         // watch does it as soon as it does.
         engine.reopen_if_wanted(true).await;
+        tasks
+            .0
+            .push(spawn_key_use_notes(policies.clone(), caches.keys.clone()));
         let state = web::Data::new(AppState {
             engine: Arc::new(engine),
             ledger_lag: ledger_lag.clone(),
             policies,
+            caches,
+            gate: gate.clone(),
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(
                 Admission::new(
@@ -351,26 +395,20 @@ impl Application {
             let covered = restored.and_then(|r| r.snapshot_seq);
             embedded::Periodic::spawn(state.engine.clone(), covered)
         });
-        let admin_token_generated = settings.admin_token.is_none();
-        let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
-        let tokens = web::Data::new(Tokens {
-            admin: admin_token.clone(),
-            clients: settings.client_tokens.clone(),
-        });
         let listener = TcpListener::bind(settings.listen)
             .with_context(|| format!("binding {}", settings.listen))?;
         let port = listener
             .local_addr()
             .context("reading the bound address")?
             .port();
-        let server = http_server(listener, state.clone(), tokens)?;
+        let server = http_server(listener, state.clone(), web::Data::from(gate.clone()))?;
         let grpc = match settings.grpc_listen {
             Some(address) => {
                 let limiter = crate::grpc::RateLimiter::new(
                     state.engine.clone(),
                     state.admission.clone(),
                     state.metrics.clone(),
-                    settings.client_tokens.clone(),
+                    gate.clone(),
                 );
                 let server = crate::grpc::GrpcServer::start(address, limiter)
                     .with_context(|| format!("serving {address} (QUOTA_GRPC_LISTEN)"))?;

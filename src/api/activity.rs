@@ -1,7 +1,7 @@
 //! The activity API: the ledger aggregated per action and UTC hour over the last hours,
 //! and the subjects denied most; what the operator console's "today" view charts.
 
-use super::extract::AdminAuth;
+use super::extract::AdminRead;
 use super::problem::{ApiError, Problem};
 use super::responses::{AdminAuthProblems, QueryProblems};
 use super::wire::{Slug, SubjectText};
@@ -167,7 +167,7 @@ fn per_action(rows: Vec<HourActivity>, from: DateTime<Utc>, hours: u32) -> Vec<A
 )]
 #[get("/admin/activity")]
 pub(crate) async fn activity(
-    _auth: AdminAuth,
+    _auth: AdminRead,
     state: web::Data<AppState>,
     query: web::Query<ActivityQuery>,
 ) -> Result<web::Json<Activity>, ApiError> {

@@ -3,7 +3,7 @@
 use super::dto::{
     NewPolicyInput, OverrideInput, OverrideList, OverrideOut, PolicyInput, PolicyList, PolicyOut,
 };
-use super::extract::{if_match, AdminAuth, ApiJson};
+use super::extract::{if_match, AdminAuth, AdminRead, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::responses::{BodyProblems, JsonBodyProblems, PolicyAdminProblems};
 use super::wire::{Slug, SubjectText};
@@ -79,7 +79,7 @@ async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
 )]
 #[get("/admin/policies")]
 pub(crate) async fn list_policies(
-    _auth: AdminAuth,
+    _auth: AdminRead,
     state: web::Data<AppState>,
     filter: web::Query<PolicyFilter>,
 ) -> Result<web::Json<PolicyList>, ApiError> {
@@ -133,7 +133,7 @@ pub(crate) async fn create_policy(
         .create(&policy)
         .await
         .map_err(|e| refused(e, &policy.id))?;
-    tracing::info!(policy_id = %policy.id, action = %policy.spec.action, "policy created");
+    tracing::info!(target: "audit", by = "admin token", policy_id = %policy.id, action = %policy.spec.action, "policy created");
     Ok(HttpResponse::Created()
         .insert_header((header::LOCATION, format!("/admin/policies/{}", policy.id)))
         .insert_header(etag(policy.version))
@@ -153,7 +153,7 @@ pub(crate) async fn create_policy(
 )]
 #[get("/admin/policies/{id}")]
 pub(crate) async fn get_policy(
-    _auth: AdminAuth,
+    _auth: AdminRead,
     state: web::Data<AppState>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -229,7 +229,7 @@ pub(crate) async fn replace_policy(
             policy.id
         )));
     }
-    tracing::info!(policy_id = %policy.id, version = policy.version,
+    tracing::info!(target: "audit", by = "admin token", policy_id = %policy.id, version = policy.version,
         usage_kept = current.spec.keeps_usage_of(&policy.spec), "policy replaced");
     Ok(HttpResponse::Ok()
         .insert_header(etag(policy.version))
@@ -272,7 +272,7 @@ pub(crate) async fn delete_policy(
             current.id
         )));
     }
-    tracing::info!(policy_id = %current.id, "policy deleted");
+    tracing::info!(target: "audit", by = "admin token", policy_id = %current.id, "policy deleted");
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -289,7 +289,7 @@ pub(crate) async fn delete_policy(
 )]
 #[get("/admin/policies/{id}/overrides")]
 pub(crate) async fn list_overrides(
-    _auth: AdminAuth,
+    _auth: AdminRead,
     state: web::Data<AppState>,
     id: web::Path<String>,
 ) -> Result<web::Json<OverrideList>, ApiError> {
@@ -327,7 +327,7 @@ async fn override_target(
 )]
 #[get("/admin/policies/{id}/overrides/{subject}")]
 pub(crate) async fn get_override(
-    _auth: AdminAuth,
+    _auth: AdminRead,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
 ) -> Result<web::Json<OverrideOut>, ApiError> {
@@ -374,7 +374,7 @@ pub(crate) async fn put_override(
         updated_at: now,
     };
     state.policy_admin().save_override(&item).await?;
-    tracing::info!(policy_id = %item.policy_id, limit = item.spec.limit.get(), "override saved");
+    tracing::info!(target: "audit", by = "admin token", policy_id = %item.policy_id, limit = item.spec.limit.get(), "override saved");
     let mut response = match previous {
         Some(_) => HttpResponse::Ok(),
         None => HttpResponse::Created(),

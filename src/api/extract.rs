@@ -1,16 +1,20 @@
-//! Reading requests so that every failure is a problem+json answer: JSON bodies, auth,
-//! and the `If-Match` precondition.
+//! Reading requests so that every failure is a problem+json answer: JSON bodies, who is
+//! calling (asked of the [`Gate`]), and the `If-Match` precondition.
 
 use super::problem::{problem_response, ApiError};
-use crate::config::Secret;
+use super::AppState;
+use crate::access::{Denial, Failure, Gate, Operation};
+use crate::domain::{Action, ActionSet};
+use crate::metrics::Metrics;
 use actix_web::dev::{Payload, ServiceResponse};
 use actix_web::http::header::{self, EntityTag, IfMatch};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{web, FromRequest, HttpRequest};
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
-use subtle::{Choice, ConstantTimeEq};
+use std::sync::Arc;
 
 /// The largest request body accepted, in bytes (64 KiB).
 pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -103,41 +107,44 @@ impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
     }
 }
 
-/// The bearer tokens the service accepts.
-#[derive(Debug, Clone)]
-pub(crate) struct Tokens {
-    /// The admin token (`/admin/*`).
-    pub(crate) admin: Secret,
-    /// Client tokens (`/quota/*`); empty leaves those endpoints open.
-    pub(crate) clients: Vec<Secret>,
-}
-
-/// Whether `given` equals `secret`, in time that depends only on `given`'s length.
-///
-/// `subtle`'s slice comparison returns at once when the lengths differ, which would tell
-/// a caller timing it whether it guessed the secret's length; so the lengths are compared
-/// as numbers and `given` is compared byte by byte with `secret` repeated to its length.
-fn token_matches(given: &[u8], secret: &[u8]) -> Choice {
-    let same_length = given.len().ct_eq(&secret.len());
-    given
-        .iter()
-        .zip(secret.iter().cycle())
-        .fold(same_length, |equal, (g, s)| equal & g.ct_eq(s))
-}
-
 fn bearer(req: &HttpRequest) -> Option<&str> {
     let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-fn tokens(req: &HttpRequest) -> Result<&Tokens, ApiError> {
-    req.app_data::<web::Data<Tokens>>()
-        .map(|data| data.get_ref())
-        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("tokens are not configured")))
+/// Asks the [`Gate`] whether the request may use `op`, counting a refusal in `/metrics`.
+fn admit(req: &HttpRequest, op: Option<Operation>) -> Result<ActionSet, ApiError> {
+    let gate = req
+        .app_data::<web::Data<Gate>>()
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the gate is not configured")))?;
+    let token = bearer(req);
+    let answer = match op {
+        Some(op) => gate.admit(token, op),
+        None => gate.admit_admin_write(token).map(|()| ActionSet::All),
+    };
+    answer.map_err(|denial| {
+        if let Some(state) = req.app_data::<web::Data<AppState>>() {
+            state.metrics.auth_refused(denial.reason());
+        }
+        match denial {
+            Denial::Unauthenticated(failure) => ApiError::Unauthorized(match failure {
+                Failure::Missing => {
+                    "a bearer token is required: Authorization: Bearer <token or API key>"
+                }
+                Failure::Unknown => {
+                    "the bearer token is not a valid token or API key for this endpoint"
+                }
+                Failure::Expired => "the API key has expired",
+                Failure::Revoked => "the API key has been revoked",
+            }),
+            Denial::Forbidden(why) => ApiError::Forbidden(why),
+        }
+    })
 }
 
-/// Proof that the request carries the admin token.
+/// Proof that the request carries the admin token: what every change under `/admin/*`
+/// needs. An API key, even an `admin:read` one, is refused with 403.
 #[derive(Debug)]
 pub(crate) struct AdminAuth;
 
@@ -146,74 +153,113 @@ impl FromRequest for AdminAuth {
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        std::future::ready(AdminAuth::of(req))
+        std::future::ready(admit(req, None).map(|_| AdminAuth))
     }
 }
 
-impl AdminAuth {
-    fn of(req: &HttpRequest) -> Result<Self, ApiError> {
-        tokens(req).and_then(|tokens| match bearer(req) {
-            Some(given)
-                if bool::from(token_matches(
-                    given.as_bytes(),
-                    tokens.admin.expose().as_bytes(),
-                )) =>
-            {
-                Ok(AdminAuth)
-            }
-            _ => Err(ApiError::Unauthorized),
-        })
-    }
-}
-
-/// Proof that the request may use `/quota/*` (always, when no client tokens are set).
+/// Proof that the request may read `/admin/*`: the admin token, or an API key with the
+/// `admin:read` operation.
 #[derive(Debug)]
-pub(crate) struct ClientAuth;
+pub(crate) struct AdminRead;
 
-impl FromRequest for ClientAuth {
+impl FromRequest for AdminRead {
     type Error = ApiError;
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        std::future::ready(ClientAuth::of(req))
+        std::future::ready(admit(req, Some(Operation::AdminRead)).map(|_| AdminRead))
     }
 }
 
-impl ClientAuth {
-    fn of(req: &HttpRequest) -> Result<Self, ApiError> {
-        tokens(req).and_then(|tokens| {
-            if tokens.clients.is_empty() {
-                return Ok(ClientAuth);
+/// The operation an endpoint of `/quota/*` is, as a type: what [`Access`] checks.
+pub(crate) trait Needs {
+    /// The operation.
+    const OP: Operation;
+}
+
+/// The operations of `/quota/*`, as types for [`Access`].
+pub(crate) mod op {
+    use super::{Needs, Operation};
+
+    macro_rules! operation {
+        ($(#[$meta:meta])* $name:ident) => {
+            $(#[$meta])*
+            #[derive(Debug)]
+            pub(crate) struct $name;
+
+            impl Needs for $name {
+                const OP: Operation = Operation::$name;
             }
-            let given = bearer(req).ok_or(ApiError::Unauthorized)?;
-            // Every token is compared, also after a match: the time says nothing of which.
-            let known = tokens.clients.iter().fold(Choice::from(0), |found, t| {
-                found | token_matches(given.as_bytes(), t.expose().as_bytes())
-            });
-            bool::from(known)
-                .then_some(ClientAuth)
-                .ok_or(ApiError::Unauthorized)
-        })
-    }
-}
-
-/// Proof that the request may read usage and the ledger (`GET /quota/usage`,
-/// `GET /quota/ledger`): what [`ClientAuth`] accepts, or the admin token, which the
-/// operator console signs in with. Reads only: consumes, refunds and holds stay
-/// [`ClientAuth`]'s.
-#[derive(Debug)]
-pub(crate) struct ReaderAuth;
-
-impl FromRequest for ReaderAuth {
-    type Error = ApiError;
-    type Future = std::future::Ready<Result<Self, ApiError>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let result = match AdminAuth::of(req) {
-            Ok(AdminAuth) => Ok(ReaderAuth),
-            Err(_) => ClientAuth::of(req).map(|ClientAuth| ReaderAuth),
         };
-        std::future::ready(result)
+    }
+
+    operation!(
+        /// `POST /quota/consume`.
+        Consume
+    );
+    operation!(
+        /// `POST /quota/check`.
+        Check
+    );
+    operation!(
+        /// `GET /quota/usage`.
+        Usage
+    );
+    operation!(
+        /// `POST /quota/refund`.
+        Refund
+    );
+    operation!(
+        /// `POST /quota/holds` and a hold's commit and release.
+        Holds
+    );
+    operation!(
+        /// `GET /quota/ledger`.
+        Ledger
+    );
+}
+
+/// Proof that the request may use the operation `N`, and the actions it may act on: every
+/// action for a client token (or while the endpoints are open), the key's actions for an
+/// API key. 401 for an unknown, expired or revoked token; 403 for a key without `N`.
+#[derive(Debug)]
+pub(crate) struct Access<N: Needs> {
+    /// The actions the request may act on.
+    pub(crate) actions: ActionSet,
+    /// Where a refusal is counted.
+    metrics: Option<Arc<Metrics>>,
+    needs: PhantomData<N>,
+}
+
+impl<N: Needs> Access<N> {
+    /// 403 unless the request may act on `action`, naming it (and counted in `/metrics`).
+    pub(crate) fn require(&self, action: &Action) -> Result<(), ApiError> {
+        if self.actions.contains(action) {
+            return Ok(());
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.auth_refused("forbidden");
+        }
+        Err(ApiError::Forbidden(format!(
+            "this API key may not act on the action '{action}'"
+        )))
+    }
+}
+
+impl<N: Needs> FromRequest for Access<N> {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        std::future::ready(admit(req, Some(N::OP)).map(|actions| {
+            Access {
+                actions,
+                metrics: req
+                    .app_data::<web::Data<AppState>>()
+                    .map(|state| state.metrics.clone()),
+                needs: PhantomData,
+            }
+        }))
     }
 }
 
@@ -317,28 +363,6 @@ pub(crate) fn problem_for_bare_errors<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_token_matches_only_the_whole_secret() {
-        let cases: [(&[u8], &[u8], bool); 9] = [
-            (b"secret", b"secret", true),
-            (b"", b"", true),
-            (b"secret", b"secreT", false),
-            (b"secret", b"secret2", false),
-            (b"secret2", b"secret", false),
-            (b"secretsecret", b"secret", false),
-            (b"sec", b"secret", false),
-            (b"", b"x", false),
-            (b"x", b"", false),
-        ];
-        for (given, secret, expected) in cases {
-            assert_eq!(
-                bool::from(token_matches(given, secret)),
-                expected,
-                "{given:?} against {secret:?}"
-            );
-        }
-    }
 
     #[test]
     fn if_match_is_a_star_or_a_list_of_entity_tags_and_nothing_else() {

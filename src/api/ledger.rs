@@ -1,6 +1,6 @@
 //! The ledger API: the recorded history, newest first, cursor-paginated.
 
-use super::extract::ReaderAuth;
+use super::extract::{op, Access};
 use super::problem::{ApiError, Problem};
 use super::responses::{QueryProblems, ReaderAuthProblems};
 use super::wire::{AttributesMap, Slug, SubjectText};
@@ -241,11 +241,15 @@ fn parse(query: &LedgerQuery) -> Result<(LedgerFilter, u32), ApiError> {
 )]
 #[get("/quota/ledger")]
 pub(crate) async fn list_ledger(
-    _auth: ReaderAuth,
+    access: Access<op::Ledger>,
     state: web::Data<AppState>,
     query: web::Query<LedgerQuery>,
 ) -> Result<web::Json<LedgerList>, ApiError> {
-    let (filter, limit) = parse(&query)?;
+    let (mut filter, limit) = parse(&query)?;
+    if let Some(action) = &filter.action {
+        access.require(&Action::parse("action", action).map_err(FieldErrors::from)?)?;
+    }
+    filter.actions = access.actions;
     let page = state
         .engine
         .ledger()

@@ -10,6 +10,7 @@ pub(crate) mod console;
 pub(crate) mod dto;
 pub(crate) mod extract;
 pub(crate) mod health;
+pub(crate) mod keys;
 pub(crate) mod ledger;
 pub(crate) mod metrics;
 pub mod openapi;
@@ -23,9 +24,10 @@ mod timestamp;
 pub(crate) mod verify;
 pub(crate) mod wire;
 
+use crate::access::Gate;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::policy::{PolicyAdmin, PolicyStore};
+use crate::policy::{Caches, PolicyAdmin, PolicyStore};
 use std::sync::Arc;
 
 /// What every handler shares.
@@ -34,7 +36,10 @@ pub(crate) struct AppState {
     pub(crate) engine: Arc<Engine>,
     /// Policy persistence (admin reads and writes go here).
     pub(crate) policies: Arc<dyn PolicyStore>,
-    /// True when counters are in-process (no Redis configured).
+    /// What a change reloads: the engine's policy cache and the API keys.
+    pub(crate) caches: Caches,
+    /// Who may do what (the tokens and the keys).
+    pub(crate) gate: Arc<Gate>,
     /// What `/metrics` reports; the quota handlers record into it.
     pub(crate) metrics: Arc<Metrics>,
     /// Bounds the `/quota/*` requests in flight.
@@ -47,7 +52,7 @@ impl AppState {
     /// Policy and override writes, each followed by a reload of the engine's policy cache so that
     /// this instance enforces the change from its next request on.
     pub(crate) fn policy_admin(&self) -> PolicyAdmin<'_> {
-        PolicyAdmin::new(self.policies.as_ref(), self.engine.policies())
+        PolicyAdmin::new(self.policies.as_ref(), &self.caches)
     }
 }
 
@@ -71,6 +76,9 @@ pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfi
         .service(admin::get_override)
         .service(admin::put_override)
         .service(admin::delete_override)
+        .service(keys::create_key)
+        .service(keys::list_keys)
+        .service(keys::revoke_key)
         .service(activity::activity)
         .service(verify::verify)
         .service(health::healthz)

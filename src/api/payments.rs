@@ -1,6 +1,6 @@
 //! Payment-grade operations: refunds of consumes, and holds (reserve now, settle later).
 
-use super::extract::{parse_json, ApiJson, ClientAuth};
+use super::extract::{op, parse_json, Access, ApiJson};
 use super::ledger::LedgerEntryOut;
 use super::problem::{ApiError, Problem};
 use super::quota::{idempotency_key, parse, respond, usage_of, ConsumeAnswer, PolicyUsage};
@@ -119,14 +119,14 @@ fn optional_amount(errors: &mut FieldErrors, value: Option<i64>) -> Option<Quant
     responses(
         (status = 200, description = "Refunded", body = SettleAnswer),
         ClientAuthProblems, JsonBodyProblems,
-        (status = 404, description = "No such consumption", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such consumption (or one of an action the API key may not act on)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Over-refund, or an idempotency key reused with another amount", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "A store is down", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 #[post("/quota/refund")]
 pub(crate) async fn refund(
-    _auth: ClientAuth,
+    access: Access<op::Refund>,
     state: web::Data<AppState>,
     body: ApiJson<RefundInput>,
 ) -> Result<HttpResponse, ApiError> {
@@ -145,7 +145,10 @@ pub(crate) async fn refund(
     };
     let consumption_id = ConsumptionId::parse(&input.consumption_id)
         .map_err(|_| ApiError::NotFound(format!("no consumption '{}'", input.consumption_id)))?;
-    let settled = state.engine.refund(consumption_id, amount, key).await?;
+    let settled = state
+        .engine
+        .refund(consumption_id, amount, key, &access.actions)
+        .await?;
     Ok(answer(settled))
 }
 
@@ -165,7 +168,7 @@ pub(crate) async fn refund(
 )]
 #[post("/quota/holds")]
 pub(crate) async fn create_hold(
-    _auth: ClientAuth,
+    access: Access<op::Holds>,
     state: web::Data<AppState>,
     body: ApiJson<HoldInput>,
 ) -> Result<HttpResponse, ApiError> {
@@ -186,6 +189,7 @@ pub(crate) async fn create_hold(
         &mut errors,
     )
     .ok_or_else(|| ApiError::from(errors))?;
+    access.require(&request.action)?;
     let held =
         super::metrics::consume(&state, &request, Some(input.ttl_seconds.unsigned_abs())).await?;
     super::quota::record_decision(held.decision.allowed);
@@ -205,14 +209,14 @@ pub(crate) async fn create_hold(
     responses(
         (status = 200, description = "Committed", body = SettleAnswer),
         ClientAuthProblems, JsonBodyProblems,
-        (status = 404, description = "No such hold", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such hold (or one of an action the API key may not act on)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already settled or expired, or more than held", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 #[post("/quota/holds/{id}/commit")]
 pub(crate) async fn commit_hold(
-    _auth: ClientAuth,
+    access: Access<op::Holds>,
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<String>,
@@ -233,7 +237,7 @@ pub(crate) async fn commit_hold(
     }
     let settled = state
         .engine
-        .settle(hold_id(&id)?, Settle::Commit(amount))
+        .settle(hold_id(&id)?, Settle::Commit(amount), &access.actions)
         .await?;
     Ok(answer(settled))
 }
@@ -245,18 +249,21 @@ pub(crate) async fn commit_hold(
     responses(
         (status = 200, description = "Released", body = SettleAnswer),
         ClientAuthProblems,
-        (status = 404, description = "No such hold", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such hold (or one of an action the API key may not act on)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already settled or expired", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Counter store down", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 #[post("/quota/holds/{id}/release")]
 pub(crate) async fn release_hold(
-    _auth: ClientAuth,
+    access: Access<op::Holds>,
     state: web::Data<AppState>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let settled = state.engine.settle(hold_id(&id)?, Settle::Release).await?;
+    let settled = state
+        .engine
+        .settle(hold_id(&id)?, Settle::Release, &access.actions)
+        .await?;
     Ok(answer(settled))
 }
 

@@ -45,9 +45,13 @@ pub(crate) enum ApiError {
     /// 400: the body is not well-formed JSON (or a query is unusable).
     #[error("{0}")]
     Malformed(String),
-    /// 401: missing or wrong bearer token.
-    #[error("a valid bearer token is required")]
-    Unauthorized,
+    /// 401: missing or wrong bearer token; the sentence says which (never the token).
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// 403: a known API key that may not do this (another action, an operation it lacks,
+    /// an admin change).
+    #[error("{0}")]
+    Forbidden(String),
     /// 404: no such resource.
     #[error("{0}")]
     NotFound(String),
@@ -94,7 +98,8 @@ impl ApiError {
     fn kind_and_title(&self) -> (&'static str, &'static str) {
         match self {
             Self::Malformed(_) => ("malformed-request", "Malformed request"),
-            Self::Unauthorized => ("unauthorized", "Unauthorized"),
+            Self::Unauthorized(_) => ("unauthorized", "Unauthorized"),
+            Self::Forbidden(_) => ("forbidden", "Forbidden"),
             Self::NotFound(_) => ("not-found", "Not found"),
             Self::Conflict(_) => ("conflict", "Conflict"),
             Self::PreconditionFailed(_) => ("precondition-failed", "Precondition failed"),
@@ -132,7 +137,8 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::Malformed(_) => StatusCode::BAD_REQUEST,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
@@ -172,7 +178,7 @@ impl ResponseError for ApiError {
         let mut builder = HttpResponse::build(status);
         builder.content_type(PROBLEM_JSON);
         match self {
-            Self::Unauthorized => {
+            Self::Unauthorized(_) => {
                 builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
             }
             Self::Unavailable(_) | Self::LedgerUnavailable(_) | Self::Overloaded(_) => {
@@ -211,6 +217,7 @@ impl From<PolicyStoreError> for ApiError {
         match error {
             PolicyStoreError::Conflict => Self::Conflict("it exists already".to_owned()),
             full @ PolicyStoreError::ActionFull { .. } => Self::Conflict(full.to_string()),
+            outdated @ PolicyStoreError::Outdated { .. } => Self::Conflict(outdated.to_string()),
             PolicyStoreError::Unavailable(cause) => {
                 static SITE: Throttle = Throttle::new();
                 if let Some(count) = SITE.event() {

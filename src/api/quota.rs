@@ -1,7 +1,7 @@
 //! The quota API: consume, check and usage.
 
 use super::dto::{MeasureDto, ModeDto};
-use super::extract::{ApiJson, ClientAuth, ReaderAuth};
+use super::extract::{op, Access, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::responses::{ChargeProblems, ClientAuthProblems, JsonBodyProblems, ReaderAuthProblems};
 use super::wire::{optional_whole_number, AttributesMap, IdempotencyKey, Slug, SubjectText};
@@ -343,11 +343,12 @@ pub(super) fn respond(
 )]
 #[post("/quota/consume")]
 pub(crate) async fn consume(
-    _auth: ClientAuth,
+    access: Access<op::Consume>,
     state: web::Data<AppState>,
     body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
     let request = parse_counted(&state, Endpoint::Consume, body)?;
+    access.require(&request.action)?;
     let consumed = super::metrics::consume(&state, &request, None).await?;
     record_decision(consumed.decision.allowed);
     // A denial charged nothing, so there is nothing to refund: no id.
@@ -381,11 +382,12 @@ pub(crate) async fn consume(
 )]
 #[post("/quota/check")]
 pub(crate) async fn check(
-    _auth: ClientAuth,
+    access: Access<op::Check>,
     state: web::Data<AppState>,
     body: Result<ApiJson<ConsumeInput>, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
     let request = parse_counted(&state, Endpoint::Check, body)?;
+    access.require(&request.action)?;
     let decision = super::metrics::check(&state, &request).await?;
     record_decision(decision.allowed);
     let (mut response, answer) = respond(&request, decision, None, false);
@@ -411,7 +413,7 @@ pub(crate) async fn check(
 )]
 #[get("/quota/usage")]
 pub(crate) async fn usage(
-    _auth: ReaderAuth,
+    access: Access<op::Usage>,
     state: web::Data<AppState>,
     query: web::Query<UsageQuery>,
 ) -> Result<web::Json<UsageAnswer>, ApiError> {
@@ -430,6 +432,7 @@ pub(crate) async fn usage(
     else {
         return Err(errors.into());
     };
+    access.require(&action)?;
     let outcome = state.engine.usage(&action, &subject, &attributes).await;
     state.metrics.observe_store(outcome.as_ref());
     let decision = outcome?;

@@ -22,15 +22,28 @@ const BODY_TOO_LARGE: Answer = (413, "Body over 64 KiB");
 const NOT_JSON: Answer = (415, "Body not JSON");
 /// 422 from `ApiJson` or the handler's own parsing, naming the fields.
 const INVALID_FIELDS: Answer = (422, "Invalid fields");
-/// 401 from [`ClientAuth`](super::extract::ClientAuth).
-const CLIENT_TOKEN: Answer = (401, "Missing or wrong client token");
-/// 401 from [`ReaderAuth`](super::extract::ReaderAuth).
+/// 401 from [`Access`](super::extract::Access) on a call only a client token or a key may make.
+const CLIENT_TOKEN: Answer = (
+    401,
+    "Missing or unknown client token or API key, or an expired or revoked key",
+);
+/// 403 from `Access`: a key without the operation, or outside its actions.
+const KEY_FORBIDDEN: Answer = (
+    403,
+    "The API key may not use this operation, or act on this action (problem type forbidden)",
+);
+/// 401 from `Access` on a read the admin token may make too.
 const READER_TOKEN: Answer = (
     401,
-    "Missing or wrong token (a client token, or the admin token)",
+    "Missing or unknown token (a client token, an API key, or the admin token), or an expired or revoked key",
 );
-/// 401 from [`AdminAuth`](super::extract::AdminAuth).
-const ADMIN_TOKEN: Answer = (401, "Missing or wrong admin token");
+/// 401 from [`AdminAuth`](super::extract::AdminAuth) or [`AdminRead`](super::extract::AdminRead).
+const ADMIN_TOKEN: Answer = (401, "Missing or wrong admin token (or API key, to read)");
+/// 403 from `AdminAuth` or `AdminRead`: a key, on a change or without `admin:read`.
+const ADMIN_FORBIDDEN: Answer = (
+    403,
+    "An API key: changes need the admin token, reads a key with admin:read (problem type forbidden)",
+);
 /// 503 of an admin call: the policy store does not answer.
 const POLICY_STORE_DOWN: Answer = (503, "Policy store down");
 /// 400 of a query whose parameters are closed: an unknown or a repeated one.
@@ -85,30 +98,30 @@ impl IntoResponses for JsonBodyProblems {
     }
 }
 
-/// The 401 of a `/quota/*` call that only a client token may make (`ClientAuth`).
+/// The 401 and 403 of a `/quota/*` call that a client token or an API key may make.
 pub(crate) struct ClientAuthProblems;
 
 impl IntoResponses for ClientAuthProblems {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[CLIENT_TOKEN])
+        problems(&[CLIENT_TOKEN, KEY_FORBIDDEN])
     }
 }
 
-/// The 401 of a read that a client token or the admin token may make (`ReaderAuth`).
+/// The 401 and 403 of a read that a client token, an API key or the admin token may make.
 pub(crate) struct ReaderAuthProblems;
 
 impl IntoResponses for ReaderAuthProblems {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[READER_TOKEN])
+        problems(&[READER_TOKEN, KEY_FORBIDDEN])
     }
 }
 
-/// The 401 of an `/admin/*` call (`AdminAuth`).
+/// The 401 and 403 of an `/admin/*` call (`AdminAuth`, `AdminRead`).
 pub(crate) struct AdminAuthProblems;
 
 impl IntoResponses for AdminAuthProblems {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[ADMIN_TOKEN])
+        problems(&[ADMIN_TOKEN, ADMIN_FORBIDDEN])
     }
 }
 
@@ -155,8 +168,8 @@ mod tests {
     fn a_set_made_of_others_keeps_every_status_of_each() {
         let cases = [
             (JsonBodyProblems::responses().len(), 1 + 3),
-            (PolicyAdminProblems::responses().len(), 1 + 1),
-            (ChargeProblems::responses().len(), 1 + 4 + 3),
+            (PolicyAdminProblems::responses().len(), 2 + 1),
+            (ChargeProblems::responses().len(), 2 + 4 + 3),
         ];
         for (statuses, parts) in cases {
             assert_eq!(statuses, parts);

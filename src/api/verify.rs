@@ -1,7 +1,7 @@
 //! `GET /admin/counters/verify`: every live budget compared with the usage the ledger
 //! gives it (see `engine::verify`).
 
-use super::extract::AdminAuth;
+use super::extract::AdminRead;
 use super::problem::{ApiError, Problem};
 use super::quota::budget_out;
 use super::responses::{AdminAuthProblems, QueryProblems};
@@ -84,7 +84,7 @@ impl From<Drift> for DriftOut {
 )]
 #[get("/admin/counters/verify")]
 pub(crate) async fn verify(
-    _auth: AdminAuth,
+    _auth: AdminRead,
     state: web::Data<AppState>,
     query: web::Query<VerifyQuery>,
 ) -> Result<web::Json<VerifyOut>, ApiError> {

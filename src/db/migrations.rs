@@ -51,6 +51,10 @@ pub(super) const POSTGRES: Files = &[
         "20261227110000_index_compact_rows.sql",
         include_str!("../../migrations/postgres/20261227110000_index_compact_rows.sql"),
     ),
+    (
+        "20261228090000_create_api_keys.sql",
+        include_str!("../../migrations/postgres/20261228090000_create_api_keys.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -90,6 +94,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261227110000_index_compact_rows.sql",
         include_str!("../../migrations/sqlite/20261227110000_index_compact_rows.sql"),
+    ),
+    (
+        "20261228090000_create_api_keys.sql",
+        include_str!("../../migrations/sqlite/20261228090000_create_api_keys.sql"),
     ),
 ];
 

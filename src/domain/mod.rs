@@ -6,6 +6,7 @@
 
 mod budget;
 mod error;
+mod globs;
 mod ids;
 mod ledger;
 mod policy;
@@ -14,6 +15,7 @@ mod window;
 
 pub use budget::{Attributes, Budget, Match, Scope, ScopeKey, MAX_ATTRIBUTES, SUBJECT_KEY};
 pub use error::{FieldError, FieldErrors};
+pub use globs::{ActionGlob, ActionSet, MAX_GLOBS};
 pub use ids::{Action, PolicyId, Subject};
 pub use ledger::{
     BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,

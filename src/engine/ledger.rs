@@ -3,7 +3,7 @@
 //! The SQL adapters (`crate::ledger::sql`, Postgres and SQLite) implement [`LedgerStore`];
 //! the group-commit writer and the drain write through it.
 
-use crate::domain::{ConsumptionId, EntryKind, HoldId, LedgerEntry};
+use crate::domain::{ActionSet, ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
@@ -23,6 +23,8 @@ pub struct LedgerFilter {
     pub from: Option<DateTime<Utc>>,
     /// Only entries before this instant.
     pub to: Option<DateTime<Utc>>,
+    /// Only these actions (an API key's): every action by default.
+    pub actions: ActionSet,
 }
 
 /// A page of entries, newest first, and the cursor of the next (older) page.

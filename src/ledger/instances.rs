@@ -10,22 +10,15 @@ use super::sql::db_error;
 use crate::clock::Clock;
 use crate::db::{ColumnType, Pool, Sql};
 use crate::engine::ledger::LedgerError;
-use chrono::{DateTime, Duration as Span, Utc};
+use chrono::{DateTime, Utc};
 use sqlx::{Executor, IntoArguments};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The newest version of the persisted formats (ledger rows, stream entries, counter-store
-/// records, snapshots) this build reads. A build that changes one bumps it, reads the
-/// formats of the version before, and writes its own only once [`readable_formats`]
-/// reaches it.
-pub const FORMATS: i64 = 1;
+pub use crate::db::FORMATS;
 
 /// How often an instance announces itself.
 pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(5);
-
-/// An instance not seen for this long is gone (a dozen missed announcements).
-const LIVE_FOR: Span = Span::seconds(60);
 
 /// Announces this instance every [`ANNOUNCE_EVERY`] on `clock`, until the task is aborted;
 /// a failed announcement is logged and tried again next time.
@@ -54,8 +47,8 @@ pub(crate) fn spawn(pool: Pool, clock: Arc<dyn Clock>) -> tokio::task::JoinHandl
 /// ([`FORMATS`] when none is): what a build may write.
 pub async fn readable_formats(pool: &Pool, now: DateTime<Utc>) -> Result<i64, LedgerError> {
     let oldest = match pool {
-        Pool::Postgres(pool) => oldest_reader(pool, now - LIVE_FOR).await,
-        Pool::Sqlite(pool) => oldest_reader(pool, now - LIVE_FOR).await,
+        Pool::Postgres(pool) => oldest_reader(pool, now - crate::db::LIVE_FOR).await,
+        Pool::Sqlite(pool) => oldest_reader(pool, now - crate::db::LIVE_FOR).await,
     }?;
     Ok(oldest.unwrap_or(FORMATS).min(FORMATS))
 }

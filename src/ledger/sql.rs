@@ -10,7 +10,7 @@
 
 use super::cursor::{decode_cursor, encode_cursor};
 use crate::db::{ColumnType, Sql};
-use crate::domain::{ConsumptionId, EntryKind, HoldId, LedgerEntry};
+use crate::domain::{ActionGlob, ActionSet, ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::codec::{self, EntryParts};
 use crate::engine::ledger::{
     DeniedSubject, HourActivity, LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE,
@@ -91,6 +91,31 @@ pub(super) fn db_error(error: sqlx::Error) -> LedgerError {
 }
 
 /// A row that no longer parses: which entry, and why.
+/// Confines `sql` to the actions one of `globs` matches (an API key's): a glob without
+/// `*` is an equality, one with `*` a `LIKE` with the glob's number of segments, since
+/// `%` would match across dots. An empty list matches nothing.
+fn push_actions<'a, DB>(sql: &mut QueryBuilder<'a, DB>, globs: &'a [ActionGlob])
+where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    sql.push(" AND (1 = 0");
+    for glob in globs {
+        if glob.is_literal() {
+            sql.push(" OR action = ").push_bind(glob.as_str());
+        } else {
+            sql.push(" OR (action LIKE ")
+                .push_bind(glob.like_pattern())
+                .push(" ESCAPE '\\' AND length(action) - length(replace(action, '.', '')) = ")
+                .push_bind(glob.segments() as i64 - 1)
+                .push(")");
+        }
+    }
+    sql.push(")");
+}
+
 fn corrupt(what: &str, error: impl std::fmt::Display) -> LedgerError {
     LedgerError::Corrupt(format!("{what}: {error}"))
 }
@@ -212,6 +237,9 @@ where
         }
         if let Some(action) = &filter.action {
             sql.push(" AND action = ").push_bind(action.as_str());
+        }
+        if let ActionSet::Matching(globs) = &filter.actions {
+            push_actions(&mut sql, globs);
         }
         if let Some(kind) = filter.kind {
             sql.push(" AND kind = ").push_bind(kind.as_str());

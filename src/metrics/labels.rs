@@ -75,6 +75,13 @@ pub(super) struct StoreErrorLabels {
     pub(super) kind: &'static str,
 }
 
+/// The labels of `quota_auth_failures`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct AuthFailureLabels {
+    /// `missing`, `unknown`, `expired`, `revoked` or `forbidden`.
+    pub(super) reason: &'static str,
+}
+
 impl EncodeLabelValue for Endpoint {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
         encoder.write_str(self.label())

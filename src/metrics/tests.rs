@@ -318,6 +318,8 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_store_errors_total counter",
         "# HELP quota_degraded_allows_total Consumes and checks allowed unchecked because the counter store was down (QUOTA_ON_STORE_ERROR=allow).",
         "# TYPE quota_degraded_allows_total counter",
+        "# HELP quota_auth_failures_total Requests refused for who sent them: missing, unknown, expired or revoked token or key (401), or a key that may not do it (forbidden, 403).",
+        "# TYPE quota_auth_failures_total counter",
         "# HELP quota_policy_cache_policies Policies in the in-process cache, enabled or not.",
         "# TYPE quota_policy_cache_policies gauge",
         "# HELP quota_policy_cache_overrides Per-subject overrides in the in-process cache.",

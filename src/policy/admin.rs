@@ -3,9 +3,11 @@
 //! that the next consume here already enforces it. Other instances catch up through their
 //! [`Refresher`](super::Refresher).
 
+use super::Caches;
 use super::{PolicyStore, StoreResult};
+use crate::access::KeyRecord;
 use crate::domain::{Override, Policy, PolicyId, Subject};
-use crate::engine::decision::policies::PolicyCache;
+use chrono::{DateTime, Utc};
 
 /// The write side of the policy module: the store's writes, each followed by a cache reload.
 ///
@@ -13,13 +15,13 @@ use crate::engine::decision::policies::PolicyCache;
 #[derive(Clone, Copy)]
 pub(crate) struct PolicyAdmin<'a> {
     store: &'a dyn PolicyStore,
-    cache: &'a PolicyCache,
+    caches: &'a Caches,
 }
 
 impl<'a> PolicyAdmin<'a> {
-    /// Writes to `store` and reloads `cache` (the one this instance's engine reads).
-    pub(crate) fn new(store: &'a dyn PolicyStore, cache: &'a PolicyCache) -> Self {
-        Self { store, cache }
+    /// Writes to `store` and reloads `caches` (those this instance's engine and gate read).
+    pub(crate) fn new(store: &'a dyn PolicyStore, caches: &'a Caches) -> Self {
+        Self { store, caches }
     }
 
     /// Creates a policy; errors as [`PolicyStore::insert_policy`] (a taken id, a full action).
@@ -71,10 +73,31 @@ impl<'a> PolicyAdmin<'a> {
         Ok(deleted)
     }
 
+    /// Creates an API key (the record holds its hash, never its secret).
+    pub(crate) async fn create_key(&self, key: &KeyRecord) -> StoreResult<()> {
+        self.store.insert_key(key).await?;
+        self.reload().await;
+        Ok(())
+    }
+
+    /// Revokes key `id` at `at`; the key afterwards and whether this call revoked it,
+    /// `None` if there is no such key.
+    pub(crate) async fn revoke_key(
+        &self,
+        id: &str,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<(KeyRecord, bool)>> {
+        let key = self.store.revoke_key(id, at).await?;
+        if key.as_ref().is_some_and(|(_, revoked)| *revoked) {
+            self.reload().await;
+        }
+        Ok(key)
+    }
+
     /// Rebuilds the cache after a change. A failure is logged, not returned: the change is
     /// stored already, and the refresher's next poll reloads anyway.
     async fn reload(&self) {
-        if let Err(error) = super::reload(self.cache, self.store).await {
+        if let Err(error) = super::reload(self.caches, self.store).await {
             tracing::error!(
                 error = format!("{error:#}"),
                 "reloading the policy cache failed"

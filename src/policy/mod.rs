@@ -10,6 +10,7 @@
 
 mod admin;
 mod codec;
+mod keys;
 mod notify;
 mod refresh;
 mod sql;
@@ -20,9 +21,12 @@ pub(crate) use notify::{ChangeFeed, FeedEvent};
 pub(crate) use refresh::Refresher;
 pub(crate) use sql::connect;
 
+use crate::access::{KeyRecord, KeyRing};
 use crate::domain::{Action, Override, Policy, PolicyId, Subject};
 use crate::engine::decision::policies::PolicyCache;
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
 
 /// The most policies one action may have: each consume evaluates all of them in one script.
 pub(crate) const MAX_POLICIES_PER_ACTION: usize = 32;
@@ -42,6 +46,16 @@ pub(crate) enum PolicyStoreError {
     ActionFull {
         /// The action that has no room left.
         action: Action,
+    },
+    /// An instance of version `version`, which does not enforce API keys, is live: no key
+    /// is created until every instance runs a build that does (409).
+    #[error(
+        "an instance of version {version} is running, and it would not enforce API keys: \
+         upgrade every instance first"
+    )]
+    Outdated {
+        /// The version the outdated instance announced.
+        version: String,
     },
     /// The database is unreachable or failed; worth retrying (503).
     #[error("policy store unavailable")]
@@ -101,46 +115,82 @@ pub(crate) trait PolicyStore: Send + Sync + 'static {
     /// Subscribes to the changes announced by every instance; `None` when the store
     /// cannot announce them (SQLite), which leaves polling [`Self::change_version`].
     async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>>;
+    /// Every API key, revoked and expired ones too, oldest first.
+    async fn list_keys(&self) -> StoreResult<Vec<KeyRecord>>;
+    /// Creates an API key: a change, like a policy's. [`PolicyStoreError::Conflict`] if
+    /// its id or its hash is taken, [`PolicyStoreError::Outdated`] while an instance that
+    /// would not enforce it was seen within [`crate::db::LIVE_FOR`] of its `created_at`.
+    async fn insert_key(&self, key: &KeyRecord) -> StoreResult<()>;
+    /// Revokes key `id` at `at` (a change), unless it was revoked before; the key as it
+    /// stands afterwards and whether this call revoked it, `None` if there is no such key.
+    async fn revoke_key(
+        &self,
+        id: &str,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<(KeyRecord, bool)>>;
+    /// Writes down when keys were last used. Not a change: no instance reloads for it.
+    async fn note_key_uses(&self, uses: &[(String, DateTime<Utc>)]) -> StoreResult<()>;
+}
+
+/// What a reload fills: the engine's policy cache, and the API keys.
+#[derive(Debug, Clone)]
+pub(crate) struct Caches {
+    /// Policies and overrides, which the engine reads.
+    pub(crate) policies: Arc<PolicyCache>,
+    /// API keys, which the gate reads.
+    pub(crate) keys: Arc<KeyRing>,
+}
+
+impl Caches {
+    /// Empty caches, filled by the first [`reload`].
+    pub(crate) fn new() -> Self {
+        Self {
+            policies: Arc::new(PolicyCache::new()),
+            keys: Arc::new(KeyRing::new()),
+        }
+    }
 }
 
 /// Rebuilds `cache` from `store`.
-pub(crate) async fn reload(cache: &PolicyCache, store: &dyn PolicyStore) -> StoreResult<()> {
-    let _one_at_a_time = cache.reload_lock().await;
+pub(crate) async fn reload(caches: &Caches, store: &dyn PolicyStore) -> StoreResult<()> {
+    let _one_at_a_time = caches.policies.reload_lock().await;
     let version = store.change_version().await?;
-    install(cache, store, version).await
+    install(caches, store, version).await
 }
 
 /// Rebuilds `cache` only if the store's change marker moved since the last load; true if
 /// it did. One cheap query when nothing changed.
 pub(crate) async fn refresh_if_changed(
-    cache: &PolicyCache,
+    caches: &Caches,
     store: &dyn PolicyStore,
 ) -> StoreResult<bool> {
-    let _one_at_a_time = cache.reload_lock().await;
+    let _one_at_a_time = caches.policies.reload_lock().await;
     let version = store.change_version().await?;
-    if cache.version() == Some(version) {
+    if caches.policies.version() == Some(version) {
         return Ok(false);
     }
-    install(cache, store, version).await?;
+    install(caches, store, version).await?;
     Ok(true)
 }
 
 /// Reads every row and swaps the new snapshot in; the caller holds the reload lock and
 /// read `version` before calling.
-async fn install(cache: &PolicyCache, store: &dyn PolicyStore, version: i64) -> StoreResult<()> {
+async fn install(caches: &Caches, store: &dyn PolicyStore, version: i64) -> StoreResult<()> {
     let policies = store.list_policies().await?;
     let overrides = store.list_overrides(None).await?;
-    cache.install(version, policies, overrides);
+    let keys = store.list_keys().await?;
+    // Keys first: the policy cache's version says the whole reload is done.
+    caches.keys.install(keys);
+    caches.policies.install(version, policies, overrides);
     Ok(())
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::MAX_POLICIES_PER_ACTION;
-    use super::{refresh_if_changed, reload, PolicyAdmin, PolicyStore, PolicyStoreError};
+    use super::{refresh_if_changed, reload, Caches, PolicyAdmin, PolicyStore, PolicyStoreError};
     use crate::domain::{Action, Policy, PolicyId};
     use crate::domain::{Measure, Mode, PolicySpec, Quantity, Window};
-    use crate::engine::decision::policies::PolicyCache;
     use chrono::TimeZone;
     use chrono::Utc;
     use std::path::PathBuf;
@@ -190,21 +240,21 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_refresh_reloads_only_when_a_write_moved_the_change_marker() {
         let (store, file) = sqlite_store("cache").await;
-        let cache = PolicyCache::new();
-        reload(&cache, store.as_ref()).await.expect("loading");
-        assert!(!refresh_if_changed(&cache, store.as_ref())
+        let caches = Caches::new();
+        reload(&caches, store.as_ref()).await.expect("loading");
+        assert!(!refresh_if_changed(&caches, store.as_ref())
             .await
             .expect("reading the marker"));
 
         // Another instance's write: this cache did not reload after it.
         store.insert_policy(&policy("p")).await.expect("inserting");
-        assert_eq!(cache.sizes(), (0, 0));
-        assert!(refresh_if_changed(&cache, store.as_ref())
+        assert_eq!(caches.policies.sizes(), (0, 0));
+        assert!(refresh_if_changed(&caches, store.as_ref())
             .await
             .expect("reading the marker"));
-        assert_eq!(cache.sizes(), (1, 0));
-        assert!(cache.action("a").is_some());
-        assert!(!refresh_if_changed(&cache, store.as_ref())
+        assert_eq!(caches.policies.sizes(), (1, 0));
+        assert!(caches.policies.action("a").is_some());
+        assert!(!refresh_if_changed(&caches, store.as_ref())
             .await
             .expect("reading the marker"));
 
@@ -213,7 +263,7 @@ pub(crate) mod tests {
             .update_policy(&policy("p"), 7)
             .await
             .expect("updating"));
-        assert!(!refresh_if_changed(&cache, store.as_ref())
+        assert!(!refresh_if_changed(&caches, store.as_ref())
             .await
             .expect("reading the marker"));
         drop(std::fs::remove_file(file));
@@ -266,24 +316,27 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_change_made_through_policy_admin_is_in_this_cache_at_once() {
         let (store, file) = sqlite_store("admin").await;
-        let cache = PolicyCache::new();
-        reload(&cache, store.as_ref()).await.expect("loading");
-        let admin = PolicyAdmin::new(store.as_ref(), &cache);
+        let caches = Caches::new();
+        reload(&caches, store.as_ref()).await.expect("loading");
+        let admin = PolicyAdmin::new(store.as_ref(), &caches);
 
         admin.create(&policy("p")).await.expect("creating");
-        assert!(cache.action("a").is_some(), "created, then reloaded");
+        assert!(
+            caches.policies.action("a").is_some(),
+            "created, then reloaded"
+        );
         let mut replaced = policy("p");
         replaced.spec.action = Action::parse("action", "b").expect("valid action");
         replaced.version = 2;
         assert!(admin.replace(&replaced, 1).await.expect("replacing"));
-        assert!(cache.action("a").is_none() && cache.action("b").is_some());
+        assert!(caches.policies.action("a").is_none() && caches.policies.action("b").is_some());
         assert!(!admin.delete(&replaced.id, 1).await.expect("deleting"));
         assert!(
-            cache.action("b").is_some(),
+            caches.policies.action("b").is_some(),
             "a stale delete deletes nothing"
         );
         assert!(admin.delete(&replaced.id, 2).await.expect("deleting"));
-        assert!(cache.action("b").is_none());
+        assert!(caches.policies.action("b").is_none());
         drop(std::fs::remove_file(file));
     }
 }

@@ -12,8 +12,7 @@
 //! A failure leaves the cache serving its last good snapshot. Each task logs a run of
 //! failures twice: when it begins and when it ends, not on every attempt.
 
-use super::{FeedEvent, PolicyStore, PolicyStoreError, StoreResult};
-use crate::engine::decision::policies::PolicyCache;
+use super::{Caches, FeedEvent, PolicyStore, PolicyStoreError, StoreResult};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -36,11 +35,7 @@ pub(crate) struct Refresher {
 
 impl Refresher {
     /// Starts listening to and polling `store` for changes, on the current Tokio runtime.
-    pub(crate) fn start(
-        store: Arc<dyn PolicyStore>,
-        cache: Arc<PolicyCache>,
-        poll: Duration,
-    ) -> Self {
+    pub(crate) fn start(store: Arc<dyn PolicyStore>, cache: Caches, poll: Duration) -> Self {
         let tasks = vec![
             tokio::spawn(listen(store.clone(), cache.clone())),
             tokio::spawn(poll_changes(store, cache, poll)),
@@ -59,7 +54,7 @@ impl Drop for Refresher {
 }
 
 /// Reloads on every announced change, subscribing again whenever the subscription fails.
-async fn listen(store: Arc<dyn PolicyStore>, cache: Arc<PolicyCache>) {
+async fn listen(store: Arc<dyn PolicyStore>, cache: Caches) {
     let mut outage = Outage::new("listen");
     let mut retry = RETRY_FIRST;
     loop {
@@ -93,7 +88,7 @@ async fn listen(store: Arc<dyn PolicyStore>, cache: Arc<PolicyCache>) {
 
 /// Reloads when the change marker moved, checking every `every`, and fully every
 /// [`FULL_RELOAD_EVERY`].
-async fn poll_changes(store: Arc<dyn PolicyStore>, cache: Arc<PolicyCache>, every: Duration) {
+async fn poll_changes(store: Arc<dyn PolicyStore>, cache: Caches, every: Duration) {
     let mut outage = Outage::new("poll");
     // Startup loaded the cache just before: the first check is one interval away.
     let mut loaded_at = Instant::now();
@@ -175,7 +170,7 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_refresher_stops_its_tasks() {
         let (store, file) = crate::policy::tests::sqlite_store("refresh").await;
-        let cache = Arc::new(PolicyCache::new());
+        let cache = Caches::new();
         crate::policy::reload(&cache, store.as_ref())
             .await
             .expect("loading");

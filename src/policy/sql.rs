@@ -9,12 +9,15 @@
 use super::codec::{match_from_column, scope_from_column, window_from_json};
 use super::notify::Announce;
 use super::{ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
+use crate::access::KeyRecord;
 use crate::db::ColumnType;
 use crate::domain::{
     Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, Row, Type};
 use std::sync::Arc;
 
@@ -136,6 +139,7 @@ where
     Option<String>: ColumnType<DB>,
     DateTime<Utc>: ColumnType<DB>,
     Option<DateTime<Utc>>: ColumnType<DB>,
+    Json<Value>: ColumnType<DB>,
 {
     async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
@@ -254,5 +258,45 @@ where
 
     async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>> {
         DB::subscribe_to_changes(&self.pool).await
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy list_keys", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn list_keys(&self) -> StoreResult<Vec<KeyRecord>> {
+        self.select_keys().await
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy insert_key", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn insert_key(&self, key: &KeyRecord) -> StoreResult<()> {
+        let mut change = self.begin_change().await?;
+        let since = key.created_at - crate::db::LIVE_FOR;
+        if let Some(version) = Self::outdated_instance(&mut change.tx, since).await? {
+            change.roll_back().await?;
+            return Err(PolicyStoreError::Outdated { version });
+        }
+        Self::insert_key_row(&mut change.tx, key).await?;
+        Self::commit_change(change).await?;
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy revoke_key", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn revoke_key(
+        &self,
+        id: &str,
+        at: DateTime<Utc>,
+    ) -> StoreResult<Option<(KeyRecord, bool)>> {
+        let mut change = self.begin_change().await?;
+        if !Self::revoke_key_row(&mut change.tx, id, at).await? {
+            // Unknown, or revoked before: nothing changed, the marker neither.
+            let key = Self::key_row(&mut change.tx, id).await?;
+            change.roll_back().await?;
+            return Ok(key.map(|key| (key, false)));
+        }
+        let key = Self::key_row(&mut change.tx, id).await?;
+        Self::commit_change(change).await?;
+        Ok(key.map(|key| (key, true)))
+    }
+
+    async fn note_key_uses(&self, uses: &[(String, DateTime<Utc>)]) -> StoreResult<()> {
+        self.note_uses(uses).await
     }
 }

@@ -358,6 +358,50 @@ async fn with_client_tokens_the_bearer_token_is_required_as_metadata() {
     assert_eq!(right.overall_code, Code::Ok as i32);
 }
 
+#[tokio::test]
+async fn an_api_key_outside_its_domain_is_permission_denied() {
+    let app = app_with(CounterBackend::Memory, &gateway_policies(10, 10)).await;
+    let mut other = gateway_policies(10, 10);
+    for policy in &mut other {
+        policy["id"] = json!(format!("sms-{}", policy["id"].as_str().unwrap()));
+        policy["action"] = json!("sms.send");
+    }
+    for policy in other {
+        app.must_create_policy(policy).await;
+    }
+    let created =
+        app.send(app.admin(reqwest::Method::POST, "/admin/keys").json(
+            &json!({"name": "sms gateway", "actions": ["sms.*"], "operations": ["consume"]}),
+        ))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let bearer = format!("Bearer {}", created.body["key"].as_str().unwrap());
+    let mut grpc = client(&app).await;
+    let with_key = |domain: &str| {
+        let mut request = tonic::Request::new(request(domain, vec![key("k")], 0));
+        request
+            .metadata_mut()
+            .insert("authorization", bearer.parse().unwrap());
+        request
+    };
+    let allowed = grpc
+        .should_rate_limit(with_key("sms.send"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(allowed.overall_code, Code::Ok as i32);
+    let denied = grpc
+        .should_rate_limit(with_key("gateway"))
+        .await
+        .expect_err("outside the key's actions");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    assert!(denied.message().contains("gateway"), "{denied:?}");
+    let without = ask(&mut grpc, request("sms.send", vec![key("k")], 0))
+        .await
+        .expect_err("the first key closed the endpoints");
+    assert_eq!(without.code(), tonic::Code::Unauthenticated);
+}
+
 /// Settings with Redis on a loopback port where nothing listens.
 async fn with_dead_redis(on_error: OnStoreError) -> TestApp {
     let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;

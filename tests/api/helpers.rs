@@ -17,7 +17,7 @@ mod binary;
 mod private_postgres;
 mod private_redis;
 pub use binary::{create_sms_policy, start_binary, start_binary_at, Service};
-pub use private_postgres::PrivatePostgres;
+pub use private_postgres::{pg_dump, PrivatePostgres};
 pub use private_redis::PrivateRedis;
 
 /// Which policy store an app uses.

@@ -18,6 +18,7 @@ mod envoy;
 mod errors;
 mod http_semantics;
 mod integrity;
+mod keys;
 mod ledger;
 mod mixed_version;
 mod observability;

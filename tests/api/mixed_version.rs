@@ -162,6 +162,25 @@ async fn the_last_release_and_this_build_serve_together_on_one_redis_and_one_pos
     let (_new, new) = start_binary_at(env!("CARGO_BIN_EXE_quota-ledger"), settings, &client).await;
     let bases = [old.as_str(), new.as_str()];
 
+    // 0. No API key while an instance that would not enforce it runs: the last release
+    //    knows no keys, so one created now would leave its endpoints open to anyone.
+    let (status, refused) = post(
+        &client,
+        &new,
+        "/admin/keys",
+        json!({"name": "sms", "actions": ["sms.*"]}),
+    )
+    .await;
+    assert_eq!(status, 409, "{refused}");
+    let release = include_str!("../../RELEASE")
+        .split_whitespace()
+        .next()
+        .unwrap_or("");
+    assert!(
+        refused["detail"].as_str().unwrap_or("").contains(release),
+        "the refusal names the outdated version {release}: {refused}"
+    );
+
     // 1. No over-allow: both versions count in the same budgets, atomically.
     for subject in ["u-1", "u-2"] {
         let allowed = race(&client, bases, subject, 100).await;

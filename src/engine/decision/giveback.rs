@@ -3,8 +3,8 @@
 //! (where they still count), checks and updates the bookkeeping, and appends the ledger entry.
 
 use crate::domain::{
-    ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, LedgerEntry,
-    PolicyAmount, Quantity,
+    ActionSet, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
+    LedgerEntry, PolicyAmount, Quantity,
 };
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::store::{
@@ -94,13 +94,20 @@ pub(in crate::engine) fn given(
 
 impl Engine {
     /// Gives back `amount` (default: all not yet refunded) of the consume `consumption_id`.
+    /// A consumption of an action outside `visible` is unknown to the caller: not found,
+    /// and nothing changes.
     pub(crate) async fn refund(
         &self,
         consumption_id: ConsumptionId,
         amount: Option<Quantity>,
         idempotency_key: Option<IdempotencyKey>,
+        visible: &ActionSet,
     ) -> Result<Settled, EngineError> {
-        let charge = self.find_charge(consumption_id).await?;
+        let charge = self
+            .find_charge(consumption_id)
+            .await?
+            .filter(|charge| visible.contains(&charge.action))
+            .ok_or_else(|| EngineError::NotFound(format!("no consumption '{consumption_id}'")))?;
         let keys = SubjectKeys::new(&self.prefix, &charge.action, &charge.subject);
         let now = self.now();
         let control_key =
@@ -223,31 +230,36 @@ impl Engine {
     }
 
     /// The charge entry of a consumption; drains the Redis streams first if it is not in SQL.
-    async fn find_charge(&self, consumption_id: ConsumptionId) -> Result<LedgerEntry, EngineError> {
+    async fn find_charge(
+        &self,
+        consumption_id: ConsumptionId,
+    ) -> Result<Option<LedgerEntry>, EngineError> {
         if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
-            return Ok(entry);
+            return Ok(Some(entry));
         }
         if self.settle_streams().await {
-            if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
-                return Ok(entry);
-            }
+            return Ok(self.ledger.charge_of(consumption_id).await?);
         }
-        Err(EngineError::NotFound(format!(
-            "no consumption '{consumption_id}'"
-        )))
+        Ok(None)
     }
 
-    /// Commits or releases the hold `hold_id`.
+    /// Commits or releases the hold `hold_id`. A hold of an action outside `visible` is
+    /// unknown to the caller: not found, and nothing changes.
     pub(crate) async fn settle(
         &self,
         hold_id: HoldId,
         how: Settle,
+        visible: &ActionSet,
     ) -> Result<Settled, EngineError> {
         let not_found = || EngineError::NotFound(format!("no hold '{hold_id}'"));
         if hold_id.shard() >= keys::SHARDS {
             return Err(not_found());
         }
-        let record = self.hold_record(hold_id).await?.ok_or_else(not_found)?;
+        let record = self
+            .hold_record(hold_id)
+            .await?
+            .filter(|record| visible.contains(&record.action))
+            .ok_or_else(not_found)?;
         match self.give_hold_back(hold_id, &record, Some(how)).await? {
             (entry, GivenBack::Done { .. }) => Ok(self.settled(entry, false).await),
             (_, GivenBack::Conflict(state)) => Err(EngineError::Conflict(format!(

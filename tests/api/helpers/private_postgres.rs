@@ -209,3 +209,10 @@ fn postgres_bin_dir() -> PathBuf {
         .map(|(_, bin)| bin)
         .expect("PostgreSQL's initdb and pg_ctl: on PATH or in /usr/lib/postgresql/*/bin")
 }
+
+/// The data of the database at `url`, as `pg_dump --data-only` writes it.
+pub fn pg_dump(url: &str) -> String {
+    run(Command::new(postgres_bin_dir().join("pg_dump"))
+        .arg("--data-only")
+        .arg(url))
+}

@@ -1,0 +1,168 @@
+//! The statements on `api_keys`, generic over the database like the policies' (`sql.rs`).
+//!
+//! Creating and revoking a key are changes like a policy's: they bump the change marker in
+//! their transaction and announce it, so every instance reloads its keys as it reloads its
+//! policies. Noting when keys were last used is not a change: it moves no marker.
+
+use super::sql::SqlPolicyStore;
+use super::{PolicyStoreError, StoreResult};
+use crate::access::{KeyRecord, Operation, Operations};
+use crate::db::{ColumnType, Sql};
+use crate::domain::ActionGlob;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{ColumnIndex, Encode, Executor, IntoArguments, Row, Type};
+
+/// The columns of `api_keys`, in the order [`SqlPolicyStore::insert_key_row`] binds them.
+const KEY_COLUMNS: &str = "id, name, prefix, secret_hash, actions, operations, expires_at, \
+     created_at, revoked_at, last_used_at";
+
+/// The format version ([`crate::db::FORMATS`]) from which builds read and enforce API keys.
+const KEYS_FORMAT: i64 = 2;
+
+fn corrupt(what: &str, error: impl std::fmt::Display) -> PolicyStoreError {
+    PolicyStoreError::Corrupt(format!("api_keys.{what}: {error}"))
+}
+
+/// The strings of a JSON array column.
+fn strings(what: &str, value: &Value) -> StoreResult<Vec<String>> {
+    serde_json::from_value(value.clone()).map_err(|e| corrupt(what, e))
+}
+
+impl<DB> SqlPolicyStore<DB>
+where
+    DB: Sql,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    String: ColumnType<DB>,
+    i64: ColumnType<DB>,
+    (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    Json<Value>: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+    Option<DateTime<Utc>>: ColumnType<DB>,
+{
+    /// A row of `api_keys` as a [`KeyRecord`].
+    pub(super) fn key_from_row(row: &DB::Row) -> StoreResult<KeyRecord> {
+        let Json(actions): Json<Value> = row.try_get("actions")?;
+        let Json(operations): Json<Value> = row.try_get("operations")?;
+        let actions = strings("actions", &actions)?
+            .iter()
+            .map(|glob| {
+                ActionGlob::parse("actions", glob).map_err(|e| corrupt("actions", e.message))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        let operations = strings("operations", &operations)?
+            .iter()
+            .map(|op| {
+                Operation::parse("operations", op).map_err(|e| corrupt("operations", e.message))
+            })
+            .collect::<StoreResult<Operations>>()?;
+        Ok(KeyRecord {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            prefix: row.try_get("prefix")?,
+            secret_hash: row.try_get("secret_hash")?,
+            actions,
+            operations,
+            expires_at: row.try_get("expires_at")?,
+            created_at: row.try_get("created_at")?,
+            revoked_at: row.try_get("revoked_at")?,
+            last_used_at: row.try_get("last_used_at")?,
+        })
+    }
+
+    /// Every key, oldest first.
+    pub(super) async fn select_keys(&self) -> StoreResult<Vec<KeyRecord>> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        rows.iter().map(Self::key_from_row).collect()
+    }
+
+    /// Inserts the row of a new key.
+    pub(super) async fn insert_key_row(
+        conn: &mut DB::Connection,
+        key: &KeyRecord,
+    ) -> sqlx::Result<()> {
+        let actions: Vec<&str> = key.actions.iter().map(ActionGlob::as_str).collect();
+        let operations: Vec<&str> = key.operations.iter().map(Operation::as_str).collect();
+        let sql = format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        );
+        sqlx::query(&sql)
+            .bind(key.id.as_str())
+            .bind(key.name.as_str())
+            .bind(key.prefix.as_str())
+            .bind(key.secret_hash.as_str())
+            .bind(Json(Value::from(actions)))
+            .bind(Json(Value::from(operations)))
+            .bind(key.expires_at)
+            .bind(key.created_at)
+            .bind(key.revoked_at)
+            .bind(key.last_used_at)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The version of an instance seen since `since` that reads formats older than those
+    /// of API keys: it would not enforce a key, so none may be created while it runs.
+    pub(super) async fn outdated_instance(
+        conn: &mut DB::Connection,
+        since: DateTime<Utc>,
+    ) -> sqlx::Result<Option<String>> {
+        let row: Option<(String,)> = sqlx::query_as(
+            "SELECT version FROM service_instances WHERE seen_at >= $1 AND formats < $2 \
+             ORDER BY seen_at DESC LIMIT 1",
+        )
+        .bind(since)
+        .bind(KEYS_FORMAT)
+        .fetch_optional(conn)
+        .await?;
+        Ok(row.map(|(version,)| version))
+    }
+
+    /// Sets `revoked_at` of key `id` to `at` unless it is set already; false if no key
+    /// changed (unknown, or revoked before).
+    pub(super) async fn revoke_key_row(
+        conn: &mut DB::Connection,
+        id: &str,
+        at: DateTime<Utc>,
+    ) -> sqlx::Result<bool> {
+        let done =
+            sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+                .bind(id)
+                .bind(at)
+                .execute(conn)
+                .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    /// The key `id`, read inside a change.
+    pub(super) async fn key_row(
+        conn: &mut DB::Connection,
+        id: &str,
+    ) -> StoreResult<Option<KeyRecord>> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
+        let row = sqlx::query(&sql).bind(id).fetch_optional(conn).await?;
+        row.as_ref().map(Self::key_from_row).transpose()
+    }
+
+    /// Moves `last_used_at` of each key forward to the instant given (never back: another
+    /// instance may have written a later one).
+    pub(super) async fn note_uses(&self, uses: &[(String, DateTime<Utc>)]) -> StoreResult<()> {
+        for (id, at) in uses {
+            sqlx::query(
+                "UPDATE api_keys SET last_used_at = $2 \
+                 WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2)",
+            )
+            .bind(id.as_str())
+            .bind(*at)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(())
+    }
+}
