@@ -1,5 +1,7 @@
 //! Commands that talk to a running service over its HTTP API (the top layer, beside
-//! `startup`): `policies export | diff | apply`, `counters verify`.
+//! `startup`): `policies export | diff | apply`, `counters verify`, `keys create | list |
+//! revoke`.
 
 pub mod counters;
+pub mod keys;
 pub mod policies;

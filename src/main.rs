@@ -2,8 +2,8 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use quota_ledger::cli::counters;
 use quota_ledger::cli::policies::{self, Exit, Remote};
+use quota_ledger::cli::{counters, keys};
 use quota_ledger::config::{ConfigArgs, Settings};
 use quota_ledger::startup::Application;
 
@@ -55,6 +55,21 @@ enum Command {
         #[command(subcommand)]
         command: PoliciesCommand,
     },
+    /// API keys: create, list and revoke them over the admin API of a running service
+    /// (QUOTA_ADMIN_TOKEN).
+    Keys {
+        /// The service's base URL.
+        #[arg(
+            long,
+            env = "QUOTA_URL",
+            value_name = "URL",
+            default_value = "http://127.0.0.1:8080",
+            global = true
+        )]
+        url: String,
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,6 +101,36 @@ enum PoliciesCommand {
         /// Print the changes without making them.
         #[arg(long)]
         dry_run: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Create an API key confined to ACTIONS and OPERATIONS; prints the key (shown this
+    /// once) on stdout, and the key as listed on stderr.
+    Create {
+        /// What the key is for.
+        #[arg(long)]
+        name: String,
+        /// Action globs, comma-separated: `*` matches within one dot-separated segment
+        /// (sms.*,transfer).
+        #[arg(long, value_delimiter = ',', required = true)]
+        actions: Vec<String>,
+        /// Operations, comma-separated: consume, check, usage, refund, holds, ledger,
+        /// admin:read. Default: all but admin:read.
+        #[arg(long, value_delimiter = ',')]
+        operations: Vec<String>,
+        /// When the key expires (RFC 3339); default: never.
+        #[arg(long, value_name = "TIME")]
+        expires_at: Option<String>,
+    },
+    /// List every key (never a secret): id, state, prefix, name, actions, operations,
+    /// expiry, last use.
+    List,
+    /// Revoke a key: every instance refuses it within a second.
+    Revoke {
+        /// The key's id (key_…).
+        id: String,
     },
 }
 
@@ -137,6 +182,31 @@ async fn main() -> anyhow::Result<()> {
             let remote = Remote::new(&url, token.expose())?;
             let exit = policies_command(&remote, command).await?;
             std::process::exit(exit as i32);
+        }
+        Command::Keys { url, command } => {
+            let token = settings
+                .admin_token
+                .as_ref()
+                .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
+            let remote = Remote::new(&url, token.expose())?;
+            match command {
+                KeysCommand::Create {
+                    name,
+                    actions,
+                    operations,
+                    expires_at,
+                } => {
+                    let key = keys::NewKey {
+                        name,
+                        actions,
+                        operations,
+                        expires_at,
+                    };
+                    keys::create(&remote, &key).await
+                }
+                KeysCommand::List => keys::list(&remote).await,
+                KeysCommand::Revoke { id } => keys::revoke(&remote, &id).await,
+            }
         }
         Command::Counters(CountersCommand::Verify { action, url }) => {
             let verdict = match settings.admin_token.as_ref() {

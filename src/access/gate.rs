@@ -136,6 +136,22 @@ impl Gate {
         }
     }
 
+    /// Who `token` is, for a caller that may read `/admin/*`: the admin token (`None`), or
+    /// the key (`Some`), which may only read.
+    pub(crate) fn reader(&self, token: Option<&str>) -> Result<Option<Arc<Grant>>, Denial> {
+        match self.identify(token).map_err(Denial::Unauthenticated)? {
+            Caller::Admin => Ok(None),
+            Caller::Key(grant) if grant.operations.contains(Operation::AdminRead) => {
+                Ok(Some(grant))
+            }
+            Caller::Key(grant) => Err(Denial::Forbidden(format!(
+                "API key '{}' ({}) may not use the 'admin:read' operation",
+                grant.name, grant.id
+            ))),
+            Caller::Client => Err(Denial::Unauthenticated(Failure::Unknown)),
+        }
+    }
+
     /// Which caller `token` stands for.
     fn identify(&self, token: Option<&str>) -> Result<Caller, Failure> {
         let given = token.ok_or(Failure::Missing)?.as_bytes();

@@ -17,4 +17,4 @@ mod ring;
 
 pub(crate) use gate::{Denial, Failure, Gate};
 pub(crate) use key::{new_secret, KeyRecord, Operation, Operations};
-pub(crate) use ring::KeyRing;
+pub(crate) use ring::{Grant, KeyRing};

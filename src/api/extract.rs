@@ -3,7 +3,7 @@
 
 use super::problem::{problem_response, ApiError};
 use super::AppState;
-use crate::access::{Denial, Failure, Gate, Operation};
+use crate::access::{Denial, Failure, Gate, Grant, Operation};
 use crate::domain::{Action, ActionSet};
 use crate::metrics::Metrics;
 use actix_web::dev::{Payload, ServiceResponse};
@@ -113,34 +113,41 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// Asks the [`Gate`] whether the request may use `op`, counting a refusal in `/metrics`.
+fn gate(req: &HttpRequest) -> Result<&Gate, ApiError> {
+    req.app_data::<web::Data<Gate>>()
+        .map(|gate| gate.get_ref())
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the gate is not configured")))
+}
+
+/// The answer to a refusal of the gate, counted in `/metrics`.
+fn refusal(req: &HttpRequest, denial: Denial) -> ApiError {
+    if let Some(state) = req.app_data::<web::Data<AppState>>() {
+        state.metrics.auth_refused(denial.reason());
+    }
+    match denial {
+        Denial::Unauthenticated(failure) => ApiError::Unauthorized(match failure {
+            Failure::Missing => {
+                "a bearer token is required: Authorization: Bearer <token or API key>"
+            }
+            Failure::Unknown => {
+                "the bearer token is not a valid token or API key for this endpoint"
+            }
+            Failure::Expired => "the API key has expired",
+            Failure::Revoked => "the API key has been revoked",
+        }),
+        Denial::Forbidden(why) => ApiError::Forbidden(why),
+    }
+}
+
+/// Asks the [`Gate`] whether the request may use `op` (`None`: change `/admin/*`).
 fn admit(req: &HttpRequest, op: Option<Operation>) -> Result<ActionSet, ApiError> {
-    let gate = req
-        .app_data::<web::Data<Gate>>()
-        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the gate is not configured")))?;
+    let gate = gate(req)?;
     let token = bearer(req);
     let answer = match op {
         Some(op) => gate.admit(token, op),
         None => gate.admit_admin_write(token).map(|()| ActionSet::All),
     };
-    answer.map_err(|denial| {
-        if let Some(state) = req.app_data::<web::Data<AppState>>() {
-            state.metrics.auth_refused(denial.reason());
-        }
-        match denial {
-            Denial::Unauthenticated(failure) => ApiError::Unauthorized(match failure {
-                Failure::Missing => {
-                    "a bearer token is required: Authorization: Bearer <token or API key>"
-                }
-                Failure::Unknown => {
-                    "the bearer token is not a valid token or API key for this endpoint"
-                }
-                Failure::Expired => "the API key has expired",
-                Failure::Revoked => "the API key has been revoked",
-            }),
-            Denial::Forbidden(why) => ApiError::Forbidden(why),
-        }
-    })
+    answer.map_err(|denial| refusal(req, denial))
 }
 
 /// Proof that the request carries the admin token: what every change under `/admin/*`
@@ -157,17 +164,21 @@ impl FromRequest for AdminAuth {
     }
 }
 
-/// Proof that the request may read `/admin/*`: the admin token, or an API key with the
-/// `admin:read` operation.
+/// Proof that the request may read `/admin/*`: the admin token (`None`), or an API key
+/// with the `admin:read` operation (`Some`: its grant).
 #[derive(Debug)]
-pub(crate) struct AdminRead;
+pub(crate) struct AdminRead(pub(crate) Option<Arc<Grant>>);
 
 impl FromRequest for AdminRead {
     type Error = ApiError;
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        std::future::ready(admit(req, Some(Operation::AdminRead)).map(|_| AdminRead))
+        std::future::ready(
+            gate(req)
+                .and_then(|gate| gate.reader(bearer(req)).map_err(|d| refusal(req, d)))
+                .map(AdminRead),
+        )
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::extract::{AdminAuth, AdminRead, ApiJson};
 use super::problem::{ApiError, Problem};
-use super::responses::{JsonBodyProblems, PolicyAdminProblems};
+use super::responses::{AdminAuthProblems, JsonBodyProblems, PolicyAdminProblems};
 use super::AppState;
 use crate::access::{new_secret, KeyRecord, Operation, Operations};
 use crate::domain::{ActionGlob, FieldError, FieldErrors, MAX_GLOBS};
@@ -235,6 +235,56 @@ pub(crate) async fn list_keys(
     Ok(web::Json(KeyList {
         items: keys.iter().map(|key| KeyOut::of(key, now)).collect(),
     }))
+}
+
+/// Who the caller is, for the console: the admin token, or an `admin:read` key.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WhoAmI {
+    /// `admin_token` or `api_key`.
+    #[schema(example = "api_key")]
+    kind: &'static str,
+    /// The key's id (`null` for the admin token).
+    key_id: Option<String>,
+    /// The key's name (`null` for the admin token).
+    name: Option<String>,
+    /// What the caller may do: every operation for the admin token.
+    operations: Vec<String>,
+    /// Whether it may change anything under `/admin/*`: only the admin token may.
+    may_change: bool,
+}
+
+/// Who the bearer token is: the console signs in with it, and shows a read-only console
+/// to an `admin:read` key.
+#[utoipa::path(
+    tag = "admin",
+    responses((status = 200, description = "The caller", body = WhoAmI), AdminAuthProblems),
+    security(("admin_token" = []))
+)]
+#[get("/admin/whoami")]
+pub(crate) async fn whoami(AdminRead(key): AdminRead) -> web::Json<WhoAmI> {
+    web::Json(match key {
+        None => WhoAmI {
+            kind: "admin_token",
+            key_id: None,
+            name: None,
+            operations: Operation::ALL
+                .iter()
+                .map(|op| op.as_str().to_owned())
+                .collect(),
+            may_change: true,
+        },
+        Some(grant) => WhoAmI {
+            kind: "api_key",
+            key_id: Some(grant.id.clone()),
+            name: Some(grant.name.clone()),
+            operations: grant
+                .operations
+                .iter()
+                .map(|op| op.as_str().to_owned())
+                .collect(),
+            may_change: false,
+        },
+    })
 }
 
 /// Revokes a key: every instance refuses it (401) within a second. Revoking a revoked key

@@ -79,6 +79,7 @@ pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfi
         .service(keys::create_key)
         .service(keys::list_keys)
         .service(keys::revoke_key)
+        .service(keys::whoami)
         .service(activity::activity)
         .service(verify::verify)
         .service(health::healthz)

@@ -241,6 +241,22 @@ async fn a_key_uses_only_its_operations_and_never_changes_admin() {
         json!({"name": "auditor", "actions": ["sms.*"], "operations": ["admin:read", "ledger"]}),
     )
     .await;
+    let who = get(&app, &reader, "/admin/whoami").await;
+    assert_eq!(
+        (
+            &who.body["kind"],
+            &who.body["may_change"],
+            &who.body["name"]
+        ),
+        (&json!("api_key"), &json!(false), &json!("auditor")),
+        "{}",
+        who.body
+    );
+    let admin = app.admin_get("/admin/whoami").await;
+    assert_eq!(admin.body["may_change"], true, "{}", admin.body);
+    get(&app, &consume_only, "/admin/whoami")
+        .await
+        .assert_problem(403);
     let listed = get(&app, &reader, "/admin/policies").await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
     assert_eq!(listed.body["items"][0]["id"], "sms");
@@ -561,3 +577,84 @@ crate::on_policy_stores!(
     a_key_revoked_on_one_instance_is_refused_by_another_within_a_second,
     the_database_holds_no_key_in_plain_text,
 );
+
+/// `quota-ledger keys ARGS` against `app`: exit status, stdout, stderr.
+async fn keys_cli(app: &TestApp, args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"));
+    command
+        .arg("keys")
+        .args(args)
+        .env("QUOTA_URL", &app.address)
+        .env("QUOTA_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
+        .env("DATABASE_URL", "sqlite::memory:")
+        .env_remove("REDIS_URL");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("running the binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_creates_lists_and_revokes_keys_through_the_admin_api() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    app.must_create_policy(calendar_policy("sms", "sms.send", 10, "day", "UTC"))
+        .await;
+    let (code, out, err) = keys_cli(
+        &app,
+        &[
+            "create",
+            "--name",
+            "sms",
+            "--actions",
+            "sms.*",
+            "--operations",
+            "consume,usage",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let key = out.trim().to_owned();
+    assert!(key.starts_with("qlk_"), "the key alone on stdout: {out}");
+    assert!(err.contains("closed the quota endpoints"), "{err}");
+    let allowed = post(
+        &app,
+        &key,
+        "/quota/consume",
+        consume_body("sms.send", "u", 1),
+    )
+    .await;
+    assert_eq!(allowed.status, StatusCode::OK);
+
+    let (code, listed, _) = keys_cli(&app, &["list"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains("\tactive\t") && listed.contains("actions=sms.*"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("operations=consume,usage") && !listed.contains(&key[4..]),
+        "{listed}"
+    );
+    let id = listed.split('\t').next().unwrap_or("").to_owned();
+
+    let (code, revoked, err) = keys_cli(&app, &["revoke", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(revoked.contains("\trevoked\t"), "{revoked}");
+    post(
+        &app,
+        &key,
+        "/quota/consume",
+        consume_body("sms.send", "u", 1),
+    )
+    .await
+    .assert_problem(401);
+
+    let (code, _, err) = keys_cli(&app, &["create", "--name", "x", "--actions", "sms..x"]).await;
+    assert_eq!(code, 1, "a refused create fails");
+    assert!(err.contains("422") && err.contains("actions[0]"), "{err}");
+}
