@@ -51,6 +51,7 @@ Knobs (environment):
   BENCH_MODES="redis embedded"           which service modes to run
   BENCH_GRPC=0               no gRPC row (nor its load generator's build)
   BENCH_GRPC_CONNECTIONS=2   HTTP/2 connections the gRPC streams share
+  BENCH_AUTH=0               no API key rows (a consume with a key against open endpoints)
   BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load) as it is
   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
@@ -77,6 +78,7 @@ from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from measurements import (  # noqa: E402
     Bench,
     measure_baseline,
+    measure_auth_rows,
     measure_consume_rows,
     measure_idle_load,
     measure_memory,
@@ -97,6 +99,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path) -> List[str]:
     measure_baseline(bench)
     for mode in knobs.modes:
         service = measure_consume_rows(bench, mode)
+        if knobs.auth:
+            measure_auth_rows(bench, mode)
         if mode == "redis":
             measure_memory(bench)
             measure_outage_budget(bench)

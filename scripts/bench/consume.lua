@@ -1,10 +1,11 @@
 -- wrk script: POST /quota/consume for a random subject "u<n>", n uniform in [1, SUBJECTS].
 --
---   wrk -t2 -c50 -d10s -s consume.lua http://127.0.0.1:PORT/quota/consume -- ACTION SUBJECTS [AMOUNT [COUNTRIES]]
+--   wrk -t2 -c50 -d10s -s consume.lua http://127.0.0.1:PORT/quota/consume -- ACTION SUBJECTS [AMOUNT [COUNTRIES [TOKEN]]]
 --
 -- AMOUNT "" is the default amount (1). COUNTRIES, a comma-separated list of country codes
 -- ("NG,IN,US"), adds "attributes":{"country":"<C>"} to every body, C uniform in the list:
--- the budgets scoped by country are then few and hot (budgets shared by subjects).
+-- the budgets scoped by country are then few and hot (budgets shared by subjects). TOKEN,
+-- when given, is sent as every request's bearer token (an API key).
 --
 -- done() prints one machine-readable line (latencies in milliseconds):
 --   BENCH requests=N seconds=S rps=R p50_ms=X p99_ms=Y socket_errors=E non2xx=M
@@ -18,8 +19,8 @@ function setup(thread)
 end
 
 function init(args)
-  local action, subjects, amount, countries = args[1], tonumber(args[2]), args[3], args[4]
-  assert(action and subjects, "usage: -- ACTION SUBJECTS [AMOUNT [COUNTRIES]]")
+  local action, subjects, amount, countries, token = args[1], tonumber(args[2]), args[3], args[4], args[5]
+  assert(action and subjects, "usage: -- ACTION SUBJECTS [AMOUNT [COUNTRIES [TOKEN]]]")
   n_subjects = subjects
   math.randomseed(os.time() * 1000 + id)
   if amount == "" then amount = nil end
@@ -37,6 +38,7 @@ function init(args)
   -- The request line and headers are written once: wrk.format per request (a table of
   -- headers, string.format per line) would cost the load generator more CPU than the body.
   prefix = "POST " .. wrk.path .. " HTTP/1.1\r\nHost: " .. wrk.host .. ":" .. wrk.port
+    .. ((token and token ~= "") and ("\r\nAuthorization: Bearer " .. token) or "")
     .. "\r\nContent-Type: application/json\r\nContent-Length: "
 end
 

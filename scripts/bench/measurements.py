@@ -137,6 +137,7 @@ class Results:
     runs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, action, subjects)
     pairs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, before|after, subjects)
     grpc: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # (mode, subjects)
+    auth: Dict[Tuple[str, str], Line] = field(default_factory=dict)  # (mode, none|key)
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB
@@ -200,20 +201,26 @@ def _warm_up(bench: Bench, args: Args) -> None:
         raise Failure(f"the warm-up run failed ({code}): {(bench.tmp / 'warmup.err').read_text(errors='replace')}")
 
 
-def run_wrk(bench: Bench, service: Service, action: str, subjects: int, amount: str = "", countries: str = "") -> Line:
+def run_wrk(
+    bench: Bench, service: Service, action: str, subjects: int, amount: str = "", countries: str = "", token: str = ""
+) -> Line:
     """wrk POSTing /quota/consume (scripts/bench/consume.lua) for subjects u1..uSUBJECTS
-    drawn uniformly, each with AMOUNT and a country drawn from COUNTRIES when given: a
-    warm-up, then one measured run (see `measured`)."""
+    drawn uniformly, each with AMOUNT and a country drawn from COUNTRIES when given, and
+    TOKEN as its bearer token when given: a warm-up, then one measured run (see
+    `measured`)."""
     k = bench.knobs
     args: List[Union[str, Path]] = [
         f"-t{k.threads}", f"-c{k.connections}", "--timeout", "5s", "-s", CONSUME_LUA,
         f"{service.base}/quota/consume", "--", action, str(subjects),
     ]  # fmt: skip
-    # consume.lua's arguments are positional: an empty AMOUNT stands for 1 before COUNTRIES.
-    if amount or countries:
+    # consume.lua's arguments are positional: an empty AMOUNT stands for 1 before COUNTRIES,
+    # and empty COUNTRIES for none before TOKEN.
+    if amount or countries or token:
         args.append(amount)
-    if countries:
+    if countries or token:
         args.append(countries)
+    if token:
+        args.append(token)
     if k.warmup > 0:
         _warm_up(bench, ["wrk", f"-d{k.warmup}s"] + args)
     return measured(bench, service, "wrk", ["wrk", f"-d{k.duration}s"] + args)
@@ -345,6 +352,29 @@ def measure_consume_rows(bench: Bench, mode: str) -> Service:
         results.redis_keys = bench.redis.dbsize()
     service.stop()
     return service
+
+
+def measure_auth_rows(bench: Bench, mode: str) -> None:
+    """What an API key costs a consume: the calendar day at the gRPC row's subject count on
+    two fresh services alike (a fresh database, Redis flushed), the first with open quota
+    endpoints, the second with an API key for the action as every request's bearer token
+    (a key closes the endpoints of its service for good, hence two services)."""
+    subjects = bench.knobs.grpc_subjects
+    for variant in ("none", "key"):
+        if mode == "redis":
+            bench.redis.flushall()
+        service = bench.service(mode).start()
+        service.create_policies()
+        token = ""
+        if variant == "key":
+            body = {"name": "bench", "actions": ["sms"], "operations": ["consume"]}
+            status, answer = service.request("POST", "/admin/keys", body, admin=True)
+            if status != 201:
+                raise Failure(f"creating an API key answered {status}: {answer.decode(errors='replace')}")
+            token = json.loads(answer)["key"]
+        log(f"{mode}: calendar day, {subjects} subjects, auth: {variant}")
+        bench.results.auth[(mode, variant)] = run_wrk(bench, service, "sms", subjects, token=token)
+        service.stop()
 
 
 def measure_grpc_row(bench: Bench, service: Service, mode: str, subjects: int) -> None:

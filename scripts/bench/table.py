@@ -109,6 +109,11 @@ def _runs(knobs: Knobs, results: Results, redis_version: str) -> List[str]:
                 grpc = results.grpc.get((mode, subjects))
                 if grpc is not None:
                     out += _row(mode, "grpc ShouldRateLimit", subjects, grpc, "-", grpc.i("over") + grpc.i("errors"))
+            # The same consume on two fresh services: open, and with an API key.
+            for variant, label in (("none", "calendar, open"), ("key", "calendar, API key")):
+                line = results.auth.get((mode, variant))
+                if line is not None:
+                    out += _row(mode, label, k.grpc_subjects, line, "-")
     base = results.baseline
     if base is not None:
         out.append(
@@ -127,6 +132,8 @@ def _runs(knobs: Knobs, results: Results, redis_version: str) -> List[str]:
         f" the subject's, its country's (one of {len(COUNTRIES.split(','))}, drawn uniformly) and the whole action's;",
         " calendar, before / after: the calendar-day consume again right before and right after it,",
         " on the ledger as large as the 3-budget row found it; the target compares it with their mean)",
+        "(calendar, open / API key: the calendar-day consume on two fresh services alike, the first",
+        " with open quota endpoints, the second with an API key as every request's bearer token)",
     ]
     if k.grpc:
         out += [
@@ -193,6 +200,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
         out.append(target("embedded default throughput vs Redis mode: calendar 100k", f"{v}x", ">= 1.0x", at_least(v, 1.0)))
     out += _shared_budgets(k, results)
     out += _grpc_vs_http(k, results)
+    out += _auth(k, results)
     out += _overload(k, results)
     for mode in k.modes:
         lag = results.lag.get(mode)
@@ -268,6 +276,22 @@ def _grpc_vs_http(k: Knobs, results: Results) -> List[str]:
             out.append(target("  req/s, grpc / http", f"{ratio(grpc.f('rps'), http.f('rps'))}x", "-"))
             out.append(target("  p99, grpc / http", f"{ratio(grpc.f('p99_ms'), http.f('p99_ms'))}x", "-"))
             out.append(target("  service CPU us per call, grpc / http", f"{grpc.s('svc_us')}/{http.s('svc_us')}", "-"))
+    return out
+
+
+def _auth(k: Knobs, results: Results) -> List[str]:
+    """A consume with an API key against one with open endpoints: two fresh services alike,
+    the calendar day at the gRPC row's subject count, in the same run."""
+    out: List[str] = []
+    for mode in k.modes:
+        none, key = results.auth.get((mode, "none")), results.auth.get((mode, "key"))
+        if none is None or key is None:
+            continue
+        v = ratio(key.f("rps"), none.f("rps"))
+        label = f"{mode}: API key vs open, req/s (calendar {k.grpc_subjects // 1000}k)"
+        out.append(target(label, f"{v}x", ">= 0.97x", at_least(v, 0.97)))
+        out.append(target(f"  {mode}: p99 with a key / open", f"{ratio(key.f('p99_ms'), none.f('p99_ms'))}x", "-"))
+        out.append(target(f"  {mode}: service CPU us per consume, key / open", f"{key.s('svc_us')}/{none.s('svc_us')}", "-"))
     return out
 
 

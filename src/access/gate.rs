@@ -63,10 +63,14 @@ pub(crate) struct Gate {
 
 /// Who called, once known.
 enum Caller {
-    /// The admin token.
-    Admin,
-    /// A client token: every quota operation on every action.
-    Client,
+    /// A configured token: the admin token, a client token (every quota operation on every
+    /// action), or both when they are the same text.
+    Token {
+        /// It is the admin token.
+        admin: bool,
+        /// It is a client token.
+        client: bool,
+    },
     /// An API key that is neither expired nor revoked.
     Key(Arc<Grant>),
 }
@@ -103,16 +107,17 @@ impl Gate {
         }
         let caller = self.identify(token).map_err(Denial::Unauthenticated)?;
         match caller {
-            Caller::Admin
-                if matches!(
-                    op,
-                    Operation::Usage | Operation::Ledger | Operation::AdminRead
-                ) =>
-            {
-                Ok(ActionSet::All)
+            Caller::Token { admin, client } => {
+                let may = match op {
+                    Operation::AdminRead => admin,
+                    Operation::Usage | Operation::Ledger => admin || client,
+                    _ => client,
+                };
+                match may {
+                    true => Ok(ActionSet::All),
+                    false => Err(Denial::Unauthenticated(Failure::Unknown)),
+                }
             }
-            Caller::Client if op != Operation::AdminRead => Ok(ActionSet::All),
-            Caller::Admin | Caller::Client => Err(Denial::Unauthenticated(Failure::Unknown)),
             Caller::Key(grant) if grant.operations.contains(op) => Ok(grant.actions.clone()),
             Caller::Key(grant) => Err(Denial::Forbidden(format!(
                 "API key '{}' ({}) may not use the '{}' operation",
@@ -127,8 +132,8 @@ impl Gate {
     /// is refused with 403, anything else with 401.
     pub(crate) fn admit_admin_write(&self, token: Option<&str>) -> Result<(), Denial> {
         match self.identify(token).map_err(Denial::Unauthenticated)? {
-            Caller::Admin => Ok(()),
-            Caller::Client => Err(Denial::Unauthenticated(Failure::Unknown)),
+            Caller::Token { admin: true, .. } => Ok(()),
+            Caller::Token { .. } => Err(Denial::Unauthenticated(Failure::Unknown)),
             Caller::Key(grant) => Err(Denial::Forbidden(format!(
                 "API key '{}' ({}) may only read: changes need the admin token",
                 grant.name, grant.id
@@ -140,7 +145,7 @@ impl Gate {
     /// the key (`Some`), which may only read.
     pub(crate) fn reader(&self, token: Option<&str>) -> Result<Option<Arc<Grant>>, Denial> {
         match self.identify(token).map_err(Denial::Unauthenticated)? {
-            Caller::Admin => Ok(None),
+            Caller::Token { admin: true, .. } => Ok(None),
             Caller::Key(grant) if grant.operations.contains(Operation::AdminRead) => {
                 Ok(Some(grant))
             }
@@ -148,22 +153,20 @@ impl Gate {
                 "API key '{}' ({}) may not use the 'admin:read' operation",
                 grant.name, grant.id
             ))),
-            Caller::Client => Err(Denial::Unauthenticated(Failure::Unknown)),
+            Caller::Token { .. } => Err(Denial::Unauthenticated(Failure::Unknown)),
         }
     }
 
     /// Which caller `token` stands for.
     fn identify(&self, token: Option<&str>) -> Result<Caller, Failure> {
         let given = token.ok_or(Failure::Missing)?.as_bytes();
-        if bool::from(token_matches(given, self.admin.expose().as_bytes())) {
-            return Ok(Caller::Admin);
-        }
+        let admin = bool::from(token_matches(given, self.admin.expose().as_bytes()));
         // Every client token is compared, also after a match: the time says nothing of which.
-        let client = self.clients.iter().fold(Choice::from(0), |found, t| {
+        let client = bool::from(self.clients.iter().fold(Choice::from(0), |found, t| {
             found | token_matches(given, t.expose().as_bytes())
-        });
-        if bool::from(client) {
-            return Ok(Caller::Client);
+        }));
+        if admin || client {
+            return Ok(Caller::Token { admin, client });
         }
         if !self.keys.any() {
             return Err(Failure::Unknown);
@@ -293,6 +296,18 @@ mod tests {
             Err(Denial::Unauthenticated(Failure::Unknown))
         );
         assert_eq!(gate.admit_admin_write(Some("admin")), Ok(()));
+
+        // A token that is both the admin token and a client token is both.
+        let both = Gate::new(
+            Secret::new("same"),
+            vec![Secret::new("same")],
+            ring.clone(),
+            clock.clone(),
+        );
+        for op in Operation::ALL {
+            assert_eq!(both.admit(Some("same"), op), Ok(ActionSet::All), "{op:?}");
+        }
+        assert_eq!(both.admit_admin_write(Some("same")), Ok(()));
 
         clock.set(now + chrono::Duration::hours(1));
         assert_eq!(

@@ -4,6 +4,7 @@
 use super::extract::{AdminAuth, AdminRead, ApiJson};
 use super::problem::{ApiError, Problem};
 use super::responses::{AdminAuthProblems, JsonBodyProblems, PolicyAdminProblems};
+use super::wire::{GlobText, OperationName};
 use super::AppState;
 use crate::access::{new_secret, KeyRecord, Operation, Operations};
 use crate::domain::{ActionGlob, FieldError, FieldErrors, MAX_GLOBS};
@@ -18,15 +19,15 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewKeyInput {
     /// What the key is for (1-100 printable characters), e.g. the backend that uses it.
-    #[schema(example = "sms backend")]
+    #[schema(example = "sms backend", min_length = 1, max_length = 100)]
     name: String,
     /// The actions the key may act on, as globs: `*` matches within one dot-separated
     /// segment (`sms.*` matches `sms.send`, not `sms.send.eu`). 1 to 32 of them.
-    #[schema(example = json!(["sms.*", "transfer"]))]
+    #[schema(example = json!(["sms.*", "transfer"]), value_type = Vec<GlobText>, min_items = 1, max_items = 32)]
     actions: Vec<String>,
     /// What the key may do: a non-empty subset of `consume`, `check`, `usage`, `refund`,
     /// `holds`, `ledger`, `admin:read`. Default: all but `admin:read`.
-    #[schema(example = json!(["consume", "check", "usage"]))]
+    #[schema(example = json!(["consume", "check", "usage"]), value_type = Option<Vec<OperationName>>, min_items = 1)]
     operations: Option<Vec<String>>,
     /// When the key stops working (RFC 3339, in the future); default: never.
     expires_at: Option<DateTime<Utc>>,

@@ -30,6 +30,51 @@ impl PartialSchema for Slug {
 
 impl ToSchema for Slug {}
 
+/// Schema of an API key's action globs: an action's characters plus `*`, 1-64 of them,
+/// in dot-separated segments none of which is empty (see `domain::globs`).
+#[derive(Debug)]
+pub(crate) struct GlobText;
+
+impl PartialSchema for GlobText {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "An action glob: `*` matches any run of characters within one dot-separated segment.",
+            ))
+            .min_length(Some(1))
+            .max_length(Some(64))
+            .pattern(Some("^[a-z0-9_*-]+(\\.[a-z0-9_*-]+)*$"))
+            .examples(["sms.*"])
+            .into()
+    }
+}
+
+impl ToSchema for GlobText {}
+
+/// Schema of an API key's operations (see `access::Operation`).
+#[derive(Debug)]
+pub(crate) struct OperationName;
+
+impl PartialSchema for OperationName {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([
+                "consume",
+                "check",
+                "usage",
+                "refund",
+                "holds",
+                "ledger",
+                "admin:read",
+            ]))
+            .into()
+    }
+}
+
+impl ToSchema for OperationName {}
+
 /// Schema of subjects: 1-256 bytes of printable UTF-8, that is without the control
 /// characters U+0000-U+001F and U+007F-U+009F (see `domain::ids`).
 ///
