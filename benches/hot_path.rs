@@ -18,7 +18,8 @@ use chrono_tz::Tz;
 use criterion::{criterion_group, criterion_main, Criterion};
 use quota_ledger::counters::memory::MemoryCounterStore;
 use quota_ledger::domain::{
-    Action, CalendarPeriod, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Subject, Window,
+    Action, Anchors, CalendarPeriod, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity,
+    Subject, Window,
 };
 use quota_ledger::engine::decision::window::calendar_bounds;
 use quota_ledger::engine::store::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
@@ -33,15 +34,49 @@ fn now() -> DateTime<Utc> {
 
 fn window_math(c: &mut Criterion) {
     let mut group = c.benchmark_group("calendar_bounds");
+    let plain = Anchors::default();
+    // A bank's day: from a 04:00 cut-off; a billing month from the 15th.
+    let cut_off = Anchors {
+        day_start: 240,
+        ..plain
+    };
+    let billing = Anchors {
+        month_day: 15,
+        ..plain
+    };
     let cases = [
-        ("day/UTC", CalendarPeriod::Day, Tz::UTC),
-        ("day/America/New_York", CalendarPeriod::Day, New_York),
-        ("month/Europe/Berlin", CalendarPeriod::Month, Berlin),
-        ("hour/Asia/Kathmandu", CalendarPeriod::Hour, Kathmandu),
+        ("day/UTC", CalendarPeriod::Day, plain, Tz::UTC),
+        ("day/America/New_York", CalendarPeriod::Day, plain, New_York),
+        (
+            "day 04:00/America/New_York",
+            CalendarPeriod::Day,
+            cut_off,
+            New_York,
+        ),
+        ("month/Europe/Berlin", CalendarPeriod::Month, plain, Berlin),
+        (
+            "month 15th/Europe/Berlin",
+            CalendarPeriod::Month,
+            billing,
+            Berlin,
+        ),
+        (
+            "hour/Asia/Kathmandu",
+            CalendarPeriod::Hour,
+            plain,
+            Kathmandu,
+        ),
     ];
-    for (name, period, tz) in cases {
+    for (name, period, anchors, tz) in cases {
         group.bench_function(name, |b| {
-            b.iter(|| calendar_bounds(black_box(period), black_box(tz), black_box(now())))
+            b.iter(|| {
+                calendar_bounds(
+                    black_box(period),
+                    black_box(anchors),
+                    black_box(tz),
+                    black_box(now()),
+                )
+            })
         });
     }
     group.finish();
@@ -62,6 +97,7 @@ fn policy(id: &str, measure: Measure, window: Window) -> Policy {
             description: String::new(),
             scope: Default::default(),
             conditions: Default::default(),
+            exclusions: Default::default(),
             zone_attribute: None,
         },
         created_at: now(),

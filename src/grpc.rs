@@ -330,17 +330,19 @@ fn status_for(decision: &Decision) -> DescriptorStatus {
 }
 
 /// Envoy's unit for a policy's window: a calendar day in any zone (23 to 25 hours) is a day,
-/// a calendar month a month; a window that is no unit is `UNKNOWN`.
+/// and a week, month or year that a daylight-saving change stretches or shrinks by up to an
+/// hour is still a week, month or year; a window that is no unit is `UNKNOWN`.
 fn unit_of(policy: &PolicyDecision) -> Unit {
     const DAY: u64 = 86_400;
+    const HOUR: u64 = 3_600;
     match policy.window_seconds {
         1 => Unit::Second,
         60 => Unit::Minute,
         3_600 => Unit::Hour,
         82_800..=90_000 => Unit::Day,
-        604_800 => Unit::Week,
-        s if (28 * DAY..=31 * DAY).contains(&s) => Unit::Month,
-        s if (365 * DAY..=366 * DAY).contains(&s) => Unit::Year,
+        s if (7 * DAY - HOUR..=7 * DAY + HOUR).contains(&s) => Unit::Week,
+        s if (28 * DAY - HOUR..=31 * DAY + HOUR).contains(&s) => Unit::Month,
+        s if (365 * DAY - HOUR..=366 * DAY + HOUR).contains(&s) => Unit::Year,
         _ => Unit::Unknown,
     }
 }

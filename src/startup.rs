@@ -358,6 +358,7 @@ impl Application {
             policies,
             caches,
             gate: gate.clone(),
+            ledger_retention_days: settings.ledger_retention_days,
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(
                 Admission::new(

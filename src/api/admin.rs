@@ -8,7 +8,9 @@ use super::problem::{ApiError, Problem};
 use super::responses::{BodyProblems, JsonBodyProblems, PolicyAdminProblems};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
-use crate::domain::{Budget, Override, Policy, PolicyId, Subject};
+use crate::domain::{
+    Budget, CalendarPeriod, Override, Policy, PolicyId, PolicySpec, Subject, Window,
+};
 use crate::policy::PolicyStoreError;
 use actix_web::http::header::{self, ETag, EntityTag, IfMatch};
 use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
@@ -51,6 +53,30 @@ fn refused(error: PolicyStoreError, id: &PolicyId) -> ApiError {
         }
         other => other.into(),
     }
+}
+
+/// 422 when `spec`'s window is longer than the ledger keeps entries: a restart or a Redis
+/// loss rebuilds usage from the ledger, and could not rebuild what retention deleted.
+fn kept_long_enough(state: &AppState, spec: &PolicySpec) -> Result<(), ApiError> {
+    const YEAR_DAYS: u32 = 367;
+    let needs_year = matches!(
+        spec.window,
+        Window::Calendar {
+            period: CalendarPeriod::Year,
+            ..
+        }
+    );
+    if needs_year && state.ledger_retention_days < YEAR_DAYS {
+        return Err(ApiError::invalid(
+            "window.period",
+            format!(
+                "a year period needs the ledger kept at least {YEAR_DAYS} days, to rebuild its \
+                 usage after a restart or a Redis loss; QUOTA_LEDGER_RETENTION_DAYS is {}",
+                state.ledger_retention_days
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {
@@ -108,7 +134,7 @@ pub(crate) async fn list_policies(
         (status = 201, description = "Created", body = PolicyOut,
             headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version"))),
         PolicyAdminProblems, JsonBodyProblems,
-        (status = 409, description = "The id is taken, or the action has 32 policies already", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id is taken, the action has 32 policies already, or the window has anchors or a year period while an instance of a version that cannot read them is live", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
 )]
@@ -120,6 +146,7 @@ pub(crate) async fn create_policy(
 ) -> Result<HttpResponse, ApiError> {
     let (id, spec) = body.parse()?;
     let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
+    kept_long_enough(&state, &spec)?;
     let now = state.engine.now();
     let policy = Policy {
         id,
@@ -180,7 +207,7 @@ pub(crate) async fn get_policy(
         PolicyAdminProblems, BodyProblems,
         (status = 400, description = "Malformed JSON or If-Match", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The action has 32 policies already", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The action has 32 policies already, or the window has anchors or a year period while an instance of a version that cannot read them is live", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
@@ -198,6 +225,7 @@ pub(crate) async fn replace_policy(
     if body_id.is_some_and(|b| b != current.id) {
         return Err(ApiError::invalid("id", "must match the id in the path"));
     }
+    kept_long_enough(&state, &spec)?;
     check_version(&req, &current)?;
     if spec.scope != current.spec.scope
         && !state

@@ -3,8 +3,8 @@
 
 use super::wire::{whole_number, Slug, TimeZoneName};
 use crate::domain::{
-    Action, CalendarPeriod, FieldErrors, Match, Measure, Mode, Override, OverrideSpec, Policy,
-    PolicyId, PolicySpec, Quantity, Scope, ScopeKey, Window,
+    Action, Anchors, AnchorsInput, CalendarPeriod, FieldErrors, Match, Measure, Mode, Override,
+    OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Scope, ScopeKey, Window,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -19,7 +19,7 @@ use utoipa::{PartialSchema, ToSchema};
 pub(crate) enum WindowDto {
     /// Usage resets at each period boundary in `timezone`.
     Calendar {
-        /// minute, hour, day, week (ISO, Monday) or month.
+        /// minute, hour, day, week (from Monday unless `week_start`), month or year.
         #[schema(example = "day")]
         period: PeriodDto,
         /// IANA time zone name; default `UTC`.
@@ -32,6 +32,25 @@ pub(crate) enum WindowDto {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schema(example = "tz", pattern = "^[a-z][a-z0-9_]{0,31}$")]
         timezone_attribute: Option<String>,
+        /// `week` periods: the day a week starts on; default `monday`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<WeekdayDto>, example = "sunday")]
+        week_start: Option<String>,
+        /// `day`, `week`, `month` and `year` periods: the local time `HH:MM` at which a
+        /// day (and so a week, month or year) starts, e.g. a bank's `04:00` cut-off; default
+        /// `00:00`. On a day that skips it (daylight saving), the day starts at the jump.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(example = "04:00", pattern = "^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+        day_start: Option<String>,
+        /// `month` and `year` periods: the day of the month a period starts on, clamped to
+        /// a shorter month's last day (31: Jan 31, Feb 28, Mar 31); default 1.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(minimum = 1, maximum = 31, example = 15)]
+        month_day: Option<i64>,
+        /// `year` periods: the month a year starts in; default 1 (January).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(minimum = 1, maximum = 12, example = 4)]
+        year_month: Option<i64>,
     },
     /// Total in any trailing `seconds` never exceeds the limit; counted in buckets.
     Rolling {
@@ -68,6 +87,28 @@ pub(crate) enum PeriodDto {
     Week,
     /// Each calendar month.
     Month,
+    /// Each calendar year.
+    Year,
+}
+
+/// A day of the week (the schema of `week_start`, which `domain::Anchors` parses).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum WeekdayDto {
+    /// Monday.
+    Monday,
+    /// Tuesday.
+    Tuesday,
+    /// Wednesday.
+    Wednesday,
+    /// Thursday.
+    Thursday,
+    /// Friday.
+    Friday,
+    /// Saturday.
+    Saturday,
+    /// Sunday.
+    Sunday,
 }
 
 /// What a consume charges.
@@ -131,6 +172,12 @@ pub(crate) struct PolicyInput {
     #[serde(rename = "match")]
     #[schema(example = json!({"plan": ["free"]}))]
     pub(crate) conditions: Option<BTreeMap<String, Vec<String>>>,
+    /// When the policy does not apply: it applies only when, for every key, the request
+    /// carries it and its value is none of those listed (1-64 per key), e.g. every country
+    /// but the home one. Absent or `{}`: always. Alone or beside `match`.
+    #[serde(rename = "match_not")]
+    #[schema(example = json!({"country": ["US", "CA"]}))]
+    pub(crate) exclusions: Option<BTreeMap<String, Vec<String>>>,
 }
 
 /// A policy as created by `POST`: a [`PolicyInput`] whose `id` is required.
@@ -189,6 +236,9 @@ pub(crate) struct PolicyOut {
     /// When it applies (`{}`: always).
     #[serde(rename = "match")]
     pub(crate) conditions: BTreeMap<String, Vec<String>>,
+    /// When it does not (`{}`: never excluded).
+    #[serde(rename = "match_not")]
+    pub(crate) exclusions: BTreeMap<String, Vec<String>>,
     /// When it was created.
     pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.
@@ -287,7 +337,13 @@ impl WindowDto {
         };
         let window = match self {
             Self::Calendar {
-                period, timezone, ..
+                period,
+                timezone,
+                week_start,
+                day_start,
+                month_day,
+                year_month,
+                ..
             } => {
                 let period = match period {
                     PeriodDto::Minute => CalendarPeriod::Minute,
@@ -295,8 +351,19 @@ impl WindowDto {
                     PeriodDto::Day => CalendarPeriod::Day,
                     PeriodDto::Week => CalendarPeriod::Week,
                     PeriodDto::Month => CalendarPeriod::Month,
+                    PeriodDto::Year => CalendarPeriod::Year,
                 };
+                let anchors = Anchors::parse(
+                    period,
+                    &AnchorsInput {
+                        week_start: week_start.as_deref(),
+                        day_start: day_start.as_deref(),
+                        month_day: *month_day,
+                        year_month: *year_month,
+                    },
+                );
                 Window::calendar(period, timezone.as_deref().unwrap_or("UTC"))
+                    .and_then(|window| anchors.map(|anchors| window.anchored(anchors)))
             }
             Self::Rolling {
                 seconds,
@@ -311,17 +378,35 @@ impl WindowDto {
 
     fn from_domain(window: &Window, zone_attribute: Option<&str>) -> Self {
         match *window {
-            Window::Calendar { period, timezone } => Self::Calendar {
-                period: match period {
-                    CalendarPeriod::Minute => PeriodDto::Minute,
-                    CalendarPeriod::Hour => PeriodDto::Hour,
-                    CalendarPeriod::Day => PeriodDto::Day,
-                    CalendarPeriod::Week => PeriodDto::Week,
-                    CalendarPeriod::Month => PeriodDto::Month,
-                },
-                timezone: Some(timezone.name().to_owned()),
-                timezone_attribute: zone_attribute.map(str::to_owned),
-            },
+            Window::Calendar {
+                period,
+                timezone,
+                anchors,
+            } => {
+                // Only the anchors that differ from the plain calendar: a default written
+                // out or left out is the same window.
+                let plain = Anchors::default();
+                Self::Calendar {
+                    period: match period {
+                        CalendarPeriod::Minute => PeriodDto::Minute,
+                        CalendarPeriod::Hour => PeriodDto::Hour,
+                        CalendarPeriod::Day => PeriodDto::Day,
+                        CalendarPeriod::Week => PeriodDto::Week,
+                        CalendarPeriod::Month => PeriodDto::Month,
+                        CalendarPeriod::Year => PeriodDto::Year,
+                    },
+                    timezone: Some(timezone.name().to_owned()),
+                    timezone_attribute: zone_attribute.map(str::to_owned),
+                    week_start: (anchors.week_start != plain.week_start)
+                        .then(|| anchors.week_start_name().to_owned()),
+                    day_start: (anchors.day_start != plain.day_start)
+                        .then(|| anchors.day_start_text()),
+                    month_day: (anchors.month_day != plain.month_day)
+                        .then_some(i64::from(anchors.month_day)),
+                    year_month: (anchors.year_month != plain.year_month)
+                        .then_some(i64::from(anchors.year_month)),
+                }
+            }
             Window::Rolling {
                 seconds,
                 bucket_seconds,
@@ -364,34 +449,41 @@ impl PolicyInput {
             None => Some(Match::default()),
             Some(map) => take_all(&mut errors, Match::parse("match", map)),
         };
-        match (action, limit, window, scope, conditions) {
-            (Some(action), Some(limit), Some(window), Some(scope), Some(conditions))
-                if errors.0.is_empty() =>
-            {
-                Ok((
-                    id,
-                    PolicySpec {
-                        action,
-                        measure: match self.measure {
-                            MeasureDto::Count => Measure::Count,
-                            MeasureDto::Amount => Measure::Amount,
-                        },
-                        unit,
-                        limit,
-                        window,
-                        mode: match self.mode {
-                            Some(ModeDto::Shadow) => Mode::Shadow,
-                            _ => Mode::Enforce,
-                        },
-                        enabled: self.enabled.unwrap_or(true),
-                        ledger_denials: self.ledger_denials.unwrap_or(false),
-                        description: description.unwrap_or_default(),
-                        scope,
-                        conditions,
-                        zone_attribute,
+        let exclusions = match self.exclusions {
+            None => Some(Match::default()),
+            Some(map) => take_all(&mut errors, Match::parse("match_not", map)),
+        };
+        match (action, limit, window, scope, conditions.zip(exclusions)) {
+            (
+                Some(action),
+                Some(limit),
+                Some(window),
+                Some(scope),
+                Some((conditions, exclusions)),
+            ) if errors.0.is_empty() => Ok((
+                id,
+                PolicySpec {
+                    action,
+                    measure: match self.measure {
+                        MeasureDto::Count => Measure::Count,
+                        MeasureDto::Amount => Measure::Amount,
                     },
-                ))
-            }
+                    unit,
+                    limit,
+                    window,
+                    mode: match self.mode {
+                        Some(ModeDto::Shadow) => Mode::Shadow,
+                        _ => Mode::Enforce,
+                    },
+                    enabled: self.enabled.unwrap_or(true),
+                    ledger_denials: self.ledger_denials.unwrap_or(false),
+                    description: description.unwrap_or_default(),
+                    scope,
+                    conditions,
+                    exclusions,
+                    zone_attribute,
+                },
+            )),
             _ => Err(errors),
         }
     }
@@ -437,6 +529,12 @@ impl From<&Policy> for PolicyOut {
             conditions: p
                 .spec
                 .conditions
+                .iter()
+                .map(|(k, values)| (k.to_owned(), values.iter().cloned().collect()))
+                .collect(),
+            exclusions: p
+                .spec
+                .exclusions
                 .iter()
                 .map(|(k, values)| (k.to_owned(), values.iter().cloned().collect()))
                 .collect(),

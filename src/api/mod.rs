@@ -40,6 +40,9 @@ pub(crate) struct AppState {
     pub(crate) caches: Caches,
     /// Who may do what (the tokens and the keys).
     pub(crate) gate: Arc<Gate>,
+    /// Days the ledger keeps entries (`QUOTA_LEDGER_RETENTION_DAYS`): a period longer than
+    /// that could not be rebuilt from it.
+    pub(crate) ledger_retention_days: u32,
     /// What `/metrics` reports; the quota handlers record into it.
     pub(crate) metrics: Arc<Metrics>,
     /// Bounds the `/quota/*` requests in flight.

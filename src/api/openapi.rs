@@ -17,7 +17,7 @@ use utoipa_actix_web::AppExt;
     components(schemas(Problem, ProblemField)),
     tags(
         (name = "quota", description = "Consume, check and read usage"),
-        (name = "admin", description = "Policies and overrides (admin token)"),
+        (name = "admin", description = "Policies, overrides and API keys (admin token)"),
         (name = "health", description = "Liveness, readiness and metrics (open: firewall them)"),
     )
 )]
@@ -30,12 +30,17 @@ impl Modify for BearerSchemes {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         for (name, what) in [
-            ("admin_token", "QUOTA_ADMIN_TOKEN, for /admin/*"),
+            (
+                "admin_token",
+                "QUOTA_ADMIN_TOKEN, for /admin/*; an API key with the admin:read operation may \
+                 read (GET) too",
+            ),
             (
                 "client_token",
-                "one of QUOTA_CLIENT_TOKENS, for /quota/*: send it as `Authorization: Bearer` \
-                 when the service has client tokens (the operations do not declare it, since \
-                 they are open when it has none)",
+                "an API key (POST /admin/keys: confined to its actions and operations) or one \
+                 of QUOTA_CLIENT_TOKENS (full access), for /quota/*: send it as \
+                 `Authorization: Bearer` once the service has a client token or a key (the \
+                 operations do not declare it, since they are open while it has neither)",
             ),
         ] {
             components.add_security_scheme(

@@ -55,6 +55,10 @@ pub(super) const POSTGRES: Files = &[
         "20261228090000_create_api_keys.sql",
         include_str!("../../migrations/postgres/20261228090000_create_api_keys.sql"),
     ),
+    (
+        "20261228100000_add_match_not.sql",
+        include_str!("../../migrations/postgres/20261228100000_add_match_not.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -98,6 +102,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261228090000_create_api_keys.sql",
         include_str!("../../migrations/sqlite/20261228090000_create_api_keys.sql"),
+    ),
+    (
+        "20261228100000_add_match_not.sql",
+        include_str!("../../migrations/sqlite/20261228100000_add_match_not.sql"),
     ),
 ];
 

@@ -305,6 +305,16 @@ impl Match {
         })
     }
 
+    /// Whether the policy applies to a request as a `match_not`: for every key, the request
+    /// carries it and its value is none of those listed ("every country except US"). A
+    /// request lacking a listed key does not match. Empty, it always applies.
+    pub fn excludes(&self, subject: &Subject, attributes: &Attributes) -> bool {
+        self.0.iter().all(|(key, values)| {
+            key.value_in(subject, attributes)
+                .is_some_and(|value| !values.contains(value))
+        })
+    }
+
     /// Whether it always applies.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

@@ -23,4 +23,4 @@ pub use ledger::{
 };
 pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
 pub use quantity::{Quantity, MAX_SAFE};
-pub use window::{CalendarPeriod, Window, MAX_BUCKETS, MAX_WINDOW_SECONDS};
+pub use window::{Anchors, AnchorsInput, CalendarPeriod, Window, MAX_BUCKETS, MAX_WINDOW_SECONDS};

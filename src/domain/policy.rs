@@ -1,6 +1,6 @@
 //! Policies (a limit on an action) and per-subject overrides.
 
-use super::{Action, FieldError, Match, PolicyId, Quantity, Scope, Subject, Window};
+use super::{Action, Attributes, FieldError, Match, PolicyId, Quantity, Scope, Subject, Window};
 use chrono::{DateTime, Utc};
 
 /// What one consume charges against a policy.
@@ -93,15 +93,25 @@ pub struct PolicySpec {
     pub scope: Scope,
     /// When the policy applies (`match` on the wire); empty, always.
     pub conditions: Match,
+    /// When it does not (`match_not` on the wire): it applies only to a request whose value
+    /// of every key listed is none of its values; empty, always.
+    pub exclusions: Match,
     /// The attribute naming the request's own time zone (`window.timezone_attribute`;
     /// calendar windows only): the period is computed in it, `window`'s zone otherwise.
     pub zone_attribute: Option<String>,
 }
 
 impl PolicySpec {
+    /// Whether the policy applies to a request: its `match` admits it and its `match_not`
+    /// does not exclude it.
+    pub fn applies_to(&self, subject: &Subject, attributes: &Attributes) -> bool {
+        self.conditions.admits(subject, attributes) && self.exclusions.excludes(subject, attributes)
+    }
+
     /// Whether switching from `self` to `next` keeps the counted usage.
     ///
-    /// Usage is kept when only the limit, mode, description, switches or `match` change; a
+    /// Usage is kept when only the limit, mode, description, switches, `match` or
+    /// `match_not` change; a
     /// new window, measure, scope or zone attribute starts counting afresh (counter keys
     /// include them).
     pub(crate) fn keeps_usage_of(&self, next: &PolicySpec) -> bool {

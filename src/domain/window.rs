@@ -1,6 +1,7 @@
 //! Window definitions: how a policy's usage is grouped in time.
 
 use super::FieldError;
+use chrono::Weekday;
 use chrono_tz::Tz;
 use std::fmt;
 
@@ -23,6 +24,8 @@ pub enum CalendarPeriod {
     Week,
     /// Each calendar month.
     Month,
+    /// Each calendar year.
+    Year,
 }
 
 impl CalendarPeriod {
@@ -34,10 +37,11 @@ impl CalendarPeriod {
             "day" => Self::Day,
             "week" => Self::Week,
             "month" => Self::Month,
+            "year" => Self::Year,
             _ => {
                 return Err(FieldError::new(
                     field,
-                    "must be one of minute, hour, day, week, month",
+                    "must be one of minute, hour, day, week, month, year",
                 ))
             }
         })
@@ -51,8 +55,151 @@ impl CalendarPeriod {
             Self::Day => "day",
             Self::Week => "week",
             Self::Month => "month",
+            Self::Year => "year",
         }
     }
+}
+
+/// Where a calendar period starts, beyond the wall clock's own units: the bank's 04:00
+/// cut-off, weeks from Sunday, a billing month from the 15th. The default (Monday, 00:00,
+/// the 1st, January) is the plain calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Anchors {
+    /// The day a week starts on (`week` periods).
+    pub week_start: Weekday,
+    /// Minutes after local midnight at which a day starts (0-1439); a week, month or year
+    /// starts at that time of its first day too.
+    pub day_start: u16,
+    /// The day of the month a month or year starts on (1-31), clamped to a shorter month's
+    /// last day.
+    pub month_day: u8,
+    /// The month a year starts in (1-12).
+    pub year_month: u8,
+}
+
+impl Default for Anchors {
+    fn default() -> Self {
+        Self {
+            week_start: Weekday::Mon,
+            day_start: 0,
+            month_day: 1,
+            year_month: 1,
+        }
+    }
+}
+
+/// The anchors of a calendar window as given: each `None` when absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AnchorsInput<'a> {
+    /// `monday` … `sunday`.
+    pub week_start: Option<&'a str>,
+    /// `"HH:MM"`.
+    pub day_start: Option<&'a str>,
+    /// 1-31.
+    pub month_day: Option<i64>,
+    /// 1-12.
+    pub year_month: Option<i64>,
+}
+
+const WEEKDAYS: [(&str, Weekday); 7] = [
+    ("monday", Weekday::Mon),
+    ("tuesday", Weekday::Tue),
+    ("wednesday", Weekday::Wed),
+    ("thursday", Weekday::Thu),
+    ("friday", Weekday::Fri),
+    ("saturday", Weekday::Sat),
+    ("sunday", Weekday::Sun),
+];
+
+impl Anchors {
+    /// Whether these are the plain calendar's anchors.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Parses the anchors of a `period` window, naming the field of each error: an anchor
+    /// the period does not use is refused (a `day_start` on an hour would be meaningless).
+    pub fn parse(period: CalendarPeriod, input: &AnchorsInput<'_>) -> Result<Self, FieldError> {
+        use CalendarPeriod::{Hour, Minute, Month, Week, Year};
+        let mut anchors = Self::default();
+        let refuse = |field: &str, periods: &str| {
+            Err(FieldError::new(
+                field,
+                format!("applies to {periods} periods only, not to a {period} period"),
+            ))
+        };
+        if let Some(text) = input.week_start {
+            if period != Week {
+                return refuse("week_start", "week");
+            }
+            anchors.week_start = WEEKDAYS
+                .iter()
+                .find(|(name, _)| *name == text)
+                .map(|(_, day)| *day)
+                .ok_or_else(|| {
+                    FieldError::new(
+                        "week_start",
+                        "must be monday, tuesday, wednesday, thursday, friday, saturday or sunday",
+                    )
+                })?;
+        }
+        if let Some(text) = input.day_start {
+            if matches!(period, Minute | Hour) {
+                return refuse("day_start", "day, week, month and year");
+            }
+            anchors.day_start = parse_time_of_day(text).ok_or_else(|| {
+                FieldError::new(
+                    "day_start",
+                    format!("'{text}' must be a local time HH:MM, from 00:00 to 23:59"),
+                )
+            })?;
+        }
+        if let Some(day) = input.month_day {
+            if !matches!(period, Month | Year) {
+                return refuse("month_day", "month and year");
+            }
+            anchors.month_day = u8::try_from(day)
+                .ok()
+                .filter(|d| (1..=31).contains(d))
+                .ok_or_else(|| {
+                    FieldError::new("month_day", "must be a day of the month, 1 to 31")
+                })?;
+        }
+        if let Some(month) = input.year_month {
+            if period != Year {
+                return refuse("year_month", "year");
+            }
+            anchors.year_month = u8::try_from(month)
+                .ok()
+                .filter(|m| (1..=12).contains(m))
+                .ok_or_else(|| FieldError::new("year_month", "must be a month, 1 to 12"))?;
+        }
+        Ok(anchors)
+    }
+
+    /// The wire name of the week's first day.
+    pub fn week_start_name(&self) -> &'static str {
+        WEEKDAYS
+            .iter()
+            .find(|(_, day)| *day == self.week_start)
+            .map_or("monday", |(name, _)| name)
+    }
+
+    /// The day's start as `"HH:MM"`.
+    pub fn day_start_text(&self) -> String {
+        format!("{:02}:{:02}", self.day_start / 60, self.day_start % 60)
+    }
+}
+
+/// Minutes after midnight of `"HH:MM"` (00:00-23:59); `None` otherwise.
+fn parse_time_of_day(text: &str) -> Option<u16> {
+    let (hours, minutes) = text.split_once(':')?;
+    if hours.len() != 2 || minutes.len() != 2 {
+        return None;
+    }
+    let hours: u16 = hours.parse().ok()?;
+    let minutes: u16 = minutes.parse().ok()?;
+    (hours < 24 && minutes < 60).then_some(hours * 60 + minutes)
 }
 
 impl fmt::Display for CalendarPeriod {
@@ -70,6 +217,8 @@ pub enum Window {
         period: CalendarPeriod,
         /// The zone whose wall clock defines the boundaries.
         timezone: Tz,
+        /// Where each period starts (the plain calendar by default).
+        anchors: Anchors,
     },
     /// A trailing window of `seconds`, counted in buckets of `bucket_seconds`.
     Rolling {
@@ -105,7 +254,25 @@ impl Window {
                 format!("'{timezone}' is not an IANA time zone name (e.g. Europe/Berlin)"),
             )
         })?;
-        Ok(Self::Calendar { period, timezone })
+        Ok(Self::Calendar {
+            period,
+            timezone,
+            anchors: Anchors::default(),
+        })
+    }
+
+    /// This window with `anchors` (a calendar window's; any other is returned as it is).
+    pub fn anchored(self, with: Anchors) -> Self {
+        match self {
+            Self::Calendar {
+                period, timezone, ..
+            } => Self::Calendar {
+                period,
+                timezone,
+                anchors: with,
+            },
+            other => other,
+        }
     }
 
     /// A rolling window of `seconds` in buckets of `bucket_seconds` (which must divide it).
@@ -157,7 +324,25 @@ impl Window {
     /// A short text that changes whenever the window's meaning changes; part of counter keys.
     pub(crate) fn fingerprint(&self) -> String {
         match self {
-            Self::Calendar { period, timezone } => format!("c{}@{}", period, timezone.name()),
+            // The plain calendar keeps the keys it always had.
+            Self::Calendar {
+                period,
+                timezone,
+                anchors,
+            } if anchors.is_default() => format!("c{}@{}", period, timezone.name()),
+            Self::Calendar {
+                period,
+                timezone,
+                anchors,
+            } => format!(
+                "c{}@{}+{}{}/{}/{}",
+                period,
+                timezone.name(),
+                anchors.week_start.num_days_from_monday(),
+                anchors.day_start,
+                anchors.month_day,
+                anchors.year_month
+            ),
             Self::Rolling {
                 seconds,
                 bucket_seconds,
@@ -187,6 +372,52 @@ mod tests {
     fn calendar_windows_need_an_iana_zone() {
         assert!(Window::calendar(CalendarPeriod::Day, "America/New_York").is_ok());
         assert!(Window::calendar(CalendarPeriod::Day, "Mars/Olympus").is_err());
+    }
+
+    #[test]
+    fn anchors_parse_for_the_periods_that_use_them_and_name_the_field_otherwise() {
+        use CalendarPeriod::{Day, Hour, Month, Week, Year};
+        let input = |week, day, month_day, year_month| AnchorsInput {
+            week_start: week,
+            day_start: day,
+            month_day,
+            year_month,
+        };
+        let ok = Anchors::parse(Year, &input(None, Some("04:00"), Some(15), Some(4)))
+            .expect("valid anchors");
+        assert_eq!((ok.day_start, ok.month_day, ok.year_month), (240, 15, 4));
+        assert_eq!(ok.day_start_text(), "04:00");
+        let sunday = Anchors::parse(Week, &input(Some("sunday"), None, None, None)).expect("valid");
+        assert_eq!(sunday.week_start_name(), "sunday");
+        for (period, given, field) in [
+            (Hour, input(None, Some("02:30"), None, None), "day_start"),
+            (Day, input(None, Some("24:00"), None, None), "day_start"),
+            (Day, input(None, Some("4:00"), None, None), "day_start"),
+            (Day, input(Some("sunday"), None, None, None), "week_start"),
+            (Week, input(Some("sun"), None, None, None), "week_start"),
+            (Week, input(None, None, Some(1), None), "month_day"),
+            (Month, input(None, None, Some(32), None), "month_day"),
+            (Month, input(None, None, Some(0), None), "month_day"),
+            (Month, input(None, None, None, Some(1)), "year_month"),
+            (Year, input(None, None, None, Some(13)), "year_month"),
+        ] {
+            let error = Anchors::parse(period, &given).expect_err("invalid");
+            assert_eq!(error.field, field, "{period} {given:?}");
+        }
+        assert!(Anchors::parse(Month, &AnchorsInput::default())
+            .expect("none given")
+            .is_default());
+    }
+
+    #[test]
+    fn anchors_change_the_fingerprint_and_the_plain_calendar_keeps_its_own() {
+        let plain = Window::calendar(CalendarPeriod::Day, "UTC").expect("valid");
+        assert_eq!(plain.fingerprint(), "cday@UTC");
+        let cut_off = Anchors {
+            day_start: 240,
+            ..Anchors::default()
+        };
+        assert_ne!(plain.anchored(cut_off).fingerprint(), plain.fingerprint());
     }
 
     #[test]

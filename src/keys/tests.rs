@@ -26,6 +26,7 @@ fn policy(id: &str, measure: Measure, window: Window, limit: u64) -> Policy {
             description: String::new(),
             scope: Default::default(),
             conditions: Default::default(),
+            exclusions: Default::default(),
             zone_attribute: None,
         },
         created_at: DateTime::UNIX_EPOCH,

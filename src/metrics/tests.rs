@@ -64,6 +64,7 @@ fn cache_with(action: &str) -> PolicyCache {
             description: String::new(),
             scope: Default::default(),
             conditions: Default::default(),
+            exclusions: Default::default(),
             zone_attribute: None,
         },
         created_at: DateTime::UNIX_EPOCH,

@@ -1,20 +1,40 @@
 //! Turning stored columns back into domain values (and windows into their stored JSON).
 
 use super::PolicyStoreError;
-use crate::domain::{CalendarPeriod, Match, Scope, Window};
+use crate::domain::{Anchors, AnchorsInput, CalendarPeriod, Match, Scope, Window};
 use serde_json::{json, Value};
 
 /// The stored JSON form of a window (the same shape as on the wire), with a calendar
 /// window's `timezone_attribute`, if any.
 pub(crate) fn window_to_json(window: &Window, zone_attribute: Option<&str>) -> String {
     let value = match window {
-        Window::Calendar { period, timezone } => match zone_attribute {
-            None => {
-                json!({"type": "calendar", "period": period.as_str(), "timezone": timezone.name()})
+        Window::Calendar {
+            period,
+            timezone,
+            anchors,
+        } => {
+            let mut value =
+                json!({"type": "calendar", "period": period.as_str(), "timezone": timezone.name()});
+            if let Some(attribute) = zone_attribute {
+                value["timezone_attribute"] = json!(attribute);
             }
-            Some(attribute) => json!({"type": "calendar", "period": period.as_str(),
-                "timezone": timezone.name(), "timezone_attribute": attribute}),
-        },
+            // Only the anchors that differ from the plain calendar, so that a plain window
+            // is stored as it always was (and read by every release).
+            let plain = Anchors::default();
+            if anchors.week_start != plain.week_start {
+                value["week_start"] = json!(anchors.week_start_name());
+            }
+            if anchors.day_start != plain.day_start {
+                value["day_start"] = json!(anchors.day_start_text());
+            }
+            if anchors.month_day != plain.month_day {
+                value["month_day"] = json!(anchors.month_day);
+            }
+            if anchors.year_month != plain.year_month {
+                value["year_month"] = json!(anchors.year_month);
+            }
+            value
+        }
         Window::Rolling {
             seconds,
             bucket_seconds,
@@ -32,7 +52,19 @@ pub(crate) fn window_from_json(text: &str) -> Result<(Window, Option<String>), P
     let window = match value["type"].as_str() {
         Some("calendar") => {
             let period = CalendarPeriod::parse("period", value["period"].as_str().unwrap_or(""));
-            period.and_then(|p| Window::calendar(p, value["timezone"].as_str().unwrap_or("")))
+            period.and_then(|p| {
+                let anchors = Anchors::parse(
+                    p,
+                    &AnchorsInput {
+                        week_start: value["week_start"].as_str(),
+                        day_start: value["day_start"].as_str(),
+                        month_day: value["month_day"].as_i64(),
+                        year_month: value["year_month"].as_i64(),
+                    },
+                )?;
+                Window::calendar(p, value["timezone"].as_str().unwrap_or(""))
+                    .map(|window| window.anchored(anchors))
+            })
         }
         Some("rolling") => Window::rolling(int("seconds"), int("bucket_seconds")),
         Some("token_bucket") => Window::token_bucket(int("seconds")),
@@ -84,8 +116,25 @@ mod tests {
 
     #[test]
     fn every_window_type_survives_a_round_trip() {
+        let sunday_cut_off = Anchors {
+            week_start: chrono::Weekday::Sun,
+            day_start: 240,
+            ..Anchors::default()
+        };
+        let fiscal = Anchors {
+            day_start: 1,
+            month_day: 6,
+            year_month: 4,
+            ..Anchors::default()
+        };
         let windows = [
             Window::calendar(CalendarPeriod::Week, "Asia/Kathmandu").expect("valid"),
+            Window::calendar(CalendarPeriod::Week, "Asia/Kathmandu")
+                .expect("valid")
+                .anchored(sunday_cut_off),
+            Window::calendar(CalendarPeriod::Year, "Europe/London")
+                .expect("valid")
+                .anchored(fiscal),
             Window::rolling(86_400, 3_600).expect("valid"),
             Window::token_bucket(60).expect("valid"),
         ];
@@ -95,6 +144,10 @@ mod tests {
         }
         let day = Window::calendar(CalendarPeriod::Day, "UTC").expect("valid");
         let text = window_to_json(&day, Some("tz"));
+        assert!(
+            !text.contains("day_start"),
+            "a plain window is stored as before: {text}"
+        );
         assert_eq!(
             window_from_json(&text).ok(),
             Some((day, Some("tz".to_owned())))

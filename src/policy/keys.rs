@@ -8,7 +8,7 @@ use super::sql::SqlPolicyStore;
 use super::{PolicyStoreError, StoreResult};
 use crate::access::{KeyRecord, Operation, Operations};
 use crate::db::{ColumnType, Sql};
-use crate::domain::ActionGlob;
+use crate::domain::{ActionGlob, CalendarPeriod, Policy, Window};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -18,7 +18,8 @@ use sqlx::{ColumnIndex, Encode, Executor, IntoArguments, Row, Type};
 const KEY_COLUMNS: &str = "id, name, prefix, secret_hash, actions, operations, expires_at, \
      created_at, revoked_at, last_used_at";
 
-/// The format version ([`crate::db::FORMATS`]) from which builds read and enforce API keys.
+/// The format version ([`crate::db::FORMATS`]) from which builds read and enforce API keys,
+/// and read calendar windows with anchors or a `year` period.
 const KEYS_FORMAT: i64 = 2;
 
 fn corrupt(what: &str, error: impl std::fmt::Display) -> PolicyStoreError {
@@ -108,7 +109,8 @@ where
     }
 
     /// The version of an instance seen since `since` that reads formats older than those
-    /// of API keys: it would not enforce a key, so none may be created while it runs.
+    /// of API keys and anchored windows: it would not enforce a key, nor read such a
+    /// policy, so neither may be created while it runs.
     pub(super) async fn outdated_instance(
         conn: &mut DB::Connection,
         since: DateTime<Utc>,
@@ -122,6 +124,26 @@ where
         .fetch_optional(conn)
         .await?;
         Ok(row.map(|(version,)| version))
+    }
+
+    /// [`PolicyStoreError::Outdated`] when `p` uses what an instance still live cannot read:
+    /// a calendar window with anchors or a `year` period, or a `match_not` (which it would
+    /// ignore, applying the policy to requests it excludes). Run inside a change.
+    pub(super) async fn ensure_readable(conn: &mut DB::Connection, p: &Policy) -> StoreResult<()> {
+        let new_window = match p.spec.window {
+            Window::Calendar {
+                period, anchors, ..
+            } => period == CalendarPeriod::Year || !anchors.is_default(),
+            _ => false,
+        };
+        if !new_window && p.spec.exclusions.is_empty() {
+            return Ok(());
+        }
+        let since = p.updated_at - crate::db::LIVE_FOR;
+        match Self::outdated_instance(conn, since).await? {
+            Some(version) => Err(PolicyStoreError::Outdated { version }),
+            None => Ok(()),
+        }
     }
 
     /// Sets `revoked_at` of key `id` to `at` unless it is set already; false if no key

@@ -47,11 +47,12 @@ pub(crate) enum PolicyStoreError {
         /// The action that has no room left.
         action: Action,
     },
-    /// An instance of version `version`, which does not enforce API keys, is live: no key
-    /// is created until every instance runs a build that does (409).
+    /// An instance of version `version`, which does not enforce API keys nor read
+    /// anchored windows, is live: no key and no such policy is created until every instance
+    /// runs a build that does (409).
     #[error(
-        "an instance of version {version} is running, and it would not enforce API keys: \
-         upgrade every instance first"
+        "an instance of version {version} is running, and it would neither enforce API keys \
+         nor read calendar windows with anchors or a year period: upgrade every instance first"
     )]
     Outdated {
         /// The version the outdated instance announced.
@@ -229,6 +230,7 @@ pub(crate) mod tests {
                 description: String::new(),
                 scope: Default::default(),
                 conditions: Default::default(),
+                exclusions: Default::default(),
                 zone_attribute: None,
             },
             created_at: at,

@@ -49,7 +49,8 @@ fn quantity(value: i64) -> StoreResult<Quantity> {
 /// The columns of `policies`, in the order `insert_policy_row` binds them.
 pub(super) const POLICY_COLUMNS: &str =
     "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
-     ledger_denials, description, created_at, updated_at, version, scope, match_spec";
+     ledger_denials, description, created_at, updated_at, version, scope, match_spec, \
+     match_not_spec";
 /// The columns of `policy_overrides` that the reads select.
 const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
@@ -96,6 +97,10 @@ where
                 conditions: match_from_column(
                     row.try_get::<Option<String>, _>("match_spec")?.as_deref(),
                 )?,
+                exclusions: match_from_column(
+                    row.try_get::<Option<String>, _>("match_not_spec")?
+                        .as_deref(),
+                )?,
                 zone_attribute,
             },
             created_at: row.try_get("created_at")?,
@@ -140,6 +145,7 @@ where
     DateTime<Utc>: ColumnType<DB>,
     Option<DateTime<Utc>>: ColumnType<DB>,
     Json<Value>: ColumnType<DB>,
+    (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
 {
     async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
@@ -166,6 +172,10 @@ where
     #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy insert_policy", otel.kind = "client", db.system = DB::DIALECT.system()))]
     async fn insert_policy(&self, p: &Policy) -> StoreResult<()> {
         let mut change = self.begin_change().await?;
+        if let Err(error) = Self::ensure_readable(&mut change.tx, p).await {
+            change.roll_back().await?;
+            return Err(error);
+        }
         if let Err(error) = Self::ensure_room(&mut change.tx, p).await {
             change.roll_back().await?;
             return Err(error);
@@ -178,6 +188,10 @@ where
     #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy update_policy", otel.kind = "client", db.system = DB::DIALECT.system()))]
     async fn update_policy(&self, p: &Policy, expected_version: i64) -> StoreResult<bool> {
         let mut change = self.begin_change().await?;
+        if let Err(error) = Self::ensure_readable(&mut change.tx, p).await {
+            change.roll_back().await?;
+            return Err(error);
+        }
         if !Self::update_policy_row(&mut change.tx, p, expected_version).await? {
             change.roll_back().await?; // nothing changed, the marker neither
             return Ok(false);
@@ -253,7 +267,9 @@ where
 
     async fn change_version(&self) -> StoreResult<i64> {
         let sql = "SELECT version FROM policy_changes WHERE id = 1";
-        Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn subscribe(&self) -> StoreResult<Option<ChangeFeed>> {

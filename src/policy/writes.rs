@@ -94,8 +94,8 @@ where
         .await
     }
 
-    /// Binds `p`'s columns to `query`: `$1` to `$10` and `$14`, `$15`, which the insert and
-    /// the update share, and between them (`$11` to `$13`) what `stamps` binds.
+    /// Binds `p`'s columns to `query`: `$1` to `$10` and `$14` to `$16`, which the insert
+    /// and the update share, and between them (`$11` to `$13`) what `stamps` binds.
     fn bind_policy<'q>(
         query: Query<'q, DB>,
         p: &'q Policy,
@@ -118,6 +118,7 @@ where
         stamps(query)
             .bind(scope_to_column(&p.spec.scope))
             .bind(match_to_column(&p.spec.conditions))
+            .bind(match_to_column(&p.spec.exclusions))
     }
 
     /// Inserts the row of a new policy.
@@ -127,7 +128,7 @@ where
     ) -> sqlx::Result<()> {
         let sql = format!(
             "INSERT INTO policies ({POLICY_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
         );
         Self::bind_policy(sqlx::query(&sql), p, |query| {
             query.bind(p.created_at).bind(p.updated_at).bind(p.version)
@@ -147,7 +148,7 @@ where
         let sql = "UPDATE policies SET action = $2, measure = $3, unit = $4, limit_value = $5, \
              window_spec = $6, mode = $7, enabled = $8, ledger_denials = $9, \
              description = $10, updated_at = $11, version = $12, scope = $14, \
-             match_spec = $15 WHERE id = $1 AND version = $13";
+             match_spec = $15, match_not_spec = $16 WHERE id = $1 AND version = $13";
         let done = Self::bind_policy(sqlx::query(sql), p, |query| {
             query
                 .bind(p.updated_at)

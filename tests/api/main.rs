@@ -34,3 +34,4 @@ mod redis_settings;
 mod restarts;
 mod shutdown;
 mod traces;
+mod velocity;

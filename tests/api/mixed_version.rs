@@ -181,6 +181,12 @@ async fn the_last_release_and_this_build_serve_together_on_one_redis_and_one_pos
         "the refusal names the outdated version {release}: {refused}"
     );
 
+    // Nor a policy the last release could not read: a calendar window with a cut-off.
+    let anchored = json!({"id": "cut-off", "action": "transfer", "measure": "count", "limit": 5,
+        "window": {"type": "calendar", "period": "day", "timezone": "UTC", "day_start": "04:00"}});
+    let (status, refused) = post(&client, &new, "/admin/policies", anchored).await;
+    assert_eq!(status, 409, "{refused}");
+
     // 1. No over-allow: both versions count in the same budgets, atomically.
     for subject in ["u-1", "u-2"] {
         let allowed = race(&client, bases, subject, 100).await;

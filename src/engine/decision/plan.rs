@@ -74,7 +74,7 @@ impl Engine {
         let mut charges = Vec::with_capacity(count);
         let mut errors = FieldErrors::default();
         for (i, (policy, policy_key)) in policies.enabled.iter().zip(&policies.keys).enumerate() {
-            if !policy.spec.conditions.admits(subject, attributes) {
+            if !policy.spec.applies_to(subject, attributes) {
                 continue;
             }
             if *anonymous && policy.spec.scope.has_subject() {
@@ -413,17 +413,25 @@ fn algorithm_for(
     now: DateTime<Utc>,
 ) -> (Algorithm, Option<i64>, u64) {
     match policy.spec.window {
-        Window::Calendar { period, timezone } if zone.is_some() => {
+        Window::Calendar {
+            period,
+            timezone,
+            anchors,
+        } if zone.is_some() => {
             let zone = zone.unwrap_or(timezone);
-            let (start, end) = window::calendar_bounds(period, zone, now);
+            let (start, end) = window::calendar_bounds(period, anchors, zone, now);
             let seconds = (end - start).num_seconds().max(1) as u64;
             let algorithm = Algorithm::ZonedCalendar {
                 period_end_ms: end.timestamp_millis(),
             };
             (algorithm, None, seconds)
         }
-        Window::Calendar { period, timezone } => {
-            let (start, end) = window::calendar_bounds(period, timezone, now);
+        Window::Calendar {
+            period,
+            timezone,
+            anchors,
+        } => {
+            let (start, end) = window::calendar_bounds(period, anchors, timezone, now);
             let seconds = (end - start).num_seconds().max(1) as u64;
             let algorithm = Algorithm::Calendar {
                 period_end_ms: end.timestamp_millis(),

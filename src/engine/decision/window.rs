@@ -21,12 +21,12 @@
 //!   until 2010: 00:01 back to 23:01) does not return to the previous day.
 
 use chrono::{
-    DateTime, Datelike, Days, LocalResult, Months, NaiveDateTime, NaiveTime, Offset, TimeDelta,
-    TimeZone, Timelike, Utc,
+    DateTime, Datelike, Days, LocalResult, Months, NaiveDate, NaiveDateTime, NaiveTime, Offset,
+    TimeDelta, TimeZone, Timelike, Utc,
 };
 use chrono_tz::Tz;
 
-use crate::domain::CalendarPeriod;
+use crate::domain::{Anchors, CalendarPeriod};
 
 /// How far from a skipped local time (read as if it were UTC) its gap's transition can be.
 ///
@@ -43,9 +43,11 @@ const GAP_SEARCH_SECONDS: i64 = 18 * 3_600;
 /// module documentation for local times that a transition skips or repeats.
 pub fn calendar_bounds(
     period: CalendarPeriod,
+    anchors: Anchors,
     tz: Tz,
     now: DateTime<Utc>,
 ) -> (DateTime<Utc>, DateTime<Utc>) {
+    let period = Anchored { period, anchors };
     // `zoned_bounds` gives up only within a period of chrono's date limits (±262,000 years), or
     // on zone data with two transitions less than a day apart, which the tz database does not
     // have (in chrono-tz's data they are about a week apart at the closest). UTC periods are
@@ -55,7 +57,7 @@ pub fn calendar_bounds(
 
 /// [`calendar_bounds`] on the zone's wall clock; `None` if the search fails (see there).
 fn zoned_bounds(
-    period: CalendarPeriod,
+    period: Anchored,
     tz: Tz,
     now: DateTime<Utc>,
 ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
@@ -84,7 +86,7 @@ fn zoned_bounds(
 
 /// The UTC bounds of the period whose wall-clock span contains the local time `wall`.
 fn period_from(
-    period: CalendarPeriod,
+    period: Anchored,
     tz: Tz,
     wall: NaiveDateTime,
 ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
@@ -164,41 +166,104 @@ fn wall_clock(tz: Tz, instant: DateTime<Utc>) -> Option<NaiveDateTime> {
         .checked_add_signed(TimeDelta::try_seconds(i64::from(offset))?)
 }
 
+/// A calendar period and where each one starts.
+#[derive(Debug, Clone, Copy)]
+struct Anchored {
+    period: CalendarPeriod,
+    anchors: Anchors,
+}
+
 /// The first local time of the period containing the local time `wall`.
-fn truncate(period: CalendarPeriod, wall: NaiveDateTime) -> Option<NaiveDateTime> {
+///
+/// A day that starts at `day_start` is the plain day of the wall clock moved back by
+/// `day_start`: the period is found on that shifted clock, and its first day starts at
+/// `day_start` again.
+fn truncate(period: Anchored, wall: NaiveDateTime) -> Option<NaiveDateTime> {
+    let Anchored { period, anchors } = period;
     let date = wall.date();
     match period {
         CalendarPeriod::Minute => date.and_hms_opt(wall.hour(), wall.minute(), 0),
         CalendarPeriod::Hour => date.and_hms_opt(wall.hour(), 0, 0),
-        CalendarPeriod::Day => Some(date.and_time(NaiveTime::MIN)),
-        CalendarPeriod::Week => {
-            let since_monday = u64::from(date.weekday().num_days_from_monday());
-            Some(
-                date.checked_sub_days(Days::new(since_monday))?
-                    .and_time(NaiveTime::MIN),
-            )
+        CalendarPeriod::Day
+        | CalendarPeriod::Week
+        | CalendarPeriod::Month
+        | CalendarPeriod::Year => {
+            let shift = TimeDelta::try_minutes(i64::from(anchors.day_start))?;
+            let date = wall.checked_sub_signed(shift)?.date();
+            let first = match period {
+                CalendarPeriod::Week => {
+                    let since = (date.weekday().num_days_from_monday() + 7
+                        - anchors.week_start.num_days_from_monday())
+                        % 7;
+                    date.checked_sub_days(Days::new(u64::from(since)))?
+                }
+                CalendarPeriod::Month => {
+                    let this = anchor_date(date.year(), date.month(), anchors.month_day)?;
+                    match date >= this {
+                        true => this,
+                        false => {
+                            let before = date.with_day(1)?.checked_sub_months(Months::new(1))?;
+                            anchor_date(before.year(), before.month(), anchors.month_day)?
+                        }
+                    }
+                }
+                CalendarPeriod::Year => {
+                    let month = u32::from(anchors.year_month);
+                    let this = anchor_date(date.year(), month, anchors.month_day)?;
+                    match date >= this {
+                        true => this,
+                        false => {
+                            anchor_date(date.year().checked_sub(1)?, month, anchors.month_day)?
+                        }
+                    }
+                }
+                _ => date,
+            };
+            first.and_time(NaiveTime::MIN).checked_add_signed(shift)
         }
-        CalendarPeriod::Month => Some(date.with_day(1)?.and_time(NaiveTime::MIN)),
     }
 }
 
 /// The first local time of the period after the one starting at the local time `first`.
-fn advance(period: CalendarPeriod, first: NaiveDateTime) -> Option<NaiveDateTime> {
-    match period {
-        CalendarPeriod::Minute => first.checked_add_signed(TimeDelta::try_minutes(1)?),
-        CalendarPeriod::Hour => first.checked_add_signed(TimeDelta::try_hours(1)?),
-        CalendarPeriod::Day => first.checked_add_days(Days::new(1)),
-        CalendarPeriod::Week => first.checked_add_days(Days::new(7)),
-        // `first` is the 1st, so this never clamps; December rolls over into January.
-        CalendarPeriod::Month => first.checked_add_months(Months::new(1)),
-    }
+fn advance(period: Anchored, first: NaiveDateTime) -> Option<NaiveDateTime> {
+    let Anchored { period, anchors } = period;
+    let shift = TimeDelta::try_minutes(i64::from(anchors.day_start))?;
+    let date = first.checked_sub_signed(shift)?.date();
+    let next = match period {
+        CalendarPeriod::Minute => return first.checked_add_signed(TimeDelta::try_minutes(1)?),
+        CalendarPeriod::Hour => return first.checked_add_signed(TimeDelta::try_hours(1)?),
+        CalendarPeriod::Day => date.checked_add_days(Days::new(1))?,
+        CalendarPeriod::Week => date.checked_add_days(Days::new(7))?,
+        // `date` is in the month its period is anchored to (clamped within it): the next
+        // period starts in the month after, clamped again (the 31st: Jan 31, Feb 28, Mar 31).
+        CalendarPeriod::Month => {
+            let after = date.with_day(1)?.checked_add_months(Months::new(1))?;
+            anchor_date(after.year(), after.month(), anchors.month_day)?
+        }
+        CalendarPeriod::Year => anchor_date(
+            date.year().checked_add(1)?,
+            u32::from(anchors.year_month),
+            anchors.month_day,
+        )?,
+    };
+    next.and_time(NaiveTime::MIN).checked_add_signed(shift)
+}
+
+/// Day `day` of `month` in `year`, or the month's last day when it is shorter.
+fn anchor_date(year: i32, month: u32, day: u8) -> Option<NaiveDate> {
+    let first = NaiveDate::from_ymd_opt(year, month, 1)?;
+    let last = first
+        .checked_add_months(Months::new(1))
+        .and_then(|next| next.pred_opt())
+        .map_or(31, |last| last.day());
+    first.with_day(u32::from(day).min(last))
 }
 
 /// The period containing `now` on the UTC clock: the fallback of [`calendar_bounds`].
 ///
 /// At chrono's limits a missing bound becomes `now` (start) or the last representable
 /// instant (end) rather than a panic.
-fn utc_bounds(period: CalendarPeriod, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
+fn utc_bounds(period: Anchored, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
     let first = truncate(period, now.naive_utc());
     let start = first.map_or(now, |first| first.and_utc());
     let end = first
@@ -216,7 +281,73 @@ mod tests {
     use chrono_tz::{Australia::Lord_Howe, Europe::Berlin, Pacific::Apia};
     use proptest::prelude::*;
 
-    use CalendarPeriod::{Day, Hour, Minute, Month, Week};
+    use CalendarPeriod::{Day, Hour, Minute, Month, Week, Year};
+
+    /// The plain calendar's bounds (no anchors), as most cases here want them.
+    fn calendar_bounds(
+        period: CalendarPeriod,
+        tz: Tz,
+        now: DateTime<Utc>,
+    ) -> (DateTime<Utc>, DateTime<Utc>) {
+        super::calendar_bounds(period, Anchors::default(), tz, now)
+    }
+
+    fn anchors(week_start: Weekday, day_start: u16, month_day: u8, year_month: u8) -> Anchors {
+        Anchors {
+            week_start,
+            day_start,
+            month_day,
+            year_month,
+        }
+    }
+
+    /// Each row: zone, period, anchors, `now`, the expected start and end, all in UTC.
+    type AnchoredCase = (
+        Tz,
+        CalendarPeriod,
+        Anchors,
+        &'static str,
+        &'static str,
+        &'static str,
+    );
+
+    #[test]
+    #[rustfmt::skip]
+    fn anchored_periods_start_at_their_cut_off_day_and_month() {
+        use chrono_tz::Pacific::{Kiritimati, Pago_Pago};
+        let plain = Anchors::default();
+        let cut_off = anchors(Weekday::Mon, 4 * 60, 1, 1);
+        let cases: [AnchoredCase; 16] = [
+            // A bank's 04:00 cut-off in New York (UTC-5 in winter): 03:59 local is yesterday.
+            (New_York, Day, cut_off, "2026-11-21 08:59", "2026-11-20 09:00", "2026-11-21 09:00"),
+            (New_York, Day, cut_off, "2026-11-21 09:00", "2026-11-21 09:00", "2026-11-22 09:00"),
+            // 02:30 is skipped on New York's spring-forward day: that day starts at 03:00 EDT.
+            (New_York, Day, anchors(Weekday::Mon, 150, 1, 1), "2026-03-08 12:00", "2026-03-08 07:00", "2026-03-09 06:30"),
+            // In Berlin a 04:00 cut-off day across the fall-back (25 h) and spring-forward (23 h).
+            (Berlin, Day, cut_off, "2026-10-24 12:00", "2026-10-24 02:00", "2026-10-25 03:00"),
+            (Berlin, Day, cut_off, "2026-03-28 12:00", "2026-03-28 03:00", "2026-03-29 02:00"),
+            // Weeks from Sunday, in UTC and Kathmandu (+05:45).
+            (Tz::UTC, Week, anchors(Weekday::Sun, 0, 1, 1), "2026-11-28 23:59", "2026-11-22 00:00", "2026-11-29 00:00"),
+            (Kathmandu, Week, anchors(Weekday::Sun, 0, 1, 1), "2026-11-28 18:15", "2026-11-28 18:15", "2026-12-05 18:15"),
+            // A cut-off moves the week's start too: Monday 04:00.
+            (Tz::UTC, Week, cut_off, "2026-11-23 03:59", "2026-11-16 04:00", "2026-11-23 04:00"),
+            // A billing month from the 15th; the 31st clamped to February's 28th and 29th.
+            (Tz::UTC, Month, anchors(Weekday::Mon, 0, 15, 1), "2026-11-14 23:59", "2026-10-15 00:00", "2026-11-15 00:00"),
+            (Tz::UTC, Month, anchors(Weekday::Mon, 0, 31, 1), "2026-02-28 00:00", "2026-02-28 00:00", "2026-03-31 00:00"),
+            (Tz::UTC, Month, anchors(Weekday::Mon, 0, 31, 1), "2026-02-27 12:00", "2026-01-31 00:00", "2026-02-28 00:00"),
+            (Tz::UTC, Month, anchors(Weekday::Mon, 0, 30, 1), "2028-02-29 12:00", "2028-02-29 00:00", "2028-03-30 00:00"),
+            // Years across New Year at UTC+14 and UTC-11.
+            (Kiritimati, Year, plain, "2026-12-31 09:59", "2025-12-31 10:00", "2026-12-31 10:00"),
+            (Kiritimati, Year, plain, "2026-12-31 10:00", "2026-12-31 10:00", "2027-12-31 10:00"),
+            (Pago_Pago, Year, plain, "2027-01-01 10:59", "2026-01-01 11:00", "2027-01-01 11:00"),
+            // A fiscal year from April 6th (the UK's), with a 04:00 cut-off.
+            (Tz::UTC, Year, anchors(Weekday::Mon, 240, 6, 4), "2027-04-06 03:59", "2026-04-06 04:00", "2027-04-06 04:00"),
+        ];
+        for (tz, period, anchors, now, start, end) in cases {
+            let got = super::calendar_bounds(period, anchors, tz, utc(now));
+            assert_eq!(got, (utc(start), utc(end)), "{period:?} {anchors:?} in {tz} at {now}");
+        }
+    }
 
     /// A UTC instant written `YYYY-MM-DD HH:MM` or `YYYY-MM-DD HH:MM:SS`.
     fn utc(text: &str) -> DateTime<Utc> {
@@ -373,7 +504,7 @@ mod tests {
 
     #[test]
     fn the_limits_of_chrono_give_an_answer_without_panicking() {
-        for period in [Minute, Hour, Day, Week, Month] {
+        for period in [Minute, Hour, Day, Week, Month, Year] {
             for tz in [Tz::UTC, Apia, Kathmandu] {
                 for now in [DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
                     let (start, end) = calendar_bounds(period, tz, now);
@@ -384,7 +515,29 @@ mod tests {
     }
 
     fn any_period() -> impl Strategy<Value = CalendarPeriod> {
-        prop::sample::select(vec![Minute, Hour, Day, Week, Month])
+        prop::sample::select(vec![Minute, Hour, Day, Week, Month, Year])
+    }
+
+    /// Anchors for `period`: only those it uses (a minute or an hour has none).
+    fn any_anchors(period: CalendarPeriod) -> impl Strategy<Value = Anchors> {
+        let weekdays = prop::sample::select(vec![
+            Weekday::Mon,
+            Weekday::Tue,
+            Weekday::Wed,
+            Weekday::Thu,
+            Weekday::Fri,
+            Weekday::Sat,
+            Weekday::Sun,
+        ]);
+        (weekdays, 0_u16..1_440, 1_u8..=31, 1_u8..=12).prop_map(
+            move |(week, day, month_day, month)| match period {
+                Minute | Hour => Anchors::default(),
+                Day => anchors(Weekday::Mon, day, 1, 1),
+                Week => anchors(week, day, 1, 1),
+                Month => anchors(Weekday::Mon, day, month_day, 1),
+                Year => anchors(Weekday::Mon, day, month_day, month),
+            },
+        )
     }
 
     fn any_zone() -> impl Strategy<Value = Tz> {
@@ -425,6 +578,31 @@ mod tests {
             prop_assert_eq!(calendar_bounds(period, tz, end).0, end);
             let just_before = start - TimeDelta::nanoseconds(1);
             prop_assert_eq!(calendar_bounds(period, tz, just_before).1, start);
+        }
+
+        #[test]
+        fn every_anchored_period_tiles_time_and_starts_at_its_anchor(
+            tz in any_zone(),
+            (period, anchors) in any_period().prop_flat_map(|p| (Just(p), any_anchors(p))),
+            now in any_instant(),
+        ) {
+            let bounds = |at| super::calendar_bounds(period, anchors, tz, at);
+            let (start, end) = bounds(now);
+            prop_assert!(start <= now && now < end, "{:?}", (start, end));
+            prop_assert_eq!(bounds(start), (start, end));
+            prop_assert_eq!(bounds(end).0, end);
+            prop_assert_eq!(bounds(start - TimeDelta::nanoseconds(1)).1, start);
+            // The start is the anchor's local time, unless a transition skipped it.
+            if !matches!(period, Minute | Hour) {
+                let local = local(tz, start);
+                let anchor = local.date().and_time(NaiveTime::MIN)
+                    + TimeDelta::minutes(i64::from(anchors.day_start));
+                let skipped = tz.from_local_datetime(&anchor).single().is_none();
+                prop_assert!(
+                    skipped || u32::from(anchors.day_start) == local.hour() * 60 + local.minute(),
+                    "{local} does not start at minute {}", anchors.day_start
+                );
+            }
         }
 
         #[test]

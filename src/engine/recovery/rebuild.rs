@@ -15,7 +15,9 @@
 //! the `seq` it covers are replayed: a settlement of a hold opened before it then finds
 //! the hold's record in the store, and a refund counts every refund before the replay.
 
-use crate::domain::{CounterCharge, EntryKind, HoldId, LedgerEntry, Quantity, Restore, Window};
+use crate::domain::{
+    CalendarPeriod, CounterCharge, EntryKind, HoldId, LedgerEntry, Quantity, Restore, Window,
+};
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::decision::giveback::Settle;
 use crate::engine::state::{Rebuilt, Replay, ReplayOp};
@@ -39,6 +41,10 @@ const REORDER: usize = 20_000;
 /// week more (so a late commit gets its 409), and a calendar month is 31 days.
 const MIN_HORIZON: Duration = Duration::days(38);
 
+/// The longest calendar year, with a day to spare for a cut-off (`day_start`) and the
+/// largest UTC offsets.
+const YEAR_SECONDS: u64 = 367 * 86_400;
+
 /// A calendar counter's lifetime when its entry predates the recorded period end: the
 /// longest period (a month), so it is never dropped early.
 const CALENDAR_FALLBACK_MS: i64 = 32 * 86_400_000;
@@ -51,6 +57,11 @@ pub(crate) fn horizon(windows: &[Window]) -> Duration {
     let longest = windows
         .iter()
         .map(|window| match *window {
+            // The horizon covers a month already; a year needs its own length.
+            Window::Calendar {
+                period: CalendarPeriod::Year,
+                ..
+            } => YEAR_SECONDS,
             Window::Calendar { .. } => 0,
             Window::Rolling {
                 seconds,
