@@ -12,6 +12,7 @@
 //   #/lookup?action=A&subject=S&attributes[k]=v   usage of every policy of A for S
 //   #/ledger?subject=&action=&kind=&from=&to=     the ledger, newest first, cursor paging
 //   #/today?hours=24&action=A           charges, denials and amounts per hour
+//   #/keys                              API keys: list, create (the secret shown once), revoke
 'use strict';
 
 // ---------------------------------------------------------------------------
@@ -359,8 +360,9 @@ async function signIn(event) {
 function signOut(reason) {
   sessionStorage.removeItem(TOKEN_KEY);
   closeEditor();
+  hideSecret();
   for (const sel of ['#policies-table tbody', '#ledger-table tbody', '#top-denied tbody',
-    '#lookup-result', '#today', '#today-range', '#actions-list', '#lookup-attrs']) {
+    '#lookup-result', '#today', '#today-range', '#actions-list', '#lookup-attrs', '#keys-table tbody']) {
     $(sel).replaceChildren();
   }
   policiesCache = [];
@@ -393,6 +395,7 @@ const PAGES = {
   lookup: renderLookup,
   ledger: renderLedger,
   today: renderToday,
+  keys: renderKeys,
 };
 
 /** Bumped by every route: an answer that arrives for an older one is dropped. */
@@ -428,6 +431,7 @@ function route() {
     showSignIn();
     return;
   }
+  hideSecret(); // a new key's secret never outlives its page
   const { page, params } = parseRoute();
   generation += 1;
   const changed = page !== currentPage;
@@ -1392,6 +1396,184 @@ function barChart({ id, title, hours, series }) {
 }
 
 // ---------------------------------------------------------------------------
+// API keys page
+// ---------------------------------------------------------------------------
+//
+// A new key's secret is in one answer only. It goes straight from that answer into the
+// panel's DOM (no variable, no storage keeps it), and the panel is emptied when it is
+// dismissed, on any route (another page, or this one again) and on sign-out.
+
+const KEY_STATES = {
+  active: ['ok', '● Active'],
+  expired: ['off', '⌛ Expired'],
+  revoked: ['full', '✕ Revoked'],
+};
+
+function renderKeys() {
+  clearFieldErrors($('#key-form'));
+  loadKeys();
+}
+
+async function loadKeys() {
+  const gen = generation;
+  setStatus('Loading keys…');
+  try {
+    const { data } = await api('GET', '/admin/keys');
+    if (stale(gen)) return;
+    fill($('#keys-table tbody'), ...data.items.map(keyRow));
+    $('#keys-empty').hidden = data.items.length > 0;
+    setStatus(`${data.items.length} ${data.items.length === 1 ? 'key' : 'keys'}.`);
+  } catch (err) {
+    if (!stale(gen)) report('Could not load the keys.', err);
+  }
+}
+
+/** One key as listed: never its secret (the list has none), only its prefix. */
+function keyRow(k) {
+  const [cls, text] = KEY_STATES[k.state] || ['off', k.state];
+  return h('tr', { dataset: { keyId: k.id, state: k.state } },
+    h('th', { scope: 'row' }, k.name, h('div', { class: 'muted small mono' }, k.id)),
+    h('td', {}, h('span', { class: 'mono' }, `${k.prefix}…`)),
+    h('td', {}, h('ul', { class: 'plain' }, k.actions.map((a) => h('li', { class: 'mono' }, a)))),
+    h('td', {}, h('ul', { class: 'plain' }, k.operations.map((op) => h('li', { class: 'mono small' }, op)))),
+    h('td', { dataset: { status: k.state } }, badge(cls, text),
+      k.revoked_at ? h('div', { class: 'muted small' }, timeEl(k.revoked_at)) : null),
+    h('td', {}, k.expires_at ? timeEl(k.expires_at) : 'never'),
+    h('td', {}, k.last_used_at ? timeEl(k.last_used_at) : 'never'),
+    h('td', {}, timeEl(k.created_at)),
+    h('td', { class: 'row-actions' }, k.state === 'active'
+      ? h('button', {
+        type: 'button', class: 'small danger', dataset: { action: 'revoke' },
+        'aria-label': `Revoke ${k.name}`, onclick: () => revokeKey(k),
+      }, 'Revoke')
+      : null));
+}
+
+/** The create form as a request body (`actions` split at commas); throws on a bad expiry. */
+function keyBody() {
+  const body = {
+    name: $('#key-name').value.trim(),
+    actions: $('#key-actions').value.split(',').map((a) => a.trim()).filter((a) => a !== ''),
+    operations: $$('#key-operations input:checked').map((el) => el.value),
+  };
+  const expires = $('#key-expires').value;
+  if (expires) body.expires_at = localInputToIso(expires);
+  return body;
+}
+
+/** Which error element shows a server error about `field`: `actions[1]` is the actions field's. */
+function keyFieldError(field) {
+  const ids = { name: 'key-name', actions: 'key-actions', operations: 'key-operations', expires_at: 'key-expires' };
+  const id = ids[field.replace(/\[\d+\]$/, '')];
+  return id ? $(`#${id}-error`) : null;
+}
+
+async function createKey(event) {
+  event.preventDefault();
+  const form = $('#key-form');
+  clearFieldErrors(form);
+  clearMessage();
+  hideSecret();
+  let body;
+  try {
+    body = keyBody();
+  } catch (e) {
+    $('#key-expires-error').append(h('span', { class: 'field-error-line' }, `✕ ${e.message}`));
+    $('#key-expires').setAttribute('aria-invalid', 'true');
+    $('#key-expires').focus();
+    return;
+  }
+  const button = $('#key-create');
+  button.disabled = true;
+  let label;
+  try {
+    // The answer goes straight to the panel: only a label without the secret is kept.
+    label = showSecret((await api('POST', '/admin/keys', { body })).data);
+  } catch (err) {
+    report('The key was not created.', err);
+    showFieldErrors(err, keyFieldError);
+    const first = $('#key-form [aria-invalid="true"]');
+    if (first) (first.tagName === 'FIELDSET' ? $('input', first) : first).focus();
+    return;
+  } finally {
+    button.disabled = false;
+  }
+  form.reset();
+  await loadKeys();
+  setStatus(`Created the key ${label}.`);
+}
+
+/** Shows a new key's secret, the one time the service gives it; returns `name (prefix…)`. */
+function showSecret(key) {
+  const panel = $('#key-secret');
+  fill(panel,
+    h('h2', { id: 'key-secret-title', tabindex: '-1' }, `⚠ New key ${key.name}: shown once`),
+    h('p', { class: 'notice' },
+      'Copy it now: only its hash is kept, so neither the service nor this console can show it again.'),
+    h('div', { class: 'field' },
+      h('label', { for: 'key-secret-value' }, `The API key (${key.prefix}…)`),
+      h('input', {
+        id: 'key-secret-value', class: 'mono', value: key.key, readonly: true,
+        autocomplete: 'off', spellcheck: 'false', onfocus: (e) => e.target.select(),
+      })),
+    h('p', { class: 'hint' }, 'Send it as ', h('code', {}, 'Authorization: Bearer <key>'), '.'),
+    key.closed_quota_endpoints
+      ? h('p', { id: 'key-closed-notice', class: 'notice' },
+        '⚠ This first key closed the quota endpoints: from now on every /quota/* call needs ' +
+        'a client token or an API key.')
+      : null,
+    h('div', { class: 'form-actions' },
+      h('button', { id: 'key-secret-copy', type: 'button', onclick: copySecret }, 'Copy'),
+      h('button', { id: 'key-secret-dismiss', type: 'button', class: 'secondary', onclick: dismissSecret },
+        'I have copied it: hide it')));
+  panel.hidden = false;
+  $('#key-secret-title').focus();
+  return `${key.name} (${key.prefix}…)`;
+}
+
+/** Copies the shown secret, read from the panel, to the clipboard (or leaves it selected). */
+async function copySecret() {
+  const input = $('#key-secret-value');
+  input.select();
+  try {
+    await navigator.clipboard.writeText(input.value);
+    setStatus('The key is on the clipboard.');
+  } catch (e) {
+    setStatus('The browser did not allow the clipboard: the key is selected, copy it with Ctrl+C.');
+  }
+}
+
+function dismissSecret() {
+  hideSecret();
+  setStatus('The key is hidden; it cannot be shown again.');
+  $('#key-name').focus();
+}
+
+/** Empties and hides the secret's panel: no copy of the secret is left in the page. */
+function hideSecret() {
+  const panel = $('#key-secret');
+  panel.hidden = true;
+  panel.replaceChildren();
+}
+
+async function revokeKey(k) {
+  const ok = await confirmDialog('Revoke key?',
+    `Revoke ${k.name} (${k.prefix}…)? Every request with it is refused (401) at once, and ` +
+    'by every instance within a second. This cannot be undone: create a new key to replace it.', 'Revoke');
+  if (!ok) return;
+  clearMessage();
+  let revoked = false;
+  try {
+    await api('DELETE', `/admin/keys/${seg(k.id)}`);
+    revoked = true;
+  } catch (err) {
+    report(`Could not revoke ${k.name}.`, err);
+  }
+  await loadKeys();
+  if (revoked) setStatus(`Revoked ${k.name} (${k.prefix}…).`);
+}
+
+// ---------------------------------------------------------------------------
 // Start
 // ---------------------------------------------------------------------------
 
@@ -1418,6 +1600,9 @@ function start() {
   $('#ledger-newer').addEventListener('click', () => ledgerPage(-1));
 
   $('#today-form').addEventListener('submit', submitToday);
+
+  $('#key-form').addEventListener('submit', createKey);
+  $('#keys-refresh').addEventListener('click', () => { clearMessage(); loadKeys(); });
 
   $('#confirm-ok').addEventListener('click', () => $('#confirm-dialog').close('ok'));
   $('#confirm-cancel').addEventListener('click', () => $('#confirm-dialog').close('cancel'));
