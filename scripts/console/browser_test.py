@@ -5,7 +5,7 @@
         [--screenshots DIR]
 
 The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
-client tokens. scripts/console.sh starts one and runs this. Twelve steps, in order, each
+client tokens. scripts/console.sh starts one and runs this. Thirteen steps, in order, each
 asserting what it shows (the API key steps come last: the first key closes the open
 /quota/* endpoints that the earlier steps consume through); a step's failure is reported
 and the next steps still run (they may fail in turn: the first FAIL is the cause). On a
@@ -74,6 +74,7 @@ KEY_POLICY = {
     "window": {"type": "rolling", "seconds": 86400, "bucket_seconds": 3600},
 }
 KEY_NAME = "browser mail"
+READER_NAME = "browser reader"
 
 
 class StepFailed(AssertionError):
@@ -528,6 +529,16 @@ const stored = [sessionStorage, localStorage].flatMap((s) => Object.values(s));
 return document.documentElement.outerHTML.includes(secret) || values.concat(stored).some((v) => v.includes(secret));
 """
 
+# The texts of the buttons a user can see and the visible controls marked as changing something.
+VISIBLE_CHANGE_CONTROLS = """
+const shown = (el) => el.getClientRects().length > 0;
+const words = /^(new policy|edit|enable|disable|delete|revoke|create key|save|create policy)/i;
+return Array.from(document.querySelectorAll('button, [data-change], [data-action]')).filter(shown)
+  .filter((el) => el.hasAttribute('data-change') || el.hasAttribute('data-action') || words.test(el.textContent.trim()))
+  .map((el) => el.id || el.textContent.trim());
+"""
+
+
 def secret_kept(c: Console, secret: str) -> bool:
     return bool(c.driver.execute_script(SECRET_KEPT, secret))
 
@@ -649,6 +660,71 @@ def step_key_revoke(run: Run) -> None:
     c.no_script_errors()
 
 
+def step_read_only(run: Run) -> None:
+    """An admin:read key signs in read-only: it reads every page, and sees nothing that changes."""
+    created = http(run.base, "POST", "/admin/keys", {
+        "name": READER_NAME, "actions": [KEY_GLOB], "operations": ["admin:read", "usage", "ledger"],
+    }, run.admin())
+    check(created.status == 201, f"creating the admin:read key answered {created.status}: {created.body[:300]!r}")
+    reader = created.json()["key"]
+    c = run.console
+    c.click("#sign-out")
+    c.visible("#page-signin")
+    check(not c.find("#read-only").is_displayed(), "the read-only marker shows while signed out")
+    c.type("#token", reader)
+    c.click("#sign-in")
+    marker = c.visible("#read-only")
+    c.go("nav-policies", "page-policies")  # sign-in stays on the page it was on (#/keys)
+    c.visible(f'#policies-table tr[data-policy-id="{POLICY_ID}"]')
+    check("read-only" in marker.text.lower() and READER_NAME in marker.text,
+          f"the read-only marker does not name the key: {marker.text!r}")
+    check(c.find("#new-policy") is not None and not c.find("#new-policy").is_displayed(), "New policy is shown")
+    check(not c.driver.find_elements(By.CSS_SELECTOR, "#policies-table button"),
+          "the policy rows have buttons (edit, enable/disable, delete)")
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown on the policies page: {shown}")
+
+    c.go("nav-keys", "page-keys")
+    c.wait("the reader listed", key_row(c, READER_NAME, "active"))
+    check(not c.find("#key-form").is_displayed(), "the key form is shown")
+    check(not c.driver.find_elements(By.CSS_SELECTOR, 'button[data-action="revoke"]'), "a Revoke button is built")
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown on the keys page: {shown}")
+    # A reload asks who is signed in again: still read-only.
+    c.driver.refresh()
+    c.wait("the reader listed after a reload", key_row(c, READER_NAME, "active"))
+    check(READER_NAME in c.visible("#read-only").text, "the read-only marker does not name the key after a reload")
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown after a reload: {shown}")
+
+    # Reads work: the lookup (usage), the ledger and today; another action is a 403, shown.
+    c.go("nav-lookup", "page-lookup")
+    c.type("#lookup-action", KEY_ACTION)
+    c.type("#lookup-subject", KEY_SUBJECT)
+    c.click("#lookup-go")
+    c.visible(f'#lookup-result [data-usage-policy="{KEY_POLICY["id"]}"] [role="progressbar"]')
+    c.click("#lookup-ledger-link")
+    c.wait("the key's charge in the ledger", lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#ledger-table tbody tr[data-kind="charge"]'))
+    c.go("nav-today", "page-today")
+    c.visible(f'#today [data-activity-action="{KEY_ACTION}"]')
+    c.go("nav-lookup", "page-lookup")
+    c.type("#lookup-action", ACTION)
+    c.type("#lookup-subject", SUBJECT)
+    c.click("#lookup-go")
+    c.wait("the 403's detail", lambda d: "403" in c.message() and f"'{ACTION}'" in c.message())
+
+    # The admin token again: the marker goes and the controls come back.
+    c.click("#sign-out")
+    c.type("#token", run.token)
+    c.click("#sign-in")
+    c.go("nav-policies", "page-policies")
+    c.visible(f'#policies-table tr[data-policy-id="{POLICY_ID}"] button[data-action="edit"]')
+    c.visible("#new-policy")
+    check(not c.find("#read-only").is_displayed(), "the read-only marker stays for the admin token")
+    c.no_script_errors()
+
+
 STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("served with a Content-Security-Policy", step_served_with_csp),
     ("sign in: wrong token refused, right token accepted", step_sign_in),
@@ -663,6 +739,7 @@ STEPS: list[tuple[str, Callable[[Run], None]]] = [
     # The first key closes the open /quota/* endpoints the steps above consume through.
     ("keys: 422 fields, create, the secret shown once", step_key_create),
     ("keys: revoke after a confirmation", step_key_revoke),
+    ("an admin:read key signs in read-only", step_read_only),
 ]
 
 

@@ -2,7 +2,7 @@
 //
 // One plain ES2020 script, no framework and no build step: index.html holds the static
 // markup of every page, and this script shows the page the hash route names, calls the
-// service's documented HTTP API with the admin token, and renders answers with DOM calls
+// service's documented HTTP API with the bearer token, and renders answers with DOM calls
 // (never innerHTML, so no string from the service is ever parsed as markup). Charts are
 // SVG built here. The Content-Security-Policy forbids inline styles, so sizes are set
 // through the CSSOM (`el.style.width = ...`) and everything else through classes.
@@ -13,13 +13,18 @@
 //   #/ledger?subject=&action=&kind=&from=&to=     the ledger, newest first, cursor paging
 //   #/today?hours=24&action=A           charges, denials and amounts per hour
 //   #/keys                              API keys: list, create (the secret shown once), revoke
+//
+// Sign-in takes the admin token or an API key with `admin:read`. GET /admin/whoami says
+// whether it may change anything; when it may not, the console is read-only: a marker on
+// the bar, and no control that would change something (static ones carry `data-change`
+// and are hidden; row buttons are not built).
 'use strict';
 
 // ---------------------------------------------------------------------------
 // Constants and small helpers
 // ---------------------------------------------------------------------------
 
-/** Where the admin token is kept: this tab's session storage, nothing else. */
+/** Where the token (or API key) is kept: this tab's session storage, nothing else. */
 const TOKEN_KEY = 'quota-ledger.admin-token';
 
 /** The API's root: the path the console is served under, less `/console/...`. */
@@ -293,7 +298,7 @@ async function api(method, path, { query, body, headers = {}, token: given } = {
     const err = new ApiError(res.status, problem);
     if (res.status === 401 && !given) {
       err.sessionEnded = true;
-      signOut('The service refused the admin token (401). Sign in again.');
+      signOut('The service refused the token or key (401): it may have been revoked or have expired. Sign in again.');
     }
     throw err;
   }
@@ -326,24 +331,35 @@ async function fetchPolicies(query = new URLSearchParams()) {
 // Sign in and out
 // ---------------------------------------------------------------------------
 
+/**
+ * Who is signed in, from GET /admin/whoami (`kind`, `name`, `may_change`), or null while
+ * signed out or not yet known. Never the token itself.
+ */
+let signedIn = null;
+
+/** Whether the signed-in token may change anything (only the admin token may). */
+const mayChange = () => Boolean(signedIn && signedIn.may_change);
+
 async function signIn(event) {
   event.preventDefault();
   const input = $('#token');
   const given = input.value.trim();
   clearMessage();
   if (!given) {
-    showError('Sign-in', new Error('Enter the admin token.'));
+    showError('Sign-in', new Error('Enter the admin token or an API key.'));
     input.focus();
     return;
   }
   const button = $('#sign-in');
   button.disabled = true;
   setStatus('Checking the token…');
+  let known;
   try {
-    // Any admin call proves the token; this one is cheap.
-    await api('GET', '/admin/policies', { query: new URLSearchParams({ limit: '1' }), token: given });
+    // Asking who the token is proves it, and tells whether it may change anything.
+    known = (await api('GET', '/admin/whoami', { token: given })).data;
   } catch (err) {
     if (err.status === 401) showError('Wrong token: the service refused it.', err);
+    else if (err.status === 403) showError('This API key may not use the console: it needs the admin:read operation.', err);
     else showError('Could not sign in.', err);
     input.select();
     return;
@@ -353,12 +369,14 @@ async function signIn(event) {
   sessionStorage.setItem(TOKEN_KEY, given);
   input.value = '';
   setStatus('Signed in.');
-  enterConsole();
+  enterConsole(known);
 }
 
 /** Forgets the token, empties every page (no data stays on screen) and shows sign-in. */
 function signOut(reason) {
   sessionStorage.removeItem(TOKEN_KEY);
+  signedIn = null;
+  applyAccess();
   closeEditor();
   hideSecret();
   for (const sel of ['#policies-table tbody', '#ledger-table tbody', '#top-denied tbody',
@@ -379,11 +397,43 @@ function showSignIn() {
   $('#token').focus();
 }
 
-function enterConsole() {
+/**
+ * Opens the console for the stored token: `known` is who it is (from sign-in), else it is
+ * asked first, so that a read-only key never sees a control it may not use. When the
+ * answer does not come, the console is read-only: the safe side.
+ */
+async function enterConsole(known) {
+  let failure = null;
+  if (known) signedIn = known;
+  else {
+    setStatus('Checking who is signed in…');
+    try {
+      signedIn = (await api('GET', '/admin/whoami')).data;
+    } catch (err) {
+      if (err.sessionEnded) return; // signed out already
+      signedIn = { kind: 'unknown', name: null, may_change: false };
+      failure = err;
+    }
+  }
+  applyAccess();
   $('#nav').hidden = false;
   $('#sign-out').hidden = false;
   if (!parseRoute().known) window.history.replaceState(null, '', '#/policies');
   route();
+  if (failure) report('Could not tell who is signed in, so the console is read-only until it is reloaded.', failure);
+}
+
+/** Shows or hides what changes something, and the read-only marker, for `signedIn`. */
+function applyAccess() {
+  const readOnly = !mayChange();
+  for (const el of $$('[data-change]')) el.hidden = readOnly;
+  const marker = $('#read-only');
+  marker.hidden = !signedIn || signedIn.may_change;
+  marker.textContent = signedIn && !signedIn.may_change
+    ? `Read-only: ${signedIn.kind === 'api_key' ? `API key ${signedIn.name}` : 'could not tell who is signed in'}`
+    : '';
+  marker.title = 'Reading only: the controls that would change something are not shown.';
+  if (readOnly) closeEditor();
 }
 
 // ---------------------------------------------------------------------------
@@ -431,6 +481,7 @@ function route() {
     showSignIn();
     return;
   }
+  if (!signedIn) return; // enterConsole routes once it knows who is signed in
   hideSecret(); // a new key's secret never outlives its page
   const { page, params } = parseRoute();
   generation += 1;
@@ -533,15 +584,16 @@ function policyRow(p) {
       p.ledger_denials ? h('div', { class: 'muted small' }, 'records denials') : null),
     h('td', { dataset: { status: p.enabled ? 'enabled' : 'disabled' } },
       p.enabled ? badge('ok', '● Enabled') : badge('off', '○ Disabled')),
+    // Read-only: the buttons that change the policy are not built at all.
     h('td', { class: 'row-actions' },
-      button('edit', 'Edit', `Edit ${p.id}`, () => openEditor(p.id)),
-      button('toggle', p.enabled ? 'Disable' : 'Enable',
-        `${p.enabled ? 'Disable' : 'Enable'} ${p.id}`, (e) => toggleEnabled(p.id, e.currentTarget)),
+      mayChange() ? button('edit', 'Edit', `Edit ${p.id}`, () => openEditor(p.id)) : null,
+      mayChange() ? button('toggle', p.enabled ? 'Disable' : 'Enable',
+        `${p.enabled ? 'Disable' : 'Enable'} ${p.id}`, (e) => toggleEnabled(p.id, e.currentTarget)) : null,
       h('a', {
         class: 'button small secondary', 'aria-label': `Activity of ${p.action}`,
         href: pageHash('today', new URLSearchParams({ action: p.action })),
       }, 'Activity'),
-      button('delete', 'Delete', `Delete ${p.id}`, () => deletePolicy(p), 'danger')));
+      mayChange() ? button('delete', 'Delete', `Delete ${p.id}`, () => deletePolicy(p), 'danger') : null));
 }
 
 /** A policy as it can be sent back: without the fields the service sets. */
@@ -1441,7 +1493,8 @@ function keyRow(k) {
     h('td', {}, k.expires_at ? timeEl(k.expires_at) : 'never'),
     h('td', {}, k.last_used_at ? timeEl(k.last_used_at) : 'never'),
     h('td', {}, timeEl(k.created_at)),
-    h('td', { class: 'row-actions' }, k.state === 'active'
+    // Read-only: no Revoke button is built.
+    h('td', { class: 'row-actions' }, k.state === 'active' && mayChange()
       ? h('button', {
         type: 'button', class: 'small danger', dataset: { action: 'revoke' },
         'aria-label': `Revoke ${k.name}`, onclick: () => revokeKey(k),
