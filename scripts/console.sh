@@ -9,9 +9,10 @@
 #      counters, a random admin token and no client tokens; /readyz must answer 200.
 #   3. scripts/console/browser_test.py against it, in headless Chromium: the CSP header,
 #      sign-in, creating a policy, the budget lookup, the ledger, a recorded denial, the
-#      "today" charts and an edit conflict. It prints one line per step and ends with
-#      `console: N passed, M failed`; on a failure it saves a screenshot, the page source
-#      and the browser log in a temp dir (kept) and prints its path.
+#      "today" charts, an edit conflict, then API keys (create, the secret shown once,
+#      revoke) and an admin:read key's read-only console. It prints one line per step
+#      and ends with `console: N passed, M failed`; on a failure it saves a screenshot,
+#      the page source and the browser log in a temp dir (kept) and prints its path.
 #
 # The test runs with Debian's /usr/bin/python3, the interpreter python3-selenium installs
 # for (a python3 earlier on PATH, such as pyenv's, would not see it). The service is

@@ -5,11 +5,13 @@
         [--screenshots DIR]
 
 The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
-client tokens. scripts/console.sh starts one and runs this. Ten steps, in order, each
-asserting what it shows; a step's failure is reported and the next steps still run (they
-may fail in turn: the first FAIL is the cause). On a failure the page's screenshot, its
-source and the browser's console log are saved in a new temp dir, whose path is printed.
-The last line is `console: N passed, M failed`; the exit status is 1 when M > 0.
+client tokens. scripts/console.sh starts one and runs this. Thirteen steps, in order, each
+asserting what it shows (the API key steps come last: the first key closes the open
+/quota/* endpoints that the earlier steps consume through); a step's failure is reported
+and the next steps still run (they may fail in turn: the first FAIL is the cause). On a
+failure the page's screenshot, its source and the browser's console log are saved in a new
+temp dir, whose path is printed. The last line is `console: N passed, M failed`; the exit
+status is 1 when M > 0.
 
 Only the standard library and Selenium (Debian's python3-selenium) are used; every wait
 is an explicit WebDriverWait on a condition, never a bare sleep.
@@ -59,6 +61,20 @@ POLICY = {
     "ledger_denials": True,
     "description": "browser test: 3 SMS in any 24 hours",
 }
+
+# What the API key steps consume through a key: a policy of their own, with room to spare.
+KEY_ACTION = "mail.send"
+KEY_GLOB = "mail.*"
+KEY_SUBJECT = "user-k"
+KEY_POLICY = {
+    "id": "mail-daily",
+    "action": KEY_ACTION,
+    "measure": "count",
+    "limit": 100,
+    "window": {"type": "rolling", "seconds": 86400, "bucket_seconds": 3600},
+}
+KEY_NAME = "browser mail"
+READER_NAME = "browser reader"
 
 
 class StepFailed(AssertionError):
@@ -205,6 +221,20 @@ class Run:
         self.token = token
         self.shots = shots
         self.consumption_ids: list[str] = []
+        self.key_secret = ""  # the key created through the console, read from its panel
+        self.key_id = ""
+
+    def key_consume(self, key: str | None, action: str = KEY_ACTION) -> Answer:
+        """A consume with `key` as the bearer (none: no Authorization header)."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return http(self.base, "POST", "/quota/consume", {"action": action, "subject": KEY_SUBJECT}, headers)
+
+    def listed_key(self, name: str) -> dict[str, Any]:
+        answer = http(self.base, "GET", "/admin/keys", headers=self.admin())
+        check(answer.status == 200, f"GET /admin/keys answered {answer.status}")
+        found = [k for k in answer.json()["items"] if k["name"] == name]
+        check(len(found) == 1, f"not one key named {name!r} in {answer.json()['items']}")
+        return found[0]
 
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
@@ -491,6 +521,210 @@ def step_accessibility(run: Run) -> None:
     c.no_script_errors()
 
 
+# The secret anywhere in the page (attributes and input values too) or in the tab's storage.
+SECRET_KEPT = """
+const secret = arguments[0];
+const values = Array.from(document.querySelectorAll('input, textarea')).map((el) => el.value);
+const stored = [sessionStorage, localStorage].flatMap((s) => Object.values(s));
+return document.documentElement.outerHTML.includes(secret) || values.concat(stored).some((v) => v.includes(secret));
+"""
+
+# The texts of the buttons a user can see and the visible controls marked as changing something.
+VISIBLE_CHANGE_CONTROLS = """
+const shown = (el) => el.getClientRects().length > 0;
+const words = /^(new policy|edit|enable|disable|delete|revoke|create key|save|create policy)/i;
+return Array.from(document.querySelectorAll('button, [data-change], [data-action]')).filter(shown)
+  .filter((el) => el.hasAttribute('data-change') || el.hasAttribute('data-action') || words.test(el.textContent.trim()))
+  .map((el) => el.id || el.textContent.trim());
+"""
+
+
+def secret_kept(c: Console, secret: str) -> bool:
+    return bool(c.driver.execute_script(SECRET_KEPT, secret))
+
+
+def key_row(c: Console, name: str, state: str) -> Callable[[WebDriver], WebElement | None]:
+    """A wait condition: the keys table's row of `name`, once it is in `state`."""
+    def row(driver: WebDriver) -> WebElement | None:
+        for r in driver.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr"):
+            if r.find_element(By.CSS_SELECTOR, "th").text.startswith(name) and r.get_attribute("data-state") == state:
+                return r
+        return None
+    return row
+
+
+def create_key_in_console(c: Console, name: str, actions: str) -> str:
+    """Fills and sends the key form; returns the secret read from the panel."""
+    c.type("#key-name", name)
+    c.type("#key-actions", actions)
+    c.click("#key-create")
+    panel = c.visible("#key-secret")
+    secret = c.visible("#key-secret-value").get_attribute("value") or ""
+    check(secret.startswith("qlk_"), f"the panel shows no key: {panel.text!r}")
+    check("shown once" in panel.text and "only its hash is kept" in panel.text,
+          f"the panel does not say the key is shown once: {panel.text!r}")
+    return secret
+
+
+def step_key_create(run: Run) -> None:
+    """Keys page: a 422 names its fields; a key created shows its secret once, and works."""
+    created = http(run.base, "POST", "/admin/policies", KEY_POLICY, run.admin())
+    check(created.status == 201, f"creating {KEY_POLICY['id']} answered {created.status}: {created.body[:300]!r}")
+    c = run.console
+    c.go("nav-keys", "page-keys")
+    c.wait("the empty key list", lambda d: c.find("#keys-empty").is_displayed())
+
+    # The defaults: every operation but admin:read.
+    ops = {e.get_attribute("value"): e.is_selected()
+           for e in c.driver.find_elements(By.CSS_SELECTOR, "#key-operations input[type=checkbox]")}
+    check(ops == {"consume": True, "check": True, "usage": True, "refund": True, "holds": True,
+                  "ledger": True, "admin:read": False}, f"the operations' defaults differ: {ops}")
+
+    # A bad glob (actions[1]) and no operation: each error shows at its own field.
+    c.type("#key-name", KEY_NAME)
+    c.type("#key-actions", f"{KEY_GLOB}, SMS")
+    for e in c.driver.find_elements(By.CSS_SELECTOR, "#key-operations input:checked"):
+        e.click()
+    c.click("#key-create")
+    c.wait("the actions field's error", lambda d: "SMS" in c.find("#key-actions-error").text)
+    check(c.find("#key-actions").get_attribute("aria-invalid") == "true", "the actions field is not marked invalid")
+    check("operation" in c.find("#key-operations-error").text,
+          f"the operations group shows no error: {c.find('#key-operations-error').text!r}")
+    check("422" in c.message(), f"the 422 is not shown: {c.message()!r}")
+    check(http(run.base, "GET", "/admin/keys", headers=run.admin()).json()["items"] == [],
+          "the refused key was created")
+    for op in ("consume", "usage", "ledger"):
+        c.click(f'#key-operations input[value="{op}"]')
+
+    secret = create_key_in_console(c, KEY_NAME, KEY_GLOB)
+    run.key_secret = secret
+    check(c.find("#key-closed-notice") is not None and c.find("#key-closed-notice").is_displayed(),
+          "the first key's panel does not say it closed the quota endpoints")
+    check(not c.find("#key-actions-error").text, "an old field error is still shown")
+    row = c.wait(f"{KEY_NAME} listed active", key_row(c, KEY_NAME, "active"))
+    table = c.find("#keys-table").text
+    check(secret not in table, "the key list shows the secret")
+    check(f"{secret[:12]}…" in row.text, f"the row does not show the key's prefix: {row.text!r}")
+    stored = c.driver.execute_script(
+        "return [sessionStorage, localStorage].flatMap((s) => Object.values(s)).join(' ')")
+    check(secret not in stored, "the secret is in the tab's storage")
+    listed = run.listed_key(KEY_NAME)
+    run.key_id = listed["id"]
+    check(listed["operations"] == ["consume", "usage", "ledger"] and listed["actions"] == [KEY_GLOB],
+          f"the key was created with other operations or actions: {listed}")
+
+    # The key works, on its actions only; the quota endpoints are closed without one.
+    answer = run.key_consume(secret)
+    check(answer.status == 200 and answer.json()["allowed"] is True,
+          f"a consume with the new key answered {answer.status}: {answer.body[:300]!r}")
+    check(run.key_consume(secret, ACTION).status == 403, "the key consumed an action it does not cover")
+    check(run.key_consume(None).status == 401, "the quota endpoints are still open after the first key")
+
+    # Dismissed: the secret is gone from the page.
+    c.click("#key-secret-dismiss")
+    c.wait("the panel to close", lambda d: not c.find("#key-secret").is_displayed())
+    check(not secret_kept(c, secret), "the secret is still in the page after the panel was dismissed")
+
+    # A second key: no closing notice; leaving the page empties its panel too.
+    spare = create_key_in_console(c, "browser spare", KEY_GLOB)
+    check(c.find("#key-closed-notice") is None, "a second key says it closed the quota endpoints")
+    c.go("nav-policies", "page-policies")
+    check(not secret_kept(c, spare), "the secret is still in the page after the page changed")
+    c.go("nav-keys", "page-keys")
+    c.wait("browser spare listed active", key_row(c, "browser spare", "active"))
+    check(not c.find("#key-secret").is_displayed(), "the secret's panel is back")
+    c.no_script_errors()
+
+
+def step_key_revoke(run: Run) -> None:
+    """Revoke asks first (Cancel keeps the key); confirmed, the key is listed revoked and refused."""
+    c = run.console
+    revoke = f'#keys-table tr[data-key-id="{run.key_id}"] button[data-action="revoke"]'
+    c.click(revoke)
+    c.visible("#confirm-dialog")
+    question = c.find("#confirm-text").text
+    check(KEY_NAME in question, f"the question does not name the key: {question!r}")
+    c.click("#confirm-cancel")
+    c.wait("the dialog to close", lambda d: not c.find("#confirm-dialog").is_displayed())
+    check(run.listed_key(KEY_NAME)["state"] == "active", "Cancel revoked the key")
+
+    c.click(revoke)
+    c.visible("#confirm-dialog")
+    c.click("#confirm-ok")
+    row = c.wait(f"{KEY_NAME} listed revoked", key_row(c, KEY_NAME, "revoked"))
+    check("Revoked" in row.find_element(By.CSS_SELECTOR, "[data-status]").text, "the row does not say Revoked")
+    check(not row.find_elements(By.CSS_SELECTOR, 'button[data-action="revoke"]'), "a revoked key can be revoked again")
+    check(run.listed_key(KEY_NAME)["state"] == "revoked", "the service does not list the key revoked")
+    answer = run.key_consume(run.key_secret)
+    check(answer.status == 401, f"a consume with the revoked key answered {answer.status}, not 401")
+    c.no_script_errors()
+
+
+def step_read_only(run: Run) -> None:
+    """An admin:read key signs in read-only: it reads every page, and sees nothing that changes."""
+    created = http(run.base, "POST", "/admin/keys", {
+        "name": READER_NAME, "actions": [KEY_GLOB], "operations": ["admin:read", "usage", "ledger"],
+    }, run.admin())
+    check(created.status == 201, f"creating the admin:read key answered {created.status}: {created.body[:300]!r}")
+    reader = created.json()["key"]
+    c = run.console
+    c.click("#sign-out")
+    c.visible("#page-signin")
+    check(not c.find("#read-only").is_displayed(), "the read-only marker shows while signed out")
+    c.type("#token", reader)
+    c.click("#sign-in")
+    marker = c.visible("#read-only")
+    c.go("nav-policies", "page-policies")  # sign-in stays on the page it was on (#/keys)
+    c.visible(f'#policies-table tr[data-policy-id="{POLICY_ID}"]')
+    check("read-only" in marker.text.lower() and READER_NAME in marker.text,
+          f"the read-only marker does not name the key: {marker.text!r}")
+    check(c.find("#new-policy") is not None and not c.find("#new-policy").is_displayed(), "New policy is shown")
+    check(not c.driver.find_elements(By.CSS_SELECTOR, "#policies-table button"),
+          "the policy rows have buttons (edit, enable/disable, delete)")
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown on the policies page: {shown}")
+
+    c.go("nav-keys", "page-keys")
+    c.wait("the reader listed", key_row(c, READER_NAME, "active"))
+    check(not c.find("#key-form").is_displayed(), "the key form is shown")
+    check(not c.driver.find_elements(By.CSS_SELECTOR, 'button[data-action="revoke"]'), "a Revoke button is built")
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown on the keys page: {shown}")
+    # A reload asks who is signed in again: still read-only.
+    c.driver.refresh()
+    c.wait("the reader listed after a reload", key_row(c, READER_NAME, "active"))
+    check(READER_NAME in c.visible("#read-only").text, "the read-only marker does not name the key after a reload")
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown after a reload: {shown}")
+
+    # Reads work: the lookup (usage), the ledger and today; another action is a 403, shown.
+    c.go("nav-lookup", "page-lookup")
+    c.type("#lookup-action", KEY_ACTION)
+    c.type("#lookup-subject", KEY_SUBJECT)
+    c.click("#lookup-go")
+    c.visible(f'#lookup-result [data-usage-policy="{KEY_POLICY["id"]}"] [role="progressbar"]')
+    c.click("#lookup-ledger-link")
+    c.wait("the key's charge in the ledger", lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#ledger-table tbody tr[data-kind="charge"]'))
+    c.go("nav-today", "page-today")
+    c.visible(f'#today [data-activity-action="{KEY_ACTION}"]')
+    c.go("nav-lookup", "page-lookup")
+    c.type("#lookup-action", ACTION)
+    c.type("#lookup-subject", SUBJECT)
+    c.click("#lookup-go")
+    c.wait("the 403's detail", lambda d: "403" in c.message() and f"'{ACTION}'" in c.message())
+
+    # The admin token again: the marker goes and the controls come back.
+    c.click("#sign-out")
+    c.type("#token", run.token)
+    c.click("#sign-in")
+    c.go("nav-policies", "page-policies")
+    c.visible(f'#policies-table tr[data-policy-id="{POLICY_ID}"] button[data-action="edit"]')
+    c.visible("#new-policy")
+    check(not c.find("#read-only").is_displayed(), "the read-only marker stays for the admin token")
+    c.no_script_errors()
+
+
 STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("served with a Content-Security-Policy", step_served_with_csp),
     ("sign in: wrong token refused, right token accepted", step_sign_in),
@@ -502,6 +736,10 @@ STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("today: totals per action, top denied", step_today),
     ("edit conflict shown, re-applied; disable", step_conflict_and_toggle),
     ("accessibility: labelled controls, the keyboard alone", step_accessibility),
+    # The first key closes the open /quota/* endpoints the steps above consume through.
+    ("keys: 422 fields, create, the secret shown once", step_key_create),
+    ("keys: revoke after a confirmation", step_key_revoke),
+    ("an admin:read key signs in read-only", step_read_only),
 ]
 
 

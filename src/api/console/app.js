@@ -2,7 +2,7 @@
 //
 // One plain ES2020 script, no framework and no build step: index.html holds the static
 // markup of every page, and this script shows the page the hash route names, calls the
-// service's documented HTTP API with the admin token, and renders answers with DOM calls
+// service's documented HTTP API with the bearer token, and renders answers with DOM calls
 // (never innerHTML, so no string from the service is ever parsed as markup). Charts are
 // SVG built here. The Content-Security-Policy forbids inline styles, so sizes are set
 // through the CSSOM (`el.style.width = ...`) and everything else through classes.
@@ -12,13 +12,19 @@
 //   #/lookup?action=A&subject=S&attributes[k]=v   usage of every policy of A for S
 //   #/ledger?subject=&action=&kind=&from=&to=     the ledger, newest first, cursor paging
 //   #/today?hours=24&action=A           charges, denials and amounts per hour
+//   #/keys                              API keys: list, create (the secret shown once), revoke
+//
+// Sign-in takes the admin token or an API key with `admin:read`. GET /admin/whoami says
+// whether it may change anything; when it may not, the console is read-only: a marker on
+// the bar, and no control that would change something (static ones carry `data-change`
+// and are hidden; row buttons are not built).
 'use strict';
 
 // ---------------------------------------------------------------------------
 // Constants and small helpers
 // ---------------------------------------------------------------------------
 
-/** Where the admin token is kept: this tab's session storage, nothing else. */
+/** Where the token (or API key) is kept: this tab's session storage, nothing else. */
 const TOKEN_KEY = 'quota-ledger.admin-token';
 
 /** The API's root: the path the console is served under, less `/console/...`. */
@@ -292,7 +298,7 @@ async function api(method, path, { query, body, headers = {}, token: given } = {
     const err = new ApiError(res.status, problem);
     if (res.status === 401 && !given) {
       err.sessionEnded = true;
-      signOut('The service refused the admin token (401). Sign in again.');
+      signOut('The service refused the token or key (401): it may have been revoked or have expired. Sign in again.');
     }
     throw err;
   }
@@ -325,24 +331,35 @@ async function fetchPolicies(query = new URLSearchParams()) {
 // Sign in and out
 // ---------------------------------------------------------------------------
 
+/**
+ * Who is signed in, from GET /admin/whoami (`kind`, `name`, `may_change`), or null while
+ * signed out or not yet known. Never the token itself.
+ */
+let signedIn = null;
+
+/** Whether the signed-in token may change anything (only the admin token may). */
+const mayChange = () => Boolean(signedIn && signedIn.may_change);
+
 async function signIn(event) {
   event.preventDefault();
   const input = $('#token');
   const given = input.value.trim();
   clearMessage();
   if (!given) {
-    showError('Sign-in', new Error('Enter the admin token.'));
+    showError('Sign-in', new Error('Enter the admin token or an API key.'));
     input.focus();
     return;
   }
   const button = $('#sign-in');
   button.disabled = true;
   setStatus('Checking the token…');
+  let known;
   try {
-    // Any admin call proves the token; this one is cheap.
-    await api('GET', '/admin/policies', { query: new URLSearchParams({ limit: '1' }), token: given });
+    // Asking who the token is proves it, and tells whether it may change anything.
+    known = (await api('GET', '/admin/whoami', { token: given })).data;
   } catch (err) {
     if (err.status === 401) showError('Wrong token: the service refused it.', err);
+    else if (err.status === 403) showError('This API key may not use the console: it needs the admin:read operation.', err);
     else showError('Could not sign in.', err);
     input.select();
     return;
@@ -352,15 +369,18 @@ async function signIn(event) {
   sessionStorage.setItem(TOKEN_KEY, given);
   input.value = '';
   setStatus('Signed in.');
-  enterConsole();
+  enterConsole(known);
 }
 
 /** Forgets the token, empties every page (no data stays on screen) and shows sign-in. */
 function signOut(reason) {
   sessionStorage.removeItem(TOKEN_KEY);
+  signedIn = null;
+  applyAccess();
   closeEditor();
+  hideSecret();
   for (const sel of ['#policies-table tbody', '#ledger-table tbody', '#top-denied tbody',
-    '#lookup-result', '#today', '#today-range', '#actions-list', '#lookup-attrs']) {
+    '#lookup-result', '#today', '#today-range', '#actions-list', '#lookup-attrs', '#keys-table tbody']) {
     $(sel).replaceChildren();
   }
   policiesCache = [];
@@ -377,11 +397,43 @@ function showSignIn() {
   $('#token').focus();
 }
 
-function enterConsole() {
+/**
+ * Opens the console for the stored token: `known` is who it is (from sign-in), else it is
+ * asked first, so that a read-only key never sees a control it may not use. When the
+ * answer does not come, the console is read-only: the safe side.
+ */
+async function enterConsole(known) {
+  let failure = null;
+  if (known) signedIn = known;
+  else {
+    setStatus('Checking who is signed in…');
+    try {
+      signedIn = (await api('GET', '/admin/whoami')).data;
+    } catch (err) {
+      if (err.sessionEnded) return; // signed out already
+      signedIn = { kind: 'unknown', name: null, may_change: false };
+      failure = err;
+    }
+  }
+  applyAccess();
   $('#nav').hidden = false;
   $('#sign-out').hidden = false;
   if (!parseRoute().known) window.history.replaceState(null, '', '#/policies');
   route();
+  if (failure) report('Could not tell who is signed in, so the console is read-only until it is reloaded.', failure);
+}
+
+/** Shows or hides what changes something, and the read-only marker, for `signedIn`. */
+function applyAccess() {
+  const readOnly = !mayChange();
+  for (const el of $$('[data-change]')) el.hidden = readOnly;
+  const marker = $('#read-only');
+  marker.hidden = !signedIn || signedIn.may_change;
+  marker.textContent = signedIn && !signedIn.may_change
+    ? `Read-only: ${signedIn.kind === 'api_key' ? `API key ${signedIn.name}` : 'could not tell who is signed in'}`
+    : '';
+  marker.title = 'Reading only: the controls that would change something are not shown.';
+  if (readOnly) closeEditor();
 }
 
 // ---------------------------------------------------------------------------
@@ -393,6 +445,7 @@ const PAGES = {
   lookup: renderLookup,
   ledger: renderLedger,
   today: renderToday,
+  keys: renderKeys,
 };
 
 /** Bumped by every route: an answer that arrives for an older one is dropped. */
@@ -428,6 +481,8 @@ function route() {
     showSignIn();
     return;
   }
+  if (!signedIn) return; // enterConsole routes once it knows who is signed in
+  hideSecret(); // a new key's secret never outlives its page
   const { page, params } = parseRoute();
   generation += 1;
   const changed = page !== currentPage;
@@ -529,15 +584,16 @@ function policyRow(p) {
       p.ledger_denials ? h('div', { class: 'muted small' }, 'records denials') : null),
     h('td', { dataset: { status: p.enabled ? 'enabled' : 'disabled' } },
       p.enabled ? badge('ok', '● Enabled') : badge('off', '○ Disabled')),
+    // Read-only: the buttons that change the policy are not built at all.
     h('td', { class: 'row-actions' },
-      button('edit', 'Edit', `Edit ${p.id}`, () => openEditor(p.id)),
-      button('toggle', p.enabled ? 'Disable' : 'Enable',
-        `${p.enabled ? 'Disable' : 'Enable'} ${p.id}`, (e) => toggleEnabled(p.id, e.currentTarget)),
+      mayChange() ? button('edit', 'Edit', `Edit ${p.id}`, () => openEditor(p.id)) : null,
+      mayChange() ? button('toggle', p.enabled ? 'Disable' : 'Enable',
+        `${p.enabled ? 'Disable' : 'Enable'} ${p.id}`, (e) => toggleEnabled(p.id, e.currentTarget)) : null,
       h('a', {
         class: 'button small secondary', 'aria-label': `Activity of ${p.action}`,
         href: pageHash('today', new URLSearchParams({ action: p.action })),
       }, 'Activity'),
-      button('delete', 'Delete', `Delete ${p.id}`, () => deletePolicy(p), 'danger')));
+      mayChange() ? button('delete', 'Delete', `Delete ${p.id}`, () => deletePolicy(p), 'danger') : null));
 }
 
 /** A policy as it can be sent back: without the fields the service sets. */
@@ -1392,6 +1448,185 @@ function barChart({ id, title, hours, series }) {
 }
 
 // ---------------------------------------------------------------------------
+// API keys page
+// ---------------------------------------------------------------------------
+//
+// A new key's secret is in one answer only. It goes straight from that answer into the
+// panel's DOM (no variable, no storage keeps it), and the panel is emptied when it is
+// dismissed, on any route (another page, or this one again) and on sign-out.
+
+const KEY_STATES = {
+  active: ['ok', '● Active'],
+  expired: ['off', '⌛ Expired'],
+  revoked: ['full', '✕ Revoked'],
+};
+
+function renderKeys() {
+  clearFieldErrors($('#key-form'));
+  loadKeys();
+}
+
+async function loadKeys() {
+  const gen = generation;
+  setStatus('Loading keys…');
+  try {
+    const { data } = await api('GET', '/admin/keys');
+    if (stale(gen)) return;
+    fill($('#keys-table tbody'), ...data.items.map(keyRow));
+    $('#keys-empty').hidden = data.items.length > 0;
+    setStatus(`${data.items.length} ${data.items.length === 1 ? 'key' : 'keys'}.`);
+  } catch (err) {
+    if (!stale(gen)) report('Could not load the keys.', err);
+  }
+}
+
+/** One key as listed: never its secret (the list has none), only its prefix. */
+function keyRow(k) {
+  const [cls, text] = KEY_STATES[k.state] || ['off', k.state];
+  return h('tr', { dataset: { keyId: k.id, state: k.state } },
+    h('th', { scope: 'row' }, k.name, h('div', { class: 'muted small mono' }, k.id)),
+    h('td', {}, h('span', { class: 'mono' }, `${k.prefix}…`)),
+    h('td', {}, h('ul', { class: 'plain' }, k.actions.map((a) => h('li', { class: 'mono' }, a)))),
+    h('td', {}, h('ul', { class: 'plain' }, k.operations.map((op) => h('li', { class: 'mono small' }, op)))),
+    h('td', { dataset: { status: k.state } }, badge(cls, text),
+      k.revoked_at ? h('div', { class: 'muted small' }, timeEl(k.revoked_at)) : null),
+    h('td', {}, k.expires_at ? timeEl(k.expires_at) : 'never'),
+    h('td', {}, k.last_used_at ? timeEl(k.last_used_at) : 'never'),
+    h('td', {}, timeEl(k.created_at)),
+    // Read-only: no Revoke button is built.
+    h('td', { class: 'row-actions' }, k.state === 'active' && mayChange()
+      ? h('button', {
+        type: 'button', class: 'small danger', dataset: { action: 'revoke' },
+        'aria-label': `Revoke ${k.name}`, onclick: () => revokeKey(k),
+      }, 'Revoke')
+      : null));
+}
+
+/** The create form as a request body (`actions` split at commas); throws on a bad expiry. */
+function keyBody() {
+  const body = {
+    name: $('#key-name').value.trim(),
+    actions: $('#key-actions').value.split(',').map((a) => a.trim()).filter((a) => a !== ''),
+    operations: $$('#key-operations input:checked').map((el) => el.value),
+  };
+  const expires = $('#key-expires').value;
+  if (expires) body.expires_at = localInputToIso(expires);
+  return body;
+}
+
+/** Which error element shows a server error about `field`: `actions[1]` is the actions field's. */
+function keyFieldError(field) {
+  const ids = { name: 'key-name', actions: 'key-actions', operations: 'key-operations', expires_at: 'key-expires' };
+  const id = ids[field.replace(/\[\d+\]$/, '')];
+  return id ? $(`#${id}-error`) : null;
+}
+
+async function createKey(event) {
+  event.preventDefault();
+  const form = $('#key-form');
+  clearFieldErrors(form);
+  clearMessage();
+  hideSecret();
+  let body;
+  try {
+    body = keyBody();
+  } catch (e) {
+    $('#key-expires-error').append(h('span', { class: 'field-error-line' }, `✕ ${e.message}`));
+    $('#key-expires').setAttribute('aria-invalid', 'true');
+    $('#key-expires').focus();
+    return;
+  }
+  const button = $('#key-create');
+  button.disabled = true;
+  let label;
+  try {
+    // The answer goes straight to the panel: only a label without the secret is kept.
+    label = showSecret((await api('POST', '/admin/keys', { body })).data);
+  } catch (err) {
+    report('The key was not created.', err);
+    showFieldErrors(err, keyFieldError);
+    const first = $('#key-form [aria-invalid="true"]');
+    if (first) (first.tagName === 'FIELDSET' ? $('input', first) : first).focus();
+    return;
+  } finally {
+    button.disabled = false;
+  }
+  form.reset();
+  await loadKeys();
+  setStatus(`Created the key ${label}.`);
+}
+
+/** Shows a new key's secret, the one time the service gives it; returns `name (prefix…)`. */
+function showSecret(key) {
+  const panel = $('#key-secret');
+  fill(panel,
+    h('h2', { id: 'key-secret-title', tabindex: '-1' }, `⚠ New key ${key.name}: shown once`),
+    h('p', { class: 'notice' },
+      'Copy it now: only its hash is kept, so neither the service nor this console can show it again.'),
+    h('div', { class: 'field' },
+      h('label', { for: 'key-secret-value' }, `The API key (${key.prefix}…)`),
+      h('input', {
+        id: 'key-secret-value', class: 'mono', value: key.key, readonly: true,
+        autocomplete: 'off', spellcheck: 'false', onfocus: (e) => e.target.select(),
+      })),
+    h('p', { class: 'hint' }, 'Send it as ', h('code', {}, 'Authorization: Bearer <key>'), '.'),
+    key.closed_quota_endpoints
+      ? h('p', { id: 'key-closed-notice', class: 'notice' },
+        '⚠ This first key closed the quota endpoints: from now on every /quota/* call needs ' +
+        'a client token or an API key.')
+      : null,
+    h('div', { class: 'form-actions' },
+      h('button', { id: 'key-secret-copy', type: 'button', onclick: copySecret }, 'Copy'),
+      h('button', { id: 'key-secret-dismiss', type: 'button', class: 'secondary', onclick: dismissSecret },
+        'I have copied it: hide it')));
+  panel.hidden = false;
+  $('#key-secret-title').focus();
+  return `${key.name} (${key.prefix}…)`;
+}
+
+/** Copies the shown secret, read from the panel, to the clipboard (or leaves it selected). */
+async function copySecret() {
+  const input = $('#key-secret-value');
+  input.select();
+  try {
+    await navigator.clipboard.writeText(input.value);
+    setStatus('The key is on the clipboard.');
+  } catch (e) {
+    setStatus('The browser did not allow the clipboard: the key is selected, copy it with Ctrl+C.');
+  }
+}
+
+function dismissSecret() {
+  hideSecret();
+  setStatus('The key is hidden; it cannot be shown again.');
+  $('#key-name').focus();
+}
+
+/** Empties and hides the secret's panel: no copy of the secret is left in the page. */
+function hideSecret() {
+  const panel = $('#key-secret');
+  panel.hidden = true;
+  panel.replaceChildren();
+}
+
+async function revokeKey(k) {
+  const ok = await confirmDialog('Revoke key?',
+    `Revoke ${k.name} (${k.prefix}…)? Every request with it is refused (401) at once, and ` +
+    'by every instance within a second. This cannot be undone: create a new key to replace it.', 'Revoke');
+  if (!ok) return;
+  clearMessage();
+  let revoked = false;
+  try {
+    await api('DELETE', `/admin/keys/${seg(k.id)}`);
+    revoked = true;
+  } catch (err) {
+    report(`Could not revoke ${k.name}.`, err);
+  }
+  await loadKeys();
+  if (revoked) setStatus(`Revoked ${k.name} (${k.prefix}…).`);
+}
+
+// ---------------------------------------------------------------------------
 // Start
 // ---------------------------------------------------------------------------
 
@@ -1418,6 +1653,9 @@ function start() {
   $('#ledger-newer').addEventListener('click', () => ledgerPage(-1));
 
   $('#today-form').addEventListener('submit', submitToday);
+
+  $('#key-form').addEventListener('submit', createKey);
+  $('#keys-refresh').addEventListener('click', () => { clearMessage(); loadKeys(); });
 
   $('#confirm-ok').addEventListener('click', () => $('#confirm-dialog').close('ok'));
   $('#confirm-cancel').addEventListener('click', () => $('#confirm-dialog').close('cancel'));
