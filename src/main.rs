@@ -43,33 +43,33 @@ enum Command {
     /// Policies as code: export, diff and apply policy files over the admin API of a
     /// running service (QUOTA_ADMIN_TOKEN).
     Policies {
-        /// The service's base URL.
-        #[arg(
-            long,
-            env = "QUOTA_URL",
-            value_name = "URL",
-            default_value = "http://127.0.0.1:8080",
-            global = true
-        )]
-        url: String,
+        #[command(flatten)]
+        service: ServiceUrl,
         #[command(subcommand)]
         command: PoliciesCommand,
     },
     /// API keys: create, list and revoke them over the admin API of a running service
     /// (QUOTA_ADMIN_TOKEN).
     Keys {
-        /// The service's base URL.
-        #[arg(
-            long,
-            env = "QUOTA_URL",
-            value_name = "URL",
-            default_value = "http://127.0.0.1:8080",
-            global = true
-        )]
-        url: String,
+        #[command(flatten)]
+        service: ServiceUrl,
         #[command(subcommand)]
         command: KeysCommand,
     },
+}
+
+/// The running service a command talks to, over its admin API.
+#[derive(Debug, clap::Args)]
+struct ServiceUrl {
+    /// The service's base URL.
+    #[arg(
+        long,
+        env = "QUOTA_URL",
+        value_name = "URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    url: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -174,7 +174,10 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::from_args(cli.config).context("reading the configuration")?;
     match command {
         Command::Openapi => Ok(()),
-        Command::Policies { url, command } => {
+        Command::Policies {
+            service: ServiceUrl { url },
+            command,
+        } => {
             let token = settings
                 .admin_token
                 .as_ref()
@@ -183,7 +186,10 @@ async fn main() -> anyhow::Result<()> {
             let exit = policies_command(&remote, command).await?;
             std::process::exit(exit as i32);
         }
-        Command::Keys { url, command } => {
+        Command::Keys {
+            service: ServiceUrl { url },
+            command,
+        } => {
             let token = settings
                 .admin_token
                 .as_ref()

@@ -419,7 +419,7 @@ pub async fn export(remote: &Remote, json_format: bool) -> anyhow::Result<String
 
 /// The order an exported policy's fields are written in: the API's, `id` first, so that a
 /// file reads (and diffs) like the policies it came from. Nested objects keep theirs.
-const FIELD_ORDER: [&str; 12] = [
+const FIELD_ORDER: [&str; 13] = [
     "id",
     "action",
     "measure",
@@ -428,6 +428,7 @@ const FIELD_ORDER: [&str; 12] = [
     "window",
     "scope",
     "match",
+    "match_not",
     "mode",
     "enabled",
     "ledger_denials",

@@ -183,7 +183,6 @@ mod tests {
             ".sms",
             "sms.",
             "SMS.*",
-            "sms.**",
             "sms/x",
             &"a".repeat(65),
         ] {

@@ -354,6 +354,16 @@ impl Answer {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
+    /// The fields a 422 names, in order.
+    pub fn problem_fields(&self) -> Vec<&str> {
+        self.body["errors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["field"].as_str())
+            .collect()
+    }
+
     /// Asserts an RFC 9457 problem with this status and returns the body.
     pub fn assert_problem(&self, status: u16) -> &Value {
         assert_eq!(self.status.as_u16(), status, "body: {}", self.body);

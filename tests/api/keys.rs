@@ -480,13 +480,7 @@ async fn bad_key_input_is_422_naming_the_field_and_creates_nothing() {
     for (body, field) in cases {
         let answer = create_key(&app, body.clone()).await;
         let problem = answer.assert_problem(422);
-        let fields: Vec<&str> = problem["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|e| e["field"].as_str())
-            .collect();
-        assert_eq!(fields, vec![field], "{body}: {problem}");
+        assert_eq!(answer.problem_fields(), vec![field], "{body}: {problem}");
     }
     let listed = app.admin_get("/admin/keys").await;
     assert_eq!(listed.body["items"], json!([]), "nothing was created");

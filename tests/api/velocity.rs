@@ -199,13 +199,7 @@ async fn anchors_a_period_does_not_use_are_422_naming_the_field_and_create_nothi
             .create_policy(anchored(&format!("p{i}"), "a", 1, window.clone()))
             .await;
         let problem = answer.assert_problem(422);
-        let fields: Vec<&str> = problem["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|e| e["field"].as_str())
-            .collect();
-        assert_eq!(fields, vec![field], "{window}: {problem}");
+        assert_eq!(answer.problem_fields(), vec![field], "{window}: {problem}");
     }
     let listed = app.admin_get("/admin/policies").await;
     assert_eq!(listed.body["items"], json!([]), "nothing was created");
