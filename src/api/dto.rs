@@ -71,6 +71,10 @@ pub(crate) enum WindowDto {
         #[schema(example = 3600, minimum = 1, maximum = 31622400)]
         seconds: i64,
     },
+    /// A per-request maximum (a card's "per authorization" limit): a request whose amount
+    /// exceeds `limit` is denied by this policy, with `retry_after_seconds: null`; nothing
+    /// accumulates (`used` is the request's amount in a consume answer, 0 in usage).
+    Request {},
 }
 
 /// A calendar period.
@@ -370,6 +374,7 @@ impl WindowDto {
                 bucket_seconds,
             } => Window::rolling(i128::from(*seconds), i128::from(*bucket_seconds)),
             Self::TokenBucket { seconds } => Window::token_bucket(i128::from(*seconds)),
+            Self::Request {} => Ok(Window::Request),
         };
         window
             .map(|window| (window, zone_attribute))
@@ -417,6 +422,7 @@ impl WindowDto {
             Window::TokenBucket { seconds } => Self::TokenBucket {
                 seconds: seconds as i64,
             },
+            Window::Request => Self::Request {},
         }
     }
 }

@@ -254,9 +254,12 @@ fn parse_counted(
 
 /// The policy whose limit binds hardest: a denying enforcing one, else the least remaining.
 pub(super) fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> {
+    // A per-request maximum (no window: 0 seconds) is no quota that runs out: it names the
+    // headers only when it is what denies.
     decision.policies.iter().min_by_key(|p| {
         let denying = p.mode == Mode::Enforce && !p.allowed;
-        (!denying, p.mode == Mode::Shadow, p.remaining)
+        let per_request = p.window_seconds == 0;
+        (!denying, p.mode == Mode::Shadow, per_request, p.remaining)
     })
 }
 

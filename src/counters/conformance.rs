@@ -59,6 +59,7 @@ mod calendar;
 mod cluster;
 mod decisions;
 mod properties;
+mod request;
 mod rolling;
 mod token_bucket;
 

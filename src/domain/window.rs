@@ -232,6 +232,9 @@ pub enum Window {
         /// The refill period in seconds.
         seconds: u64,
     },
+    /// A per-request maximum (a card's "per authorization" limit): a request whose amount
+    /// exceeds the limit is denied; nothing accumulates.
+    Request,
 }
 
 fn positive_seconds(field: &str, value: i128) -> Result<u64, FieldError> {
@@ -348,6 +351,7 @@ impl Window {
                 bucket_seconds,
             } => format!("r{seconds}/{bucket_seconds}"),
             Self::TokenBucket { seconds } => format!("t{seconds}"),
+            Self::Request => "q".to_owned(),
         }
     }
 }

@@ -127,13 +127,15 @@ where
     }
 
     /// [`PolicyStoreError::Outdated`] when `p` uses what an instance still live cannot read:
-    /// a calendar window with anchors or a `year` period, or a `match_not` (which it would
+    /// a calendar window with anchors or a `year` period, a `request` window, or a
+    /// `match_not` (which it would
     /// ignore, applying the policy to requests it excludes). Run inside a change.
     pub(super) async fn ensure_readable(conn: &mut DB::Connection, p: &Policy) -> StoreResult<()> {
         let new_window = match p.spec.window {
             Window::Calendar {
                 period, anchors, ..
             } => period == CalendarPeriod::Year || !anchors.is_default(),
+            Window::Request => true,
             _ => false,
         };
         if !new_window && p.spec.exclusions.is_empty() {

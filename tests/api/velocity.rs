@@ -153,6 +153,7 @@ async fn anchored_periods_reset_at_their_anchors(counters: CounterBackend) {
 crate::on_counter_stores!(
     anchored_periods_reset_at_their_anchors,
     match_not_applies_only_outside_the_values_it_lists,
+    a_per_request_maximum_denies_above_it_and_accumulates_nothing,
 );
 
 #[tokio::test]
@@ -313,4 +314,86 @@ async fn match_not_applies_only_outside_the_values_it_lists(counters: CounterBac
         bad.assert_problem(422)["errors"][0]["field"],
         "match_not.country"
     );
+}
+
+async fn a_per_request_maximum_denies_above_it_and_accumulates_nothing(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Sqlite, counters).await;
+    let day = json!({"type": "calendar", "period": "day", "timezone": "UTC"});
+    app.must_create_policy(
+        json!({"id": "per-auth", "action": "card.spend", "measure": "amount",
+        "limit": 50_000, "window": {"type": "request"}}),
+    )
+    .await;
+    app.must_create_policy(
+        json!({"id": "daily", "action": "card.spend", "measure": "amount",
+        "limit": 200_000, "window": day}),
+    )
+    .await;
+    let used = |answer: &Answer, id: &str| {
+        answer.body["policies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["policy_id"] == id)
+            .map(|p| (p["used"].clone(), p["allowed"].clone()))
+    };
+    for _ in 0..2 {
+        let at_limit = app.consume("card.spend", "card-1", 50_000).await;
+        assert_eq!(at_limit.status, StatusCode::OK, "{}", at_limit.body);
+        assert_eq!(
+            used(&at_limit, "per-auth"),
+            Some((json!(50_000), json!(true)))
+        );
+    }
+    let above = app.consume("card.spend", "card-1", 50_001).await;
+    assert_eq!(
+        above.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        above.body
+    );
+    assert_eq!(
+        above.body["retry_after_seconds"],
+        Value::Null,
+        "it never passes later"
+    );
+    assert_eq!(above.header("retry-after"), None);
+    assert_eq!(
+        used(&above, "per-auth"),
+        Some((json!(50_001), json!(false)))
+    );
+    // The day has room (100,000 + 50,001): the maximum alone denies, and nothing is
+    // charged.
+    assert_eq!(
+        used(&above, "daily"),
+        Some((json!(100_000), json!(true))),
+        "nothing charged"
+    );
+
+    let usage = app.usage("card.spend", "card-1").await;
+    assert_eq!(
+        used(&usage, "per-auth").map(|u| u.0),
+        Some(json!(0)),
+        "nothing accumulates"
+    );
+    assert_eq!(used(&usage, "daily").map(|u| u.0), Some(json!(100_000)));
+
+    // A refund gives back to the day only; the per-request maximum had nothing to give.
+    let charged = app.consume("card.spend", "card-2", 10_000).await;
+    let refund = app
+        .quota(
+            "/quota/refund",
+            json!({"consumption_id": charged.body["consumption_id"]}),
+        )
+        .await;
+    assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+    let policies: Vec<&Value> = refund.body["entry"]["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert_eq!(policies.len(), 1, "{}", refund.body);
+    assert_eq!(policies[0]["policy_id"], "daily");
+    let verify = app.admin_get("/admin/counters/verify").await;
+    assert_eq!(verify.body["drift"], json!([]), "{}", verify.body);
 }

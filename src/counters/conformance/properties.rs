@@ -204,7 +204,15 @@ fn policies() -> impl Strategy<Value = [Policy; 3]> {
             enforce,
         })
     });
-    (calendar, rolling, token).prop_map(|(c, r, t)| [c, r, t])
+    // A per-request maximum in the third place now and then: stateless, it must still decide
+    // alike beside the others, and never deny them when it passes.
+    let request = (limit(), any::<bool>()).prop_map(|(limit, enforce)| Policy {
+        algorithm: Algorithm::Request,
+        limit,
+        enforce,
+    });
+    let third = prop_oneof![4 => token, 1 => request];
+    (calendar, rolling, third).prop_map(|(c, r, t)| [c, r, t])
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -260,6 +268,7 @@ fn charges(h: &Harness, case: &Case, step: &Step, now: i64) -> Vec<Charge> {
             ),
             Algorithm::Rolling { .. } => (h.key("roll"), policy.algorithm),
             Algorithm::TokenBucket { .. } => (h.key("tok"), policy.algorithm),
+            Algorithm::Request => (h.key("req"), policy.algorithm),
         };
         let limit = if step.lowered {
             policy.limit / 2

@@ -128,6 +128,16 @@ pub(super) fn read(
         Algorithm::ZonedCalendar { period_end_ms } => {
             zoned_calendar(state, now_ms, period_end_ms, limit, cost)
         }
+        // A per-request maximum reads and writes nothing: its usage is the request's cost.
+        Algorithm::Request => Ok(Reading {
+            outcome: Outcome {
+                used: cost,
+                allowed: cost <= limit,
+                resets_at_ms: now_ms,
+                retry_at_ms: None,
+            },
+            write: None,
+        }),
     }
 }
 

@@ -138,6 +138,7 @@ pub(super) fn consume_cmd(
             Algorithm::Rolling { bucket_ms, buckets } => (2, bucket_ms, buckets),
             Algorithm::TokenBucket { period_ms } => (3, period_ms, 0),
             Algorithm::ZonedCalendar { period_end_ms } => (4, period_end_ms, 0),
+            Algorithm::Request => (5, 0, 0),
         };
         call.arg(kind)
             .arg(p1)

@@ -292,32 +292,21 @@ impl Plan {
     }
 
     /// The counters this plan charges, with how to give each charge back later.
+    ///
+    /// A per-request maximum charges no counter: it has nothing to give back or rebuild.
     pub(crate) fn counter_charges(&self) -> Vec<CounterCharge> {
         let now_ms = self.now_ms();
         self.applied_policies()
             .zip(self.charges.iter().map(|p| &p.charge))
-            .map(|(policy, charge)| CounterCharge {
-                policy_id: policy.id.clone(),
-                key: charge.key.as_str().to_owned(),
-                restore: match charge.algorithm {
-                    Algorithm::Calendar { period_end_ms } => Restore::Calendar { period_end_ms },
-                    Algorithm::ZonedCalendar { period_end_ms } => Restore::ZonedCalendar {
-                        period_end_ms,
-                        charged_at_ms: now_ms,
-                    },
-                    Algorithm::Rolling { bucket_ms, buckets } => Restore::Rolling {
-                        bucket: now_ms.div_euclid(bucket_ms),
-                        bucket_ms,
-                        buckets,
-                    },
-                    Algorithm::TokenBucket { period_ms } => Restore::TokenBucket {
-                        period_ms,
-                        limit: charge.limit,
-                    },
-                },
-                by_amount: policy.spec.measure == Measure::Amount,
-                charged: charge.cost,
-                scope: policy.spec.scope.clone(),
+            .filter_map(|(policy, charge)| {
+                Some(CounterCharge {
+                    policy_id: policy.id.clone(),
+                    key: charge.key.as_str().to_owned(),
+                    restore: restore_of(charge, now_ms)?,
+                    by_amount: policy.spec.measure == Measure::Amount,
+                    charged: charge.cost,
+                    scope: policy.spec.scope.clone(),
+                })
             })
             .collect()
     }
@@ -381,6 +370,28 @@ pub(in crate::engine) fn replayed_decision(
         policies,
         at,
     }
+}
+
+/// How a charge made at `now_ms` is given back or rebuilt; `None` for a per-request
+/// maximum, which charges nothing.
+fn restore_of(charge: &Charge, now_ms: i64) -> Option<Restore> {
+    Some(match charge.algorithm {
+        Algorithm::Calendar { period_end_ms } => Restore::Calendar { period_end_ms },
+        Algorithm::ZonedCalendar { period_end_ms } => Restore::ZonedCalendar {
+            period_end_ms,
+            charged_at_ms: now_ms,
+        },
+        Algorithm::Rolling { bucket_ms, buckets } => Restore::Rolling {
+            bucket: now_ms.div_euclid(bucket_ms),
+            bucket_ms,
+            buckets,
+        },
+        Algorithm::TokenBucket { period_ms } => Restore::TokenBucket {
+            period_ms,
+            limit: charge.limit,
+        },
+        Algorithm::Request => return None,
+    })
 }
 
 /// The zone a calendar policy with a `timezone_attribute` counts in for a request: the
@@ -454,5 +465,6 @@ fn algorithm_for(
             };
             (algorithm, None, seconds)
         }
+        Window::Request => (Algorithm::Request, None, 0),
     }
 }

@@ -68,6 +68,7 @@ pub(crate) fn horizon(windows: &[Window]) -> Duration {
                 bucket_seconds,
             } => seconds + bucket_seconds,
             Window::TokenBucket { seconds } => seconds,
+            Window::Request => 0,
         })
         .max()
         .unwrap_or(0);

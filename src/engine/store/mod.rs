@@ -63,6 +63,9 @@ pub enum Algorithm {
         /// End of the current period in the request's zone, Unix milliseconds.
         period_end_ms: i64,
     },
+    /// A per-request maximum: the charge passes when its cost is at most the limit, and
+    /// neither reads nor writes its key (its `used` is the cost; nothing accumulates).
+    Request,
 }
 
 /// What one policy asks of the store in one decision.
@@ -471,6 +474,7 @@ pub(crate) fn check_charges(
                         .and_then(|p| p.checked_mul(charge.limit.max(1)))
                         .is_some_and(|product| product <= MAX_UNITS)
             }
+            Algorithm::Request => true,
         };
         if !window_ok {
             return Err(invalid(i, "window parameters out of range"));

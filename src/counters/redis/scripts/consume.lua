@@ -10,7 +10,8 @@ KEYS[i]   the counter of charge i; on a Redis Cluster all keys of one call share
 ARGV[1]   now_ms (integer, Unix milliseconds or a test clock)
 ARGV[2]   1 = apply the charges when the decision is allowed, 0 = only look (peek)
 then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
-  kind     1 = calendar, 2 = rolling, 3 = token bucket, 4 = zoned calendar
+  kind     1 = calendar, 2 = rolling, 3 = token bucket, 4 = zoned calendar, 5 = per-request
+           maximum (its key is neither read nor written: used = cost, nothing accumulates)
   p1       calendar, zoned calendar: period_end_ms; rolling: bucket_ms; token bucket: period_ms
   p2       rolling: buckets (W / B); 0 otherwise
   limit    0 ..= 2^53 - 1
@@ -237,6 +238,9 @@ for i = 1, n do
       w[b - 5], w[b - 4], w[b - 3], w[b - 2], w[b - 1], w[b] =
         delta, r - now + GRACE, used + delta, r, h, lo
     end
+
+  elseif kind == '5' then
+    used = cost
 
   elseif kind == '4' then
     local v, st, en = 0, now, p1
