@@ -124,6 +124,7 @@ class Scenario:
 # 1-budget side.
 SCENARIOS: Tuple[Scenario, ...] = (
     Scenario("calendar day", "sms"),
+    Scenario("day from 04:00", "sms-cut"),
     Scenario("3 budgets", "sms3", countries=COUNTRIES),
     Scenario("rolling 24h/24", "upload"),
     Scenario("token bucket", "api"),
@@ -138,6 +139,14 @@ def policies() -> List[Dict[str, Any]]:
     """The benchmark's policies, after the contract's examples; nothing is ever denied."""
     return [
         {"id": "sms-per-day", "action": "sms", "measure": "count", "limit": LIMIT, "window": _NEW_YORK_DAY},
+        # The same day from a bank's 04:00 cut-off: anchors must cost nothing measurable.
+        {
+            "id": "sms-cut-off",
+            "action": "sms-cut",
+            "measure": "count",
+            "limit": LIMIT,
+            "window": dict(_NEW_YORK_DAY, day_start="04:00"),
+        },
         {"id": "upload-24h", "action": "upload", "measure": "count", "limit": LIMIT, "window": _ROLLING_24H},
         {
             "id": "api-hourly",

@@ -131,13 +131,17 @@ class Verify:
     during: Line
 
 
+# Rounds of the API key rows (open, key, open, key, ...).
+AUTH_ROUNDS = 2
+
+
 @dataclass
 class Results:
     baseline: Optional[Baseline] = None
     runs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, action, subjects)
     pairs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, before|after, subjects)
     grpc: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # (mode, subjects)
-    auth: Dict[Tuple[str, str], Line] = field(default_factory=dict)  # (mode, none|key)
+    auth: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, none|key): per round
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB
@@ -356,25 +360,29 @@ def measure_consume_rows(bench: Bench, mode: str) -> Service:
 
 def measure_auth_rows(bench: Bench, mode: str) -> None:
     """What an API key costs a consume: the calendar day at the gRPC row's subject count on
-    two fresh services alike (a fresh database, Redis flushed), the first with open quota
-    endpoints, the second with an API key for the action as every request's bearer token
-    (a key closes the endpoints of its service for good, hence two services)."""
+    fresh services alike (a fresh database, Redis flushed), with open quota endpoints, then
+    with an API key for the action as every request's bearer token (a key closes the
+    endpoints of its service for good, hence a service per row), in AUTH_ROUNDS alternating
+    rounds, so that drift over the run falls on both sides alike."""
     subjects = bench.knobs.grpc_subjects
-    for variant in ("none", "key"):
-        if mode == "redis":
-            bench.redis.flushall()
-        service = bench.service(mode).start()
-        service.create_policies()
-        token = ""
-        if variant == "key":
-            body = {"name": "bench", "actions": ["sms"], "operations": ["consume"]}
-            status, answer = service.request("POST", "/admin/keys", body, admin=True)
-            if status != 201:
-                raise Failure(f"creating an API key answered {status}: {answer.decode(errors='replace')}")
-            token = json.loads(answer)["key"]
-        log(f"{mode}: calendar day, {subjects} subjects, auth: {variant}")
-        bench.results.auth[(mode, variant)] = run_wrk(bench, service, "sms", subjects, token=token)
-        service.stop()
+    for round_ in range(AUTH_ROUNDS):
+        for variant in ("none", "key"):
+            if mode == "redis":
+                bench.redis.flushall()
+            service = bench.service(mode).start()
+            service.create_policies()
+            token = ""
+            if variant == "key":
+                body = {"name": "bench", "actions": ["sms"], "operations": ["consume"]}
+                status, answer = service.request("POST", "/admin/keys", body, admin=True)
+                if status != 201:
+                    raise Failure(f"creating an API key answered {status}: {answer.decode(errors='replace')}")
+                token = json.loads(answer)["key"]
+            log(f"{mode}: calendar day, {subjects} subjects, auth: {variant} (round {round_ + 1} of {AUTH_ROUNDS})")
+            bench.results.auth.setdefault((mode, variant), []).append(
+                run_wrk(bench, service, "sms", subjects, token=token)
+            )
+            service.stop()
 
 
 def measure_grpc_row(bench: Bench, service: Service, mode: str, subjects: int) -> None:

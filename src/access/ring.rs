@@ -128,7 +128,7 @@ impl KeyRing {
 }
 
 fn actions_of(globs: Vec<ActionGlob>) -> ActionSet {
-    ActionSet::Matching(globs)
+    ActionSet::Matching(globs.into())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use super::{Action, FieldError};
 use std::fmt;
+use std::sync::Arc;
 
 /// The most globs one set may hold: each is tried on every request, and each becomes a
 /// condition of a ledger read.
@@ -112,8 +113,8 @@ pub enum ActionSet {
     /// Every action.
     #[default]
     All,
-    /// The actions at least one glob matches.
-    Matching(Vec<ActionGlob>),
+    /// The actions at least one glob matches (shared: every request of a key clones it).
+    Matching(Arc<[ActionGlob]>),
 }
 
 impl ActionSet {
@@ -200,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_set_contains_what_one_of_its_globs_matches() {
-        let set = ActionSet::Matching(vec![glob("sms.*"), glob("transfer")]);
+        let set = ActionSet::Matching(vec![glob("sms.*"), glob("transfer")].into());
         assert!(set.contains_str("sms.send") && set.contains_str("transfer"));
         assert!(!set.contains_str("payout") && !set.contains_str("sms"));
         assert!(ActionSet::All.contains_str("anything.at.all"));
