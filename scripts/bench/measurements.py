@@ -131,6 +131,11 @@ class Verify:
     during: Line
 
 
+# The scenarios compared with the calendar day measured right before and right after them,
+# on the ledger as large as they found it (it grows with every row, and inserts slow as it
+# does): the 3 budgets, and the day from a 04:00 cut-off.
+BRACKETED = ("sms3", "sms-cut")
+
 # Rounds of the API key rows (open, key, open, key, ...).
 AUTH_ROUNDS = 2
 
@@ -139,7 +144,7 @@ AUTH_ROUNDS = 2
 class Results:
     baseline: Optional[Baseline] = None
     runs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, action, subjects)
-    pairs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, before|after, subjects)
+    pairs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, before|after:ACTION, subjects)
     grpc: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # (mode, subjects)
     auth: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, none|key): per round
     flood: Dict[str, Line] = field(default_factory=dict)
@@ -336,16 +341,17 @@ def measure_consume_rows(bench: Bench, mode: str) -> Service:
     service.create_policies()
     for scenario in SCENARIOS:
         for subjects in k.subjects:
-            if scenario.action == "sms3":
-                log(f"{mode}: calendar day, {subjects} subjects (before the 3-budget row)")
-                results.pairs[(mode, "before", subjects)] = run_wrk(bench, service, "sms", subjects)
+            bracketed = scenario.action in BRACKETED
+            if bracketed:
+                log(f"{mode}: calendar day, {subjects} subjects (before the {scenario.label} row)")
+                results.pairs[(mode, f"before:{scenario.action}", subjects)] = run_wrk(bench, service, "sms", subjects)
             log(f"{mode}: {scenario.label}, {subjects} subjects")
             results.runs[(mode, scenario.action, subjects)] = run_wrk(
                 bench, service, scenario.action, subjects, scenario.amount, scenario.countries
             )
-            if scenario.action == "sms3":
-                log(f"{mode}: calendar day, {subjects} subjects (after the 3-budget row)")
-                results.pairs[(mode, "after", subjects)] = run_wrk(bench, service, "sms", subjects)
+            if bracketed:
+                log(f"{mode}: calendar day, {subjects} subjects (after the {scenario.label} row)")
+                results.pairs[(mode, f"after:{scenario.action}", subjects)] = run_wrk(bench, service, "sms", subjects)
             if k.grpc and scenario.action == "sms" and subjects == k.grpc_subjects:
                 measure_grpc_row(bench, service, mode, subjects)
     if k.flood_connections > 0:
