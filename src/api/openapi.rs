@@ -71,7 +71,12 @@ impl Modify for ClosedWindowVariants {
         if let Some(RefOr::T(Schema::OneOf(window))) = components.schemas.get_mut("WindowDto") {
             // Titled, so that generators name the variants' types (`CalendarWindow`), not
             // `WindowDtoType0`.
-            let titles = ["CalendarWindow", "RollingWindow", "TokenBucketWindow"];
+            let titles = [
+                "CalendarWindow",
+                "RollingWindow",
+                "TokenBucketWindow",
+                "RequestWindow",
+            ];
             for (variant, title) in window.items.iter_mut().zip(titles) {
                 if let RefOr::T(Schema::Object(object)) = variant {
                     object.additional_properties =
