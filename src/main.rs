@@ -178,11 +178,7 @@ async fn main() -> anyhow::Result<()> {
             service: ServiceUrl { url },
             command,
         } => {
-            let token = settings
-                .admin_token
-                .as_ref()
-                .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
-            let remote = Remote::new(&url, token.expose())?;
+            let remote = admin_remote(&settings, &url)?;
             let exit = policies_command(&remote, command).await?;
             std::process::exit(exit as i32);
         }
@@ -190,11 +186,7 @@ async fn main() -> anyhow::Result<()> {
             service: ServiceUrl { url },
             command,
         } => {
-            let token = settings
-                .admin_token
-                .as_ref()
-                .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
-            let remote = Remote::new(&url, token.expose())?;
+            let remote = admin_remote(&settings, &url)?;
             match command {
                 KeysCommand::Create {
                     name,
@@ -242,6 +234,15 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Serve => serve(settings).await,
     }
+}
+
+/// The service at `url`, called with the admin token of `settings`.
+fn admin_remote(settings: &Settings, url: &str) -> anyhow::Result<Remote> {
+    let token = settings
+        .admin_token
+        .as_ref()
+        .context("QUOTA_ADMIN_TOKEN must be set to the service's admin token")?;
+    Remote::new(url, token.expose())
 }
 
 /// Serves the API until SIGTERM or SIGINT.

@@ -122,6 +122,29 @@ impl PolicySpec {
     }
 }
 
+#[cfg(test)]
+impl PolicySpec {
+    /// An enforced, enabled policy of `limit` (saturated to 2^53 - 1) on `action` in
+    /// `window`, every other field at its default: what the unit tests start from.
+    pub(crate) fn example(action: &str, measure: Measure, limit: u64, window: Window) -> Self {
+        Self {
+            action: Action::parse("action", action).expect("a valid action"),
+            measure,
+            unit: None,
+            limit: Quantity::saturating(limit),
+            window,
+            mode: Mode::Enforce,
+            enabled: true,
+            ledger_denials: false,
+            description: String::new(),
+            scope: Scope::default(),
+            conditions: Match::default(),
+            exclusions: Match::default(),
+            zone_attribute: None,
+        }
+    }
+}
+
 /// A stored policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {

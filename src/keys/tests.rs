@@ -1,9 +1,7 @@
 //! The key layout's tests: injective, one hash tag per subject, short.
 
 use super::*;
-use crate::domain::{
-    CalendarPeriod, Measure, Mode, PolicyId, PolicySpec, Quantity, Window, MAX_SAFE,
-};
+use crate::domain::{CalendarPeriod, Measure, PolicyId, PolicySpec, Window, MAX_SAFE};
 use chrono::DateTime;
 
 fn keys_of(action: &str, subject: &str) -> SubjectKeys {
@@ -14,21 +12,7 @@ fn keys_of(action: &str, subject: &str) -> SubjectKeys {
 fn policy(id: &str, measure: Measure, window: Window, limit: u64) -> Policy {
     Policy {
         id: PolicyId::parse("id", id).expect("valid"),
-        spec: PolicySpec {
-            action: Action::parse("action", "sms").expect("valid"),
-            measure,
-            unit: None,
-            limit: Quantity::saturating(limit),
-            window,
-            mode: Mode::Enforce,
-            enabled: true,
-            ledger_denials: false,
-            description: String::new(),
-            scope: Default::default(),
-            conditions: Default::default(),
-            exclusions: Default::default(),
-            zone_attribute: None,
-        },
+        spec: PolicySpec::example("sms", measure, limit, window),
         created_at: DateTime::UNIX_EPOCH,
         updated_at: DateTime::UNIX_EPOCH,
         version: 1,

@@ -1,7 +1,7 @@
 //! The exposition of each metric type, and the rules that bound label values.
 
 use super::{Endpoint, Live, Metrics, UNKNOWN_ACTION};
-use crate::domain::{Action, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity, Window};
+use crate::domain::{Action, Measure, Mode, Policy, PolicyId, PolicySpec, Window};
 use crate::engine::decision::policies::PolicyCache;
 use crate::engine::store::{StoreError, StoreMemory};
 use crate::engine::{Decision, EngineError, PolicyDecision};
@@ -52,21 +52,12 @@ fn decision(allowed: bool, degraded: bool, policies: Vec<PolicyDecision>) -> Dec
 fn cache_with(action: &str) -> PolicyCache {
     let policy = Policy {
         id: PolicyId::parse("id", "p").expect("valid id"),
-        spec: PolicySpec {
-            action: Action::parse("action", action).expect("valid action"),
-            measure: Measure::Count,
-            unit: None,
-            limit: Quantity::parse("limit", 10).expect("valid limit"),
-            window: Window::token_bucket(60).expect("valid window"),
-            mode: Mode::Enforce,
-            enabled: true,
-            ledger_denials: false,
-            description: String::new(),
-            scope: Default::default(),
-            conditions: Default::default(),
-            exclusions: Default::default(),
-            zone_attribute: None,
-        },
+        spec: PolicySpec::example(
+            action,
+            Measure::Count,
+            10,
+            Window::token_bucket(60).expect("valid window"),
+        ),
         created_at: DateTime::UNIX_EPOCH,
         updated_at: DateTime::UNIX_EPOCH,
         version: 1,

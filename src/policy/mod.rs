@@ -191,7 +191,7 @@ pub(crate) mod tests {
     use super::MAX_POLICIES_PER_ACTION;
     use super::{refresh_if_changed, reload, Caches, PolicyAdmin, PolicyStore, PolicyStoreError};
     use crate::domain::{Action, Policy, PolicyId};
-    use crate::domain::{Measure, Mode, PolicySpec, Quantity, Window};
+    use crate::domain::{Measure, PolicySpec, Window};
     use chrono::TimeZone;
     use chrono::Utc;
     use std::path::PathBuf;
@@ -218,21 +218,12 @@ pub(crate) mod tests {
             .expect("valid instant");
         Policy {
             id: PolicyId::parse("id", id).expect("valid id"),
-            spec: PolicySpec {
-                action: Action::parse("action", "a").expect("valid action"),
-                measure: Measure::Count,
-                unit: None,
-                limit: Quantity::parse("limit", 10).expect("valid limit"),
-                window: Window::token_bucket(60).expect("valid window"),
-                mode: Mode::Enforce,
-                enabled: true,
-                ledger_denials: false,
-                description: String::new(),
-                scope: Default::default(),
-                conditions: Default::default(),
-                exclusions: Default::default(),
-                zone_attribute: None,
-            },
+            spec: PolicySpec::example(
+                "a",
+                Measure::Count,
+                10,
+                Window::token_bucket(60).expect("valid window"),
+            ),
             created_at: at,
             updated_at: at,
             version: 1,
