@@ -68,8 +68,9 @@ pub struct Settings {
     /// JSON log lines (`QUOTA_LOG_FORMAT=json`) instead of human-readable ones.
     pub log_json: bool,
     /// Days ledger entries are kept before the retention task deletes them
-    /// (`QUOTA_LEDGER_RETENTION_DAYS`, at least 1).
-    pub ledger_retention_days: u32,
+    /// (`QUOTA_LEDGER_RETENTION_DAYS`, at least 1); `None` keeps them for ever (`forever`,
+    /// which `lifetime` windows need).
+    pub ledger_retention_days: Option<u32>,
     /// How long a Redis ledger-stream entry may sit unacknowledged with a consumer before
     /// another instance's drain claims it (`QUOTA_LEDGER_CLAIM_IDLE_MS`, default 30 s).
     pub ledger_claim_idle: Duration,
@@ -242,12 +243,12 @@ pub struct ConfigArgs {
     #[arg(long, env = "QUOTA_LOG_FORMAT", value_name = "FORMAT",
         default_value = DEFAULT_LOG_FORMAT, global = true)]
     log_format: String,
-    /// Days ledger entries are kept (at least 1).
+    /// Days ledger entries are kept (at least 1), or `forever` (which `lifetime` windows need).
     #[arg(long, env = "QUOTA_LEDGER_RETENTION_DAYS", value_name = "DAYS",
         default_value = DEFAULT_LEDGER_RETENTION_DAYS,
-        value_parser = whole::<u32>(DEFAULT_LEDGER_RETENTION_DAYS, "QUOTA_LEDGER_RETENTION_DAYS", "days", 1),
+        value_parser = retention_days,
         global = true)]
-    ledger_retention_days: u32,
+    ledger_retention_days: KeepDays,
     /// How long a drained but unacknowledged ledger entry waits before another instance
     /// claims it, in milliseconds.
     #[arg(long, env = "QUOTA_LEDGER_CLAIM_IDLE_MS", value_name = "MS",
@@ -359,6 +360,22 @@ fn whole<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Send + S
             true => Ok(number),
             false => Err(format!("{variable} must be at least {min}")),
         }
+    }
+}
+
+/// Days the ledger keeps entries; `None` for ever (clap takes an `Option` field for an
+/// optional flag, hence the wrapper).
+#[derive(Debug, Clone, Copy)]
+struct KeepDays(Option<u32>);
+
+/// `QUOTA_LEDGER_RETENTION_DAYS`: `forever` (`None`), or whole days, at least 1.
+fn retention_days(value: &str) -> Result<KeepDays, String> {
+    const VARIABLE: &str = "QUOTA_LEDGER_RETENTION_DAYS";
+    match or_default(value, DEFAULT_LEDGER_RETENTION_DAYS) {
+        "forever" => Ok(KeepDays(None)),
+        days => whole::<u32>(DEFAULT_LEDGER_RETENTION_DAYS, VARIABLE, "days", 1)(days)
+            .map(|days| KeepDays(Some(days)))
+            .map_err(|e| format!("{e}, or forever")),
     }
 }
 
@@ -496,7 +513,7 @@ impl Settings {
                 .unwrap_or_default(),
             on_store_error: args.on_store_error,
             log_json: args.log_format == "json",
-            ledger_retention_days: args.ledger_retention_days,
+            ledger_retention_days: args.ledger_retention_days.0,
             ledger_claim_idle: Duration::from_millis(args.ledger_claim_idle_ms.max(1)),
             policy_poll: Duration::from_millis(args.policy_poll_ms.max(1)),
             max_in_flight: args.max_in_flight,

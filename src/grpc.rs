@@ -312,7 +312,10 @@ fn status_for(decision: &Decision) -> DescriptorStatus {
             ..DescriptorStatus::default()
         };
     };
-    let until_reset = (policy.resets_at - decision.at).max(chrono::Duration::zero());
+    // A lifetime never resets: no duration.
+    let until_reset = policy
+        .resets_at
+        .map(|at| (at - decision.at).max(chrono::Duration::zero()));
     DescriptorStatus {
         code: code(denied.is_none()),
         current_limit: Some(RateLimit {
@@ -321,9 +324,11 @@ fn status_for(decision: &Decision) -> DescriptorStatus {
             unit: unit_of(policy) as i32,
         }),
         limit_remaining: u32::try_from(policy.remaining).unwrap_or(u32::MAX),
-        duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration {
-            seconds: until_reset.num_seconds(),
-            nanos: until_reset.subsec_nanos(),
+        duration_until_reset: until_reset.map(|until| {
+            envoy_types::pb::google::protobuf::Duration {
+                seconds: until.num_seconds(),
+                nanos: until.subsec_nanos(),
+            }
         }),
         ..DescriptorStatus::default()
     }

@@ -49,7 +49,7 @@ pub struct Application {
     /// it is dropped: when `run_until_stopped` returns, or with an app that never ran.
     refresher: Refresher,
     /// Deletes old ledger entries until the application is dropped.
-    _retention: RetentionTask,
+    _retention: Option<RetentionTask>,
     /// The ledger drain; stopped when the application is.
     _tasks: BackgroundTasks,
     /// Envoy's rate limit service on its own runtime (`QUOTA_GRPC_LISTEN`); stopped when
@@ -289,12 +289,11 @@ impl Application {
         let announcements = crate::db::open_with(&settings.database_url, 1, &[]).await?;
         let policies = policy::connect(&settings.database_url).await?;
         let ledger = crate::ledger::sql::connect(&settings.database_url).await?;
-        let retention =
-            Retention::days(settings.ledger_retention_days).spawn(ledger.clone(), clock.clone());
         let caches = Caches::new();
         policy::reload(&caches, policies.as_ref())
             .await
             .context("loading policies and API keys into the caches")?;
+        let retention = start_retention(&settings, &ledger, &clock, &caches)?;
         let refresher = Refresher::start(policies.clone(), caches.clone(), settings.policy_poll);
         let admin_token_generated = settings.admin_token.is_none();
         let admin_token = settings.admin_token.clone().unwrap_or_else(random_token);
@@ -492,4 +491,28 @@ impl Application {
     pub fn handle(&self) -> actix_web::dev::ServerHandle {
         self.server.handle()
     }
+}
+
+/// The ledger's retention task (`None` when the ledger is kept for ever); an error when a
+/// policy has a lifetime window, which would lose the usage retention deletes.
+fn start_retention(
+    settings: &Settings,
+    ledger: &Arc<dyn crate::engine::ledger::LedgerStore>,
+    clock: &Arc<dyn Clock>,
+    caches: &Caches,
+) -> anyhow::Result<Option<RetentionTask>> {
+    let Some(days) = settings.ledger_retention_days else {
+        return Ok(None);
+    };
+    if let Some(policy) = caches.policies.lifetime_policy() {
+        anyhow::bail!(
+            "policy {policy} has a lifetime window, whose usage is rebuilt from the whole \
+             ledger; QUOTA_LEDGER_RETENTION_DAYS={days} would delete it: set \
+             QUOTA_LEDGER_RETENTION_DAYS=forever (or delete the policy)"
+        );
+    }
+    let cache = caches.policies.clone();
+    let needs_all = Arc::new(move || cache.lifetime_policy().map(|id| id.to_string()));
+    let task = Retention::days(days).spawn(ledger.clone(), clock.clone(), needs_all);
+    Ok(Some(task))
 }

@@ -56,27 +56,36 @@ fn refused(error: PolicyStoreError, id: &PolicyId) -> ApiError {
 }
 
 /// 422 when `spec`'s window is longer than the ledger keeps entries: a restart or a Redis
-/// loss rebuilds usage from the ledger, and could not rebuild what retention deleted.
+/// loss rebuilds usage from the ledger, and could not rebuild what retention deleted. A
+/// lifetime needs the whole ledger.
 fn kept_long_enough(state: &AppState, spec: &PolicySpec) -> Result<(), ApiError> {
     const YEAR_DAYS: u32 = 367;
-    let needs_year = matches!(
-        spec.window,
+    let Some(days) = state.ledger_retention_days else {
+        return Ok(()); // kept for ever
+    };
+    let (field, why) = match spec.window {
         Window::Calendar {
             period: CalendarPeriod::Year,
             ..
-        }
-    );
-    if needs_year && state.ledger_retention_days < YEAR_DAYS {
-        return Err(ApiError::invalid(
+        } if days < YEAR_DAYS => (
             "window.period",
-            format!(
-                "a year period needs the ledger kept at least {YEAR_DAYS} days, to rebuild its \
-                 usage after a restart or a Redis loss; QUOTA_LEDGER_RETENTION_DAYS is {}",
-                state.ledger_retention_days
-            ),
-        ));
-    }
-    Ok(())
+            format!("a year period needs the ledger kept at least {YEAR_DAYS} days"),
+        ),
+        Window::Lifetime => (
+            "window.type",
+            "a lifetime window needs the ledger kept for ever \
+             (QUOTA_LEDGER_RETENTION_DAYS=forever)"
+                .to_owned(),
+        ),
+        _ => return Ok(()),
+    };
+    Err(ApiError::invalid(
+        field,
+        format!(
+            "{why}, to rebuild its usage after a restart or a Redis loss; \
+             QUOTA_LEDGER_RETENTION_DAYS is {days}"
+        ),
+    ))
 }
 
 fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {

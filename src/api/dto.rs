@@ -75,6 +75,10 @@ pub(crate) enum WindowDto {
     /// exceeds `limit` is denied by this policy, with `retry_after_seconds: null`; nothing
     /// accumulates (`used` is the request's amount in a consume answer, 0 in usage).
     Request {},
+    /// Usage that never resets (a prepaid card's lifetime cap): `resets_at` is null and a
+    /// denial has `retry_after_seconds: null`. The ledger must be kept forever
+    /// (`QUOTA_LEDGER_RETENTION_DAYS=forever`), since counters are rebuilt from all of it.
+    Lifetime {},
 }
 
 /// A calendar period.
@@ -375,6 +379,7 @@ impl WindowDto {
             } => Window::rolling(i128::from(*seconds), i128::from(*bucket_seconds)),
             Self::TokenBucket { seconds } => Window::token_bucket(i128::from(*seconds)),
             Self::Request {} => Ok(Window::Request),
+            Self::Lifetime {} => Ok(Window::Lifetime),
         };
         window
             .map(|window| (window, zone_attribute))
@@ -423,6 +428,7 @@ impl WindowDto {
                 seconds: seconds as i64,
             },
             Window::Request => Self::Request {},
+            Window::Lifetime => Self::Lifetime {},
         }
     }
 }

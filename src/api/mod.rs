@@ -42,7 +42,7 @@ pub(crate) struct AppState {
     pub(crate) gate: Arc<Gate>,
     /// Days the ledger keeps entries (`QUOTA_LEDGER_RETENTION_DAYS`): a period longer than
     /// that could not be rebuilt from it.
-    pub(crate) ledger_retention_days: u32,
+    pub(crate) ledger_retention_days: Option<u32>,
     /// What `/metrics` reports; the quota handlers record into it.
     pub(crate) metrics: Arc<Metrics>,
     /// Bounds the `/quota/*` requests in flight.

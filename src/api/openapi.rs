@@ -76,6 +76,7 @@ impl Modify for ClosedWindowVariants {
                 "RollingWindow",
                 "TokenBucketWindow",
                 "RequestWindow",
+                "LifetimeWindow",
             ];
             for (variant, title) in window.items.iter_mut().zip(titles) {
                 if let RefOr::T(Schema::Object(object)) = variant {

@@ -56,9 +56,10 @@ pub(crate) struct PolicyUsage {
     pub(crate) used: u64,
     /// `limit - used`, never below zero.
     pub(crate) remaining: u64,
-    /// When usage would be back to zero with no further consumption (UTC).
-    #[serde(serialize_with = "super::timestamp::serialize")]
-    pub(crate) resets_at: DateTime<Utc>,
+    /// When usage would be back to zero with no further consumption (UTC); null for a
+    /// `lifetime` window, which never resets.
+    #[serde(serialize_with = "super::timestamp::serialize_optional")]
+    pub(crate) resets_at: Option<DateTime<Utc>>,
     /// Whether this policy alone allows the request (shadow policies report, never deny).
     pub(crate) allowed: bool,
     /// The budget the request falls in: the values of the policy's scope, e.g.
@@ -254,11 +255,11 @@ fn parse_counted(
 
 /// The policy whose limit binds hardest: a denying enforcing one, else the least remaining.
 pub(super) fn most_constraining(decision: &Decision) -> Option<&PolicyDecision> {
-    // A per-request maximum (no window: 0 seconds) is no quota that runs out: it names the
-    // headers only when it is what denies.
+    // A per-request maximum (no window: 0 seconds, and a reset time, unlike a lifetime) is
+    // no quota that runs out: it names the headers only when it is what denies.
     decision.policies.iter().min_by_key(|p| {
         let denying = p.mode == Mode::Enforce && !p.allowed;
-        let per_request = p.window_seconds == 0;
+        let per_request = p.window_seconds == 0 && p.resets_at.is_some();
         (!denying, p.mode == Mode::Shadow, per_request, p.remaining)
     })
 }
@@ -271,13 +272,19 @@ pub(super) fn record_decision(allowed: bool) {
     }
 }
 
-/// `"<policy>";<a>=<x>;<b>=<y>`: one IETF RateLimit field value, written without `format!`.
-fn rate_limit_field(policy: &str, (a, x): (&str, u64), (b, y): (&str, u64)) -> String {
+/// `"<policy>";<a>=<x>;<b>=<y>`: one IETF RateLimit field value, written without `format!`;
+/// without `;<b>=<y>` when `second` is `None` (a lifetime: no window, no reset).
+fn rate_limit_field(policy: &str, (a, x): (&str, u64), second: Option<(&str, u64)>) -> String {
     let mut numbers = (itoa::Buffer::new(), itoa::Buffer::new());
-    let (x, y) = (numbers.0.format(x), numbers.1.format(y));
-    let mut field = String::with_capacity(policy.len() + x.len() + y.len() + 10);
-    for part in ["\"", policy, "\";", a, "=", x, ";", b, "=", y] {
+    let x = numbers.0.format(x);
+    let mut field = String::with_capacity(policy.len() + 2 * x.len() + 12);
+    for part in ["\"", policy, "\";", a, "=", x] {
         field.push_str(part);
+    }
+    if let Some((b, y)) = second {
+        for part in [";", b, "=", numbers.1.format(y)] {
+            field.push_str(part);
+        }
     }
     field
 }
@@ -299,19 +306,17 @@ pub(super) fn respond(
     };
     let mut response = HttpResponse::build(status);
     if let Some(p) = most_constraining(&decision) {
-        let reset = (p.resets_at - decision.at)
-            .num_seconds()
-            .max(0)
-            .unsigned_abs();
+        // A lifetime has neither a window nor a reset: `w` and `t` are left out.
+        let reset = p
+            .resets_at
+            .map(|at| ("t", (at - decision.at).num_seconds().max(0).unsigned_abs()));
+        let window = reset.map(|_| ("w", p.window_seconds));
         let id = p.policy_id.as_str();
         response.insert_header((
             RATELIMIT_POLICY,
-            rate_limit_field(id, ("q", p.limit), ("w", p.window_seconds)),
+            rate_limit_field(id, ("q", p.limit), window),
         ));
-        response.insert_header((
-            RATELIMIT,
-            rate_limit_field(id, ("r", p.remaining), ("t", reset)),
-        ));
+        response.insert_header((RATELIMIT, rate_limit_field(id, ("r", p.remaining), reset)));
     }
     if let Some(seconds) = decision.retry_after_seconds {
         response.insert_header((header::RETRY_AFTER, seconds.to_string()));

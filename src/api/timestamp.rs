@@ -9,6 +9,17 @@
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde::{Serialize, Serializer};
 
+/// [`serialize`] for an optional time: `null` when absent.
+pub(crate) fn serialize_optional<S: Serializer>(
+    at: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => serialize(at, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// Serializes `at` as chrono does: `YYYY-MM-DDTHH:MM:SS`, then `.mmm`, `.uuuuuu` or
 /// `.nnnnnnnnn` when the second has a fraction (the shortest exact one), then `Z`.
 pub(crate) fn serialize<S: Serializer>(

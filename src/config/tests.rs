@@ -62,11 +62,16 @@ fn lists_and_switches_are_parsed_and_bad_values_rejected() {
 }
 
 #[test]
-fn ledger_retention_is_400_days_unless_set_to_a_positive_whole_number() {
-    assert_eq!(settings(&[]).expect("valid").ledger_retention_days, 400);
+fn ledger_retention_is_400_days_unless_set_to_a_positive_whole_number_or_forever() {
+    assert_eq!(
+        settings(&[]).expect("valid").ledger_retention_days,
+        Some(400)
+    );
     let s = settings(&[("QUOTA_LEDGER_RETENTION_DAYS", "30")]).expect("valid");
-    assert_eq!(s.ledger_retention_days, 30);
-    for bad in ["0", "-1", "1.5", "a year"] {
+    assert_eq!(s.ledger_retention_days, Some(30));
+    let s = settings(&[("QUOTA_LEDGER_RETENTION_DAYS", "forever")]).expect("valid");
+    assert_eq!(s.ledger_retention_days, None);
+    for bad in ["0", "-1", "1.5", "a year", "Forever"] {
         assert!(
             settings(&[("QUOTA_LEDGER_RETENTION_DAYS", bad)]).is_err(),
             "{bad} is refused"
@@ -99,7 +104,7 @@ fn an_empty_or_blank_variable_counts_as_unset() {
     assert!(s.redis_urls.is_empty() && !s.redis_cluster);
     assert!(s.admin_token.is_none() && s.client_tokens.is_empty());
     assert_eq!(s.on_store_error, OnStoreError::Deny);
-    assert_eq!(s.ledger_retention_days, 400);
+    assert_eq!(s.ledger_retention_days, Some(400));
     assert_eq!(s.policy_poll, Duration::from_millis(500));
 }
 

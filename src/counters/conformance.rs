@@ -58,6 +58,7 @@ macro_rules! scenarios {
 mod calendar;
 mod cluster;
 mod decisions;
+mod lifetime;
 mod properties;
 mod request;
 mod rolling;

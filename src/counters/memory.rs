@@ -126,7 +126,8 @@ impl MemoryCounterStore {
         result
     }
 
-    /// Milliseconds until `key` expires as seen at `now_ms`, `None` if it is absent.
+    /// Milliseconds until `key` expires as seen at `now_ms` (-1 for never, as Redis's PTTL
+    /// says), `None` if it is absent.
     #[cfg(test)]
     pub(super) fn ttl_ms(&self, key: &str, now_ms: i64) -> Option<i64> {
         let shard = lock(self.shard(key));
@@ -134,7 +135,10 @@ impl MemoryCounterStore {
             .entries
             .get(key)
             .filter(|e| e.is_live(now_ms))
-            .map(|e| e.expires_at_ms - now_ms)
+            .map(|e| match e.expires_at_ms {
+                i64::MAX => -1,
+                at => at - now_ms,
+            })
     }
 
     /// Number of buckets stored for the rolling counter `key` (0 if absent or another kind).

@@ -110,6 +110,8 @@ pub enum Restore {
         /// The policy's limit when charged (the drain rate).
         limit: u64,
     },
+    /// A lifetime counter (it never resets).
+    Lifetime,
 }
 
 /// One counter a charge or hold went to, with what it takes to give the units back later

@@ -235,6 +235,9 @@ pub enum Window {
     /// A per-request maximum (a card's "per authorization" limit): a request whose amount
     /// exceeds the limit is denied; nothing accumulates.
     Request,
+    /// Usage that never resets (a prepaid card's lifetime cap); its counters keep no time
+    /// to live and are rebuilt from the whole ledger.
+    Lifetime,
 }
 
 fn positive_seconds(field: &str, value: i128) -> Result<u64, FieldError> {
@@ -352,6 +355,7 @@ impl Window {
             } => format!("r{seconds}/{bucket_seconds}"),
             Self::TokenBucket { seconds } => format!("t{seconds}"),
             Self::Request => "q".to_owned(),
+            Self::Lifetime => "l".to_owned(),
         }
     }
 }

@@ -70,8 +70,9 @@ pub(crate) struct PolicyDecision {
     pub(crate) used: u64,
     /// `limit - used`, never below zero.
     pub(crate) remaining: u64,
-    /// When usage would be back to zero with no further consumption.
-    pub(crate) resets_at: DateTime<Utc>,
+    /// When usage would be back to zero with no further consumption; `None` for never (a
+    /// lifetime window).
+    pub(crate) resets_at: Option<DateTime<Utc>>,
     /// Whether this policy alone would allow the request.
     pub(crate) allowed: bool,
     /// The window's length in seconds (for the `RateLimit-Policy` header).
@@ -328,6 +329,11 @@ fn seconds_until(now_ms: i64, at_ms: i64) -> u64 {
 }
 
 /// An instant from Unix milliseconds (the epoch if out of range).
+/// When a counter that reports `resets_at_ms` resets: `None` for never (a lifetime counter).
+pub(crate) fn reset_time(resets_at_ms: i64) -> Option<DateTime<Utc>> {
+    (resets_at_ms != store::NEVER_MS).then(|| from_millis(resets_at_ms))
+}
+
 pub(crate) fn from_millis(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms)
         .single()

@@ -63,8 +63,15 @@ impl Retention {
     }
 
     /// Starts the periodic task on the current Tokio runtime; it stops when the returned
-    /// [`RetentionTask`] is dropped.
-    pub fn spawn(self, store: Arc<dyn LedgerStore>, clock: Arc<dyn Clock>) -> RetentionTask {
+    /// [`RetentionTask`] is dropped. A sweep is skipped, with an error logged, while
+    /// `needs_all` names a policy that needs the whole ledger (a lifetime window, created
+    /// through an instance that keeps the ledger for ever).
+    pub fn spawn(
+        self,
+        store: Arc<dyn LedgerStore>,
+        clock: Arc<dyn Clock>,
+        needs_all: Arc<dyn Fn() -> Option<String> + Send + Sync>,
+    ) -> RetentionTask {
         let handle = tokio::spawn(async move {
             tokio::time::sleep(self.first_sweep_after).await;
             let mut ticks = tokio::time::interval(self.every);
@@ -72,6 +79,14 @@ impl Retention {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await; // the first tick is immediate
+                if let Some(policy) = needs_all() {
+                    tracing::error!(
+                        policy,
+                        "ledger retention skipped: a lifetime window counts the whole ledger; \
+                         set QUOTA_LEDGER_RETENTION_DAYS=forever"
+                    );
+                    continue;
+                }
                 match self.sweep(store.as_ref(), clock.as_ref()).await {
                     Ok(0) => tracing::debug!("ledger retention: nothing to delete"),
                     Ok(deleted) => tracing::info!(

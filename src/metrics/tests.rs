@@ -29,7 +29,7 @@ fn policy_decision(id: &str, mode: Mode, allowed: bool) -> PolicyDecision {
         limit: 1,
         used: 1,
         remaining: 0,
-        resets_at: DateTime::UNIX_EPOCH,
+        resets_at: Some(DateTime::UNIX_EPOCH),
         allowed,
         window_seconds: 60,
         budget: crate::domain::Budget::of_subject(

@@ -41,6 +41,7 @@ pub(crate) fn window_to_json(window: &Window, zone_attribute: Option<&str>) -> S
         } => json!({"type": "rolling", "seconds": seconds, "bucket_seconds": bucket_seconds}),
         Window::TokenBucket { seconds } => json!({"type": "token_bucket", "seconds": seconds}),
         Window::Request => json!({"type": "request"}),
+        Window::Lifetime => json!({"type": "lifetime"}),
     };
     value.to_string()
 }
@@ -70,6 +71,7 @@ pub(crate) fn window_from_json(text: &str) -> Result<(Window, Option<String>), P
         Some("rolling") => Window::rolling(int("seconds"), int("bucket_seconds")),
         Some("token_bucket") => Window::token_bucket(int("seconds")),
         Some("request") => Ok(Window::Request),
+        Some("lifetime") => Ok(Window::Lifetime),
         _ => return Err(corrupt("unknown type")),
     };
     let zone_attribute = value["timezone_attribute"].as_str().map(str::to_owned);
@@ -140,6 +142,7 @@ mod tests {
             Window::rolling(86_400, 3_600).expect("valid"),
             Window::token_bucket(60).expect("valid"),
             Window::Request,
+            Window::Lifetime,
         ];
         for window in windows {
             let text = window_to_json(&window, None);

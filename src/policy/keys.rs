@@ -127,7 +127,7 @@ where
     }
 
     /// [`PolicyStoreError::Outdated`] when `p` uses what an instance still live cannot read:
-    /// a calendar window with anchors or a `year` period, a `request` window, or a
+    /// a calendar window with anchors or a `year` period, a `request` or `lifetime` window, or a
     /// `match_not` (which it would
     /// ignore, applying the policy to requests it excludes). Run inside a change.
     pub(super) async fn ensure_readable(conn: &mut DB::Connection, p: &Policy) -> StoreResult<()> {
@@ -135,7 +135,7 @@ where
             Window::Calendar {
                 period, anchors, ..
             } => period == CalendarPeriod::Year || !anchors.is_default(),
-            Window::Request => true,
+            Window::Request | Window::Lifetime => true,
             _ => false,
         };
         if !new_window && p.spec.exclusions.is_empty() {

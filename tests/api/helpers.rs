@@ -240,7 +240,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         client_tokens: Vec::new(),
         on_store_error: OnStoreError::Deny,
         log_json: false,
-        ledger_retention_days: 400,
+        ledger_retention_days: Some(400),
         ledger_claim_idle: Duration::from_millis(1_000),
         policy_poll: Duration::from_millis(500),
         // Above the bursts of the concurrency tests: they test exact limits, not shedding.
@@ -412,6 +412,23 @@ impl TestApp {
         }
         self.handle.stop(false).await;
         self.start_again(|| {}).await
+    }
+
+    /// Stops this instance gracefully and tries to start another on its stores with
+    /// `change`d settings, which must fail: the error, with its causes.
+    pub async fn restart_refused(mut self, change: impl FnOnce(&mut Settings)) -> String {
+        self.client = reqwest::Client::new();
+        self.handle.stop(true).await;
+        if let Some(served) = self.served.take() {
+            let _ = served.await;
+        }
+        let mut settings = self.settings.clone();
+        change(&mut settings);
+        let (database, clock) = (self.database.clone(), self.clock.clone());
+        drop(self);
+        let refused = Application::build_with_clock(settings, clock).await.err();
+        drop(database);
+        format!("{:#}", refused.expect("the new instance refuses to start"))
     }
 
     /// Drops this instance, runs `meanwhile`, and starts another on its stores and clock.

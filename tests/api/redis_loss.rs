@@ -53,7 +53,7 @@ async fn charge(app: &TestApp) -> (String, Value) {
 /// Deletes every key of `app` (its prefix) on every node: what a FLUSHALL does to it. The
 /// shards' epochs go last, as if all at once: a shard is never seen without its epoch
 /// while some of its other keys are still there.
-async fn lose_keys(app: &TestApp, nodes: &[String]) {
+pub(crate) async fn lose_keys(app: &TestApp, nodes: &[String]) {
     lose_keys_but(app, nodes, false).await;
 }
 

@@ -154,6 +154,7 @@ crate::on_counter_stores!(
     anchored_periods_reset_at_their_anchors,
     match_not_applies_only_outside_the_values_it_lists,
     a_per_request_maximum_denies_above_it_and_accumulates_nothing,
+    a_lifetime_counts_the_whole_ledger_across_years_restarts_and_a_redis_loss,
 );
 
 #[tokio::test]
@@ -210,7 +211,7 @@ async fn anchors_a_period_does_not_use_are_422_naming_the_field_and_create_nothi
 async fn a_year_period_needs_the_ledger_kept_a_year() {
     let mut settings =
         crate::helpers::fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    settings.ledger_retention_days = 90;
+    settings.ledger_retention_days = Some(90);
     let app = crate::helpers::spawn_with(settings).await;
     let yearly = anchored("y", "a", 1, json!({"type": "calendar", "period": "year"}));
     let problem = app.create_policy(yearly).await;
@@ -396,4 +397,116 @@ async fn a_per_request_maximum_denies_above_it_and_accumulates_nothing(counters:
     assert_eq!(policies[0]["policy_id"], "daily");
     let verify = app.admin_get("/admin/counters/verify").await;
     assert_eq!(verify.body["drift"], json!([]), "{}", verify.body);
+}
+
+/// The lifetime policy's `used` for `subject`, from a usage read.
+async fn lifetime_used(app: &TestApp, subject: &str) -> Value {
+    let usage = app.usage("card.spend", subject).await;
+    assert_eq!(usage.status, StatusCode::OK, "{}", usage.body);
+    usage.body["policies"][0]["used"].clone()
+}
+
+async fn a_lifetime_counts_the_whole_ledger_across_years_restarts_and_a_redis_loss(
+    counters: CounterBackend,
+) {
+    let mut settings = crate::helpers::fresh_settings(PolicyBackend::Sqlite, counters).await;
+    settings.ledger_retention_days = None;
+    let app = crate::helpers::spawn_with(settings).await;
+    app.must_create_policy(
+        json!({"id": "prepaid", "action": "card.spend", "measure": "amount",
+        "limit": 100_000, "window": {"type": "lifetime"}}),
+    )
+    .await;
+    let first = app.consume("card.spend", "card-1", 60_000).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(resets_at(&first), Value::Null, "it never resets");
+    assert_eq!(
+        first.header("ratelimit"),
+        Some("\"prepaid\";r=40000"),
+        "no reset time"
+    );
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"prepaid\";q=100000")
+    );
+    app.engine.drain_ledger_now().await;
+
+    // Two years on, far past every other window's horizon, after a crash: the counters
+    // come back from the whole ledger.
+    app.advance(2 * 366 * 86_400);
+    let app = app.crash_restart().await;
+    assert_eq!(lifetime_used(&app, "card-1").await, json!(60_000));
+    if counters != CounterBackend::Memory {
+        let nodes = match counters {
+            CounterBackend::Cluster => crate::helpers::cluster_urls(),
+            _ => app.settings.redis_urls.clone(),
+        };
+        crate::redis_loss::lose_keys(&app, &nodes).await;
+        let mut used = Value::Null;
+        for _ in 0..100 {
+            let answer = app.check("card.spend", "card-1", 1).await;
+            if answer.status == StatusCode::OK {
+                used = answer.body["policies"][0]["used"].clone();
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(used, json!(60_000), "rebuilt after the loss");
+    }
+    let over = app.consume("card.spend", "card-1", 40_001).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{}", over.body);
+    assert_eq!(
+        over.body["retry_after_seconds"],
+        Value::Null,
+        "never passes later"
+    );
+    assert_eq!(over.header("retry-after"), None);
+    let rest = app.consume("card.spend", "card-1", 40_000).await;
+    assert_eq!(rest.status, StatusCode::OK, "{}", rest.body);
+    let refund = app
+        .quota(
+            "/quota/refund",
+            json!({"consumption_id": rest.body["consumption_id"], "amount": 15_000}),
+        )
+        .await;
+    assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+    assert_eq!(lifetime_used(&app, "card-1").await, json!(85_000));
+    let app = app.restart().await;
+    assert_eq!(lifetime_used(&app, "card-1").await, json!(85_000));
+    let verify = app.admin_get("/admin/counters/verify").await;
+    assert_eq!(verify.body["drift"], json!([]), "{}", verify.body);
+}
+
+#[tokio::test]
+async fn a_lifetime_needs_the_ledger_kept_for_ever() {
+    let lifetime = json!({"id": "prepaid", "action": "card.spend", "measure": "amount",
+        "limit": 100_000, "window": {"type": "lifetime"}});
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    let refused = app.create_policy(lifetime.clone()).await;
+    let body = refused.assert_problem(422);
+    assert_eq!(refused.problem_fields(), vec!["window.type"], "{body}");
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("QUOTA_LEDGER_RETENTION_DAYS=forever")),
+        "{body}"
+    );
+    let listed = app.admin_get("/admin/policies").await;
+    assert_eq!(listed.body["items"], json!([]), "nothing was created");
+
+    // Kept for ever, it is created; an instance that would delete entries then refuses to
+    // start, saying why.
+    let mut settings =
+        crate::helpers::fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    settings.ledger_retention_days = None;
+    let app = crate::helpers::spawn_with(settings).await;
+    app.must_create_policy(lifetime).await;
+    let error = app
+        .restart_refused(|settings| settings.ledger_retention_days = Some(400))
+        .await;
+    assert!(
+        error.contains("policy prepaid has a lifetime window")
+            && error.contains("QUOTA_LEDGER_RETENTION_DAYS=forever"),
+        "{error}"
+    );
 }

@@ -211,7 +211,13 @@ fn policies() -> impl Strategy<Value = [Policy; 3]> {
         limit,
         enforce,
     });
-    let third = prop_oneof![4 => token, 1 => request];
+    // A lifetime counter too: it never expires (no TTL on Redis, as in memory).
+    let lifetime = (limit(), any::<bool>()).prop_map(|(limit, enforce)| Policy {
+        algorithm: Algorithm::Lifetime,
+        limit,
+        enforce,
+    });
+    let third = prop_oneof![4 => token, 1 => request, 1 => lifetime];
     (calendar, rolling, third).prop_map(|(c, r, t)| [c, r, t])
 }
 
@@ -269,6 +275,7 @@ fn charges(h: &Harness, case: &Case, step: &Step, now: i64) -> Vec<Charge> {
             Algorithm::Rolling { .. } => (h.key("roll"), policy.algorithm),
             Algorithm::TokenBucket { .. } => (h.key("tok"), policy.algorithm),
             Algorithm::Request => (h.key("req"), policy.algorithm),
+            Algorithm::Lifetime => (h.key("life"), policy.algorithm),
         };
         let limit = if step.lowered {
             policy.limit / 2

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use crate::engine::store::{
-    Algorithm, Charge, Outcome, Restore, StoreError, KEY_GRACE_MS, MAX_UNITS,
+    Algorithm, Charge, Outcome, Restore, StoreError, KEY_GRACE_MS, MAX_UNITS, NEVER_MS,
 };
 
 /// 2^53 - 1 as a time: reported times of a saturated shadow token bucket are clamped to it,
@@ -128,6 +128,7 @@ pub(super) fn read(
         Algorithm::ZonedCalendar { period_end_ms } => {
             zoned_calendar(state, now_ms, period_end_ms, limit, cost)
         }
+        Algorithm::Lifetime => lifetime(state, limit, cost),
         // A per-request maximum reads and writes nothing: its usage is the request's cost.
         Algorithm::Request => Ok(Reading {
             outcome: Outcome {
@@ -221,6 +222,31 @@ fn calendar(
         (limit, cost),
         Change::Counter,
     ))
+}
+
+/// A lifetime counter: one integer that never expires, nor resets (no retry time).
+fn lifetime(state: Option<&State>, limit: u64, cost: u64) -> Result<Reading, StoreError> {
+    let used = match state {
+        None => 0,
+        Some(State::Counter(units)) => *units,
+        Some(_) => return Err(wrong_type()),
+    };
+    let write = (cost > 0 && used < MAX_UNITS).then(|| {
+        let after = (used + cost).min(MAX_UNITS);
+        Write {
+            used: after,
+            resets_at_ms: NEVER_MS,
+            expires_at_ms: i64::MAX,
+            change: Change::Counter(after),
+        }
+    });
+    let outcome = Outcome {
+        used,
+        allowed: cost <= limit && used <= limit - cost,
+        resets_at_ms: NEVER_MS,
+        retry_at_ms: None,
+    };
+    Ok(Reading { outcome, write })
 }
 
 /// A rolling window: units per bucket; buckets `>= current - buckets` count.
@@ -485,7 +511,7 @@ pub(super) fn restore(entry: Option<&mut Entry>, restore: &Restore, give: u64, n
         took
     };
     match (&mut entry.state, restore) {
-        (State::Counter(units), Restore::Calendar { .. }) => took(units, give),
+        (State::Counter(units), Restore::Calendar { .. } | Restore::Lifetime) => took(units, give),
         (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
             // Only the period the units were charged in gets them back.
             match zoned_period(text) {
@@ -536,7 +562,9 @@ pub(super) fn take(entry: Option<&mut Entry>, restore: &Restore, took: u64, now_
         return;
     };
     match (&mut entry.state, restore) {
-        (State::Counter(used), Restore::Calendar { .. }) => *used = used.saturating_add(took),
+        (State::Counter(used), Restore::Calendar { .. } | Restore::Lifetime) => {
+            *used = used.saturating_add(took);
+        }
         (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
             if let Some((used, start, end)) = zoned_period(text) {
                 if (start..end).contains(charged_at_ms) {

@@ -137,6 +137,7 @@ pub(super) fn consume_cmd(
             Algorithm::Calendar { period_end_ms } => (1, period_end_ms, 0),
             Algorithm::Rolling { bucket_ms, buckets } => (2, bucket_ms, buckets),
             Algorithm::TokenBucket { period_ms } => (3, period_ms, 0),
+            Algorithm::Lifetime => (6, 0, 0),
             Algorithm::ZonedCalendar { period_end_ms } => (4, period_end_ms, 0),
             Algorithm::Request => (5, 0, 0),
         };
@@ -339,7 +340,8 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
         .arg(flag(request.idempotency.is_some()));
     for counter in &request.counters {
         let (kind, p1, p2, p3) = match counter.restore {
-            Restore::Calendar { .. } => (1, 0, 0, 0),
+            // Both an integer whose time to live (if any) the give-back keeps.
+            Restore::Calendar { .. } | Restore::Lifetime => (1, 0, 0, 0),
             Restore::Rolling {
                 bucket,
                 bucket_ms,
@@ -464,8 +466,12 @@ fn parse_reply(reply: Value, charges: &[Charge]) -> Result<Evaluation, StoreErro
             used,
             allowed: passes,
             resets_at_ms,
-            // The -1 placeholder is never read: cost and limit tell whether there is a time.
-            retry_at_ms: (!passes && charge.cost <= charge.limit).then_some(retry_at_ms),
+            // The -1 placeholder is never read: cost and limit tell whether there is a time
+            // (and a lifetime never has one).
+            retry_at_ms: (!passes
+                && charge.cost <= charge.limit
+                && charge.algorithm != Algorithm::Lifetime)
+                .then_some(retry_at_ms),
         });
     }
     Ok(Evaluation { allowed, outcomes })

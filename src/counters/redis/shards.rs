@@ -22,7 +22,11 @@ type Write<'a> = (&'a str, char, i64, String);
 /// What the restore script writes for `item` at `now_ms`; `None` when it is gone by then.
 fn write_of(item: &StateItem, now_ms: i64) -> Option<Write<'_>> {
     // `expires_at_ms` is the last millisecond the item exists.
-    let ttl = |expires_at_ms: i64| Some(expires_at_ms - now_ms + 1).filter(|&ttl| ttl > 0);
+    // `i64::MAX` is never (a lifetime counter): restore.lua's ttl 0.
+    let ttl = |expires_at_ms: i64| match expires_at_ms {
+        i64::MAX => Some(0),
+        _ => Some(expires_at_ms - now_ms + 1).filter(|&ttl| ttl > 0),
+    };
     match item {
         StateItem::Counter {
             key,

@@ -5,7 +5,7 @@ use crate::domain::{CounterCharge, PolicyId, Restore};
 use serde::{Deserialize, Serialize};
 
 /// One counter of a charge, flat, as every version has written it (`kind` 1 calendar,
-/// 2 rolling, 3 token bucket, 4 zoned calendar; `span_ms` the bucket length or the refill
+/// 2 rolling, 3 token bucket, 4 zoned calendar, 5 lifetime; `span_ms` the bucket length or the refill
 /// period; a zoned calendar's `bucket` is when it was charged).
 #[derive(Serialize, Deserialize)]
 pub(super) struct CounterWire {
@@ -43,6 +43,7 @@ impl From<&CounterCharge> for CounterWire {
                 buckets,
             } => (2, bucket, bucket_ms, buckets, 0, 0),
             Restore::TokenBucket { period_ms, limit } => (3, 0, period_ms, 0, limit, 0),
+            Restore::Lifetime => (5, 0, 0, 0, 0, 0),
             Restore::ZonedCalendar {
                 period_end_ms,
                 charged_at_ms,
@@ -84,6 +85,7 @@ pub(super) fn decode_counter_wires(
                     period_ms: w.span_ms,
                     limit: w.limit,
                 },
+                5 => Restore::Lifetime,
                 4 => Restore::ZonedCalendar {
                     period_end_ms: w.end_ms,
                     charged_at_ms: w.bucket,

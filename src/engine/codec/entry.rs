@@ -199,6 +199,7 @@ pub(super) fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str
                 buckets,
             } => write!(out, "r{bucket},{bucket_ms},{buckets}"),
             Restore::TokenBucket { period_ms, limit } => write!(out, "t{period_ms},{limit}"),
+            Restore::Lifetime => write!(out, "l"),
             Restore::ZonedCalendar {
                 period_end_ms,
                 charged_at_ms,
@@ -521,6 +522,7 @@ fn decode_restore(text: &str, at_ms: i64) -> Result<Restore, CodecError> {
     let kind = chars.next().ok_or_else(bad)?;
     let numbers: Vec<&str> = chars.as_str().split(',').collect();
     match (kind, &numbers[..]) {
+        ('l', [""]) => Ok(Restore::Lifetime),
         ('c', [end]) => Ok(Restore::Calendar {
             period_end_ms: number("period end", end)?,
         }),

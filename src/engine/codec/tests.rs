@@ -91,6 +91,7 @@ fn hold_entry() -> LedgerEntry {
                 period_end_ms: 86_400_000,
                 charged_at_ms: 1_795_000_000_000,
             }),
+            counter(Restore::Lifetime),
         ],
         hold_expires_at: Some(
             Utc.with_ymd_and_hms(2026, 11, 21, 12, 10, 0)
@@ -410,7 +411,12 @@ fn a_counter_of_an_unknown_kind_is_an_error_not_a_calendar_counter() {
     };
     let calendar = r#"{"policy_id":"p","key":"k","kind":1,"by_amount":true,"charged":1}"#;
     assert!(decode_hold_record(&hold(calendar)).is_ok());
-    let unknown = r#"{"policy_id":"p","key":"k","kind":5,"by_amount":true,"charged":1}"#;
+    let lifetime = r#"{"policy_id":"p","key":"k","kind":5,"by_amount":true,"charged":1}"#;
+    let counters = decode_hold_record(&hold(lifetime))
+        .expect("a lifetime counter")
+        .counters;
+    assert_eq!(counters[0].restore, Restore::Lifetime);
+    let unknown = r#"{"policy_id":"p","key":"k","kind":9,"by_amount":true,"charged":1}"#;
     assert!(decode_hold_record(&hold(unknown)).is_err());
     let rolling_without_buckets =
         r#"{"policy_id":"p","key":"k","kind":2,"span_ms":1000,"by_amount":true,"charged":1}"#;

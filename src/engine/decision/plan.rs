@@ -9,7 +9,7 @@ use crate::engine::codec::KeptPolicy;
 use crate::engine::decision::policies::ActionPolicies;
 use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
 use crate::engine::{
-    decision::window, from_millis, seconds_until, ConsumeRequest, Decision, Engine, EngineError,
+    decision::window, reset_time, seconds_until, ConsumeRequest, Decision, Engine, EngineError,
     PolicyDecision,
 };
 use crate::keys::{self, SubjectKeys};
@@ -266,7 +266,10 @@ impl Plan {
             limit,
             used: outcome.used,
             remaining: limit.saturating_sub(outcome.used),
-            resets_at: from_millis(outcome.resets_at_ms),
+            resets_at: match policy.spec.window {
+                Window::Lifetime => None,
+                _ => reset_time(outcome.resets_at_ms),
+            },
             allowed: outcome.allowed,
             window_seconds: planned.window_seconds,
             budget: planned.budget.clone(),
@@ -357,7 +360,7 @@ pub(in crate::engine) fn replayed_decision(
             limit: k.limit,
             used: o.used,
             remaining: k.limit.saturating_sub(o.used),
-            resets_at: from_millis(o.resets_at_ms),
+            resets_at: reset_time(o.resets_at_ms),
             allowed: o.allowed,
             window_seconds: k.window_seconds,
             budget: k.scope.budget_of(subject, attributes),
@@ -390,6 +393,7 @@ fn restore_of(charge: &Charge, now_ms: i64) -> Option<Restore> {
             period_ms,
             limit: charge.limit,
         },
+        Algorithm::Lifetime => Restore::Lifetime,
         Algorithm::Request => return None,
     })
 }
@@ -466,5 +470,6 @@ fn algorithm_for(
             (algorithm, None, seconds)
         }
         Window::Request => (Algorithm::Request, None, 0),
+        Window::Lifetime => (Algorithm::Lifetime, None, 0),
     }
 }

@@ -44,6 +44,8 @@ struct Snapshot {
     /// Whether some policy, enabled or not, has budgets shared by subjects (a scope without
     /// `subject`): a shard's counters then come from entries of every shard.
     shared_budgets: bool,
+    /// A policy, enabled or not, with a lifetime window (it needs the whole ledger).
+    lifetime: Option<PolicyId>,
 }
 
 /// Policies and overrides held in memory, rebuilt from the policy store on change
@@ -95,6 +97,11 @@ impl PolicyCache {
         self.current().windows.clone()
     }
 
+    /// A policy, enabled or not, whose lifetime window needs the whole ledger kept.
+    pub(crate) fn lifetime_policy(&self) -> Option<PolicyId> {
+        self.current().lifetime.clone()
+    }
+
     /// Whether some policy, enabled or not, has budgets shared by subjects.
     pub(crate) fn has_shared_budgets(&self) -> bool {
         self.current().shared_budgets
@@ -131,6 +138,10 @@ impl PolicyCache {
         let mut action_of: HashMap<PolicyId, Action> = HashMap::new();
         snapshot.windows = policies.iter().map(|p| p.spec.window).collect();
         snapshot.shared_budgets = policies.iter().any(|p| !p.spec.scope.has_subject());
+        snapshot.lifetime = policies
+            .iter()
+            .find(|p| p.spec.window == crate::domain::Window::Lifetime)
+            .map(|p| p.id.clone());
         for policy in policies {
             action_of.insert(policy.id.clone(), policy.spec.action.clone());
             let entry = building.entry(policy.spec.action.clone()).or_default();

@@ -45,6 +45,10 @@ const MIN_HORIZON: Duration = Duration::days(38);
 /// largest UTC offsets.
 const YEAR_SECONDS: u64 = 367 * 86_400;
 
+/// Further back than any ledger entry: a lifetime window's counters are rebuilt from all of
+/// it (such a ledger is kept forever; see `api::admin`).
+const WHOLE_LEDGER_SECONDS: u64 = 1_000 * 366 * 86_400;
+
 /// A calendar counter's lifetime when its entry predates the recorded period end: the
 /// longest period (a month), so it is never dropped early.
 const CALENDAR_FALLBACK_MS: i64 = 32 * 86_400_000;
@@ -69,6 +73,7 @@ pub(crate) fn horizon(windows: &[Window]) -> Duration {
             } => seconds + bucket_seconds,
             Window::TokenBucket { seconds } => seconds,
             Window::Request => 0,
+            Window::Lifetime => WHOLE_LEDGER_SECONDS,
         })
         .max()
         .unwrap_or(0);
@@ -492,6 +497,7 @@ fn replayed_charge(counter: &CounterCharge, at_ms: i64) -> Charge {
             bucket_ms, buckets, ..
         } => (Algorithm::Rolling { bucket_ms, buckets }, MAX_UNITS),
         Restore::TokenBucket { period_ms, limit } => (Algorithm::TokenBucket { period_ms }, limit),
+        Restore::Lifetime => (Algorithm::Lifetime, MAX_UNITS),
         // Replayed at its own instant, in ledger order: the same periods start again.
         Restore::ZonedCalendar { period_end_ms, .. } => {
             (Algorithm::ZonedCalendar { period_end_ms }, MAX_UNITS)

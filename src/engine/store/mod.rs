@@ -66,6 +66,8 @@ pub enum Algorithm {
     /// A per-request maximum: the charge passes when its cost is at most the limit, and
     /// neither reads nor writes its key (its `used` is the cost; nothing accumulates).
     Request,
+    /// Usage that never resets: one integer kept with no time to live.
+    Lifetime,
 }
 
 /// What one policy asks of the store in one decision.
@@ -83,6 +85,10 @@ pub struct Charge {
     pub enforce: bool,
 }
 
+/// A lifetime counter's `resets_at_ms`: it never resets (2^53 - 1, which Lua keeps exactly,
+/// is past any time chrono can represent).
+pub(crate) const NEVER_MS: i64 = 9_007_199_254_740_991;
+
 /// The store's answer for one charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Outcome {
@@ -90,7 +96,8 @@ pub(crate) struct Outcome {
     pub(crate) used: u64,
     /// Whether this policy alone would let the charge through (`used_before + cost <= limit`).
     pub(crate) allowed: bool,
-    /// When usage would be back to zero with no further charges (Unix ms; `now` if already zero).
+    /// When usage would be back to zero with no further charges (Unix ms; `now` if already
+    /// zero; [`NEVER_MS`] for a lifetime counter).
     pub(crate) resets_at_ms: i64,
     /// When the same charge would pass this policy; `None` if it passes now or never can
     /// (`cost > limit`).
@@ -474,7 +481,7 @@ pub(crate) fn check_charges(
                         .and_then(|p| p.checked_mul(charge.limit.max(1)))
                         .is_some_and(|product| product <= MAX_UNITS)
             }
-            Algorithm::Request => true,
+            Algorithm::Request | Algorithm::Lifetime => true,
         };
         if !window_ok {
             return Err(invalid(i, "window parameters out of range"));

@@ -61,7 +61,7 @@ async fn the_retention_task_deletes_old_entries_until_it_is_dropped(backend: Pol
         ..Retention::days(7)
     };
     let clock: Arc<FakeClock> = Arc::new(FakeClock::new(start_instant()));
-    let task = retention.spawn(store.clone(), clock);
+    let task = retention.spawn(store.clone(), clock, std::sync::Arc::new(|| None));
     let left = eventually(
         std::time::Duration::from_secs(5),
         "the retention task deleting the old entry",

@@ -11,7 +11,8 @@ ARGV[1]   now_ms (integer, Unix milliseconds or a test clock)
 ARGV[2]   1 = apply the charges when the decision is allowed, 0 = only look (peek)
 then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
   kind     1 = calendar, 2 = rolling, 3 = token bucket, 4 = zoned calendar, 5 = per-request
-           maximum (its key is neither read nor written: used = cost, nothing accumulates)
+           maximum (its key is neither read nor written: used = cost, nothing accumulates),
+           6 = lifetime (an integer kept with no time to live; it never resets)
   p1       calendar, zoned calendar: period_end_ms; rolling: bucket_ms; token bucket: period_ms
   p2       rolling: buckets (W / B); 0 otherwise
   limit    0 ..= 2^53 - 1
@@ -242,6 +243,16 @@ for i = 1, n do
   elseif kind == '5' then
     used = cost
 
+  elseif kind == '6' then
+    used = tonumber(redis.call('GET', key) or 0)
+    ok = ok and used <= limit - cost
+    resets = MAX -- never (the Rust side's NEVER_MS)
+    if commit and cost > 0 and used < MAX then
+      local after = MAX
+      if cost <= MAX - used then after = used + cost end
+      w[6 * i - 5], w[6 * i - 3], w[6 * i - 2] = after, after, MAX
+    end
+
   elseif kind == '4' then
     local v, st, en = 0, now, p1
     local raw = redis.call('GET', key)
@@ -330,6 +341,8 @@ if commit and out[1] == 1 then
         redis.call('INCRBY', key, ARGV[3 + 6 * (i - 1) + 4])
       elseif kind == '1' then
         redis.call('SET', key, fmt('%d', value), 'PX', fmt('%d', w[b - 4]))
+      elseif kind == '6' then
+        redis.call('SET', key, fmt('%d', value))
       else
         redis.call('SET', key, value, 'PX', fmt('%d', w[b - 4]))
       end

@@ -33,7 +33,8 @@ ARGV[14] '1' when the idempotency key is given
 then six values per counter i, at ARGV[15 + 6 * (i - 1)] (and after them, at ARGV[p] with
 p = 15 + 6 * n, '1' when a pending share of other slots is kept at home, KEYS[next] and
 KEYS[next + 1] its record and the index of intents; then its member, deadline and record):
-  kind 1 calendar | 2 rolling | 3 token bucket | 4 zoned calendar
+  kind 1 calendar or lifetime (an integer; its time to live, if any, is kept) | 2 rolling |
+       3 token bucket | 4 zoned calendar
   p1   rolling: the bucket charged; token bucket: period_ms; zoned: when it was charged
   p2   rolling: bucket_ms; token bucket: the limit (drain rate)
   p3   rolling: buckets (W / B)

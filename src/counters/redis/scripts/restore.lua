@@ -14,7 +14,8 @@ then three values per item i, at ARGV[4 + 3 * (i - 1)]:
          'h': a rolling counter's hash, fields "index:units,index:units,...", kept ttl ms
          'z': a member (value) of a sorted set (the shard's index of open holds), score ttl
          'd': the key is deleted (before a sorted set is written anew)
-  ttl    ms to keep the key ('s', 'h'); the member's score ('z'); unused ('d')
+  ttl    ms to keep the key ('s', 'h'; 0 for ever: a lifetime counter); the member's score
+         ('z'); unused ('d')
   value  the string; the hash's fields; the member; unused ('d')
 
 Returns 1 when written (and opened if asked), 0 when refused: the lock is not, or no longer,
@@ -29,7 +30,9 @@ local n = (#ARGV - 3) / 3
 for i = 1, n do
   local a = 4 + 3 * (i - 1)
   local key, kind, ttl, value = KEYS[2 + i], ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  if kind == 's' then
+  if kind == 's' and ttl == '0' then
+    redis.call('SET', key, value)
+  elseif kind == 's' then
     redis.call('SET', key, value, 'PX', ttl)
   elseif kind == 'h' then
     redis.call('DEL', key)
