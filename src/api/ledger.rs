@@ -60,8 +60,8 @@ impl From<EntryKind> for EntryKindDto {
 pub(crate) struct PolicyAmountOut {
     /// The policy.
     pub(crate) policy_id: String,
-    /// Units charged (charge, hold) or given back (refund, commit, release, expire); for
-    /// a deny, the units asked for.
+    /// Units charged (charge, hold, and the excess of an `over_captured` commit) or given
+    /// back (refund, commit, release, expire); for a deny, the units asked for.
     #[schema(maximum = 9007199254740991_i64)]
     pub(crate) amount: u64,
     /// The budget the units went to (see the consume answer's `budget`).
@@ -95,6 +95,10 @@ pub(crate) struct LedgerEntryOut {
     pub(crate) idempotency_key: Option<String>,
     /// Per policy amounts.
     pub(crate) policies: Vec<PolicyAmountOut>,
+    /// Present (true) on a commit that kept more than its hold (`over_capture`): its
+    /// `policies` are the excess charged to each amount policy, not amounts given back.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) over_captured: bool,
     /// The request's attributes (a give-back's are those of its charge or hold).
     #[schema(value_type = AttributesMap)]
     pub(crate) attributes: BTreeMap<String, String>,
@@ -121,6 +125,8 @@ impl From<&LedgerEntry> for LedgerEntryOut {
                     budget: super::quota::budget_out(&e.budget(&p.scope)),
                 })
                 .collect(),
+            // A commit names counters only for the excess it charged.
+            over_captured: e.kind == EntryKind::Commit && !e.counters.is_empty(),
             attributes: e
                 .attributes
                 .iter()

@@ -74,14 +74,21 @@ pub(crate) struct HoldAnswer {
     pub(crate) expires_at: Option<DateTime<Utc>>,
 }
 
-/// Settles at most the held amount.
+/// Settles at most the held amount, or more with `over_capture`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CommitInput {
-    /// Minor units to keep (1 ..= held); default: all of it. The rest is given back.
+    /// Minor units to keep (1 ..= held, or more with `over_capture`); default: all of it.
+    /// The rest is given back.
     #[serde(default, deserialize_with = "optional_whole_number")]
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub(crate) amount: Option<i64>,
+    /// Keep more than was held (the real cost is known only now: the tokens an LLM call
+    /// used, a tip): the excess is charged to every amount policy the hold charged, past
+    /// its limit if need be, and recorded in the commit entry; later consumes are denied
+    /// until usage falls back below the limit. Without it, `amount` above the hold is 409.
+    #[serde(default)]
+    pub(crate) over_capture: bool,
 }
 
 /// The ledger entry written, and current usage.
@@ -235,9 +242,21 @@ pub(crate) async fn commit_hold(
     if !errors.0.is_empty() {
         return Err(errors.into());
     }
+    if input.over_capture {
+        // 0.1.0 would take an over-captured commit for a give-back: not while it runs.
+        let now = state.engine.now();
+        state.policies.ensure_every_instance_current(now).await?;
+    }
     let settled = state
         .engine
-        .settle(hold_id(&id)?, Settle::Commit(amount), &access.actions)
+        .settle(
+            hold_id(&id)?,
+            Settle::Commit {
+                amount,
+                over_capture: input.over_capture,
+            },
+            &access.actions,
+        )
         .await?;
     Ok(answer(settled))
 }

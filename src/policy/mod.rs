@@ -48,11 +48,12 @@ pub(crate) enum PolicyStoreError {
         action: Action,
     },
     /// An instance of version `version`, which does not enforce API keys nor read
-    /// anchored windows, is live: no key and no such policy is created until every instance
-    /// runs a build that does (409).
+    /// anchored windows, is live: no key and no such policy is created, and no hold
+    /// over-captured, until every instance runs a build that does (409).
     #[error(
         "an instance of version {version} is running, and it would neither enforce API keys \
-         nor read calendar windows with anchors or a year period: upgrade every instance first"
+         nor read velocity controls (calendar anchors, year, request and lifetime windows, \
+         match_not, over-captured commits): upgrade every instance first"
     )]
     Outdated {
         /// The version the outdated instance announced.
@@ -131,6 +132,10 @@ pub(crate) trait PolicyStore: Send + Sync + 'static {
     ) -> StoreResult<Option<(KeyRecord, bool)>>;
     /// Writes down when keys were last used. Not a change: no instance reloads for it.
     async fn note_key_uses(&self, uses: &[(String, DateTime<Utc>)]) -> StoreResult<()>;
+    /// [`PolicyStoreError::Outdated`] while an instance seen within
+    /// [`crate::db::LIVE_FOR`] of `now` reads only older formats (0.1.0 would take an
+    /// over-captured commit for a give-back).
+    async fn ensure_every_instance_current(&self, now: DateTime<Utc>) -> StoreResult<()>;
 }
 
 /// What a reload fills: the engine's policy cache, and the API keys.

@@ -294,6 +294,15 @@ where
         Ok(())
     }
 
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy ensure_every_instance_current", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn ensure_every_instance_current(&self, now: DateTime<Utc>) -> StoreResult<()> {
+        let mut conn = self.pool.acquire().await?;
+        match Self::outdated_instance(&mut conn, now - crate::db::LIVE_FOR).await? {
+            Some(version) => Err(PolicyStoreError::Outdated { version }),
+            None => Ok(()),
+        }
+    }
+
     #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy revoke_key", otel.kind = "client", db.system = DB::DIALECT.system()))]
     async fn revoke_key(
         &self,

@@ -230,6 +230,16 @@ async fn the_last_release_and_this_build_serve_together_on_one_redis_and_one_pos
     .await;
     assert_eq!(status, 200, "{hold}");
     let hold_id = hold["hold_id"].as_str().expect("a hold id");
+    // Not over the hold while the last release runs: it would take the excess for a
+    // give-back.
+    let (status, refused) = post(
+        &client,
+        &new,
+        &format!("/quota/holds/{hold_id}/commit"),
+        json!({"amount": 2, "over_capture": true}),
+    )
+    .await;
+    assert_eq!(status, 409, "{refused}");
     let (status, committed) = post(
         &client,
         &new,

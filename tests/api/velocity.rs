@@ -2,6 +2,8 @@
 //! periods (a 04:00 cut-off, weeks from Sunday, a month from the 15th, a fiscal year), on
 //! every counter store, checked at their boundaries with the test clock.
 
+mod over_capture;
+
 use crate::helpers::{spawn_app, Answer, CounterBackend, PolicyBackend, TestApp};
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;

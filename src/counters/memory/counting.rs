@@ -597,3 +597,109 @@ pub(super) fn take(entry: Option<&mut Entry>, restore: &Restore, took: u64, now_
         _ => {}
     }
 }
+
+/// Charges `extra` more units to a live counter, as giveback.lua does for a negative
+/// give-back (an over-capture's excess): a calendar or lifetime counter, the period a
+/// zoned charge was made in, a rolling bucket that still counts (and is there), or a token
+/// bucket drained to now; capped at 2^53 - 1. A counter that no longer counts gets nothing.
+/// Returns what it added, in the counter's own units, for [`untake`] to take off exactly.
+pub(super) fn charge_more(
+    entry: Option<&mut Entry>,
+    restore: &Restore,
+    extra: u64,
+    now_ms: i64,
+) -> u64 {
+    let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
+        return 0;
+    };
+    let add = |held: &mut u64, extra: u64| {
+        let after = held.saturating_add(extra).min(MAX_UNITS).max(*held);
+        let added = after - *held;
+        *held = after;
+        added
+    };
+    match (&mut entry.state, restore) {
+        (State::Counter(units), Restore::Calendar { .. } | Restore::Lifetime) => add(units, extra),
+        (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
+            match zoned_period(text) {
+                Some((mut used, start, end)) if (start..end).contains(charged_at_ms) => {
+                    let added = add(&mut used, extra);
+                    *text = format!("{used}:{start}:{end}");
+                    added
+                }
+                _ => 0,
+            }
+        }
+        (
+            State::Buckets(held),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            },
+        ) if *bucket >= now_ms.div_euclid(*bucket_ms) - buckets => {
+            match held.binary_search_by_key(bucket, |(index, _)| *index) {
+                Ok(at) => add(&mut held[at].1, extra),
+                Err(_) => 0,
+            }
+        }
+        (State::Gcra { s, t }, Restore::TokenBucket { period_ms, limit }) => {
+            let rate = u128::from((*limit).max(1));
+            let (mut left, t_ref) = if *t > now_ms {
+                (*s, *t)
+            } else {
+                let drained = u128::try_from(now_ms - *t).unwrap_or(0) * rate;
+                (u128::from(*s).saturating_sub(drained) as u64, now_ms)
+            };
+            let more = u128::from(extra) * u128::try_from(*period_ms).unwrap_or(1);
+            let added = add(&mut left, u64::try_from(more).unwrap_or(u64::MAX));
+            *s = left;
+            *t = t_ref;
+            added
+        }
+        _ => 0,
+    }
+}
+
+/// Takes off a live counter what [`charge_more`] added to it (`added`, in the counter's
+/// own units): undoes an over-capture whose ledger entry could not be committed.
+pub(super) fn untake(entry: Option<&mut Entry>, restore: &Restore, added: u64, now_ms: i64) {
+    let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
+        return;
+    };
+    match (&mut entry.state, restore) {
+        (State::Counter(used), Restore::Calendar { .. } | Restore::Lifetime) => {
+            *used = used.saturating_sub(added);
+        }
+        (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
+            if let Some((used, start, end)) = zoned_period(text) {
+                if (start..end).contains(charged_at_ms) {
+                    *text = format!("{}:{start}:{end}", used.saturating_sub(added));
+                }
+            }
+        }
+        (
+            State::Buckets(held),
+            Restore::Rolling {
+                bucket,
+                bucket_ms,
+                buckets,
+            },
+        ) if *bucket >= now_ms.div_euclid(*bucket_ms) - buckets => {
+            if let Ok(at) = held.binary_search_by_key(bucket, |(index, _)| *index) {
+                held[at].1 = held[at].1.saturating_sub(added);
+            }
+        }
+        (State::Gcra { s, t }, Restore::TokenBucket { limit, .. }) => {
+            // Drained to now first, as `charge_more` did at the same instant.
+            if *t <= now_ms {
+                let drained =
+                    u128::try_from(now_ms - *t).unwrap_or(0) * u128::from((*limit).max(1));
+                *s = u64::try_from(u128::from(*s).saturating_sub(drained)).unwrap_or(0);
+                *t = now_ms;
+            }
+            *s = s.saturating_sub(added);
+        }
+        _ => {}
+    }
+}

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::counting::{self, Entry};
-use crate::engine::store::{GiveBack, GiveBackKind, GivenBack, StoreError};
+use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, StoreError};
 
 /// Every key a give-back touches (and its undo too).
 pub(super) fn give_back_keys(request: &GiveBack) -> Vec<&str> {
@@ -16,15 +16,17 @@ pub(super) fn give_back_keys(request: &GiveBack) -> Vec<&str> {
 }
 
 /// What a give-back returns to `counter`: count policies their charge when the whole
-/// charge goes back (`full`), amount policies up to `by_amount`.
+/// charge goes back (`full`), amount policies up to `by_amount`; below zero, what the
+/// counter is charged more (`by_amount` below zero: an over-capture's excess).
 pub(super) fn given_back(
     counter: &crate::domain::CounterCharge,
     full: bool,
-    by_amount: u64,
-) -> u64 {
+    by_amount: i64,
+) -> i64 {
+    let charged = i64::try_from(counter.charged).unwrap_or(i64::MAX);
     match (counter.by_amount, full) {
-        (true, _) => by_amount.min(counter.charged),
-        (false, true) => counter.charged,
+        (true, _) => by_amount.min(charged),
+        (false, true) => charged,
         (false, false) => 0,
     }
 }
@@ -73,7 +75,12 @@ pub(super) fn give_back_in(
             entries,
             request,
             now_ms,
-            ("committed", false, total - settle, expires_at_ms),
+            (
+                "committed",
+                false,
+                signed(total) - signed(settle),
+                expires_at_ms,
+            ),
         ),
         GiveBackKind::Release {
             total,
@@ -82,7 +89,7 @@ pub(super) fn give_back_in(
             entries,
             request,
             now_ms,
-            ("released", true, total, expires_at_ms),
+            ("released", true, signed(total), expires_at_ms),
         ),
         GiveBackKind::Expire {
             total,
@@ -91,11 +98,11 @@ pub(super) fn give_back_in(
             entries,
             request,
             now_ms,
-            ("expired", true, total, expires_at_ms),
+            ("expired", true, signed(total), expires_at_ms),
         ),
         // Replays record voids as a refund or release (`engine::rebuild`); nothing here is
         // ever in doubt, but the arithmetic is the same.
-        GiveBackKind::Void { total } => Ok((true, total, 0)),
+        GiveBackKind::Void { total } => Ok((true, signed(total), 0)),
         GiveBackKind::VoidHold {
             total,
             expires_at_ms,
@@ -103,7 +110,7 @@ pub(super) fn give_back_in(
             entries,
             request,
             now_ms,
-            ("voided", true, total, expires_at_ms),
+            ("voided", true, signed(total), expires_at_ms),
         ),
     };
     let (full, by_amount_gets, result) = match step {
@@ -113,14 +120,21 @@ pub(super) fn give_back_in(
     let mut restored = Vec::with_capacity(request.counters.len());
     for counter in &request.counters {
         let give = given_back(counter, full, by_amount_gets);
+        let entry = entries.get_mut(&counter.key);
         restored.push(match give {
             0 => 0,
-            give => counting::restore(
-                entries.get_mut(&counter.key),
+            give if give > 0 => signed(counting::restore(
+                entry,
                 &counter.restore,
-                give,
+                give.unsigned_abs(),
                 now_ms,
-            ),
+            )),
+            excess => -signed(counting::charge_more(
+                entry,
+                &counter.restore,
+                excess.unsigned_abs(),
+                now_ms,
+            )),
         });
     }
     if matches!(request.kind, GiveBackKind::Refund { .. }) {
@@ -142,8 +156,9 @@ pub(super) fn give_back_in(
 }
 
 /// What a give-back returns to its counters: whether count policies get their charge back
-/// (`full`), what amount policies get, and the refunded total after it (refunds; else 0).
-type Step = (bool, u64, u64);
+/// (`full`), what amount policies get (below zero: what they are charged more), and the
+/// refunded total after it (refunds; else 0).
+type Step = (bool, i64, u64);
 
 /// A refund of `amount` out of `total`: refused (a conflict) when it would exceed the
 /// charge, counting what the store's running total (or else the ledger) says was refunded.
@@ -161,7 +176,7 @@ fn refund_step(
     if before + amount > total {
         return Err(GivenBack::Conflict(before.to_string()));
     }
-    Ok((before + amount == total, amount, before + amount))
+    Ok((before + amount == total, signed(amount), before + amount))
 }
 
 /// The settlement (commit, release) or expiry of an open hold, `settlement` being its new
@@ -172,7 +187,7 @@ fn settle_step(
     entries: &mut HashMap<String, Entry>,
     request: &GiveBack,
     now_ms: i64,
-    settlement: (&str, bool, u64, i64),
+    settlement: (&str, bool, i64, i64),
 ) -> Result<Step, GivenBack> {
     let Some(record) = counting::text(entries.get(&request.control_key), now_ms) else {
         if let Some((index, hold_id)) = &request.hold_index {

@@ -77,13 +77,15 @@ pub(super) fn undo_in(entries: &mut HashMap<String, Entry>, now_ms: i64, undo: &
             restored,
         } => {
             for (counter, took) in request.counters.iter().zip(restored) {
-                if *took > 0 {
-                    counting::take(
-                        entries.get_mut(&counter.key),
-                        &counter.restore,
-                        *took,
-                        now_ms,
-                    );
+                let entry = entries.get_mut(&counter.key);
+                match *took {
+                    took if took > 0 => {
+                        counting::take(entry, &counter.restore, took.unsigned_abs(), now_ms);
+                    }
+                    took if took < 0 => {
+                        counting::untake(entry, &counter.restore, took.unsigned_abs(), now_ms);
+                    }
+                    _ => {}
                 }
             }
             match request.kind {

@@ -5,8 +5,8 @@
 
 use crate::engine::codec;
 use crate::engine::store::{
-    Algorithm, Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind,
-    GivenBack, Outcome, Restore, StoreError,
+    signed, Algorithm, Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack,
+    GiveBackKind, GivenBack, Outcome, Restore, StoreError,
 };
 use crate::keys;
 use redis::{Cmd, Script, Value};
@@ -287,12 +287,12 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
             amount,
             total,
             refunded,
-        } => ("r", total, amount, refunded, 0),
+        } => ("r", total, signed(amount), refunded, 0),
         GiveBackKind::Commit {
             settle,
             total,
             expires_at_ms,
-        } => ("c", total, settle, 0, expires_at_ms),
+        } => ("c", total, signed(settle), 0, expires_at_ms),
         GiveBackKind::Release {
             total,
             expires_at_ms,

@@ -385,7 +385,7 @@ impl Engine {
             Some((state, record)) if state.starts_with("pending ") => {
                 let mut parts = state.split(' ').skip(1);
                 let full = parts.next() == Some("1");
-                let by_amount = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                let by_amount: i64 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
                 let foreign = record.foreign.into_iter().collect();
                 self.restore_foreign(shard, member, foreign, full, by_amount)
                     .await?;
@@ -454,7 +454,8 @@ impl Engine {
     }
 
     /// Gives the entry `id`'s share back to foreign shards, once each (a marker per entry):
-    /// count policies their charge when `full`, amount policies `by_amount`; then drops its
+    /// count policies their charge when `full`, amount policies `by_amount` (below zero:
+    /// charged that much more, an over-capture's excess); then drops its
     /// pending record at `home` from the index.
     pub(in crate::engine) async fn restore_foreign(
         &self,
@@ -462,7 +463,7 @@ impl Engine {
         id: &str,
         foreign: BTreeMap<u16, Vec<CounterCharge>>,
         full: bool,
-        by_amount: u64,
+        by_amount: i64,
     ) -> Result<(), StoreError> {
         let now_ms = self.now().timestamp_millis();
         for (shard, counters) in foreign {

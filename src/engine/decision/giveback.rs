@@ -8,7 +8,7 @@ use crate::domain::{
 };
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::store::{
-    GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo,
+    signed, GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo,
 };
 use crate::engine::{Decision, Engine, EngineError};
 use crate::keys::{self, SubjectKeys};
@@ -64,8 +64,15 @@ pub(crate) struct Settled {
 /// How to settle a hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Settle {
-    /// Keep this much (default: all of it); the rest goes back.
-    Commit(Option<Quantity>),
+    /// Keep `amount` (default: all of it); the rest goes back. With `over_capture`, the
+    /// amount may exceed the hold: the excess is charged to every amount policy the hold
+    /// charged, past its limit if need be.
+    Commit {
+        /// What to keep.
+        amount: Option<Quantity>,
+        /// Whether more than the hold may be kept.
+        over_capture: bool,
+    },
     /// Give it all back.
     Release,
 }
@@ -89,6 +96,31 @@ pub(in crate::engine) fn given(
             scope: c.scope.clone(),
         })
         .filter(|p| p.amount > 0)
+        .collect()
+}
+
+/// The counters an over-capture's `excess` goes to: every amount policy's counter of the
+/// hold, charged the excess (count policies keep their one charge).
+fn over_captured(counters: &[CounterCharge], excess: u64) -> Vec<CounterCharge> {
+    counters
+        .iter()
+        .filter(|c| c.by_amount)
+        .map(|c| CounterCharge {
+            charged: excess,
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// The per-policy amounts `counters` were charged.
+fn charged_to(counters: &[CounterCharge]) -> Vec<PolicyAmount> {
+    counters
+        .iter()
+        .map(|c| PolicyAmount {
+            policy_id: c.policy_id.clone(),
+            amount: c.charged,
+            scope: c.scope.clone(),
+        })
         .collect()
 }
 
@@ -152,7 +184,7 @@ impl Engine {
                 refunded: after,
                 restored,
             } => {
-                self.share_foreign(keys.shard, &entry, foreign, after == total, amount)
+                self.share_foreign(keys.shard, &entry, foreign, after == total, signed(amount))
                     .await;
                 self.record_unless_streamed(&entry, &request, (after, restored))
                     .await?;
@@ -407,9 +439,12 @@ impl Engine {
             .await?;
         if let GivenBack::Done { restored, .. } = &done {
             let (full, by_amount) = match request.kind {
-                GiveBackKind::Commit { settle, total, .. } => (false, total - settle),
+                // Below zero for an over-capture: its excess is charged.
+                GiveBackKind::Commit { settle, total, .. } => {
+                    (false, signed(total) - signed(settle))
+                }
                 GiveBackKind::Release { total, .. } | GiveBackKind::Expire { total, .. } => {
-                    (true, total)
+                    (true, signed(total))
                 }
                 _ => (false, 0),
             };
@@ -422,7 +457,9 @@ impl Engine {
     }
 
     /// The entry and the store's request that settle (`how`) or expire (`None`) a hold at
-    /// `now`; a commit of more than the hold holds is a conflict.
+    /// `now`; a commit of more than the hold holds is a conflict, unless it over-captures:
+    /// then the entry records the excess as charged to each amount policy of the hold
+    /// (its `policies`, and its `counters` for rebuilds).
     pub(in crate::engine) fn hold_give_back(
         &self,
         hold_id: HoldId,
@@ -431,12 +468,17 @@ impl Engine {
         now: DateTime<Utc>,
     ) -> Result<(LedgerEntry, GiveBack), EngineError> {
         let (total, expires_at_ms) = (record.amount, record.expires_at_ms);
+        let mut excess_counters = Vec::new();
         let (kind, entry_kind, entry_amount, policies) = match how {
-            Some(Settle::Commit(amount)) => {
+            Some(Settle::Commit {
+                amount,
+                over_capture,
+            }) => {
                 let settle = amount.map_or(total, Quantity::get);
-                if settle > total {
+                if settle > total && !over_capture {
                     return Err(EngineError::Conflict(format!(
-                        "hold '{hold_id}' holds {total}; cannot commit {settle}"
+                        "hold '{hold_id}' holds {total}; cannot commit {settle} \
+                         (over_capture: true keeps more than was held)"
                     )));
                 }
                 let kind = GiveBackKind::Commit {
@@ -444,7 +486,13 @@ impl Engine {
                     total,
                     expires_at_ms,
                 };
-                let policies = given(&record.counters, total - settle, false);
+                let policies = match settle.checked_sub(total) {
+                    Some(excess) if excess > 0 => {
+                        excess_counters = over_captured(&record.counters, excess);
+                        charged_to(&excess_counters)
+                    }
+                    _ => given(&record.counters, total - settle, false),
+                };
                 (kind, EntryKind::Commit, settle, policies)
             }
             Some(Settle::Release) => (
@@ -478,7 +526,7 @@ impl Engine {
             idempotency_key: None,
             policies,
             attributes: record.attributes.clone(),
-            counters: Vec::new(),
+            counters: excess_counters,
             hold_expires_at: None,
             kept_answer: None,
         };
@@ -505,7 +553,7 @@ impl Engine {
         entry: &LedgerEntry,
         foreign: std::collections::BTreeMap<u16, Vec<CounterCharge>>,
         full: bool,
-        by_amount: u64,
+        by_amount: i64,
     ) {
         if foreign.is_empty() {
             return;
@@ -530,7 +578,7 @@ impl Engine {
         &self,
         entry: &LedgerEntry,
         request: &GiveBack,
-        (refunded, restored): (u64, Vec<u64>),
+        (refunded, restored): (u64, Vec<i64>),
     ) -> Result<(), EngineError> {
         let undo = || Undo::GiveBack {
             request: Box::new(request.clone()),

@@ -385,10 +385,14 @@ impl Engine {
             None => return Ok(None),
         };
         let how = match entry.kind {
-            EntryKind::Commit => Some(Settle::Commit(Some(
-                Quantity::parse("amount", i128::from(entry.amount))
-                    .map_err(|e| StoreError::Protocol(e.to_string()))?,
-            ))),
+            // The ledger is the book of record: a commit above the hold was over-captured.
+            EntryKind::Commit => Some(Settle::Commit {
+                amount: Some(
+                    Quantity::parse("amount", i128::from(entry.amount))
+                        .map_err(|e| StoreError::Protocol(e.to_string()))?,
+                ),
+                over_capture: true,
+            }),
             EntryKind::Release | EntryKind::Void => Some(Settle::Release),
             _ => None,
         };

@@ -246,8 +246,14 @@ impl Engine {
         let now_ms = self.now().timestamp_millis();
         Ok(match self.counters.give_back(now_ms, &request).await? {
             GivenBack::Done { .. } => {
-                self.share_foreign(home, &void, foreign, true, void.amount)
-                    .await;
+                self.share_foreign(
+                    home,
+                    &void,
+                    foreign,
+                    true,
+                    crate::engine::store::signed(void.amount),
+                )
+                .await;
                 Voided::Voided
             }
             GivenBack::Conflict(why) => Voided::Kept(why),

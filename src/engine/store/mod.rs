@@ -85,6 +85,12 @@ pub struct Charge {
     pub enforce: bool,
 }
 
+/// An amount beside signed ones (a give-back below zero charges more): amounts are at
+/// most 2^53 - 1, so every one fits.
+pub(crate) fn signed(amount: u64) -> i64 {
+    i64::try_from(amount).unwrap_or(i64::MAX)
+}
+
 /// A lifetime counter's `resets_at_ms`: it never resets (2^53 - 1, which Lua keeps exactly,
 /// is past any time chrono can represent).
 pub(crate) const NEVER_MS: i64 = 9_007_199_254_740_991;
@@ -191,8 +197,9 @@ pub(crate) enum GiveBackKind {
     RestoreOnce {
         /// Count policies get their charge back.
         full: bool,
-        /// What amount policies get back.
-        by_amount: u64,
+        /// What amount policies get back; below zero, what they are charged more (the
+        /// excess of an over-captured commit).
+        by_amount: i64,
     },
 }
 
@@ -225,8 +232,9 @@ pub enum GivenBack {
         refunded: u64,
         /// The in-process store: what each counter got back, in its own units (a token
         /// bucket's in unit-milliseconds), which may be less than asked of a counter that
-        /// held less; what undoing it puts back. Empty from Redis.
-        restored: Vec<u64>,
+        /// held less; below zero, what it was charged more (an over-capture's excess); what
+        /// undoing it puts back. Empty from Redis.
+        restored: Vec<i64>,
     },
     /// Refused: over-refund, or a hold no longer open. The text says which.
     Conflict(String),
@@ -260,7 +268,7 @@ pub enum Undo {
         /// [`GivenBack::Done`]'s refunded total.
         refunded: u64,
         /// [`GivenBack::Done`]'s restored units, per counter.
-        restored: Vec<u64>,
+        restored: Vec<i64>,
     },
 }
 

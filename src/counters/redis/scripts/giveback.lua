@@ -33,6 +33,8 @@ ARGV[14] '1' when the idempotency key is given
 then six values per counter i, at ARGV[15 + 6 * (i - 1)] (and after them, at ARGV[p] with
 p = 15 + 6 * n, '1' when a pending share of other slots is kept at home, KEYS[next] and
 KEYS[next + 1] its record and the index of intents; then its member, deadline and record):
+  (amount policies get min(what the operation gives, charged), which is below zero for a
+  commit above the hold, an over-capture: the counter is charged that much more)
   kind 1 calendar or lifetime (an integer; its time to live, if any, is kept) | 2 rolling |
        3 token bucket | 4 zoned calendar
   p1   rolling: the bucket charged; token bucket: period_ms; zoned: when it was charged
@@ -163,12 +165,14 @@ for i = 1, n do
   if ARGV[a + 4] == '1' then give = math.min(by_amount_gets, charged)
   elseif full then give = charged
   else give = 0 end
-  if give > 0 then
+  -- A give below zero charges more (an over-capture's excess), up to 2^53 - 1.
+  if give ~= 0 then
     if kind == '1' then
       local v = tonumber(redis.call('GET', key) or -1)
       if v >= 0 then
         local left = v - give
         if left < 0 then left = 0 end
+        if left > MAX then left = MAX end
         redis.call('SET', key, fmt('%d', left), 'KEEPTTL')
       end
     elseif kind == '4' then
@@ -180,6 +184,7 @@ for i = 1, n do
         if u0 and tonumber(s0) <= at and at < tonumber(e0) then
           local left = tonumber(u0) - give
           if left < 0 then left = 0 end
+          if left > MAX then left = MAX end
           redis.call('SET', key, fmt('%d:%s:%s', left, s0, e0), 'KEEPTTL')
         end
       end
@@ -191,6 +196,7 @@ for i = 1, n do
         if v >= 0 then
           local left = v - give
           if left < 0 then left = 0 end
+          if left > MAX then left = MAX end
           redis.call('HSET', key, field, fmt('%d', left))
         end
       end
@@ -209,6 +215,7 @@ for i = 1, n do
         else s = s - (now - t) * rate end
         -- give * per may not fit 2^53: compare through a division first.
         if give >= ceil(s / per) then s = 0 else s = s - give * per end
+        if s > MAX then s = MAX end
         redis.call('SET', key, fmt('%d:%d', s, tref), 'KEEPTTL')
       end
     end
