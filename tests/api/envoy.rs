@@ -506,3 +506,30 @@ async fn descriptors_whose_entries_the_ledger_refuses_are_charged_nowhere() {
     assert_eq!(again.statuses[1].limit_remaining, 8);
     crate::integrity::assert_no_drift(&app).await;
 }
+
+#[tokio::test]
+async fn a_lifetime_and_a_per_request_maximum_have_no_unit_and_a_lifetime_no_reset() {
+    let mut settings =
+        crate::helpers::fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    settings.ledger_retention_days = None;
+    let app = crate::helpers::spawn_with(settings).await;
+    for (id, window) in [("per-call", "request"), ("all-time", "lifetime")] {
+        app.must_create_policy(json!({"id": id, "action": id, "measure": "amount",
+            "limit": 1000, "scope": ["tenant"], "window": {"type": window}}))
+            .await;
+    }
+    let mut grpc = client(&app).await;
+    for (domain, has_reset) in [("per-call", true), ("all-time", false)] {
+        let tenant = descriptor(&[("tenant", "acme")], Some(600));
+        let answer = ask(&mut grpc, request(domain, vec![tenant], 0))
+            .await
+            .unwrap();
+        let status = &answer.statuses[0];
+        let limit = status.current_limit.as_ref().expect("a limit applies");
+        assert_eq!(
+            (limit.name.as_str(), limit.unit),
+            (domain, Unit::Unknown as i32)
+        );
+        assert_eq!(status.duration_until_reset.is_some(), has_reset, "{domain}");
+    }
+}

@@ -314,3 +314,46 @@ async fn a_wrong_token_or_an_unreachable_service_fails_with_exit_1() {
         text(&output)
     );
 }
+
+/// An app that keeps its ledger for ever (lifetime windows need it).
+async fn kept_for_ever() -> TestApp {
+    let mut settings =
+        crate::helpers::fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    settings.ledger_retention_days = None;
+    crate::helpers::spawn_with(settings).await
+}
+
+#[tokio::test]
+async fn velocity_controls_round_trip_through_export_and_apply() {
+    let source = kept_for_ever().await;
+    let policies = [
+        json!({"id": "cut-off", "action": "card.auth", "measure": "amount", "limit": 200_000,
+            "window": {"type": "calendar", "period": "day", "timezone": "America/New_York",
+                "day_start": "04:00", "timezone_attribute": "tz"}}),
+        json!({"id": "fiscal", "action": "card.auth", "measure": "amount", "limit": 9_000_000,
+            "window": {"type": "calendar", "period": "year", "timezone": "Europe/London",
+                "month_day": 6, "year_month": 4}}),
+        json!({"id": "weekly", "action": "card.auth", "measure": "count", "limit": 50,
+            "window": {"type": "calendar", "period": "week", "week_start": "sunday"}}),
+        json!({"id": "per-auth", "action": "card.auth", "measure": "amount", "limit": 50_000,
+            "window": {"type": "request"}}),
+        json!({"id": "lifetime", "action": "card.auth", "measure": "amount", "limit": 2_500_000,
+            "match": {"card_type": ["prepaid"]}, "window": {"type": "lifetime"}}),
+        json!({"id": "cash-abroad", "action": "card.auth", "measure": "amount", "limit": 0,
+            "match": {"mcc": ["6011"]}, "match_not": {"country": ["US", "CA"]},
+            "window": {"type": "request"}}),
+    ];
+    for policy in policies {
+        source.must_create_policy(policy).await;
+    }
+    let dir = TempDir::new();
+    let export = policies_cli(&source, &["export"]).await;
+    assert_eq!(code(&export), 0, "{}", text(&export));
+    let exported = dir.write("export.yaml", &String::from_utf8(export.stdout).unwrap());
+    let target = kept_for_ever().await;
+    let apply = policies_cli(&target, &["apply", arg(&exported)]).await;
+    assert_eq!(code(&apply), 0, "{}", text(&apply));
+    assert_eq!(listed(&target).await, listed(&source).await);
+    let diff = policies_cli(&target, &["diff", arg(&exported)]).await;
+    assert_eq!(code(&diff), 0, "nothing left to change: {}", text(&diff));
+}
