@@ -99,6 +99,7 @@ fn policy(id: &str, measure: Measure, window: Window) -> Policy {
             conditions: Default::default(),
             exclusions: Default::default(),
             zone_attribute: None,
+            alert_thresholds: quota_ledger::domain::Thresholds::default(),
         },
         created_at: now(),
         updated_at: now(),

@@ -186,6 +186,12 @@ pub(crate) struct PolicyInput {
     #[serde(rename = "match_not")]
     #[schema(example = json!({"country": ["US", "CA"]}))]
     pub(crate) exclusions: Option<BTreeMap<String, Vec<String>>>,
+    /// Percents of the limit (1-100, at most 8, no repeats) at which each budget's usage
+    /// is reported to webhooks (`budget.threshold`, and `budget.threshold.resolved` when it
+    /// falls back below), once per budget, threshold and period. Shadow policies report too
+    /// (a soft limit). Default `[]`: none.
+    #[schema(max_items = 8, example = json!([80, 100]))]
+    pub(crate) alert_thresholds: Option<Vec<i64>>,
 }
 
 /// A policy as created by `POST`: a [`PolicyInput`] whose `id` is required.
@@ -247,6 +253,8 @@ pub(crate) struct PolicyOut {
     /// When it does not (`{}`: never excluded).
     #[serde(rename = "match_not")]
     pub(crate) exclusions: BTreeMap<String, Vec<String>>,
+    /// Percents of the limit at which budgets' usage is reported, ascending (`[]`: none).
+    pub(crate) alert_thresholds: Vec<u8>,
     /// When it was created.
     pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.
@@ -465,13 +473,18 @@ impl PolicyInput {
             None => Some(Match::default()),
             Some(map) => take_all(&mut errors, Match::parse("match_not", map)),
         };
-        match (action, limit, window, scope, conditions.zip(exclusions)) {
+        let alert_thresholds = errors.take(crate::domain::Thresholds::parse(
+            "alert_thresholds",
+            self.alert_thresholds.as_deref().unwrap_or(&[]),
+        ));
+        let matching = conditions.zip(exclusions).zip(alert_thresholds);
+        match (action, limit, window, scope, matching) {
             (
                 Some(action),
                 Some(limit),
                 Some(window),
                 Some(scope),
-                Some((conditions, exclusions)),
+                Some(((conditions, exclusions), alert_thresholds)),
             ) if errors.0.is_empty() => Ok((
                 id,
                 PolicySpec {
@@ -494,6 +507,7 @@ impl PolicyInput {
                     conditions,
                     exclusions,
                     zone_attribute,
+                    alert_thresholds,
                 },
             )),
             _ => Err(errors),
@@ -550,6 +564,7 @@ impl From<&Policy> for PolicyOut {
                 .iter()
                 .map(|(k, values)| (k.to_owned(), values.iter().cloned().collect()))
                 .collect(),
+            alert_thresholds: p.spec.alert_thresholds.percents().to_vec(),
             created_at: p.created_at,
             updated_at: p.updated_at,
             version: p.version,

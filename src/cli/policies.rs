@@ -419,7 +419,7 @@ pub async fn export(remote: &Remote, json_format: bool) -> anyhow::Result<String
 
 /// The order an exported policy's fields are written in: the API's, `id` first, so that a
 /// file reads (and diffs) like the policies it came from. Nested objects keep theirs.
-const FIELD_ORDER: [&str; 13] = [
+const FIELD_ORDER: [&str; 14] = [
     "id",
     "action",
     "measure",
@@ -432,6 +432,7 @@ const FIELD_ORDER: [&str; 13] = [
     "mode",
     "enabled",
     "ledger_denials",
+    "alert_thresholds",
     "description",
 ];
 

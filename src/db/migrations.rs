@@ -59,6 +59,10 @@ pub(super) const POSTGRES: Files = &[
         "20261228100000_add_match_not.sql",
         include_str!("../../migrations/postgres/20261228100000_add_match_not.sql"),
     ),
+    (
+        "20261229090000_add_alert_thresholds.sql",
+        include_str!("../../migrations/postgres/20261229090000_add_alert_thresholds.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -106,6 +110,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261228100000_add_match_not.sql",
         include_str!("../../migrations/sqlite/20261228100000_add_match_not.sql"),
+    ),
+    (
+        "20261229090000_add_alert_thresholds.sql",
+        include_str!("../../migrations/sqlite/20261229090000_add_alert_thresholds.sql"),
     ),
 ];
 

@@ -4,6 +4,7 @@
 //! Everything here is parsed once at the edge (the API or a store row) and is valid by
 //! construction afterwards. Nothing in this module knows HTTP, SQL or Redis.
 
+mod alerts;
 mod budget;
 mod error;
 mod globs;
@@ -13,6 +14,7 @@ mod policy;
 mod quantity;
 mod window;
 
+pub use alerts::{level, Crossing, Thresholds, MAX_THRESHOLDS};
 pub use budget::{Attributes, Budget, Match, Scope, ScopeKey, MAX_ATTRIBUTES, SUBJECT_KEY};
 pub use error::{FieldError, FieldErrors};
 pub use globs::{ActionGlob, ActionSet, MAX_GLOBS};

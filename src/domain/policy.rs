@@ -99,6 +99,9 @@ pub struct PolicySpec {
     /// The attribute naming the request's own time zone (`window.timezone_attribute`;
     /// calendar windows only): the period is computed in it, `window`'s zone otherwise.
     pub zone_attribute: Option<String>,
+    /// The percents of the limit at which a budget's usage is reported
+    /// (`alert_thresholds`); empty, none.
+    pub alert_thresholds: super::Thresholds,
 }
 
 impl PolicySpec {
@@ -141,6 +144,7 @@ impl PolicySpec {
             conditions: Match::default(),
             exclusions: Match::default(),
             zone_attribute: None,
+            alert_thresholds: super::Thresholds::default(),
         }
     }
 }

@@ -128,8 +128,8 @@ where
 
     /// [`PolicyStoreError::Outdated`] when `p` uses what an instance still live cannot read:
     /// a calendar window with anchors or a `year` period, a `request` or `lifetime` window, or a
-    /// `match_not` (which it would
-    /// ignore, applying the policy to requests it excludes). Run inside a change.
+    /// `match_not` (which it would ignore, applying the policy to requests it excludes), or
+    /// alert thresholds (which it would not report). Run inside a change.
     pub(super) async fn ensure_readable(conn: &mut DB::Connection, p: &Policy) -> StoreResult<()> {
         let new_window = match p.spec.window {
             Window::Calendar {
@@ -138,7 +138,7 @@ where
             Window::Request | Window::Lifetime => true,
             _ => false,
         };
-        if !new_window && p.spec.exclusions.is_empty() {
+        if !new_window && p.spec.exclusions.is_empty() && p.spec.alert_thresholds.is_empty() {
             return Ok(());
         }
         let since = p.updated_at - crate::db::LIVE_FOR;

@@ -41,6 +41,24 @@ fn corrupt(what: &str, error: impl std::fmt::Display) -> PolicyStoreError {
     PolicyStoreError::Corrupt(format!("{what}: {error}"))
 }
 
+/// Stored alert thresholds (`"50,80,100"`; NULL for none).
+fn thresholds_from_column(text: Option<&str>) -> StoreResult<crate::domain::Thresholds> {
+    let percents = text
+        .unwrap_or("")
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<i64>().map_err(|e| corrupt("alert_thresholds", e)))
+        .collect::<StoreResult<Vec<i64>>>()?;
+    crate::domain::Thresholds::parse("alert_thresholds", &percents)
+        .map_err(|e| corrupt("alert_thresholds", e.message))
+}
+
+/// Alert thresholds as stored: ascending, comma-separated; NULL for none.
+pub(super) fn thresholds_to_column(thresholds: &crate::domain::Thresholds) -> Option<String> {
+    let percents: Vec<String> = thresholds.percents().iter().map(u8::to_string).collect();
+    (!percents.is_empty()).then(|| percents.join(","))
+}
+
 /// A stored limit as a [`Quantity`].
 fn quantity(value: i64) -> StoreResult<Quantity> {
     Quantity::parse("limit_value", i128::from(value)).map_err(|e| corrupt("limit_value", e.message))
@@ -50,7 +68,7 @@ fn quantity(value: i64) -> StoreResult<Quantity> {
 pub(super) const POLICY_COLUMNS: &str =
     "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
      ledger_denials, description, created_at, updated_at, version, scope, match_spec, \
-     match_not_spec";
+     match_not_spec, alert_thresholds";
 /// The columns of `policy_overrides` that the reads select.
 const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
@@ -102,6 +120,10 @@ where
                         .as_deref(),
                 )?,
                 zone_attribute,
+                alert_thresholds: thresholds_from_column(
+                    row.try_get::<Option<String>, _>("alert_thresholds")?
+                        .as_deref(),
+                )?,
             },
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,

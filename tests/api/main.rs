@@ -9,6 +9,7 @@
 mod helpers;
 
 mod admin;
+mod alerts;
 mod backlog;
 mod budgets;
 mod concurrency;

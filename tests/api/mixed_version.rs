@@ -186,6 +186,10 @@ async fn the_last_release_and_this_build_serve_together_on_one_redis_and_one_pos
         "window": {"type": "calendar", "period": "day", "timezone": "UTC", "day_start": "04:00"}});
     let (status, refused) = post(&client, &new, "/admin/policies", anchored).await;
     assert_eq!(status, 409, "{refused}");
+    let alerting = json!({"id": "alerting", "action": "transfer", "measure": "count",
+        "limit": 5, "window": {"type": "calendar", "period": "day"}, "alert_thresholds": [80]});
+    let (status, refused) = post(&client, &new, "/admin/policies", alerting).await;
+    assert_eq!(status, 409, "{refused}");
 
     // 1. No over-allow: both versions count in the same budgets, atomically.
     for subject in ["u-1", "u-2"] {
