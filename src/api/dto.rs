@@ -477,6 +477,14 @@ impl PolicyInput {
             "alert_thresholds",
             self.alert_thresholds.as_deref().unwrap_or(&[]),
         ));
+        if window == Some(Window::Request)
+            && alert_thresholds.as_ref().is_some_and(|t| !t.is_empty())
+        {
+            errors.0.push(crate::domain::FieldError::new(
+                "alert_thresholds",
+                "a request window accumulates nothing: it has no usage to alert on",
+            ));
+        }
         let matching = conditions.zip(exclusions).zip(alert_thresholds);
         match (action, limit, window, scope, matching) {
             (

@@ -63,6 +63,10 @@ pub(super) const POSTGRES: Files = &[
         "20261229090000_add_alert_thresholds.sql",
         include_str!("../../migrations/postgres/20261229090000_add_alert_thresholds.sql"),
     ),
+    (
+        "20261229100000_create_alert_events.sql",
+        include_str!("../../migrations/postgres/20261229100000_create_alert_events.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -114,6 +118,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261229090000_add_alert_thresholds.sql",
         include_str!("../../migrations/sqlite/20261229090000_add_alert_thresholds.sql"),
+    ),
+    (
+        "20261229100000_create_alert_events.sql",
+        include_str!("../../migrations/sqlite/20261229100000_create_alert_events.sql"),
     ),
 ];
 

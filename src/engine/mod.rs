@@ -7,6 +7,7 @@
 //! Consumes and holds ([`consume`]) also keep idempotency records and ledger entries in
 //! that same atomic step; refunds and hold settlement live in [`giveback`].
 
+pub mod alerts;
 pub mod codec;
 pub mod decision;
 pub(crate) mod deployment;

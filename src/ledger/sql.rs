@@ -11,6 +11,7 @@
 use super::cursor::{decode_cursor, encode_cursor};
 use crate::db::{ColumnType, Sql};
 use crate::domain::{ActionGlob, ActionSet, ConsumptionId, EntryKind, HoldId, LedgerEntry};
+use crate::engine::alerts::{self, AlertEvent};
 use crate::engine::codec::{self, EntryParts};
 use crate::engine::ledger::{
     DeniedSubject, HourActivity, LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE,
@@ -219,6 +220,25 @@ where
         Ok(DB::rows_affected(&done))
     }
 
+    /// Adds alert events to the outbox; those already there (an entry inserted again) are
+    /// left as they are.
+    async fn insert_events(
+        conn: &mut DB::Connection,
+        events: &[AlertEvent],
+    ) -> Result<(), LedgerError> {
+        let mut sql =
+            QueryBuilder::<DB>::new("INSERT INTO alert_events (id, event_type, at, payload) ");
+        sql.push_values(events, |mut b, event| {
+            b.push_bind(event.id.clone())
+                .push_bind(event.event_type.to_owned())
+                .push_bind(event.at)
+                .push_bind(Json(event.payload.clone()));
+        });
+        sql.push(" ON CONFLICT (id) DO NOTHING");
+        DB::build(&mut sql).execute(conn).await.map_err(db_error)?;
+        Ok(())
+    }
+
     /// The newest `limit` entries matching `filter` with a `seq` below `before`, each with
     /// its `seq`.
     async fn select_page(
@@ -301,7 +321,9 @@ where
         if entries.is_empty() {
             return Ok(0);
         }
-        if entries.len() <= ROWS_PER_INSERT {
+        // The alert events the entries record go in with them (engine::alerts).
+        let events: Vec<AlertEvent> = entries.iter().flat_map(alerts::events_of).collect();
+        if entries.len() <= ROWS_PER_INSERT && events.is_empty() {
             // One statement is atomic by itself. Without an explicit transaction around it,
             // SQLite keeps no statement journal: a sixth of its work for the small batches
             // of the embedded writer.
@@ -312,6 +334,9 @@ where
         let mut inserted = 0;
         for chunk in entries.chunks(ROWS_PER_INSERT) {
             inserted += Self::insert_chunk(&mut tx, chunk).await?;
+        }
+        for chunk in events.chunks(ROWS_PER_INSERT) {
+            Self::insert_events(&mut tx, chunk).await?;
         }
         tx.commit().await.map_err(db_error)?;
         Ok(inserted)

@@ -155,6 +155,7 @@ pub(super) fn consume_cmd(
         flag(effects.hold.is_some()),
         flag(effects.intent.is_some()),
         flag(effects.reservation.is_some()),
+        flag(effects.ledger.as_ref().is_some_and(|l| l.keeps_answer)),
     ]
     .into_iter()
     .collect();
@@ -206,6 +207,7 @@ pub(super) fn finalize_cmd(script: &Script, now_ms: i64, request: &Finalize, epo
         flag(effects.idempotency.is_some()),
         flag(effects.ledger.is_some()),
         flag(effects.hold.is_some()),
+        flag(effects.ledger.as_ref().is_some_and(|l| l.keeps_answer)),
     ]
     .into_iter()
     .collect();

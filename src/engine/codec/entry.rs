@@ -261,6 +261,11 @@ pub(super) fn encode_keeping(
             "{semicolon}{measure}{mode},{},{}",
             p.limit, p.window_seconds
         );
+        // Alert thresholds, when it has any: `,50/80/100`.
+        for (j, percent) in p.alert_thresholds.percents().iter().enumerate() {
+            let separator = if j == 0 { ',' } else { '/' };
+            let _ = write!(out, "{separator}{percent}");
+        }
     }
     out.push('\n');
     out
@@ -280,9 +285,16 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
         .zip(&entry.policies)
         .map(|(kind, policy)| {
             let parts: Vec<&str> = kind.split(',').collect();
-            let [flags, limit, window] = parts[..] else {
-                return Err(CodecError::new(WHAT, format!("kept policy '{kind}'")));
+            let (flags, limit, window, alerts) = match parts[..] {
+                [flags, limit, window] => (flags, limit, window, ""),
+                [flags, limit, window, alerts] => (flags, limit, window, alerts),
+                _ => return Err(CodecError::new(WHAT, format!("kept policy '{kind}'"))),
             };
+            let alerts = alerts
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .map(|p| number("kept threshold", p))
+                .collect::<Result<Vec<u8>, CodecError>>()?;
             let (measure, mode) = match flags {
                 "ce" => (Measure::Count, Mode::Enforce),
                 "cs" => (Measure::Count, Mode::Shadow),
@@ -297,6 +309,7 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
                 limit: number("kept limit", limit)?,
                 window_seconds: number("kept window", window)?,
                 scope: policy.scope.clone(),
+                alert_thresholds: super::replay::thresholds(WHAT, &alerts)?,
             })
         })
         .collect::<Result<_, CodecError>>()?;

@@ -91,6 +91,8 @@ pub(crate) struct KeptPolicy {
     pub(crate) window_seconds: u64,
     /// The policy's scope when it was charged.
     pub(crate) scope: Scope,
+    /// Its alert thresholds then: the entry's answer tells which it crossed.
+    pub(crate) alert_thresholds: crate::domain::Thresholds,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -114,6 +116,8 @@ struct KeptPolicyWire {
     window_seconds: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    alerts: Vec<u8>,
 }
 
 /// A consume's idempotency record, before the store appends the evaluation's numbers.
@@ -134,6 +138,7 @@ pub(crate) fn encode_consume_record(record: &ConsumeRecord) -> String {
                 limit: p.limit,
                 window_seconds: p.window_seconds,
                 scope: scope_wire(&p.scope),
+                alerts: p.alert_thresholds.percents().to_vec(),
             })
             .collect(),
         attributes: attributes_wire(&record.attributes),
@@ -175,9 +180,20 @@ pub(crate) fn decode_consume_record(text: &str) -> Result<ConsumeRecord, CodecEr
                     limit: p.limit,
                     window_seconds: p.window_seconds,
                     scope: scope_from_wire(WHAT, p.scope.as_deref())?,
+                    alert_thresholds: thresholds(WHAT, &p.alerts)?,
                 })
             })
             .collect::<Result<_, CodecError>>()?,
         attributes: attributes_from_wire(WHAT, wire.attributes)?,
     })
+}
+
+/// Alert thresholds as a record keeps them.
+pub(super) fn thresholds(
+    what: &'static str,
+    percents: &[u8],
+) -> Result<crate::domain::Thresholds, CodecError> {
+    let percents: Vec<i64> = percents.iter().map(|&p| i64::from(p)).collect();
+    crate::domain::Thresholds::parse("alert_thresholds", &percents)
+        .map_err(|e| CodecError::new(what, e.message))
 }

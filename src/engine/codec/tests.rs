@@ -178,6 +178,7 @@ fn every_record_reads_back_what_was_written() {
             limit: 100,
             window_seconds: 86_400,
             scope: org_scope(),
+            alert_thresholds: crate::domain::Thresholds::parse("t", &[50, 100]).expect("valid"),
         }],
         attributes: entry.attributes.clone(),
     };
@@ -364,6 +365,8 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
         limit: 100,
         window_seconds: 86_400,
         scope: org_scope(),
+        // The compact form keeps them too (`,80/100`).
+        alert_thresholds: crate::domain::Thresholds::parse("t", &[100, 80]).expect("valid"),
     }];
     for entry in [charge_entry(), hold_entry()] {
         let entry = LedgerEntry {

@@ -296,7 +296,10 @@ impl Engine {
                 match evaluation.allowed {
                     true => {
                         let mut entries = allowed;
-                        entries[0].kept_answer = kept_answer(plan, effects, &evaluation);
+                        entries[0].kept_answer = match attempts {
+                            [attempt] => kept_answer(plan, effects, attempt, &evaluation),
+                            _ => None,
+                        };
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
                         let undo = || undo_charge(attempted, effects);
                         self.commit_or_undo(entries, plan.now_ms(), undo).await?;
@@ -380,18 +383,27 @@ impl Engine {
             (idem, record.policies)
         });
         let (idempotency, kept_policies) = keyed.unzip();
+        // An entry whose policies alert keeps its answer too, already expired (no retry
+        // replays it): it tells which thresholds the decision crossed (`engine::alerts`).
+        let alerting = (idempotency.is_none() && plan.alerts()).then(|| plan.kept_policies());
         // A keyed consume's entry carries the answer kept for its retries (the script
         // appends the numbers), so that a Redis that lost its data gets it back.
-        let allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies) {
-            (Some(idem), Some(policies)) => {
+        let allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies, &alerting) {
+            (Some(idem), Some(policies), _) => {
                 codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, policies)
             }
+            (_, _, Some(policies)) => codec::encode_entry_keeping(entry, now_ms, policies),
             _ => codec::encode_entry(entry),
         };
-        let ledger = self.ledger_append(plan.keys.shard, || {
-            let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
-            (allowed(&attempt.allowed_entry), denied)
-        });
+        let ledger = self
+            .ledger_append(plan.keys.shard, || {
+                let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
+                (allowed(&attempt.allowed_entry), denied)
+            })
+            .map(|ledger| crate::engine::store::LedgerAppend {
+                keeps_answer: alerting.is_some(),
+                ..ledger
+            });
         let hold = hold.map(|(ticket, ttl_ms)| {
             let expires_at_ms = ticket.expires_at.timestamp_millis();
             self.hold_dues.expect(plan.keys.shard, expires_at_ms);
@@ -438,10 +450,36 @@ fn undo_charge<'a>(entries: impl Iterator<Item = &'a LedgerEntry>, effects: &Eff
 
 /// The answer the store keeps under the consume's idempotency key (if any), for the
 /// ledger: a restart keeps it again from there. The store keeps exactly this.
-fn kept_answer(plan: &Plan, effects: &Effects, evaluation: &Evaluation) -> Option<KeptAnswer> {
-    effects.idempotency.as_ref().map(|idem| KeptAnswer {
-        text: codec::encode_replay(&idem.record, evaluation),
-        expires_at_ms: plan.now_ms() + idem.ttl_ms,
+/// The answer an entry keeps: a keyed consume's, for its retries; else, when a policy
+/// alerts, one already expired, which tells which thresholds it crossed.
+fn kept_answer(
+    plan: &Plan,
+    effects: &Effects,
+    attempt: &Attempt,
+    evaluation: &Evaluation,
+) -> Option<KeptAnswer> {
+    if let Some(idem) = &effects.idempotency {
+        return Some(KeptAnswer {
+            text: codec::encode_replay(&idem.record, evaluation),
+            expires_at_ms: plan.now_ms() + idem.ttl_ms,
+        });
+    }
+    plan.alerts().then(|| {
+        let entry = &attempt.allowed_entry;
+        let record = ConsumeRecord {
+            consumption_id: entry.consumption_id,
+            hold: entry
+                .hold_id
+                .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
+            amount: entry.amount,
+            at_ms: plan.now_ms(),
+            policies: plan.kept_policies(),
+            attributes: entry.attributes.clone(),
+        };
+        KeptAnswer {
+            text: codec::encode_replay(&codec::encode_consume_record(&record), evaluation),
+            expires_at_ms: plan.now_ms(),
+        }
     })
 }
 

@@ -119,6 +119,7 @@ impl Engine {
                 stream: l.stream.clone(),
                 allowed: String::new(),
                 denied: l.denied.clone(),
+                keeps_answer: false,
             }),
             intent: Some(intent.clone()),
             ..Effects::default()

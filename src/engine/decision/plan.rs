@@ -325,8 +325,16 @@ impl Plan {
                 limit: c.charge.limit,
                 window_seconds: c.window_seconds,
                 scope: p.spec.scope.clone(),
+                alert_thresholds: p.spec.alert_thresholds.clone(),
             })
             .collect()
+    }
+
+    /// Whether a policy of the plan alerts: its entry then carries its answer, from which
+    /// the thresholds it crossed are read (`engine::alerts`).
+    pub(crate) fn alerts(&self) -> bool {
+        self.applied_policies()
+            .any(|p| !p.spec.alert_thresholds.is_empty())
     }
 
     /// The longest window of the plan's policies, ms.

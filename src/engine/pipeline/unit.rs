@@ -95,6 +95,7 @@ impl Engine {
                 stream: keys::ledger_stream(&self.prefix, shard),
                 allowed,
                 denied,
+                keeps_answer: false,
             }
         })
     }

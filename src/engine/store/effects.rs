@@ -97,6 +97,10 @@ pub(crate) struct LedgerAppend {
     pub(crate) allowed: String,
     /// The entry to append when it is denied, if denials are recorded.
     pub(crate) denied: Option<String>,
+    /// Whether `allowed` ends with a kept answer without an idempotency record (a policy
+    /// alerts: the answer tells which thresholds the decision crossed): the store appends
+    /// the reply numbers to it, as it does for a keyed consume's.
+    pub(crate) keeps_answer: bool,
 }
 
 /// A hold to open when the decision charges.

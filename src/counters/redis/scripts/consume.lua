@@ -21,8 +21,9 @@ then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
 
 then twelve values for the consume's effects, always present (empty strings when unused), at
 ARGV[e .. e + 11] with e = 3 + 6 * n:
-  flags        five characters '0'/'1': idempotency record, ledger stream, hold, intent,
-               reservation
+  flags        six characters '0'/'1': idempotency record, ledger stream, hold, intent,
+               reservation, and whether the allowed entry keeps the answer without an
+               idempotency record (a policy alerts): the reply numbers are appended to it
   idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when flagged)
   idem record  what to keep with the reply numbers
   allowed      ledger entry appended when the decision is applied (KEYS[next]: the stream);
@@ -108,6 +109,7 @@ local has_ledger = string.sub(flags, 2, 2) == '1'
 local has_hold = string.sub(flags, 3, 3) == '1'
 local has_intent = string.sub(flags, 4, 4) == '1'
 local has_reservation = string.sub(flags, 5, 5) == '1'
+local keeps_answer = string.sub(flags, 6, 6) == '1'
 local k = n + 1 -- next extra key
 local idem_key, stream_key, hold_key, index_key, intent_key, intents_key, reservation_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end
@@ -363,10 +365,12 @@ elseif commit and out[1] == 1 and has_reservation then
   redis.call('INCR', string.match(reservation_key, '^(.*)#') .. '#xv')
 elseif commit and out[1] == 1 then
   local numbers = ''
-  if has_idem then
+  if has_idem or keeps_answer then
     local nums = {}
     for j = 1, #out do nums[j] = fmt('%d', out[j]) end
     numbers = table.concat(nums, ',')
+  end
+  if has_idem then
     redis.call('SET', idem_key, ARGV[e + 2] .. '\n' .. numbers, 'PX', ARGV[e + 1])
   end
   if has_ledger then redis.call('XADD', stream_key, '*', 'e', ARGV[e + 3] .. numbers) end

@@ -7,7 +7,9 @@ KEYS[1]  the intent               KEYS[2]  the index of intents
 then, when flagged, the idempotency record, the ledger stream, the hold record and the
 index of holds, in that order; last the shard's epoch, when given.
 ARGV[1]  now_ms                   ARGV[2]  the attempt (the index's member)
-ARGV[3]  flags, three characters '0'/'1': idempotency record, ledger stream, hold
+ARGV[3]  flags, four characters '0'/'1': idempotency record, ledger stream, hold, and
+         whether the ledger entry keeps the answer without an idempotency record (the
+         reply numbers are appended to it then too)
 ARGV[4]  idem ttl                 ARGV[5]  idem record (the reply numbers are appended)
 ARGV[6]  the ledger entry; with an idempotency record the reply numbers are appended to it
 ARGV[7]  the reply numbers, as consume.lua formats them
@@ -24,6 +26,7 @@ local flags = ARGV[3]
 local has_idem = string.sub(flags, 1, 1) == '1'
 local has_ledger = string.sub(flags, 2, 2) == '1'
 local has_hold = string.sub(flags, 3, 3) == '1'
+local keeps_answer = string.sub(flags, 4, 4) == '1'
 local k = 3
 local idem_key, stream_key, hold_key, holds_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end
@@ -46,8 +49,8 @@ redis.call('SET', KEYS[1], 'committed' .. string.sub(record, #state + 1), 'KEEPT
 redis.call('ZREM', KEYS[2], ARGV[2])
 
 local numbers = ''
+if has_idem or keeps_answer then numbers = ARGV[7] end
 if has_idem then
-  numbers = ARGV[7]
   redis.call('SET', idem_key, ARGV[5] .. '\n' .. numbers, 'PX', ARGV[4])
 end
 if has_ledger then redis.call('XADD', stream_key, '*', 'e', ARGV[6] .. numbers) end
