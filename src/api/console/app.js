@@ -705,12 +705,36 @@ function setPath(obj, path, value) {
   else o[last] = value;
 }
 
+/**
+ * A `match`-style map (`{key: [value, ...]}`) from its text, one key per line:
+ * `country = NG, GH`. Blank lines are skipped; a line without `=` is a key with no value
+ * (the service answers which); empty, undefined (the field is left out).
+ */
+function mapFromText(text) {
+  const map = {};
+  for (const line of text.split('\n')) {
+    if (line.trim() === '') continue;
+    const eq = line.indexOf('=');
+    const key = (eq < 0 ? line : line.slice(0, eq)).trim();
+    const values = eq < 0 ? [] : line.slice(eq + 1).split(',').map((v) => v.trim()).filter((v) => v !== '');
+    map[key] = (map[key] || []).concat(values);
+  }
+  return Object.keys(map).length ? map : undefined;
+}
+
+/** The text of a `match`-style map: `country = NG, GH`, one line per key. */
+function mapText(map) {
+  if (!map || typeof map !== 'object') return '';
+  return Object.entries(map).map(([key, values]) => `${key} = ${[].concat(values).join(', ')}`).join('\n');
+}
+
 /** A control's value for the JSON: a number for whole numbers, undefined when empty. */
 function controlValue(el) {
   if (el.dataset.type === 'bool') return el.checked;
   const text = el.value.trim();
   if (text === '') return undefined;
   if (el.dataset.type === 'int') return /^\d+$/.test(text) ? Number(text) : text;
+  if (el.dataset.type === 'map') return mapFromText(text);
   return text;
 }
 
@@ -719,10 +743,12 @@ function fillControls(obj) {
   for (const el of controls()) {
     const value = getPath(obj, el.dataset.path);
     if (el.dataset.type === 'bool') el.checked = value === undefined ? el.dataset.default === 'true' : Boolean(value);
+    else if (el.dataset.type === 'map') el.value = mapText(value);
     else if (el.tagName === 'SELECT') {
-      // Absent: the service's default if it has one, else no choice shown (it is required).
-      if (value !== undefined) el.value = String(value);
-      else if (el.dataset.default) el.value = el.dataset.default;
+      // Absent: the service's default if it has one (`data-default=""`: the empty choice
+      // that stands for it), else no choice shown (it is required).
+      if (value !== undefined && value !== null) el.value = String(value);
+      else if ('default' in el.dataset) el.value = el.dataset.default;
       else el.selectedIndex = -1;
     }
     else el.value = value === undefined || value === null ? '' : String(value);
@@ -730,23 +756,51 @@ function fillControls(obj) {
   showWindowFields();
 }
 
+/** One line on each window type, under its select. */
+const WINDOW_HINTS = {
+  calendar: 'Usage resets when each period starts, in the time zone.',
+  rolling: 'The total in any trailing window stays within the limit.',
+  token_bucket: 'The limit refills smoothly over the window.',
+  request: 'A maximum per request: one over the limit is denied; nothing accumulates (usage shows 0).',
+  lifetime: 'Usage never resets; the service must keep its ledger for ever (QUOTA_LEDGER_RETENTION_DAYS=forever).',
+};
+
+/** Whether a field marked `data-period` is one the calendar `period` takes. */
+const takesPeriod = (el, period) => el.dataset.period.split(' ').includes(period);
+
+/** Shows the window type's fields, and of a calendar's anchors those its period takes. */
 function showWindowFields() {
   const type = $('#policy-window-type').value;
+  const period = $('#policy-window-period').value;
   for (const el of $$('#policy-form [data-window]')) {
-    el.hidden = !el.dataset.window.split(' ').includes(type);
+    el.hidden = !el.dataset.window.split(' ').includes(type) ||
+      (el.dataset.period !== undefined && !takesPeriod(el, period));
   }
+  $('#policy-window-type-hint').textContent = WINDOW_HINTS[type] || '';
+}
+
+/** The anchor controls (`window.day_start`, ...) with whether `period` takes each. */
+function anchorControls(period) {
+  return $$('#policy-form [data-period]').map((field) => ({
+    control: $('[data-path]', field), taken: takesPeriod(field, period),
+  }));
 }
 
 /** A new window of `type`, from the window fields (with defaults where empty). */
 function windowFromControls(type) {
   const v = (id, fallback) => controlValue($(id)) ?? fallback;
   if (type === 'calendar') {
-    return { type, period: v('#policy-window-period', 'day'), timezone: v('#policy-window-timezone', 'UTC') };
+    const w = { type, period: v('#policy-window-period', 'day'), timezone: v('#policy-window-timezone', 'UTC') };
+    for (const { control, taken } of anchorControls(w.period)) {
+      if (taken) setPath(w, control.dataset.path.replace(/^window\./, ''), controlValue(control));
+    }
+    return w;
   }
   if (type === 'rolling') {
     return { type, seconds: v('#policy-window-seconds', 86400), bucket_seconds: v('#policy-window-bucket-seconds', 3600) };
   }
-  return { type, seconds: v('#policy-window-seconds', 3600) };
+  if (type === 'token_bucket') return { type, seconds: v('#policy-window-seconds', 3600) };
+  return { type }; // request, lifetime: nothing more
 }
 
 /** A control changed: write it into the JSON. */
@@ -763,6 +817,14 @@ function onControlInput(event) {
   const obj = parsed.value;
   if (el.dataset.path === 'window.type') {
     obj.window = windowFromControls(el.value);
+    writeJson(obj);
+    fillControls(obj);
+  } else if (el.dataset.path === 'window.period') {
+    // The anchors the new period does not take would be a 422: they go.
+    setPath(obj, 'window.period', controlValue(el));
+    for (const { control, taken } of anchorControls(el.value)) {
+      if (!taken) setPath(obj, control.dataset.path, undefined);
+    }
     writeJson(obj);
     fillControls(obj);
   } else {
@@ -827,9 +889,14 @@ function closeEditor() {
   editor.theirs = null;
 }
 
-/** Which error element shows a server error about `field` (e.g. `window.timezone`). */
+/**
+ * Which error element shows a server error about `field` (e.g. `window.timezone`; a map's
+ * key or value, `match_not.country[0]`, at the map's control).
+ */
 function policyFieldError(field) {
   const el = controls().find((c) => c.dataset.path === field) ||
+    controls().find((c) => c.dataset.type === 'map' && /^[.[]/.test(field.slice(c.dataset.path.length)) &&
+      field.startsWith(c.dataset.path)) ||
     (field === 'window' ? $('#policy-window-type') : null);
   return el && !el.closest('[hidden]') ? $(`#${el.id}-error`) : null;
 }
