@@ -542,16 +542,57 @@ function rememberPolicies(items) {
   fill($('#actions-list'), ...actions.map((a) => h('option', { value: a })));
 }
 
+const MONTHS = ['January', 'February', 'March', 'April', 'May', 'June', 'July', 'August',
+  'September', 'October', 'November', 'December'];
+
+/** `1st`, `2nd`, `3rd`, `4th`, ... `11th`, ... `21st`. */
+function ordinal(n) {
+  const teen = n % 100 >= 11 && n % 100 <= 13;
+  return `${n}${teen ? 'th' : ({ 1: 'st', 2: 'nd', 3: 'rd' })[n % 10] || 'th'}`;
+}
+
+const capitalized = (text) => text.charAt(0).toUpperCase() + text.slice(1);
+
+/**
+ * Where a calendar period starts, in words, from its anchors (absent ones are the
+ * defaults: Monday, 00:00, the 1st, January): ` from 04:00`, `, weeks from Sunday`,
+ * ` from the 15th`, ` from the 15th of April at 04:00`; '' for the plain calendar.
+ */
+function anchorText(w) {
+  const at = w.day_start && w.day_start !== '00:00' ? w.day_start : null;
+  const day = w.month_day && w.month_day !== 1 ? w.month_day : null;
+  const month = w.year_month && w.year_month !== 1 ? MONTHS[w.year_month - 1] || `month ${w.year_month}` : null;
+  switch (w.period) {
+    case 'day':
+      return at ? ` from ${at}` : '';
+    case 'week':
+      return w.week_start || at
+        ? `, weeks from ${capitalized(w.week_start || 'monday')}${at ? ` ${at}` : ''}` : '';
+    case 'month':
+      if (!day && !at) return '';
+      return ` from the ${ordinal(day || 1)}${at ? ` at ${at}` : ''}`;
+    case 'year':
+      if (!day && !month && !at) return '';
+      return ` from ${day ? `the ${ordinal(day)} of ` : ''}${month || 'January'}${at ? ` at ${at}` : ''}`;
+    default:
+      return '';
+  }
+}
+
 function windowText(w) {
   if (!w || typeof w !== 'object') return '?';
   switch (w.type) {
     case 'calendar':
-      return `per calendar ${w.period} (${w.timezone || 'UTC'}` +
+      return `per calendar ${w.period}${anchorText(w)} (${w.timezone || 'UTC'}` +
         `${w.timezone_attribute ? `, or the zone in attribute ${w.timezone_attribute}` : ''})`;
     case 'rolling':
       return `any ${fmtSeconds(w.seconds)} (rolling, ${fmtSeconds(w.bucket_seconds)} buckets)`;
     case 'token_bucket':
       return `per ${fmtSeconds(w.seconds)}, refilled smoothly (token bucket)`;
+    case 'request':
+      return 'per request (a maximum per request)';
+    case 'lifetime':
+      return 'lifetime (never resets)';
     default:
       return JSON.stringify(w);
   }
@@ -561,7 +602,10 @@ function scopeText(p) {
   const scope = p.scope || ['subject'];
   const parts = [scope.length ? `one per ${scope.join(' + ')}` : 'one for the whole action'];
   for (const [key, values] of Object.entries(p.match || {})) {
-    parts.push(`only ${key} in ${values.join(', ')}`);
+    parts.push(`only ${key} in ${[].concat(values).join(', ')}`);
+  }
+  for (const [key, values] of Object.entries(p.match_not || {})) {
+    parts.push(`only ${key} not in ${[].concat(values).join(', ')}`);
   }
   return parts.join('; ');
 }
