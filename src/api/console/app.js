@@ -1203,6 +1203,7 @@ async function runLookup(action, subject, attrs) {
 
 /** One policy's usage: a bar, the numbers, when it resets, and its overrides. */
 function usageCard(u, policy, overrides) {
+  if (policy && policy.window && policy.window.type === 'request') return requestCard(u, policy, overrides);
   const pct = u.limit > 0 ? Math.min(100, (u.used / u.limit) * 100) : 100;
   let state = ['ok', '✓ Within the limit'];
   if (u.remaining === 0) state = ['full', u.mode === 'shadow' ? '✕ Exhausted (shadow: not enforced)' : '✕ Exhausted'];
@@ -1229,8 +1230,30 @@ function usageCard(u, policy, overrides) {
     h('p', { class: 'usage-numbers' },
       h('strong', {}, `${fmtInt(u.used)} / ${fmtInt(u.limit)}`),
       ` (${fmtInt(u.remaining)} remaining)${unit}`),
-    h('p', { class: 'small' }, 'Resets ', timeEl(u.resets_at), h('span', { class: 'muted' }, ` · ${utcTime(u.resets_at)}`)),
+    u.resets_at
+      ? h('p', { class: 'small', dataset: { resets: 'at' } }, 'Resets ', timeEl(u.resets_at),
+        h('span', { class: 'muted' }, ` · ${utcTime(u.resets_at)}`))
+      : h('p', { class: 'small', dataset: { resets: 'never' } }, 'Never resets (a lifetime window).'),
     overridesBlock(u, overrides, key));
+}
+
+/**
+ * A per-request maximum's card: nothing accumulates, so no meter and no reset, only the
+ * largest request allowed.
+ */
+function requestCard(u, policy, overrides) {
+  const unit = policy.unit ? ` ${policy.unit}` : '';
+  return h('article', { class: 'card usage', dataset: { usagePolicy: u.policy_id, window: 'request' } },
+    h('div', { class: 'usage-head' },
+      h('h3', {}, h('span', { class: 'mono' }, u.policy_id)),
+      u.mode === 'shadow' ? badge('warn', '◐ Shadow') : null,
+      badge('ok', '↦ Per-request maximum')),
+    h('p', { class: 'muted small' },
+      `${u.measure} · budget ${budgetLabel(u.budget)} · ${windowText(policy.window)}`),
+    h('p', { class: 'usage-numbers' },
+      'Each request may use at most ', h('strong', {}, fmtInt(u.limit)), unit,
+      '; a larger one is denied. Nothing accumulates, so there is no usage to show.'),
+    overridesBlock(u, overrides, budgetKey(u.budget || {}, policy.scope || Object.keys(u.budget || {}))));
 }
 
 function overridesBlock(u, overrides, key) {
