@@ -6,11 +6,15 @@
 #      once first).
 #   2. The service (BINARY, default target/release/quota-ledger, or env CONSOLE_BINARY) on a
 #      free loopback port with an embedded SQLite database in a temp dir, in-process
-#      counters, a random admin token and no client tokens; /readyz must answer 200.
+#      counters, a random admin token, no client tokens and the ledger kept for ever
+#      (QUOTA_LEDGER_RETENTION_DAYS=forever, which a lifetime window needs); /readyz must
+#      answer 200.
 #   3. scripts/console/browser_test.py against it, in headless Chromium: the CSP header,
 #      sign-in, creating a policy, the budget lookup, the ledger, a recorded denial, the
-#      "today" charts, an edit conflict, then API keys (create, the secret shown once,
-#      revoke) and an admin:read key's read-only console. It prints one line per step
+#      "today" charts, an edit conflict, the velocity controls through the form's fields
+#      (a day from 04:00, a per-request maximum, a month from the 15th, period changes,
+#      field errors at their controls, a lifetime's "Never resets"), then API keys
+#      (create, the secret shown once, revoke) and an admin:read key's read-only console. It prints one line per step
 #      and ends with `console: N passed, M failed`; on a failure it saves a screenshot,
 #      the page source and the browser log in a temp dir (kept) and prints its path.
 #
@@ -18,8 +22,8 @@
 # for (a python3 earlier on PATH, such as pyenv's, would not see it). The service is
 # stopped and the temp dir removed on every exit path.
 # Knobs (environment):
-#   CONSOLE_SCREENSHOTS=DIR  also save policies.png, lookup.png, ledger.png, today.png and
-#                            conflict.png in DIR (relative to the repo root, like BINARY)
+#   CONSOLE_SCREENSHOTS=DIR  also save policies.png, lookup.png, ledger.png, today.png,
+#                            conflict.png and velocity.png in DIR (relative to the repo root, like BINARY)
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -86,7 +90,7 @@ install_packages() {
 log "binary ${BIN#"$ROOT"/}"
 install_packages
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-ledger-console.XXXXXXXX")
-start_service "$TMP"
+start_service "$TMP" QUOTA_LEDGER_RETENTION_DAYS=forever
 
 args=(--url "$URL" --token "$TOKEN")
 if [[ -n ${CONSOLE_SCREENSHOTS:-} ]]; then

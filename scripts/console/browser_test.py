@@ -5,7 +5,8 @@
         [--screenshots DIR]
 
 The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
-client tokens. scripts/console.sh starts one and runs this. Thirteen steps, in order, each
+client tokens (and QUOTA_LEDGER_RETENTION_DAYS=forever, for a lifetime policy).
+scripts/console.sh starts one and runs this. Nineteen steps, in order, each
 asserting what it shows (the API key steps come last: the first key closes the open
 /quota/* endpoints that the earlier steps consume through); a step's failure is reported
 and the next steps still run (they may fail in turn: the first FAIL is the cause). On a
@@ -75,6 +76,31 @@ KEY_POLICY = {
 }
 KEY_NAME = "browser mail"
 READER_NAME = "browser reader"
+
+# The velocity steps: calendar anchors, request and lifetime windows and match_not, edited
+# through the form's controls (never its JSON box), on an action of their own.
+CARD_ACTION = "card.spend"
+CARD_SUBJECT = "card-1"
+DAY_ID = "card-daily"  # a calendar day from 04:00 New York time, except in the US
+REQUEST_ID = "card-max"  # a per-request maximum
+REQUEST_LIMIT = 500
+MONTH_ID = "card-monthly"  # made through the API as a plain month, then edited
+MONTH_POLICY = {
+    "id": MONTH_ID,
+    "action": CARD_ACTION,
+    "measure": "amount",
+    "limit": 1000000,
+    "window": {"type": "calendar", "period": "month", "timezone": "UTC"},
+    "match": {"channel": ["online", "phone"]},
+}
+LIFETIME_ID = "card-lifetime"  # needs QUOTA_LEDGER_RETENTION_DAYS=forever (scripts/console.sh)
+LIFETIME_POLICY = {
+    "id": LIFETIME_ID,
+    "action": CARD_ACTION,
+    "measure": "amount",
+    "limit": 1000,
+    "window": {"type": "lifetime"},
+}
 
 
 class StepFailed(AssertionError):
@@ -252,6 +278,12 @@ class Run:
         check(len(usage) == 1 and usage[0]["used"] == used,
               f"expected {POLICY_ID} used={used} after the consume, got {body['policies']}")
         self.consumption_ids.append(body["consumption_id"])
+
+    def policy(self, policy_id: str) -> dict[str, Any]:
+        """The policy as the service has it (GET /admin/policies/{id})."""
+        answer = http(self.base, "GET", f"/admin/policies/{policy_id}", headers=self.admin())
+        check(answer.status == 200, f"GET /admin/policies/{policy_id} answered {answer.status}")
+        return answer.json()
 
     def progressbar(self) -> WebElement | None:
         return self.console.find(
@@ -521,6 +553,274 @@ def step_accessibility(run: Run) -> None:
     c.no_script_errors()
 
 
+# ----- Velocity controls in the policy form ------------------------------------------------
+
+
+def editor_json(c: Console) -> Any:
+    """The policy in the editor's JSON box (None while it does not parse)."""
+    try:
+        return json.loads(c.find("#policy-json").get_attribute("value") or "")
+    except ValueError:
+        return None
+
+
+def wait_json(c: Console, what: str, condition: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Waits until the editor's JSON (a dict) satisfies `condition`; returns it."""
+    def holds(driver: WebDriver) -> dict[str, Any] | None:
+        obj = editor_json(c)
+        return obj if isinstance(obj, dict) and condition(obj) else None
+    return c.wait(f"the JSON to have {what}", holds)
+
+
+def text_of(c: Console, css: str) -> str:
+    """The element's text, stripped ('' when there is no such element)."""
+    element = c.find(css)
+    return element.text.strip() if element is not None else ""
+
+
+def shown(c: Console, css: str) -> bool:
+    element = c.find(css)
+    return element is not None and element.is_displayed()
+
+
+def check_shown(c: Console, expected: dict[str, bool]) -> None:
+    """Each control in `expected` is shown (True) or hidden (False)."""
+    wrong = {css: want for css, want in expected.items() if shown(c, css) != want}
+    check(not wrong, f"controls shown/hidden wrongly (expected): {wrong}")
+
+
+def select(c: Console, css: str, value: str) -> None:
+    Select(c.visible(css)).select_by_value(value)
+
+
+def open_new_policy(c: Console) -> None:
+    c.go("nav-policies", "page-policies")
+    c.click("#new-policy")
+    c.visible("#policy-form")
+    c.wait("the editor to start from the template", lambda d: (editor_json(c) or {}).get("id") == "")
+
+
+def open_policy(c: Console, policy_id: str) -> None:
+    c.go("nav-policies", "page-policies")
+    c.click(f'#policies-table tr[data-policy-id="{policy_id}"] button[data-action="edit"]')
+    c.wait(f"the editor on {policy_id}", lambda d: (editor_json(c) or {}).get("id") == policy_id)
+
+
+def save_policy(c: Console) -> None:
+    c.click("#policy-save")
+    c.wait("the editor to close after saving", lambda d: not c.find("#policy-editor").is_displayed())
+
+
+def row_text(c: Console, policy_id: str, words: str) -> str:
+    """Waits for the policy's row in the table to say `words`; returns its text."""
+    css = f'#policies-table tr[data-policy-id="{policy_id}"]'
+    row = c.wait(f"the row of {policy_id} to say {words!r}",
+                 lambda d: next((r for r in d.find_elements(By.CSS_SELECTOR, css) if words in r.text), None))
+    return row.text
+
+
+ANCHORS = {
+    "week_start": "#policy-window-week-start",
+    "day_start": "#policy-window-day-start",
+    "month_day": "#policy-window-month-day",
+    "year_month": "#policy-window-year-month",
+}
+
+
+def anchors_shown(c: Console, *names: str) -> None:
+    """Of the four anchor controls, exactly `names` are shown."""
+    check_shown(c, {css: name in names for name, css in ANCHORS.items()})
+
+
+def step_form_day_start(run: Run) -> None:
+    """Through the form's controls alone: a calendar day from 04:00 New York time, except in
+    the US (match_not); the service stores day_start "04:00", and the row says so in words."""
+    c = run.console
+    open_new_policy(c)
+    c.type("#policy-id", DAY_ID)
+    c.type("#policy-action", CARD_ACTION)
+    select(c, "#policy-measure", "amount")
+    c.type("#policy-limit", "100000")
+    select(c, "#policy-window-type", "calendar")
+    select(c, "#policy-window-period", "day")
+    anchors_shown(c, "day_start")
+    c.type("#policy-window-timezone", "America/New_York")
+    c.type("#policy-window-day-start", "04:00")
+    c.type("#policy-match-not", "country = US")
+    wait_json(c, 'window.day_start "04:00" and match_not country US',
+              lambda p: p["window"].get("day_start") == "04:00" and p.get("match_not") == {"country": ["US"]})
+    save_policy(c)
+    stored = run.policy(DAY_ID)
+    window = stored["window"]
+    check(window.get("day_start") == "04:00", f"the saved window has no day_start 04:00: {window}")
+    check(window.get("period") == "day" and window.get("timezone") == "America/New_York",
+          f"the saved window is not a New York day: {window}")
+    check(stored.get("match_not") == {"country": ["US"]}, f"match_not was not saved: {stored.get('match_not')}")
+    check(stored["measure"] == "amount" and stored["limit"] == 100000, f"the saved policy differs: {stored}")
+    text = row_text(c, DAY_ID, "per calendar day from 04:00 (America/New_York)")
+    check("country not in US" in text, f"the row does not tell match_not: {text!r}")
+    c.no_script_errors()
+
+
+def step_form_request(run: Run) -> None:
+    """The form makes a per-request maximum: the window type alone, with its hint; no period,
+    zone, anchor or seconds control shows; saved as {"type": "request"}."""
+    c = run.console
+    open_new_policy(c)
+    c.type("#policy-id", REQUEST_ID)
+    c.type("#policy-action", CARD_ACTION)
+    select(c, "#policy-measure", "amount")
+    c.type("#policy-limit", str(REQUEST_LIMIT))
+    select(c, "#policy-window-type", "request")
+    hint = c.visible("#policy-window-type-hint").text
+    check("maximum per request" in hint and "nothing accumulates" in hint,
+          f"the request window's hint is not shown: {hint!r}")
+    check_shown(c, {"#policy-window-period": False, "#policy-window-timezone": False,
+                    "#policy-window-seconds": False, "#policy-window-bucket-seconds": False})
+    anchors_shown(c)
+    wait_json(c, 'window {"type": "request"}', lambda p: p["window"] == {"type": "request"})
+    save_policy(c)
+    stored = run.policy(REQUEST_ID)
+    check(stored["window"] == {"type": "request"}, f"the saved window is not a request: {stored['window']}")
+    check(stored["limit"] == REQUEST_LIMIT, f"the saved limit is {stored['limit']}")
+    row_text(c, REQUEST_ID, "per request (a maximum per request)")
+    c.no_script_errors()
+
+
+def step_form_month_day(run: Run) -> None:
+    """A month policy (made through the API, with a match) edited in the form to start on the
+    15th: the match shows as `key = values`, the month's anchors show, month_day 15 is saved."""
+    created = http(run.base, "POST", "/admin/policies", MONTH_POLICY, run.admin())
+    check(created.status == 201, f"creating {MONTH_ID} answered {created.status}: {created.body[:300]!r}")
+    c = run.console
+    c.go("nav-policies", "page-policies")
+    c.click("#policies-refresh")
+    open_policy(c, MONTH_ID)
+    match = c.visible("#policy-match").get_attribute("value")
+    check(match == "channel = online, phone", f"the match control shows {match!r}")
+    anchors_shown(c, "day_start", "month_day")
+    c.type("#policy-window-month-day", "15")
+    wait_json(c, "window.month_day 15", lambda p: p["window"].get("month_day") == 15)
+    save_policy(c)
+    stored = run.policy(MONTH_ID)
+    check(stored["window"].get("month_day") == 15 and stored["window"]["period"] == "month",
+          f"the saved window is not a month from the 15th: {stored['window']}")
+    check(stored.get("match") == MONTH_POLICY["match"], f"the match changed: {stored.get('match')}")
+    row_text(c, MONTH_ID, "per calendar month from the 15th (UTC)")
+    c.no_script_errors()
+
+
+def step_form_period_change(run: Run) -> None:
+    """A period change keeps the anchors the new period takes and drops the others: the month
+    from the 15th becomes a year from the 15th of April, then weeks from Sunday (month_day
+    and year_month gone), each saved valid."""
+    c = run.console
+    open_policy(c, MONTH_ID)
+    select(c, "#policy-window-period", "year")
+    anchors_shown(c, "day_start", "month_day", "year_month")
+    check(c.find("#policy-window-month-day").get_attribute("value") == "15", "the year lost month_day 15")
+    c.type("#policy-window-year-month", "4")
+    wait_json(c, "a year from the 15th of April",
+              lambda p: p["window"].get("period") == "year" and p["window"].get("month_day") == 15
+              and p["window"].get("year_month") == 4)
+    save_policy(c)
+    window = run.policy(MONTH_ID)["window"]
+    check(window.get("period") == "year" and window.get("month_day") == 15 and window.get("year_month") == 4,
+          f"the saved window is not a year from the 15th of April: {window}")
+    row_text(c, MONTH_ID, "per calendar year from the 15th of April")
+
+    open_policy(c, MONTH_ID)
+    select(c, "#policy-window-period", "week")
+    anchors_shown(c, "week_start", "day_start")
+    wait_json(c, "a week without month_day and year_month",
+              lambda p: p["window"].get("period") == "week"
+              and "month_day" not in p["window"] and "year_month" not in p["window"])
+    week_start = Select(c.find("#policy-window-week-start"))
+    check(week_start.first_selected_option.get_attribute("value") == "",
+          "week_start does not show its default choice")
+    select(c, "#policy-window-week-start", "sunday")
+    wait_json(c, "week_start sunday", lambda p: p["window"].get("week_start") == "sunday")
+    save_policy(c)
+    window = run.policy(MONTH_ID)["window"]
+    check(window.get("period") == "week" and window.get("week_start") == "sunday"
+          and "month_day" not in window and "year_month" not in window,
+          f"the saved window is not weeks from Sunday alone: {window}")
+    row_text(c, MONTH_ID, "weeks from Sunday")
+
+    # The default choice leaves week_start out again (not saved).
+    open_policy(c, MONTH_ID)
+    select(c, "#policy-window-week-start", "")
+    wait_json(c, "no week_start", lambda p: "week_start" not in p["window"])
+    c.click("#policy-cancel")
+    c.no_script_errors()
+
+
+def step_form_field_errors(run: Run) -> None:
+    """A 422's field errors show at their controls: day_start 25:00 under the day-start
+    field (window.day_start), a key with no value under match_not (match_not.country)."""
+    c = run.console
+    open_policy(c, DAY_ID)
+    c.type("#policy-window-day-start", "25:00")
+    c.type("#policy-match-not", "country =")
+    wait_json(c, "day_start 25:00 and an empty country",
+              lambda p: p["window"].get("day_start") == "25:00" and p.get("match_not") == {"country": []})
+    c.click("#policy-save")
+    c.wait("the 422 to be shown", lambda d: "422" in c.message())
+    check("day_start" in text_of(c, "#message"), f"the 422 does not name window.day_start: {c.message()!r}")
+    check(text_of(c, "#policy-window-day-start-error") != "", "the day-start field shows no error")
+    check(shown(c, "#policy-window-day-start-error"), "the day-start error is not shown")
+    check(c.find("#policy-window-day-start").get_attribute("aria-invalid") == "true",
+          "the day-start field is not marked invalid")
+    check(text_of(c, "#policy-match-not-error") != "", "the match_not field shows no error")
+    check(c.find("#policy-match-not").get_attribute("aria-invalid") == "true", "match_not is not marked invalid")
+    beside = c.driver.execute_script(
+        "return ['policy-window-day-start', 'policy-match-not'].every((id) =>"
+        " document.getElementById(id + '-error').parentElement === document.getElementById(id).parentElement)")
+    check(beside, "a field error is not in its control's field")
+    leftover = text_of(c, "#policy-json-error")
+    check(not leftover, f"field errors were left under the JSON, not at their controls: {leftover!r}")
+    check(c.find("#policy-editor").is_displayed(), "the editor closed on a 422")
+    stored = run.policy(DAY_ID)
+    check(stored["window"].get("day_start") == "04:00" and stored.get("match_not") == {"country": ["US"]},
+          f"the refused edit changed the policy: {stored}")
+    c.click("#policy-cancel")
+    c.no_script_errors()
+
+
+def step_usage_cards(run: Run) -> None:
+    """A lifetime policy (made through the admin API) shows its meter and "Never resets" in
+    the lookup; the per-request maximum's card says so instead of a meter."""
+    created = http(run.base, "POST", "/admin/policies", LIFETIME_POLICY, run.admin())
+    check(created.status == 201, f"creating {LIFETIME_ID} answered {created.status}: {created.body[:300]!r}")
+    answer = http(run.base, "POST", "/quota/consume", {"action": CARD_ACTION, "subject": CARD_SUBJECT, "amount": 30})
+    check(answer.status == 200 and answer.json()["allowed"] is True,
+          f"a consume of {CARD_ACTION} answered {answer.status}: {answer.body[:300]!r}")
+    lifetime = [p for p in answer.json()["policies"] if p["policy_id"] == LIFETIME_ID]
+    check(len(lifetime) == 1 and lifetime[0]["resets_at"] is None,
+          f"the lifetime policy's usage is not one that never resets: {answer.json()['policies']}")
+    c = run.console
+    c.go("nav-lookup", "page-lookup")
+    c.type("#lookup-action", CARD_ACTION)
+    c.type("#lookup-subject", CARD_SUBJECT)
+    c.click("#lookup-go")
+    bar = c.visible(f'#lookup-result [data-usage-policy="{LIFETIME_ID}"] [role="progressbar"]')
+    check(bar.get_attribute("aria-valuenow") == "30", f"the lifetime bar is at {bar.get_attribute('aria-valuenow')}")
+    card = c.find(f'#lookup-result [data-usage-policy="{LIFETIME_ID}"]')
+    check("Never resets" in card.text, f"the lifetime card does not say Never resets: {card.text!r}")
+    check("1970" not in card.text and "Invalid" not in card.text, f"the lifetime card shows a date: {card.text!r}")
+    check("lifetime (never resets)" in card.text, f"the card does not name the window: {card.text!r}")
+
+    card = c.visible(f'#lookup-result [data-usage-policy="{REQUEST_ID}"]')
+    check(not card.find_elements(By.CSS_SELECTOR, '[role="progressbar"]'), "the per-request card has a meter")
+    check("Per-request maximum" in card.text and f"at most {REQUEST_LIMIT}" in card.text,
+          f"the per-request card does not say it is a maximum per request: {card.text!r}")
+    check("Resets" not in card.text, f"the per-request card shows a reset: {card.text!r}")
+    c.shot(run.shots, "velocity.png")
+    c.go("nav-policies", "page-policies")
+    row_text(c, LIFETIME_ID, "lifetime (never resets)")
+    c.no_script_errors()
+
+
 # The secret anywhere in the page (attributes and input values too) or in the tab's storage.
 SECRET_KEPT = """
 const secret = arguments[0];
@@ -736,6 +1036,12 @@ STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("today: totals per action, top denied", step_today),
     ("edit conflict shown, re-applied; disable", step_conflict_and_toggle),
     ("accessibility: labelled controls, the keyboard alone", step_accessibility),
+    ("form: a calendar day from 04:00, match_not", step_form_day_start),
+    ("form: a per-request maximum", step_form_request),
+    ("form: a month policy edited to the 15th", step_form_month_day),
+    ("form: a period change drops the anchors it does not take", step_form_period_change),
+    ("form: day_start 25:00 and match_not errors at their controls", step_form_field_errors),
+    ("lookup: a lifetime never resets; a per-request card", step_usage_cards),
     # The first key closes the open /quota/* endpoints the steps above consume through.
     ("keys: 422 fields, create, the secret shown once", step_key_create),
     ("keys: revoke after a confirmation", step_key_revoke),

@@ -542,16 +542,57 @@ function rememberPolicies(items) {
   fill($('#actions-list'), ...actions.map((a) => h('option', { value: a })));
 }
 
+const MONTHS = ['January', 'February', 'March', 'April', 'May', 'June', 'July', 'August',
+  'September', 'October', 'November', 'December'];
+
+/** `1st`, `2nd`, `3rd`, `4th`, ... `11th`, ... `21st`. */
+function ordinal(n) {
+  const teen = n % 100 >= 11 && n % 100 <= 13;
+  return `${n}${teen ? 'th' : ({ 1: 'st', 2: 'nd', 3: 'rd' })[n % 10] || 'th'}`;
+}
+
+const capitalized = (text) => text.charAt(0).toUpperCase() + text.slice(1);
+
+/**
+ * Where a calendar period starts, in words, from its anchors (absent ones are the
+ * defaults: Monday, 00:00, the 1st, January): ` from 04:00`, `, weeks from Sunday`,
+ * ` from the 15th`, ` from the 15th of April at 04:00`; '' for the plain calendar.
+ */
+function anchorText(w) {
+  const at = w.day_start && w.day_start !== '00:00' ? w.day_start : null;
+  const day = w.month_day && w.month_day !== 1 ? w.month_day : null;
+  const month = w.year_month && w.year_month !== 1 ? MONTHS[w.year_month - 1] || `month ${w.year_month}` : null;
+  switch (w.period) {
+    case 'day':
+      return at ? ` from ${at}` : '';
+    case 'week':
+      return w.week_start || at
+        ? `, weeks from ${capitalized(w.week_start || 'monday')}${at ? ` ${at}` : ''}` : '';
+    case 'month':
+      if (!day && !at) return '';
+      return ` from the ${ordinal(day || 1)}${at ? ` at ${at}` : ''}`;
+    case 'year':
+      if (!day && !month && !at) return '';
+      return ` from ${day ? `the ${ordinal(day)} of ` : ''}${month || 'January'}${at ? ` at ${at}` : ''}`;
+    default:
+      return '';
+  }
+}
+
 function windowText(w) {
   if (!w || typeof w !== 'object') return '?';
   switch (w.type) {
     case 'calendar':
-      return `per calendar ${w.period} (${w.timezone || 'UTC'}` +
+      return `per calendar ${w.period}${anchorText(w)} (${w.timezone || 'UTC'}` +
         `${w.timezone_attribute ? `, or the zone in attribute ${w.timezone_attribute}` : ''})`;
     case 'rolling':
       return `any ${fmtSeconds(w.seconds)} (rolling, ${fmtSeconds(w.bucket_seconds)} buckets)`;
     case 'token_bucket':
       return `per ${fmtSeconds(w.seconds)}, refilled smoothly (token bucket)`;
+    case 'request':
+      return 'per request (a maximum per request)';
+    case 'lifetime':
+      return 'lifetime (never resets)';
     default:
       return JSON.stringify(w);
   }
@@ -561,7 +602,10 @@ function scopeText(p) {
   const scope = p.scope || ['subject'];
   const parts = [scope.length ? `one per ${scope.join(' + ')}` : 'one for the whole action'];
   for (const [key, values] of Object.entries(p.match || {})) {
-    parts.push(`only ${key} in ${values.join(', ')}`);
+    parts.push(`only ${key} in ${[].concat(values).join(', ')}`);
+  }
+  for (const [key, values] of Object.entries(p.match_not || {})) {
+    parts.push(`only ${key} not in ${[].concat(values).join(', ')}`);
   }
   return parts.join('; ');
 }
@@ -705,12 +749,36 @@ function setPath(obj, path, value) {
   else o[last] = value;
 }
 
+/**
+ * A `match`-style map (`{key: [value, ...]}`) from its text, one key per line:
+ * `country = NG, GH`. Blank lines are skipped; a line without `=` is a key with no value
+ * (the service answers which); empty, undefined (the field is left out).
+ */
+function mapFromText(text) {
+  const map = {};
+  for (const line of text.split('\n')) {
+    if (line.trim() === '') continue;
+    const eq = line.indexOf('=');
+    const key = (eq < 0 ? line : line.slice(0, eq)).trim();
+    const values = eq < 0 ? [] : line.slice(eq + 1).split(',').map((v) => v.trim()).filter((v) => v !== '');
+    map[key] = (map[key] || []).concat(values);
+  }
+  return Object.keys(map).length ? map : undefined;
+}
+
+/** The text of a `match`-style map: `country = NG, GH`, one line per key. */
+function mapText(map) {
+  if (!map || typeof map !== 'object') return '';
+  return Object.entries(map).map(([key, values]) => `${key} = ${[].concat(values).join(', ')}`).join('\n');
+}
+
 /** A control's value for the JSON: a number for whole numbers, undefined when empty. */
 function controlValue(el) {
   if (el.dataset.type === 'bool') return el.checked;
   const text = el.value.trim();
   if (text === '') return undefined;
   if (el.dataset.type === 'int') return /^\d+$/.test(text) ? Number(text) : text;
+  if (el.dataset.type === 'map') return mapFromText(text);
   return text;
 }
 
@@ -719,10 +787,12 @@ function fillControls(obj) {
   for (const el of controls()) {
     const value = getPath(obj, el.dataset.path);
     if (el.dataset.type === 'bool') el.checked = value === undefined ? el.dataset.default === 'true' : Boolean(value);
+    else if (el.dataset.type === 'map') el.value = mapText(value);
     else if (el.tagName === 'SELECT') {
-      // Absent: the service's default if it has one, else no choice shown (it is required).
-      if (value !== undefined) el.value = String(value);
-      else if (el.dataset.default) el.value = el.dataset.default;
+      // Absent: the service's default if it has one (`data-default=""`: the empty choice
+      // that stands for it), else no choice shown (it is required).
+      if (value !== undefined && value !== null) el.value = String(value);
+      else if ('default' in el.dataset) el.value = el.dataset.default;
       else el.selectedIndex = -1;
     }
     else el.value = value === undefined || value === null ? '' : String(value);
@@ -730,23 +800,51 @@ function fillControls(obj) {
   showWindowFields();
 }
 
+/** One line on each window type, under its select. */
+const WINDOW_HINTS = {
+  calendar: 'Usage resets when each period starts, in the time zone.',
+  rolling: 'The total in any trailing window stays within the limit.',
+  token_bucket: 'The limit refills smoothly over the window.',
+  request: 'A maximum per request: one over the limit is denied; nothing accumulates (usage shows 0).',
+  lifetime: 'Usage never resets; the service must keep its ledger for ever (QUOTA_LEDGER_RETENTION_DAYS=forever).',
+};
+
+/** Whether a field marked `data-period` is one the calendar `period` takes. */
+const takesPeriod = (el, period) => el.dataset.period.split(' ').includes(period);
+
+/** Shows the window type's fields, and of a calendar's anchors those its period takes. */
 function showWindowFields() {
   const type = $('#policy-window-type').value;
+  const period = $('#policy-window-period').value;
   for (const el of $$('#policy-form [data-window]')) {
-    el.hidden = !el.dataset.window.split(' ').includes(type);
+    el.hidden = !el.dataset.window.split(' ').includes(type) ||
+      (el.dataset.period !== undefined && !takesPeriod(el, period));
   }
+  $('#policy-window-type-hint').textContent = WINDOW_HINTS[type] || '';
+}
+
+/** The anchor controls (`window.day_start`, ...) with whether `period` takes each. */
+function anchorControls(period) {
+  return $$('#policy-form [data-period]').map((field) => ({
+    control: $('[data-path]', field), taken: takesPeriod(field, period),
+  }));
 }
 
 /** A new window of `type`, from the window fields (with defaults where empty). */
 function windowFromControls(type) {
   const v = (id, fallback) => controlValue($(id)) ?? fallback;
   if (type === 'calendar') {
-    return { type, period: v('#policy-window-period', 'day'), timezone: v('#policy-window-timezone', 'UTC') };
+    const w = { type, period: v('#policy-window-period', 'day'), timezone: v('#policy-window-timezone', 'UTC') };
+    for (const { control, taken } of anchorControls(w.period)) {
+      if (taken) setPath(w, control.dataset.path.replace(/^window\./, ''), controlValue(control));
+    }
+    return w;
   }
   if (type === 'rolling') {
     return { type, seconds: v('#policy-window-seconds', 86400), bucket_seconds: v('#policy-window-bucket-seconds', 3600) };
   }
-  return { type, seconds: v('#policy-window-seconds', 3600) };
+  if (type === 'token_bucket') return { type, seconds: v('#policy-window-seconds', 3600) };
+  return { type }; // request, lifetime: nothing more
 }
 
 /** A control changed: write it into the JSON. */
@@ -763,6 +861,14 @@ function onControlInput(event) {
   const obj = parsed.value;
   if (el.dataset.path === 'window.type') {
     obj.window = windowFromControls(el.value);
+    writeJson(obj);
+    fillControls(obj);
+  } else if (el.dataset.path === 'window.period') {
+    // The anchors the new period does not take would be a 422: they go.
+    setPath(obj, 'window.period', controlValue(el));
+    for (const { control, taken } of anchorControls(el.value)) {
+      if (!taken) setPath(obj, control.dataset.path, undefined);
+    }
     writeJson(obj);
     fillControls(obj);
   } else {
@@ -827,9 +933,14 @@ function closeEditor() {
   editor.theirs = null;
 }
 
-/** Which error element shows a server error about `field` (e.g. `window.timezone`). */
+/**
+ * Which error element shows a server error about `field` (e.g. `window.timezone`; a map's
+ * key or value, `match_not.country[0]`, at the map's control).
+ */
 function policyFieldError(field) {
   const el = controls().find((c) => c.dataset.path === field) ||
+    controls().find((c) => c.dataset.type === 'map' && /^[.[]/.test(field.slice(c.dataset.path.length)) &&
+      field.startsWith(c.dataset.path)) ||
     (field === 'window' ? $('#policy-window-type') : null);
   return el && !el.closest('[hidden]') ? $(`#${el.id}-error`) : null;
 }
@@ -1092,6 +1203,7 @@ async function runLookup(action, subject, attrs) {
 
 /** One policy's usage: a bar, the numbers, when it resets, and its overrides. */
 function usageCard(u, policy, overrides) {
+  if (policy && policy.window && policy.window.type === 'request') return requestCard(u, policy, overrides);
   const pct = u.limit > 0 ? Math.min(100, (u.used / u.limit) * 100) : 100;
   let state = ['ok', '✓ Within the limit'];
   if (u.remaining === 0) state = ['full', u.mode === 'shadow' ? '✕ Exhausted (shadow: not enforced)' : '✕ Exhausted'];
@@ -1118,8 +1230,30 @@ function usageCard(u, policy, overrides) {
     h('p', { class: 'usage-numbers' },
       h('strong', {}, `${fmtInt(u.used)} / ${fmtInt(u.limit)}`),
       ` (${fmtInt(u.remaining)} remaining)${unit}`),
-    h('p', { class: 'small' }, 'Resets ', timeEl(u.resets_at), h('span', { class: 'muted' }, ` · ${utcTime(u.resets_at)}`)),
+    u.resets_at
+      ? h('p', { class: 'small', dataset: { resets: 'at' } }, 'Resets ', timeEl(u.resets_at),
+        h('span', { class: 'muted' }, ` · ${utcTime(u.resets_at)}`))
+      : h('p', { class: 'small', dataset: { resets: 'never' } }, 'Never resets (a lifetime window).'),
     overridesBlock(u, overrides, key));
+}
+
+/**
+ * A per-request maximum's card: nothing accumulates, so no meter and no reset, only the
+ * largest request allowed.
+ */
+function requestCard(u, policy, overrides) {
+  const unit = policy.unit ? ` ${policy.unit}` : '';
+  return h('article', { class: 'card usage', dataset: { usagePolicy: u.policy_id, window: 'request' } },
+    h('div', { class: 'usage-head' },
+      h('h3', {}, h('span', { class: 'mono' }, u.policy_id)),
+      u.mode === 'shadow' ? badge('warn', '◐ Shadow') : null,
+      badge('ok', '↦ Per-request maximum')),
+    h('p', { class: 'muted small' },
+      `${u.measure} · budget ${budgetLabel(u.budget)} · ${windowText(policy.window)}`),
+    h('p', { class: 'usage-numbers' },
+      'Each request may use at most ', h('strong', {}, fmtInt(u.limit)), unit,
+      '; a larger one is denied. Nothing accumulates, so there is no usage to show.'),
+    overridesBlock(u, overrides, budgetKey(u.budget || {}, policy.scope || Object.keys(u.budget || {}))));
 }
 
 function overridesBlock(u, overrides, key) {
