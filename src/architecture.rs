@@ -205,15 +205,16 @@ const LAYERS: &[(&str, &str)] = &[
     ("metrics", "engine domain"),
     ("config", "engine domain"),
     ("admission", "engine logs"),
+    ("webhooks", "engine domain clock db logs"),
     (
         "api",
-        "engine domain clock keys policy metrics config logs telemetry admission access",
+        "engine domain clock keys policy metrics config logs telemetry admission access webhooks",
     ),
     ("cli", "api domain"),
     ("grpc", "engine domain config metrics admission access"),
     (
         "startup",
-        "api engine domain clock counters ledger policy metrics config db grpc admission access logs",
+        "api engine domain clock counters ledger policy metrics config db grpc admission access logs webhooks",
     ),
 ];
 

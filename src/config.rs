@@ -55,6 +55,9 @@ pub struct Settings {
     /// Serve on a Redis whose `maxmemory-policy` may evict keys
     /// (`QUOTA_REDIS_ALLOW_EVICTION`); refused by default.
     pub redis_allow_eviction: bool,
+    /// Let webhooks point at loopback and private addresses
+    /// (`QUOTA_WEBHOOK_ALLOW_PRIVATE`); refused by default.
+    pub webhook_allow_private: bool,
     /// Prefix of every Redis key (`QUOTA_REDIS_PREFIX`), so several deployments can share one Redis.
     pub redis_prefix: String,
     /// Deadline of one Redis call (`QUOTA_REDIS_TIMEOUT_MS`).
@@ -132,6 +135,7 @@ impl fmt::Debug for Settings {
             .field("redis_urls", &redis)
             .field("redis_cluster", &self.redis_cluster)
             .field("redis_allow_eviction", &self.redis_allow_eviction)
+            .field("webhook_allow_private", &self.webhook_allow_private)
             .field("redis_prefix", &self.redis_prefix)
             .field("redis_timeout", &self.redis_timeout)
             .field("admin_token", &self.admin_token)
@@ -214,6 +218,13 @@ pub struct ConfigArgs {
         value_parser = switch(DEFAULT_REDIS_ALLOW_EVICTION, "QUOTA_REDIS_ALLOW_EVICTION"),
         action = ArgAction::Set, global = true)]
     redis_allow_eviction: bool,
+    /// Let webhook endpoints resolve to loopback, private and link-local addresses
+    /// (refused by default: a webhook must not reach into the service's own network).
+    #[arg(long, env = "QUOTA_WEBHOOK_ALLOW_PRIVATE", value_name = "BOOL",
+        default_value = "false",
+        value_parser = switch("false", "QUOTA_WEBHOOK_ALLOW_PRIVATE"),
+        action = ArgAction::Set, global = true)]
+    webhook_allow_private: bool,
     /// Prefix of every Redis key, so several deployments can share one Redis; no { or }.
     #[arg(long, env = "QUOTA_REDIS_PREFIX", value_name = "PREFIX",
         default_value = DEFAULT_REDIS_PREFIX, value_parser = prefix, global = true)]
@@ -500,6 +511,7 @@ impl Settings {
             redis_urls,
             redis_cluster: args.redis_cluster,
             redis_allow_eviction: args.redis_allow_eviction,
+            webhook_allow_private: args.webhook_allow_private,
             redis_prefix: args.redis_prefix,
             redis_timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
             admin_token: non_blank(args.admin_token),

@@ -43,3 +43,4 @@ pub mod metrics;
 pub mod policy;
 pub mod startup;
 pub mod telemetry;
+mod webhooks;

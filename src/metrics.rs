@@ -100,6 +100,25 @@ pub(crate) struct Live {
     pub(crate) ledger_lag: crate::engine::pipeline::lag::LagSnapshot,
     /// Budgets whose counters drifted from the ledger at the last verify; `None` before.
     pub(crate) counter_drift_budgets: Option<u64>,
+    /// Alert events and their webhook deliveries.
+    pub(crate) alerts: AlertsLive,
+}
+
+/// Alert events and their webhook deliveries, as a scrape sees them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct AlertsLive {
+    /// Events ever written to the outbox; `None` when the database did not answer.
+    pub(crate) emitted: Option<u64>,
+    /// Events not yet fanned out to every enabled endpoint.
+    pub(crate) outbox_depth: Option<u64>,
+    /// How long the oldest pending delivery has waited, seconds (`None`: none, or unknown).
+    pub(crate) oldest_pending_seconds: Option<f64>,
+    /// Attempts of this instance answered 2xx.
+    pub(crate) delivered: u64,
+    /// Attempts of this instance that failed.
+    pub(crate) failed: u64,
+    /// Endpoints this instance disabled after a day of failures.
+    pub(crate) disabled: u64,
 }
 
 /// The service's metrics; shared by every worker.

@@ -319,6 +319,20 @@ impl Application {
         // The janitor's first sweeps may start at once.
         janitor.keep().await;
         tasks.0.push(janitor.clone().spawn());
+        let webhooks =
+            crate::webhooks::WebhookStore::new(crate::db::open(&settings.database_url, 2).await?);
+        let leads = {
+            let janitor = janitor.clone();
+            Arc::new(move || janitor.held()) as Arc<dyn Fn() -> bool + Send + Sync>
+        };
+        let dispatcher = Arc::new(crate::webhooks::Dispatcher::new(
+            webhooks.clone(),
+            clock.clone(),
+            settings.webhook_allow_private,
+            leads,
+        ));
+        let webhook_counts = dispatcher.counts.clone();
+        tasks.0.push(dispatcher.spawn());
         if let Some(drain) = counters.deployment.drain() {
             tasks.0.push(drain.clone().spawn(janitor.clone()));
         }
@@ -358,6 +372,9 @@ impl Application {
             caches,
             gate: gate.clone(),
             ledger_retention_days: settings.ledger_retention_days,
+            webhooks,
+            webhook_allow_private: settings.webhook_allow_private,
+            webhook_counts,
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(
                 Admission::new(

@@ -95,9 +95,8 @@ pub(crate) struct LedgerEntryOut {
     pub(crate) idempotency_key: Option<String>,
     /// Per policy amounts.
     pub(crate) policies: Vec<PolicyAmountOut>,
-    /// Present (true) on a commit that kept more than its hold (`over_capture`): its
-    /// `policies` are the excess charged to each amount policy, not amounts given back.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// True on a commit that kept more than its hold (`over_capture`): its `policies` are
+    /// the excess charged to each amount policy, not amounts given back.
     pub(crate) over_captured: bool,
     /// The request's attributes (a give-back's are those of its charge or hold).
     #[schema(value_type = AttributesMap)]

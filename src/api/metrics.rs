@@ -31,10 +31,31 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         paced: state.admission.paced(),
         ledger_lag: state.ledger_lag.snapshot(),
         counter_drift_budgets: state.engine.drift_watch().budgets(),
+        alerts: alerts_live(&state).await,
     };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)
         .body(state.metrics.render(state.engine.policies(), &live))
+}
+
+/// The alert outbox and the dispatcher's counts.
+async fn alerts_live(state: &AppState) -> crate::metrics::AlertsLive {
+    use std::sync::atomic::Ordering;
+    let counts = &state.webhook_counts;
+    let mut live = crate::metrics::AlertsLive {
+        delivered: counts.delivered.load(Ordering::Relaxed),
+        failed: counts.failed.load(Ordering::Relaxed),
+        disabled: counts.disabled.load(Ordering::Relaxed),
+        ..Default::default()
+    };
+    if let Ok((emitted, depth, oldest)) = state.webhooks.backlog().await {
+        live.emitted = u64::try_from(emitted).ok();
+        live.outbox_depth = u64::try_from(depth).ok();
+        let now = state.engine.now();
+        live.oldest_pending_seconds =
+            oldest.map(|at| (now - at).num_milliseconds().max(0) as f64 / 1e3);
+    }
+    live
 }
 
 /// Checks `request`, recording the latency and result of the decision.

@@ -22,6 +22,7 @@ pub(crate) mod responses;
 pub(crate) mod routing;
 mod timestamp;
 pub(crate) mod verify;
+mod webhooks;
 pub(crate) mod wire;
 
 use crate::access::Gate;
@@ -49,6 +50,12 @@ pub(crate) struct AppState {
     pub(crate) admission: Arc<crate::admission::Admission>,
     /// How long ledger entries took to reach SQL (the drain and the writer record it).
     pub(crate) ledger_lag: Arc<crate::engine::pipeline::lag::Lag>,
+    /// The webhook endpoints and their deliveries.
+    pub(crate) webhooks: crate::webhooks::WebhookStore,
+    /// Whether webhook endpoints may resolve to private addresses.
+    pub(crate) webhook_allow_private: bool,
+    /// What the webhook dispatcher counted, for `/metrics`.
+    pub(crate) webhook_counts: Arc<crate::webhooks::Counts>,
 }
 
 impl AppState {
@@ -83,6 +90,14 @@ pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfi
         .service(keys::list_keys)
         .service(keys::revoke_key)
         .service(keys::whoami)
+        .service(webhooks::create_webhook)
+        .service(webhooks::list_webhooks)
+        .service(webhooks::get_webhook)
+        .service(webhooks::put_webhook)
+        .service(webhooks::delete_webhook)
+        .service(webhooks::rotate_secret)
+        .service(webhooks::test_webhook)
+        .service(webhooks::list_deliveries)
         .service(activity::activity)
         .service(verify::verify)
         .service(health::healthz)

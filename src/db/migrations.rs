@@ -67,6 +67,10 @@ pub(super) const POSTGRES: Files = &[
         "20261229100000_create_alert_events.sql",
         include_str!("../../migrations/postgres/20261229100000_create_alert_events.sql"),
     ),
+    (
+        "20261229110000_create_webhooks.sql",
+        include_str!("../../migrations/postgres/20261229110000_create_webhooks.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -122,6 +126,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261229100000_create_alert_events.sql",
         include_str!("../../migrations/sqlite/20261229100000_create_alert_events.sql"),
+    ),
+    (
+        "20261229110000_create_webhooks.sql",
+        include_str!("../../migrations/sqlite/20261229110000_create_webhooks.sql"),
     ),
 ];
 

@@ -122,6 +122,7 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         "Quota requests that waited 1 ms before being served because the ledger drain's latest commit carried an entry older than QUOTA_LEDGER_PACE_MS",
         ConstCounter::new(live.paced),
     );
+    alerts(&mut registry, &live.alerts);
     registry
         .sub_registry_with_label(("version".into(), env!("CARGO_PKG_VERSION").into()))
         .register(
@@ -130,6 +131,48 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
             ConstGauge::new(1),
         );
     registry
+}
+
+/// The alert and webhook series.
+fn alerts(registry: &mut Registry, alerts: &super::AlertsLive) {
+    if let Some(emitted) = alerts.emitted {
+        registry.register(
+            "quota_alert_events",
+            "Alert events (budget.threshold, budget.threshold.resolved) written to the outbox with their ledger entries",
+            ConstCounter::new(emitted),
+        );
+    }
+    if let Some(depth) = alerts.outbox_depth {
+        registry.register(
+            "quota_alert_outbox_depth",
+            "Alert events not yet handed to every enabled webhook endpoint",
+            ConstGauge::new(i64::try_from(depth).unwrap_or(i64::MAX)),
+        );
+    }
+    if let Some(seconds) = alerts.oldest_pending_seconds {
+        registry.register(
+            "quota_webhook_oldest_pending_seconds",
+            "How long the oldest undelivered webhook delivery has waited",
+            ConstGauge::new(seconds),
+        );
+    }
+    let deliveries =
+        Family::<Vec<(String, String)>, prometheus_client::metrics::counter::Counter>::default();
+    for (result, count) in [("delivered", alerts.delivered), ("failed", alerts.failed)] {
+        deliveries
+            .get_or_create(&vec![("result".to_owned(), result.to_owned())])
+            .inc_by(count);
+    }
+    registry.register(
+        "quota_webhook_deliveries",
+        "Webhook delivery attempts of this instance, by result (delivered: a 2xx answer)",
+        deliveries,
+    );
+    registry.register(
+        "quota_webhooks_disabled",
+        "Webhook endpoints this instance disabled after a day of failed attempts (webhook.disabled)",
+        ConstCounter::new(alerts.disabled),
+    );
 }
 
 /// A histogram read from the engine's [`crate::engine::pipeline::lag::Lag`] at scrape time.

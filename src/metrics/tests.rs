@@ -247,6 +247,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
             lag.snapshot()
         },
         counter_drift_budgets: Some(2),
+        alerts: crate::metrics::AlertsLive::default(),
     };
     let text = metrics.render(&cache_with("a"), &live);
     let samples = samples(&text);
@@ -336,6 +337,10 @@ fn every_family_is_described_once_by_its_sample_name_in_the_0_0_4_format() {
         "# TYPE quota_overloaded_total counter",
         "# HELP quota_paced_total Quota requests that waited 1 ms before being served because the ledger drain's latest commit carried an entry older than QUOTA_LEDGER_PACE_MS.",
         "# TYPE quota_paced_total counter",
+        "# HELP quota_webhook_deliveries_total Webhook delivery attempts of this instance, by result (delivered: a 2xx answer).",
+        "# TYPE quota_webhook_deliveries_total counter",
+        "# HELP quota_webhooks_disabled_total Webhook endpoints this instance disabled after a day of failed attempts (webhook.disabled).",
+        "# TYPE quota_webhooks_disabled_total counter",
         "# HELP quota_build_info Always 1; labelled with the version.",
         "# TYPE quota_build_info gauge",
     ];

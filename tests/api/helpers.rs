@@ -234,6 +234,8 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         },
         redis_cluster: counters == CounterBackend::Cluster,
         redis_allow_eviction: false,
+        // The tests' webhook receivers listen on 127.0.0.1.
+        webhook_allow_private: true,
         redis_prefix: format!("t{}", uuid::Uuid::new_v4().simple()),
         redis_timeout: Duration::from_millis(2_000),
         admin_token: Some(Secret::new(ADMIN_TOKEN)),

@@ -36,3 +36,4 @@ mod restarts;
 mod shutdown;
 mod traces;
 mod velocity;
+mod webhooks;

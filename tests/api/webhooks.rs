@@ -1,0 +1,307 @@
+//! Webhooks, end to end: a real receiver (a small HTTP server on a socket, started by the
+//! test) that checks every delivery's Standard Webhooks signature.
+
+use crate::helpers::{spawn_app, CounterBackend, PolicyBackend, TestApp};
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    id: String,
+    timestamp: String,
+    signature: String,
+    body: String,
+    /// The status it answered.
+    answered: u16,
+}
+
+/// A webhook receiver: answers 500 to its first `fail_first` requests, then 200.
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Receiver {
+    async fn start(fail_first: usize) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let got: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let seen = got.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let Some((headers, body)) = read_request(&mut socket).await else {
+                        return;
+                    };
+                    let header = |name: &str| {
+                        headers
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                            })
+                            .unwrap_or_default()
+                    };
+                    let answered = {
+                        let mut seen = seen.lock().unwrap();
+                        let answered = if seen.len() < fail_first { 500 } else { 200 };
+                        seen.push(Received {
+                            id: header("webhook-id"),
+                            timestamp: header("webhook-timestamp"),
+                            signature: header("webhook-signature"),
+                            body,
+                            answered,
+                        });
+                        answered
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 {answered} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    );
+                    let _ = socket.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        Self { url, got, task }
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// Waits (the test clock moving `step` seconds per round) until `done` holds.
+    async fn until(
+        &self,
+        app: &TestApp,
+        step: i64,
+        done: impl Fn(&[Received]) -> bool,
+    ) -> Vec<Received> {
+        for _ in 0..200 {
+            let got = self.received();
+            if done(&got) {
+                return got;
+            }
+            app.advance(step);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!(
+            "the receiver never got what was expected: {:?}",
+            self.received()
+        );
+    }
+}
+
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, String)> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buffer).into_owned();
+        if let Some((headers, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = headers
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return Some((headers.to_owned(), body[..length].to_owned()));
+            }
+        }
+    }
+}
+
+/// Whether `r` is signed with `secret` as the Standard Webhooks specification says.
+fn signed_with(r: &Received, secret: &str) -> bool {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{}.{}.{}", r.id, r.timestamp, r.body).as_bytes());
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    );
+    r.signature.split(' ').any(|s| s == expected)
+}
+
+async fn create_webhook(app: &TestApp, body: Value) -> (StatusCode, Value) {
+    let answer = app
+        .send(
+            app.admin(reqwest::Method::POST, "/admin/webhooks")
+                .json(&body),
+        )
+        .await;
+    (answer.status, answer.body)
+}
+
+async fn sms_with_thresholds(app: &TestApp) {
+    app.must_create_policy(
+        json!({"id": "sms", "action": "sms.send", "measure": "count",
+        "limit": 10, "window": {"type": "calendar", "period": "day"},
+        "alert_thresholds": [50, 100]}),
+    )
+    .await;
+}
+
+async fn ten_consumes_deliver_two_signed_events(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Postgres, counters).await;
+    sms_with_thresholds(&app).await;
+    let receiver = Receiver::start(0).await;
+    let (status, created) = create_webhook(&app, json!({"id": "ops", "url": receiver.url})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let secret = created["secret"]
+        .as_str()
+        .expect("the secret, once")
+        .to_owned();
+    for _ in 0..10 {
+        assert_eq!(
+            app.consume("sms.send", "user-1", 1).await.status,
+            StatusCode::OK
+        );
+    }
+    app.engine.drain_ledger_now().await;
+    let got = receiver.until(&app, 0, |got| got.len() >= 2).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let got_later = receiver.received();
+    assert_eq!(got_later.len(), 2, "exactly two: {got:?}");
+    for r in &got_later {
+        assert!(signed_with(r, &secret), "{r:?}");
+        let event: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(event["id"], json!(r.id), "webhook-id is the event's id");
+    }
+    // Attempted at once, they may arrive in either order.
+    let mut used: Vec<u64> = got_later
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.body).unwrap()["used"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    used.sort_unstable();
+    assert_eq!(used, vec![5, 10]);
+    let listed = app.admin_get("/admin/webhooks").await;
+    assert!(
+        listed.body["items"][0].get("secret").is_none(),
+        "{}",
+        listed.body
+    );
+    let deliveries = app.admin_get("/admin/webhooks/ops/deliveries").await;
+    let states: Vec<&Value> = deliveries.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["state"])
+        .collect();
+    assert_eq!(
+        states,
+        vec![&json!("delivered"), &json!("delivered")],
+        "{}",
+        deliveries.body
+    );
+}
+
+crate::on_counter_stores!(ten_consumes_deliver_two_signed_events);
+
+#[tokio::test]
+async fn a_failing_receiver_gets_the_event_again_with_the_same_id_after_backoff() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    sms_with_thresholds(&app).await;
+    let receiver = Receiver::start(3).await;
+    let (status, created) = create_webhook(
+        &app,
+        json!({"id": "ops", "url": receiver.url,
+        "events": ["budget.threshold"], "actions": ["sms.*"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    for _ in 0..5 {
+        app.consume("sms.send", "user-1", 1).await;
+    }
+    // Each round moves the test clock 10 s: the retries fall due.
+    let got = receiver
+        .until(&app, 10, |got| got.iter().any(|r| r.answered == 200))
+        .await;
+    assert_eq!(got.len(), 4, "three failures, then a delivery: {got:?}");
+    assert!(
+        got.iter().all(|r| r.id == got[0].id),
+        "the same webhook-id every time"
+    );
+    let deliveries = app.admin_get("/admin/webhooks/ops/deliveries").await;
+    let delivery = &deliveries.body["items"][0];
+    assert_eq!(
+        (&delivery["state"], &delivery["attempts"]),
+        (&json!("delivered"), &json!(4)),
+        "{delivery}"
+    );
+}
+
+#[tokio::test]
+async fn urls_that_are_not_public_http_are_422_and_a_test_event_is_delivered() {
+    let mut settings =
+        crate::helpers::fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    settings.webhook_allow_private = false;
+    let app = crate::helpers::spawn_with(settings).await;
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "http://localhost/hook",
+        "http://169.254.169.254/",
+        "ftp://example.com/",
+    ] {
+        let (status, body) = create_webhook(&app, json!({"id": "x", "url": url})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{url}: {body}");
+        assert_eq!(body["errors"][0]["field"], "url", "{body}");
+    }
+    let (status, body) = create_webhook(
+        &app,
+        json!({"id": "x", "url": "https://example.com/h",
+        "events": ["budget.exploded"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let listed = app.admin_get("/admin/webhooks").await;
+    assert_eq!(listed.body["items"], json!([]), "nothing was created");
+
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    let receiver = Receiver::start(0).await;
+    let (_, created) = create_webhook(&app, json!({"id": "ops", "url": receiver.url})).await;
+    let old = created["secret"].as_str().unwrap().to_owned();
+    let rotated = app
+        .send(app.admin(reqwest::Method::POST, "/admin/webhooks/ops/rotate-secret"))
+        .await;
+    let new = rotated.body["secret"].as_str().unwrap().to_owned();
+    assert_ne!(old, new);
+    let sent = app
+        .send(app.admin(reqwest::Method::POST, "/admin/webhooks/ops/test"))
+        .await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{}", sent.body);
+    let got = receiver.until(&app, 0, |got| !got.is_empty()).await;
+    assert_eq!(got[0].id, sent.body["event_id"].as_str().unwrap());
+    assert!(
+        signed_with(&got[0], &new) && signed_with(&got[0], &old),
+        "both secrets sign during the grace: {:?}",
+        got[0]
+    );
+}
