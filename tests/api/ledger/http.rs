@@ -71,6 +71,7 @@ async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: Po
                "idempotency_key": "key-1",
                "policies": [{"policy_id": "transfer-daily", "amount": 500,
                              "budget": {"subject": "bob"}}],
+               "over_captured": false,
                "attributes": {}}),
         "every public field, and never the internal detail"
     );
