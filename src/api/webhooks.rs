@@ -3,7 +3,7 @@
 
 use super::extract::{AdminAuth, AdminRead, ApiJson};
 use super::problem::{ApiError, Problem};
-use super::responses::{JsonBodyProblems, PolicyAdminProblems};
+use super::responses::{JsonBodyProblems, PolicyAdminProblems, QueryProblems};
 use super::AppState;
 use crate::domain::{ActionGlob, FieldError, FieldErrors, PolicyId, MAX_GLOBS};
 use crate::webhooks::{self, target, Delivery, Webhook, EVENT_TYPES};
@@ -147,7 +147,21 @@ pub(crate) struct DeliveryList {
 #[derive(Debug, Deserialize, IntoParams)]
 pub(crate) struct DeliveriesQuery {
     /// 1 to 500, default 100.
-    limit: Option<i64>,
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 500)]
+    limit: Option<String>,
+}
+
+/// `limit` of a deliveries query: 1 to 500, default 100; 422 naming it otherwise.
+fn deliveries_limit(text: Option<&str>) -> Result<i64, ApiError> {
+    match text.map(str::parse::<i64>) {
+        None => Ok(100),
+        Some(Ok(limit)) if (1..=500).contains(&limit) => Ok(limit),
+        Some(_) => Err(FieldErrors(vec![FieldError::new(
+            "limit",
+            "must be a whole number from 1 to 500",
+        )])
+        .into()),
+    }
 }
 
 impl From<webhooks::StoreError> for ApiError {
@@ -419,8 +433,9 @@ pub(crate) async fn test_webhook(
 #[utoipa::path(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id"), DeliveriesQuery),
-    responses((status = 200, description = "Its deliveries, newest first", body = DeliveryList), PolicyAdminProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "Its deliveries, newest first", body = DeliveryList), PolicyAdminProblems, QueryProblems,
+        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A limit outside 1 to 500", body = Problem, content_type = "application/problem+json")),
     security(("admin_token" = []))
 )]
 #[get("/admin/webhooks/{id}/deliveries")]
@@ -430,8 +445,8 @@ pub(crate) async fn list_deliveries(
     id: web::Path<String>,
     query: web::Query<DeliveriesQuery>,
 ) -> Result<web::Json<DeliveryList>, ApiError> {
+    let limit = deliveries_limit(query.limit.as_deref())?;
     let webhook = found(&state, &id).await?;
-    let limit = query.limit.unwrap_or(100).clamp(1, 500);
     let items = state.webhooks.deliveries(&webhook.id, limit).await?;
     Ok(web::Json(DeliveryList {
         items: items.into_iter().map(DeliveryOut::from).collect(),
