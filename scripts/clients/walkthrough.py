@@ -264,7 +264,12 @@ def main() -> None:
         check_that(entry.used == n, f"consume {n}: used {entry.used}, expected {n}")
         check_that(entry.remaining == SMS_LIMIT - n, f"consume {n}: remaining {entry.remaining}")
         check_that(entry.limit == SMS_LIMIT and entry.allowed, f"consume {n}: limit/allowed {entry!r}")
-        check_that(entry.resets_at > datetime.datetime.now(datetime.timezone.utc), "resets_at in the past")
+        # A calendar day resets (only a lifetime window has no reset time: null).
+        check_that(
+            entry.resets_at is not None
+            and entry.resets_at > datetime.datetime.now(datetime.timezone.utc),
+            f"resets_at {entry.resets_at} is null or past",
+        )
     check_that(len(set(consumption_ids)) == SMS_LIMIT, f"consumption ids repeat: {consumption_ids}")
 
     # 3. The fourth: 429, and the body is the same typed answer.

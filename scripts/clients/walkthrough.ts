@@ -149,7 +149,11 @@ async function main(): Promise<void> {
     checkThat(entry.used === n, `consume ${n}: used ${entry.used}, expected ${n}`);
     checkThat(entry.remaining === SMS_LIMIT - n, `consume ${n}: remaining ${entry.remaining}`);
     checkThat(entry.limit === SMS_LIMIT && entry.allowed, `consume ${n}: ${show(entry)}`);
-    checkThat(Date.parse(entry.resets_at) > Date.now(), `resets_at ${entry.resets_at} is past`);
+    // A calendar day resets (only a lifetime window has no reset time: null).
+    checkThat(
+      entry.resets_at !== null && Date.parse(entry.resets_at) > Date.now(),
+      `resets_at ${entry.resets_at} is null or past`,
+    );
   }
   checkThat(new Set(consumptionIds).size === SMS_LIMIT, `ids repeat: ${show(consumptionIds)}`);
 
