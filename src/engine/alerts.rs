@@ -5,10 +5,15 @@
 //! the threshold: written with its entry (`LedgerStore::append`), an event is never lost
 //! nor doubled, whatever retries, replays or instances there are.
 
-use crate::domain::{Crossing, EntryKind, LedgerEntry};
+use crate::domain::{
+    Budget, CounterCharge, Crossing, EntryKind, KeptAnswer, LedgerEntry, Restore, Thresholds,
+};
 use crate::engine::codec;
+use crate::engine::decision::policies::ActionPolicies;
 use crate::engine::store::Decided;
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// One threshold crossed by one budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,11 +33,81 @@ pub const REACHED: &str = "budget.threshold";
 /// The event type of usage fallen back below a threshold.
 pub const RESOLVED: &str = "budget.threshold.resolved";
 
+/// What a give-back's entry keeps to tell its crossings, per counter it gives back to
+/// (`None` for one whose policy does not alert): the store appends each counter's usage
+/// before and after (`giveback.lua`'s report) to the text.
+#[derive(Debug, Serialize, Deserialize)]
+struct GiveBackAlerts {
+    alerts: Vec<Option<CounterAlert>>,
+}
+
+/// A counter's policy that alerts, as it stood when the give-back was made.
+#[derive(Debug, Serialize, Deserialize)]
+struct CounterAlert {
+    policy_id: String,
+    /// The budget the counter counts.
+    budget: BTreeMap<String, String>,
+    /// The budget's effective limit (an override's, if active).
+    limit: u64,
+    thresholds: Vec<u8>,
+    /// When the counter's calendar period ends; `None` for other windows.
+    resets_at_ms: Option<i64>,
+}
+
+/// The start of the answer a give-back `entry` (a refund, settlement or expiry of a charge
+/// to `counters`) keeps when a policy of `policies` alerts: each alerting counter's policy,
+/// limit and thresholds, then a newline, after which the store appends the usage report.
+/// Kept already expired: nothing replays it; it only tells the thresholds crossed.
+pub(crate) fn give_back_kept(
+    policies: &ActionPolicies,
+    entry: &LedgerEntry,
+    counters: &[CounterCharge],
+) -> Option<KeptAnswer> {
+    let alerting = |c: &CounterCharge| {
+        policies
+            .enabled
+            .iter()
+            .find(|p| p.id == c.policy_id && !p.spec.alert_thresholds.is_empty())
+    };
+    if !counters.iter().any(|c| alerting(c).is_some()) {
+        return None;
+    }
+    let alerts = counters
+        .iter()
+        .map(|c| {
+            let policy = alerting(c)?;
+            let budget: Budget = entry.budget(&c.scope);
+            Some(CounterAlert {
+                policy_id: policy.id.as_str().to_owned(),
+                budget: named(&budget),
+                limit: policies.limit_for(policy, &budget, entry.at),
+                thresholds: policy.spec.alert_thresholds.percents().to_vec(),
+                resets_at_ms: match c.restore {
+                    Restore::Calendar { period_end_ms }
+                    | Restore::ZonedCalendar { period_end_ms, .. } => Some(period_end_ms),
+                    _ => None,
+                },
+            })
+        })
+        .collect();
+    let text = serde_json::to_string(&GiveBackAlerts { alerts }).ok()?;
+    Some(KeptAnswer {
+        text: format!("{text}\n"),
+        expires_at_ms: entry.at.timestamp_millis(),
+    })
+}
+
 /// The alert events `entry` records: none unless it charged policies that alert.
 pub fn events_of(entry: &LedgerEntry) -> Vec<AlertEvent> {
     let Some(kept) = &entry.kept_answer else {
         return Vec::new();
     };
+    if matches!(
+        entry.kind,
+        EntryKind::Refund | EntryKind::Commit | EntryKind::Release | EntryKind::Expire
+    ) {
+        return give_back_events(entry, &kept.text);
+    }
     // Cheap first: most kept answers (idempotent retries) alert on nothing.
     if !matches!(entry.kind, EntryKind::Charge | EntryKind::Hold)
         || !kept.text.contains("\"alerts\"")
@@ -55,31 +130,105 @@ pub fn events_of(entry: &LedgerEntry) -> Vec<AlertEvent> {
         let after = outcome.used;
         let before = after.saturating_sub(charged.amount);
         for crossing in policy.alert_thresholds.crossed(policy.limit, before, after) {
-            let (event_type, threshold) = match crossing {
-                Crossing::Reached(t) => (REACHED, t),
-                Crossing::Resolved(t) => (RESOLVED, t),
-            };
-            let id = format!("{}.{}.{threshold}", entry.id, policy.policy_id);
-            let budget = entry.budget(&policy.scope);
-            let payload = serde_json::json!({
-                "type": event_type,
-                "id": id,
-                "at": entry.at,
-                "action": entry.action.as_str(),
-                "policy_id": policy.policy_id.as_str(),
-                "budget": budget.iter().collect::<std::collections::BTreeMap<_, _>>(),
-                "threshold": threshold,
-                "used": after,
-                "limit": policy.limit,
-                "resets_at": crate::engine::reset_time(outcome.resets_at_ms),
-            });
-            events.push(AlertEvent {
-                id,
-                event_type,
-                at: entry.at,
-                payload,
-            });
+            events.push(event(
+                entry,
+                Crossed {
+                    policy_id: policy.policy_id.as_str(),
+                    budget: named(&entry.budget(&policy.scope)),
+                    crossing,
+                    used: after,
+                    limit: policy.limit,
+                    resets_at: crate::engine::reset_time(outcome.resets_at_ms),
+                },
+            ));
         }
     }
     events
+}
+
+/// The events of a give-back entry whose kept `text` is [`give_back_kept`]'s with the
+/// store's report appended: usage falling back below a threshold resolves it; an
+/// over-capture's excess may reach one.
+fn give_back_events(entry: &LedgerEntry, text: &str) -> Vec<AlertEvent> {
+    let Some((alerts, report)) = text.split_once('\n') else {
+        return Vec::new();
+    };
+    let Ok(GiveBackAlerts { alerts }) = serde_json::from_str(alerts) else {
+        return Vec::new();
+    };
+    let mut events = Vec::new();
+    for (alert, usage) in alerts.iter().zip(report.split(';')) {
+        let Some(alert) = alert else {
+            continue;
+        };
+        let Some((before, after)) = usage
+            .split_once(',')
+            .and_then(|(b, a)| Some((b.parse::<u64>().ok()?, a.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        let percents: Vec<i64> = alert.thresholds.iter().map(|&p| i64::from(p)).collect();
+        let Ok(thresholds) = Thresholds::parse("alert_thresholds", &percents) else {
+            continue;
+        };
+        for crossing in thresholds.crossed(alert.limit, before, after) {
+            events.push(event(
+                entry,
+                Crossed {
+                    policy_id: &alert.policy_id,
+                    budget: alert.budget.clone(),
+                    crossing,
+                    used: after,
+                    limit: alert.limit,
+                    resets_at: alert.resets_at_ms.map(crate::engine::from_millis),
+                },
+            ));
+        }
+    }
+    events
+}
+
+/// A budget's keys and values, as an event names them.
+fn named(budget: &Budget) -> BTreeMap<String, String> {
+    budget
+        .iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// One crossing of one budget, for its event.
+struct Crossed<'a> {
+    policy_id: &'a str,
+    budget: BTreeMap<String, String>,
+    crossing: Crossing,
+    used: u64,
+    limit: u64,
+    resets_at: Option<DateTime<Utc>>,
+}
+
+/// The event of `crossed`, made by `entry`.
+fn event(entry: &LedgerEntry, crossed: Crossed<'_>) -> AlertEvent {
+    let (event_type, threshold) = match crossed.crossing {
+        Crossing::Reached(t) => (REACHED, t),
+        Crossing::Resolved(t) => (RESOLVED, t),
+    };
+    let id = format!("{}.{}.{threshold}", entry.id, crossed.policy_id);
+    let payload = serde_json::json!({
+        "type": event_type,
+        "id": id,
+        "at": entry.at,
+        "action": entry.action.as_str(),
+        "policy_id": crossed.policy_id,
+        "budget": crossed.budget,
+        "threshold": threshold,
+        "used": crossed.used,
+        "limit": crossed.limit,
+        "resets_at": crossed.resets_at,
+    });
+    AlertEvent {
+        id,
+        event_type,
+        at: entry.at,
+        payload,
+    }
 }

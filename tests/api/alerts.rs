@@ -146,4 +146,159 @@ async fn ten_consumes_record_one_event_per_threshold_reached(counters: CounterBa
     assert_ne!(events[0].1["id"], events[1].1["id"]);
 }
 
-crate::on_counter_stores!(ten_consumes_record_one_event_per_threshold_reached);
+/// The outbox's events as `(type, policy, threshold, used)`, oldest first.
+async fn crossings(app: &TestApp) -> Vec<(String, String, u64, u64)> {
+    outbox(app)
+        .await
+        .into_iter()
+        .map(|(kind, p)| {
+            (
+                kind,
+                p["policy_id"].as_str().unwrap_or_default().to_owned(),
+                p["threshold"].as_u64().unwrap_or_default(),
+                p["used"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn crossing(kind: &str, policy: &str, threshold: u64, used: u64) -> (String, String, u64, u64) {
+    let kind = match kind {
+        "reached" => "budget.threshold",
+        _ => "budget.threshold.resolved",
+    };
+    (kind.to_owned(), policy.to_owned(), threshold, used)
+}
+
+/// A consume of `sms.send` by user-1; its consumption id.
+async fn consumed(app: &TestApp) -> String {
+    let answer = app
+        .quota(
+            "/quota/consume",
+            json!({"action": "sms.send", "subject": "user-1"}),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    answer.body["consumption_id"].as_str().unwrap().to_owned()
+}
+
+async fn refund(app: &TestApp, consumption_id: &str) {
+    let answer = app
+        .quota("/quota/refund", json!({"consumption_id": consumption_id}))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+}
+
+async fn refunds_resolve_shadow_policies_alert_and_a_new_period_rearms(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Postgres, counters).await;
+    app.must_create_policy(policy(json!([50, 100]))).await;
+    // A soft limit: shadow, alerting at 100%.
+    app.must_create_policy(
+        json!({"id": "soft", "action": "sms.send", "measure": "count",
+        "limit": 4, "mode": "shadow", "window": {"type": "calendar", "period": "day"},
+        "alert_thresholds": [100]}),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(consumed(&app).await);
+    }
+    // A refund takes sms below 50% (5 -> 4): resolved; soft stays at its limit (4 of 4).
+    refund(&app, &ids[4]).await;
+    // Another takes soft below its limit (4 -> 3).
+    refund(&app, &ids[3]).await;
+    // Up again: both thresholds are armed again, and are reached again.
+    consumed(&app).await;
+    consumed(&app).await;
+    assert_eq!(
+        crossings(&app).await,
+        vec![
+            crossing("reached", "soft", 100, 4),
+            crossing("reached", "sms", 50, 5),
+            crossing("resolved", "sms", 50, 4),
+            crossing("resolved", "soft", 100, 3),
+            crossing("reached", "soft", 100, 4),
+            crossing("reached", "sms", 50, 5),
+        ]
+    );
+    // The next day starts from nothing: its fifth consume reaches 50% again.
+    app.advance(86_400);
+    for _ in 0..5 {
+        consumed(&app).await;
+    }
+    let events = crossings(&app).await;
+    assert_eq!(
+        events[6..],
+        [
+            crossing("reached", "soft", 100, 4),
+            crossing("reached", "sms", 50, 5),
+        ],
+        "{events:?}"
+    );
+}
+
+async fn a_released_hold_resolves_and_an_over_capture_reaches(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Postgres, counters).await;
+    app.must_create_policy(json!({"id": "spend", "action": "pay", "measure": "amount",
+        "limit": 1000, "window": {"type": "calendar", "period": "day"},
+        "alert_thresholds": [80]}))
+        .await;
+    let hold = |amount: u64| {
+        let app = &app;
+        async move {
+            let answer = app
+                .quota(
+                    "/quota/holds",
+                    json!({"action": "pay", "subject": "card-1", "amount": amount,
+                        "ttl_seconds": 600}),
+                )
+                .await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+            answer.body["hold_id"].as_str().unwrap().to_owned()
+        }
+    };
+    // Expires: all of it goes back.
+    hold(900).await;
+    app.advance(601);
+    app.engine.expire_due_holds().await;
+    // Released: the same.
+    let second = hold(900).await;
+    let released = app
+        .quota(&format!("/quota/holds/{second}/release"), json!({}))
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    // Over-captured: the excess takes it past 80%.
+    let third = hold(500).await;
+    let committed = app
+        .quota(
+            &format!("/quota/holds/{third}/commit"),
+            json!({"amount": 850, "over_capture": true}),
+        )
+        .await;
+    assert_eq!(committed.status, StatusCode::OK, "{}", committed.body);
+    // A partial commit gives the rest back, staying above 80% (950 -> 870): nothing.
+    let fourth = hold(100).await;
+    let partial = app
+        .quota(
+            &format!("/quota/holds/{fourth}/commit"),
+            json!({"amount": 20}),
+        )
+        .await;
+    assert_eq!(partial.status, StatusCode::OK, "{}", partial.body);
+    assert_eq!(
+        crossings(&app).await,
+        vec![
+            crossing("reached", "spend", 80, 900),
+            crossing("resolved", "spend", 80, 0),
+            crossing("reached", "spend", 80, 900),
+            crossing("resolved", "spend", 80, 0),
+            crossing("reached", "spend", 80, 850),
+        ]
+    );
+}
+
+crate::on_counter_stores!(
+    ten_consumes_record_one_event_per_threshold_reached,
+    refunds_resolve_shadow_policies_alert_and_a_new_period_rearms,
+    a_released_hold_resolves_and_an_over_capture_reaches
+);

@@ -143,7 +143,7 @@ pub(super) fn read(
 }
 
 /// A zoned period's `(used, start_ms, end_ms)` from its string, as consume.lua writes it.
-fn zoned_period(text: &str) -> Option<(u64, i64, i64)> {
+pub(super) fn zoned_period(text: &str) -> Option<(u64, i64, i64)> {
     let mut parts = text.split(':');
     let used = parts.next()?.parse().ok()?;
     let start = parts.next()?.parse().ok()?;

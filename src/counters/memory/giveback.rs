@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 
-use super::counting::{self, Entry};
-use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, StoreError};
+use super::counting::{self, Entry, State};
+use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, Restore, StoreError};
+use std::fmt::Write as _;
 
 /// Every key a give-back touches (and its undo too).
 pub(super) fn give_back_keys(request: &GiveBack) -> Vec<&str> {
@@ -118,8 +119,13 @@ pub(super) fn give_back_in(
         Err(answer) => return Ok(answer),
     };
     let mut restored = Vec::with_capacity(request.counters.len());
+    let mut usage = String::new();
     for counter in &request.counters {
         let give = given_back(counter, full, by_amount_gets);
+        let before = match request.reports_usage && give != 0 {
+            true => usage_of(entries.get(&counter.key), &counter.restore, now_ms),
+            false => 0,
+        };
         let entry = entries.get_mut(&counter.key);
         restored.push(match give {
             0 => 0,
@@ -136,6 +142,14 @@ pub(super) fn give_back_in(
                 now_ms,
             )),
         });
+        if request.reports_usage {
+            let after = match give {
+                0 => 0,
+                _ => usage_of(entries.get(&counter.key), &counter.restore, now_ms),
+            };
+            let separator = if usage.is_empty() { "" } else { ";" };
+            let _ = write!(usage, "{separator}{before},{after}");
+        }
     }
     if matches!(request.kind, GiveBackKind::Refund { .. }) {
         counting::set_text(
@@ -152,7 +166,49 @@ pub(super) fn give_back_in(
     Ok(GivenBack::Done {
         refunded: result,
         restored,
+        usage,
     })
+}
+
+/// A counter's usage as a decision at `now_ms` reads it (`counting::read`): a calendar or
+/// lifetime counter's units; the units of the zoned period a charge at `charged_at_ms`
+/// went to, while it runs; a rolling window's live buckets; a token bucket's level drained
+/// to now, in units, rounded up. A counter that no longer counts has none.
+fn usage_of(entry: Option<&Entry>, restore: &Restore, now_ms: i64) -> u64 {
+    let Some(entry) = entry.filter(|e| e.is_live(now_ms)) else {
+        return 0;
+    };
+    match (&entry.state, restore) {
+        (State::Counter(units), Restore::Calendar { .. } | Restore::Lifetime) => *units,
+        (State::Text(text), Restore::ZonedCalendar { charged_at_ms, .. }) => {
+            match counting::zoned_period(text) {
+                Some((used, start, end)) if (start..end).contains(charged_at_ms) => used,
+                _ => 0,
+            }
+        }
+        (
+            State::Buckets(held),
+            Restore::Rolling {
+                bucket_ms, buckets, ..
+            },
+        ) => {
+            let lowest = now_ms.div_euclid(*bucket_ms) - buckets;
+            held.iter()
+                .filter(|(index, _)| *index >= lowest)
+                .map(|(_, units)| units)
+                .sum()
+        }
+        (State::Gcra { s, t }, Restore::TokenBucket { period_ms, limit }) => {
+            let drained = match *t > now_ms {
+                true => 0,
+                false => u128::try_from(now_ms - *t).unwrap_or(0) * u128::from((*limit).max(1)),
+            };
+            let level = u128::from(*s).saturating_sub(drained);
+            let period = u128::try_from(*period_ms).unwrap_or(1).max(1);
+            u64::try_from(level.div_ceil(period)).unwrap_or(u64::MAX)
+        }
+        _ => 0,
+    }
 }
 
 /// What a give-back returns to its counters: whether count policies get their charge back

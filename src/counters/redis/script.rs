@@ -339,7 +339,8 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
     let flag = |on: bool| u8::from(on);
     call.arg(flag(request.hold_index.is_some()))
         .arg(flag(request.ledger.is_some()))
-        .arg(flag(request.idempotency.is_some()));
+        .arg(flag(request.idempotency.is_some()))
+        .arg(flag(request.reports_usage));
     for counter in &request.counters {
         let (kind, p1, p2, p3) = match counter.restore {
             // Both an integer whose time to live (if any) the give-back keeps.
@@ -407,7 +408,7 @@ pub(super) fn parse_decided(reply: Value, charges: &[Charge]) -> Result<Decided,
     parse_reply(reply, charges).map(Decided::Fresh)
 }
 
-/// Reads the give-back script's reply `[status, value]` to a give-back on `control_key`'s
+/// Reads the give-back script's reply `[status, value]` (and the usage report, when asked) to a give-back on `control_key`'s
 /// shard.
 pub(super) fn parse_given_back(reply: Value, control_key: &str) -> Result<GivenBack, StoreError> {
     let unexpected = |what: &str| StoreError::Protocol(format!("giveback.lua replied {what}"));
@@ -423,6 +424,12 @@ pub(super) fn parse_given_back(reply: Value, control_key: &str) -> Result<GivenB
         [Value::Int(1), Value::Int(total)] => Ok(GivenBack::Done {
             refunded: u64::try_from(*total).unwrap_or(0),
             restored: Vec::new(),
+            usage: String::new(),
+        }),
+        [Value::Int(1), Value::Int(total), usage] => Ok(GivenBack::Done {
+            refunded: u64::try_from(*total).unwrap_or(0),
+            restored: Vec::new(),
+            usage: text(usage)?,
         }),
         [Value::Int(2), value] => Ok(GivenBack::Conflict(text(value)?)),
         [Value::Int(3), value] => Ok(GivenBack::Replayed(text(value)?)),

@@ -56,6 +56,7 @@ fn resolved(prefix: &str, home: u16, member: &str) -> GiveBack {
     GiveBack {
         kind: GiveBackKind::Resolved,
         pending: None,
+        reports_usage: false,
         control_key: keys::intent(prefix, home, member),
         hold_index: Some((keys::intents_index(prefix, home), member.to_owned())),
         counters: Vec::new(),
@@ -324,6 +325,7 @@ impl Engine {
         let request = GiveBack {
             kind: GiveBackKind::Abandon,
             pending: None,
+            reports_usage: false,
             control_key: intent_key.clone(),
             hold_index: None,
             counters: record.home.clone(),
@@ -337,6 +339,7 @@ impl Engine {
             let request = GiveBack {
                 kind: GiveBackKind::Undo,
                 pending: None,
+                reports_usage: false,
                 control_key: keys::reservation(&self.prefix, *shard, member),
                 hold_index: None,
                 counters: counters.clone(),
@@ -471,6 +474,7 @@ impl Engine {
             let request = GiveBack {
                 kind: GiveBackKind::RestoreOnce { full, by_amount },
                 pending: None,
+                reports_usage: false,
                 control_key: keys::giveback_marker(&self.prefix, shard, id),
                 hold_index: None,
                 counters,

@@ -154,7 +154,7 @@ impl Engine {
                 "consumption '{consumption_id}' has been refunded in full already"
             )));
         }
-        let entry = LedgerEntry {
+        let mut entry = LedgerEntry {
             id: EntryId::new(),
             at: now,
             kind: EntryKind::Refund,
@@ -170,7 +170,9 @@ impl Engine {
             hold_expires_at: None,
             kept_answer: None,
         };
+        let reports_usage = self.keep_alerts(&mut entry, &charge.counters);
         let mut request = self.refund_give_back(&charge, &entry, refunded);
+        request.reports_usage = reports_usage;
         let foreign = self.foreign_share(keys.shard, &mut request);
         request.pending = self.pending_share(keys.shard, &entry, &foreign);
         // Until the entry is committed: a snapshot must see both or neither.
@@ -183,7 +185,9 @@ impl Engine {
             GivenBack::Done {
                 refunded: after,
                 restored,
+                usage,
             } => {
+                let entry = with_usage(entry, &usage);
                 self.share_foreign(keys.shard, &entry, foreign, after == total, signed(amount))
                     .await;
                 self.record_unless_streamed(&entry, &request, (after, restored))
@@ -229,6 +233,7 @@ impl Engine {
                 refunded,
             },
             pending: None,
+            reports_usage: false,
             control_key: keys::refunded_total(&self.prefix, keys.shard, &consumption_id),
             hold_index: None,
             counters: charge.counters.clone(),
@@ -408,6 +413,7 @@ impl Engine {
                 expires_at_ms: 0,
             },
             pending: None,
+            reports_usage: false,
             control_key: keys::hold_record(&self.prefix, shard, member),
             hold_index: Some((keys::holds_index(&self.prefix, shard), member.to_owned())),
             counters: Vec::new(),
@@ -428,7 +434,9 @@ impl Engine {
         how: Option<Settle>,
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
         let now = self.now();
-        let (entry, mut request) = self.hold_give_back(hold_id, record, how, now)?;
+        let (mut entry, mut request) = self.hold_give_back(hold_id, record, how, now)?;
+        request.reports_usage = self.keep_alerts(&mut entry, &record.counters);
+        request.ledger = self.stream_entry(hold_id.shard(), &entry);
         let foreign = self.foreign_share(hold_id.shard(), &mut request);
         request.pending = self.pending_share(hold_id.shard(), &entry, &foreign);
         // Until the entry is committed: a snapshot must see both or neither.
@@ -437,7 +445,11 @@ impl Engine {
             .counters
             .give_back(now.timestamp_millis(), &request)
             .await?;
-        if let GivenBack::Done { restored, .. } = &done {
+        if let GivenBack::Done {
+            restored, usage, ..
+        } = &done
+        {
+            entry = with_usage(entry, usage);
             let (full, by_amount) = match request.kind {
                 // Below zero for an over-capture: its excess is charged.
                 GiveBackKind::Commit { settle, total, .. } => {
@@ -534,6 +546,7 @@ impl Engine {
         let request = GiveBack {
             kind,
             pending: None,
+            reports_usage: false,
             control_key: keys::hold_record(&self.prefix, shard, &member),
             hold_index: Some((keys::holds_index(&self.prefix, shard), member)),
             counters: record.counters.clone(),
@@ -589,6 +602,17 @@ impl Engine {
             .await
     }
 
+    /// Makes `entry`, a give-back of a charge to `counters`, keep what tells the alert
+    /// thresholds it crosses (`engine::alerts::give_back_kept`) when a policy of its action
+    /// alerts; whether it does (the store then reports the usage it leaves).
+    fn keep_alerts(&self, entry: &mut LedgerEntry, counters: &[CounterCharge]) -> bool {
+        entry.kept_answer = self
+            .cache
+            .action(entry.action.as_str())
+            .and_then(|policies| crate::engine::alerts::give_back_kept(&policies, entry, counters));
+        entry.kept_answer.is_some()
+    }
+
     /// The answer to a give-back: its entry, with the subject's usage after it.
     async fn settled(&self, entry: LedgerEntry, replayed: bool) -> Settled {
         let usage = self
@@ -601,6 +625,15 @@ impl Engine {
             replayed,
         }
     }
+}
+
+/// `entry` with the store's usage report appended to what it keeps for alerts (the
+/// stream's copy got it from the store already).
+fn with_usage(mut entry: LedgerEntry, usage: &str) -> LedgerEntry {
+    if let Some(kept) = entry.kept_answer.as_mut().filter(|_| !usage.is_empty()) {
+        kept.text.push_str(usage);
+    }
+    entry
 }
 
 #[cfg(test)]

@@ -309,6 +309,7 @@ impl Engine {
                 total: entry.amount,
             },
             pending: None,
+            reports_usage: false,
             control_key: keys::void_marker(&self.prefix, keys.shard, &consumption),
             hold_index: None,
             counters: entry.counters.clone(),

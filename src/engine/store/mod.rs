@@ -221,6 +221,10 @@ pub struct GiveBack {
     /// Redis Cluster: the share of other slots still to give back, kept at home with the
     /// give-back, so that a crash before it is given is redone by the sweeper.
     pub(crate) pending: Option<IntentOpen>,
+    /// Whether the store reports each counter's usage before and after (a policy alerts):
+    /// [`GivenBack::Done`]'s `usage`, which a streamed entry (ending with the start of its
+    /// kept answer) gets appended.
+    pub(crate) reports_usage: bool,
 }
 
 /// The store's answer to a [`GiveBack`].
@@ -235,6 +239,9 @@ pub enum GivenBack {
         /// held less; below zero, what it was charged more (an over-capture's excess); what
         /// undoing it puts back. Empty from Redis.
         restored: Vec<i64>,
+        /// When [`GiveBack::reports_usage`]: each counter's usage before and after, as
+        /// `before,after` joined by `;` (`0,0` for one it did not change); else empty.
+        usage: String,
     },
     /// Refused: over-refund, or a hold no longer open. The text says which.
     Conflict(String),

@@ -30,8 +30,12 @@ ARGV[9]  ledger entry to append on success
 ARGV[10] idempotency ttl (ms)         ARGV[11] idempotency record ('' when none)
 ARGV[12] '1' when the index key is given    ARGV[13] '1' when the stream key is given
 ARGV[14] '1' when the idempotency key is given
-then six values per counter i, at ARGV[15 + 6 * (i - 1)] (and after them, at ARGV[p] with
-p = 15 + 6 * n, '1' when a pending share of other slots is kept at home, KEYS[next] and
+ARGV[15] '1' when the call reports each counter's usage before and after it (a policy
+         alerts, engine::alerts): `before,after` per counter, joined by ';' (`0,0` for a
+         counter it does not change), is the reply's third value, and is appended to the
+         ledger entry (which ends with the start of a kept answer)
+then six values per counter i, at ARGV[16 + 6 * (i - 1)] (and after them, at ARGV[p] with
+p = 16 + 6 * n, '1' when a pending share of other slots is kept at home, KEYS[next] and
 KEYS[next + 1] its record and the index of intents; then its member, deadline and record):
   (amount policies get min(what the operation gives, charged), which is below zero for a
   commit above the hold, an over-capture: the counter is charged that much more)
@@ -44,7 +48,8 @@ KEYS[next + 1] its record and the index of intents; then its member, deadline an
              the whole charge is given back
   charged    what the charge put on this counter
 
-Returns { status, value }: 1 done (value: refunded total after a refund, else 0),
+Returns { status, value }: 1 done (value: refunded total after a refund, else 0; and the
+usage report when asked),
 2 conflict (value: refunded total, or the hold's state as a string), 3 replay (value: the
 kept record), 4 unknown hold, 5 the shard has no epoch (nothing done: its state is not the
 ledger's until a rebuild sets it).
@@ -69,7 +74,7 @@ if ARGV[13] == '1' then stream_key = KEYS[k]; k = k + 1 end
 if ARGV[14] == '1' then idem_key = KEYS[k]; k = k + 1 end
 
 -- After the counters' values: the pending share of other slots (Redis Cluster).
-local p = 15 + 6 * n
+local p = 16 + 6 * n
 local pending_key, pendings_key
 if ARGV[p] == '1' then pending_key = KEYS[k]; pendings_key = KEYS[k + 1] end
 
@@ -157,14 +162,18 @@ if op == 'a' or op == 'u' or op == 'f' then
   redis.call('INCR', string.match(control, '^(.*)#') .. '#xv')
 end
 
+local reports = ARGV[15] == '1'
+local usage = {}
 for i = 1, n do
-  local a = 15 + 6 * (i - 1)
+  local a = 16 + 6 * (i - 1)
   local key, kind = KEYS[i], ARGV[a]
   local charged = tonumber(ARGV[a + 5])
   local give
   if ARGV[a + 4] == '1' then give = math.min(by_amount_gets, charged)
   elseif full then give = charged
   else give = 0 end
+  -- The counter's usage before and after, when reported.
+  local before, after = 0, 0
   -- A give below zero charges more (an over-capture's excess), up to 2^53 - 1.
   if give ~= 0 then
     if kind == '1' then
@@ -174,6 +183,7 @@ for i = 1, n do
         if left < 0 then left = 0 end
         if left > MAX then left = MAX end
         redis.call('SET', key, fmt('%d', left), 'KEEPTTL')
+        before, after = v, left
       end
     elseif kind == '4' then
       -- Only the period the units were charged in gets them back.
@@ -186,6 +196,7 @@ for i = 1, n do
           if left < 0 then left = 0 end
           if left > MAX then left = MAX end
           redis.call('SET', key, fmt('%d:%s:%s', left, s0, e0), 'KEEPTTL')
+          before, after = tonumber(u0), left
         end
       end
     elseif kind == '2' then
@@ -198,6 +209,14 @@ for i = 1, n do
           if left < 0 then left = 0 end
           if left > MAX then left = MAX end
           redis.call('HSET', key, field, fmt('%d', left))
+          if reports then
+            -- The window's usage: every bucket that still counts, as consume.lua sums it.
+            local h, lo = redis.call('HGETALL', key), floor(now / bms) - nb
+            for j = 1, #h, 2 do
+              if tonumber(h[j]) >= lo then after = after + tonumber(h[j + 1]) end
+            end
+            before = after - left + v
+          end
         end
       end
     else
@@ -213,20 +232,25 @@ for i = 1, n do
         if t > now then tref = t
         elseif (now - t) * rate >= s then s = 0
         else s = s - (now - t) * rate end
+        before = ceil(s / per)
         -- give * per may not fit 2^53: compare through a division first.
         if give >= ceil(s / per) then s = 0 else s = s - give * per end
         if s > MAX then s = MAX end
         redis.call('SET', key, fmt('%d:%d', s, tref), 'KEEPTTL')
+        after = ceil(s / per)
       end
     end
   end
+  if reports then usage[i] = fmt('%d,%d', before, after) end
 end
+local report = ''
+if reports then report = table.concat(usage, ';') end
 
 if op == 'r' then
   -- Kept long enough for any refund the ledger could still authorise concurrently.
   redis.call('SET', control, fmt('%d', result), 'PX', 2592000000)
 end
-if stream_key then redis.call('XADD', stream_key, '*', 'e', ARGV[9]) end
+if stream_key then redis.call('XADD', stream_key, '*', 'e', ARGV[9] .. report) end
 if pending_key then
   -- The share of other slots, given back next; the sweeper redoes it after a crash.
   redis.call('SET', pending_key, fmt('pending %d %d\n', full and 1 or 0, by_amount_gets)
@@ -238,4 +262,5 @@ if voids and idem_key then
 elseif idem_key and ARGV[11] ~= '' then
   redis.call('SET', idem_key, ARGV[11] .. '\n' .. fmt('%d', result), 'PX', ARGV[10])
 end
+if reports then return { 1, result, report } end
 return { 1, result }
