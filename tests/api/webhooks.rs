@@ -35,7 +35,12 @@ impl Drop for Receiver {
 
 impl Receiver {
     async fn start(fail_first: usize) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_at("127.0.0.1:0", fail_first).await
+    }
+
+    /// A receiver listening on `address`.
+    async fn start_at(address: &str, fail_first: usize) -> Self {
+        let listener = tokio::net::TcpListener::bind(address).await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let got: Arc<Mutex<Vec<Received>>> = Arc::default();
         let seen = got.clone();
@@ -223,8 +228,6 @@ async fn ten_consumes_deliver_two_signed_events(counters: CounterBackend) {
     );
 }
 
-crate::on_counter_stores!(ten_consumes_deliver_two_signed_events);
-
 #[tokio::test]
 async fn a_failing_receiver_gets_the_event_again_with_the_same_id_after_backoff() {
     let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
@@ -305,3 +308,135 @@ async fn urls_that_are_not_public_http_are_422_and_a_test_event_is_delivered() {
         got[0]
     );
 }
+
+/// The events delivered, as (webhook-id, subject, type, threshold), sorted.
+fn delivered(got: &[Received]) -> Vec<(String, String, String, u64)> {
+    let mut seen: Vec<(String, String, String, u64)> = got
+        .iter()
+        .filter(|r| r.answered == 200)
+        .map(|r| {
+            let event: Value = serde_json::from_str(&r.body).unwrap();
+            (
+                r.id.clone(),
+                event["budget"]["subject"].as_str().unwrap().to_owned(),
+                event["type"].as_str().unwrap().to_owned(),
+                event["threshold"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    seen.dedup();
+    seen
+}
+
+/// The receiver is down (nothing listens) while the crossings happen and for 30 s of the
+/// service's clock after; started again, it gets every event; and after a kill -9 right
+/// after a crossing, that event arrives too.
+async fn a_receiver_down_for_30_s_and_a_kill_9_lose_nothing(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Postgres, counters).await;
+    sms_with_thresholds(&app).await;
+    let address = format!("127.0.0.1:{}", crate::helpers::free_port());
+    let url = format!("http://{address}/hook");
+    let (status, created) = create_webhook(&app, json!({"id": "ops", "url": url})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    for _ in 0..10 {
+        app.consume("sms.send", "user-1", 1).await;
+    }
+    app.engine.drain_ledger_now().await;
+    for _ in 0..6 {
+        app.advance(5);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let deliveries = app.admin_get("/admin/webhooks/ops/deliveries").await;
+    let failed = deliveries.body["items"].as_array().unwrap();
+    assert!(
+        failed.len() == 2
+            && failed
+                .iter()
+                .all(|d| d["state"] == "pending" && d["attempts"].as_u64() >= Some(1)),
+        "attempted, and failed: {}",
+        deliveries.body
+    );
+    let receiver = Receiver::start_at(&address, 0).await;
+    let got = receiver
+        .until(&app, 60, |got| delivered(got).len() >= 2)
+        .await;
+    let thresholds: Vec<u64> = delivered(&got).iter().map(|d| d.3).collect();
+    assert_eq!(thresholds.len(), 2, "{got:?}");
+
+    // A crossing for user-2, then kill -9 at once: its event is delivered after the restart.
+    for _ in 0..5 {
+        app.consume("sms.send", "user-2", 1).await;
+    }
+    let app = app.crash_restart().await;
+    let got = receiver
+        .until(&app, 60, |got| {
+            delivered(got).iter().any(|d| d.1 == "user-2" && d.3 == 50)
+        })
+        .await;
+    let events = delivered(&got);
+    assert_eq!(
+        events.len(),
+        3,
+        "one event per crossing, no more: {events:?}"
+    );
+}
+
+/// Two instances on one Redis (or cluster) take 300 consumes at once, over 20 users of a
+/// 10-a-day policy alerting at 50% and 100%: each crossing (user, threshold) is delivered,
+/// under one id only.
+async fn two_instances_racing_deliver_each_crossing_once(counters: CounterBackend) {
+    let first = spawn_app(PolicyBackend::Postgres, counters).await;
+    sms_with_thresholds(&first).await;
+    let receiver = Receiver::start(0).await;
+    let (status, created) = create_webhook(&first, json!({"id": "ops", "url": receiver.url})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let mut apps = vec![std::sync::Arc::new(first)];
+    if counters != CounterBackend::Memory {
+        apps.push(std::sync::Arc::new(
+            crate::helpers::spawn_with(apps[0].settings.clone()).await,
+        ));
+    }
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let app = apps[i % apps.len()].clone();
+            tokio::spawn(async move {
+                let answer = app
+                    .consume("sms.send", &format!("user-{}", i % 20), 1)
+                    .await;
+                assert!(
+                    matches!(
+                        answer.status,
+                        StatusCode::OK | StatusCode::TOO_MANY_REQUESTS
+                    ),
+                    "{}",
+                    answer.body
+                );
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for app in &apps {
+        app.engine.drain_ledger_now().await;
+    }
+    let got = receiver
+        .until(&apps[0], 0, |got| delivered(got).len() >= 40)
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let events = delivered(&receiver.received());
+    let crossings: std::collections::BTreeSet<(String, u64)> =
+        events.iter().map(|d| (d.1.clone(), d.3)).collect();
+    assert_eq!(
+        (events.len(), crossings.len()),
+        (40, 40),
+        "20 users x 2 thresholds, each under one id: {got:?}"
+    );
+}
+
+crate::on_counter_stores!(
+    ten_consumes_deliver_two_signed_events,
+    a_receiver_down_for_30_s_and_a_kill_9_lose_nothing,
+    two_instances_racing_deliver_each_crossing_once
+);
