@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use quota_ledger::cli::policies::{self, Exit, Remote};
-use quota_ledger::cli::{counters, keys};
+use quota_ledger::cli::{counters, keys, webhooks};
 use quota_ledger::config::{ConfigArgs, Settings};
 use quota_ledger::startup::Application;
 
@@ -55,6 +55,15 @@ enum Command {
         service: ServiceUrl,
         #[command(subcommand)]
         command: KeysCommand,
+    },
+    /// Alert endpoints: create, list, switch, delete them, rotate their secret, send a
+    /// test event and read their deliveries over the admin API of a running service
+    /// (QUOTA_ADMIN_TOKEN).
+    Webhooks {
+        #[command(flatten)]
+        service: ServiceUrl,
+        #[command(subcommand)]
+        command: webhooks::Command,
     },
 }
 
@@ -206,6 +215,10 @@ async fn main() -> anyhow::Result<()> {
                 KeysCommand::Revoke { id } => keys::revoke(&remote, &id).await,
             }
         }
+        Command::Webhooks {
+            service: ServiceUrl { url },
+            command,
+        } => webhooks::run(&admin_remote(&settings, &url)?, command).await,
         Command::Counters(CountersCommand::Verify { action, url }) => {
             let verdict = match settings.admin_token.as_ref() {
                 Some(token) => {

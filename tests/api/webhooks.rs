@@ -440,3 +440,95 @@ crate::on_counter_stores!(
     a_receiver_down_for_30_s_and_a_kill_9_lose_nothing,
     two_instances_racing_deliver_each_crossing_once
 );
+
+/// `quota-ledger webhooks ARGS` against `app`: exit status, stdout, stderr.
+async fn webhooks_cli(app: &TestApp, args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"));
+    command
+        .arg("webhooks")
+        .args(args)
+        .env("QUOTA_URL", &app.address)
+        .env("QUOTA_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
+        .env("DATABASE_URL", "sqlite::memory:")
+        .env_remove("REDIS_URL");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("running the binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_manages_endpoints_sends_a_test_and_reads_the_deliveries() {
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    let receiver = Receiver::start(0).await;
+    let (code, out, err) = webhooks_cli(
+        &app,
+        &[
+            "create",
+            "--id",
+            "ops",
+            "--endpoint",
+            &receiver.url,
+            "--events",
+            "budget.threshold,webhook.test",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let secret = out.trim().to_owned();
+    assert!(
+        secret.starts_with("whsec_"),
+        "the secret alone on stdout: {out}"
+    );
+    assert!(err.contains("shown this once"), "{err}");
+
+    let (code, listed, _) = webhooks_cli(&app, &["list"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        listed.trim(),
+        format!(
+            "ops\tenabled\t{}\tevents=budget.threshold,webhook.test\tactions=all",
+            receiver.url
+        )
+    );
+    assert!(!listed.contains(&secret[6..]), "never the secret: {listed}");
+
+    let (code, event_id, err) = webhooks_cli(&app, &["test", "ops"]).await;
+    assert_eq!(code, 0, "{err}");
+    let got = receiver.until(&app, 0, |got| !got.is_empty()).await;
+    assert_eq!(got[0].id, event_id.trim());
+    assert!(signed_with(&got[0], &secret), "{:?}", got[0]);
+    let (code, deliveries, _) = webhooks_cli(&app, &["deliveries", "ops"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        deliveries.starts_with(&format!(
+            "{}\twebhook.test\tdelivered\tattempts=1\tlast_status=200",
+            event_id.trim()
+        )),
+        "{deliveries}"
+    );
+
+    let (code, off, _) = webhooks_cli(&app, &["disable", "ops"]).await;
+    assert_eq!(
+        (code, off.split('\t').nth(1)),
+        (0, Some("disabled")),
+        "{off}"
+    );
+    let read = app.admin_get("/admin/webhooks/ops").await;
+    assert_eq!(read.body["enabled"], json!(false), "{}", read.body);
+    let (code, rotated, _) = webhooks_cli(&app, &["rotate-secret", "ops"]).await;
+    assert!(code == 0 && rotated.trim().starts_with("whsec_") && rotated.trim() != secret);
+
+    let (code, _, err) = webhooks_cli(&app, &["delete", "ops"]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = webhooks_cli(&app, &["delete", "ops"]).await;
+    assert!(code != 0 && err.contains("404"), "{err}");
+    let (code, _, err) =
+        webhooks_cli(&app, &["create", "--id", "x", "--endpoint", "ftp://a"]).await;
+    assert!(code != 0 && err.contains("url"), "the field named: {err}");
+}
