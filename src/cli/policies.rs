@@ -46,9 +46,8 @@ impl Remote {
     pub fn new(base: &str, token: &str) -> anyhow::Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
         anyhow::ensure!(
-            base.starts_with("http://"),
-            "--url must be an http:// URL (got {base}); this client speaks plain HTTP: reach \
-             the admin API on a private network, or through a tunnel"
+            base.starts_with("http://") || base.starts_with("https://"),
+            "--url must be an http:// or https:// URL (got {base})"
         );
         let client = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))

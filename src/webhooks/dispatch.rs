@@ -254,7 +254,8 @@ impl Dispatcher {
     }
 }
 
-/// A request error's text without its URL (which may carry a token).
+/// A request error's text without its URL (which may carry a token): what failed, and
+/// the innermost cause (a refused connection, a certificate not trusted).
 fn without_url(error: &reqwest::Error) -> String {
     let kind = if error.is_timeout() {
         "no answer within 10 s"
@@ -263,7 +264,16 @@ fn without_url(error: &reqwest::Error) -> String {
     } else {
         "the request failed"
     };
-    kind.to_owned()
+    let mut cause = std::error::Error::source(error);
+    let mut innermost = None;
+    while let Some(source) = cause {
+        innermost = Some(source.to_string());
+        cause = source.source();
+    }
+    match innermost {
+        Some(why) if !error.is_timeout() => format!("{kind}: {why}"),
+        _ => kind.to_owned(),
+    }
 }
 
 /// Awaits every future of `futures` at once, on this task; their outputs in order.

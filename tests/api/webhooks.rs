@@ -532,3 +532,87 @@ async fn the_cli_manages_endpoints_sends_a_test_and_reads_the_deliveries() {
         webhooks_cli(&app, &["create", "--id", "x", "--endpoint", "ftp://a"]).await;
     assert!(code != 0 && err.contains("url"), "the field named: {err}");
 }
+
+/// A self-signed certificate for `127.0.0.1` and `localhost` (valid until 2126), and its
+/// key: no public authority vouches for it.
+const SELF_SIGNED_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBmjCCAUGgAwIBAgIUCNhKpm/0qUPiBxS059ZIWQA2rlAwCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTEyNzIyMDg1MVoYDzIxMjYxMTAz
+MjIwODUxWjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAAQZW8n9ISdrNYslbpwArKba8HRTxAAoFHWaOt14OS5C397G36ZXEHEC
+J0EDAQA5/HK1GxoejsxIsOEkpN4Y0h+fo28wbTAdBgNVHQ4EFgQUEahRI7gGQNpK
+r7eFZMA+VXOAKLIwHwYDVR0jBBgwFoAUEahRI7gGQNpKr7eFZMA+VXOAKLIwDwYD
+VR0TAQH/BAUwAwEB/zAaBgNVHREEEzARgglsb2NhbGhvc3SHBH8AAAEwCgYIKoZI
+zj0EAwIDRwAwRAIgYa5op9EP74dLawsfeobEXyEWv9Z8/Qh3sME3W25AZmACIBWZ
+7CCTpw4NkbCIhEcFwsxQM6lQTz6fVmkPGWC8L9jh
+-----END CERTIFICATE-----
+";
+const SELF_SIGNED_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgBzuoj+/zK0TRVI/U
+3B0BkCVipov1pBI1P2uM8u3aK+6hRANCAAQZW8n9ISdrNYslbpwArKba8HRTxAAo
+FHWaOt14OS5C397G36ZXEHECJ0EDAQA5/HK1GxoejsxIsOEkpN4Y0h+f
+-----END PRIVATE KEY-----
+";
+
+/// An `https://` endpoint is reached over TLS, and its certificate is checked: a receiver
+/// whose certificate no authority signed never gets the event (the handshake fails, and
+/// the delivery log says why).
+#[tokio::test]
+async fn an_https_endpoint_gets_tls_and_an_untrusted_certificate_is_refused() {
+    use tokio_rustls::rustls::{self, pki_types::pem::PemObject};
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(SELF_SIGNED_CERT.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(SELF_SIGNED_KEY.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}/hook", listener.local_addr().unwrap());
+    let handshakes: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = handshakes.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let outcome = match acceptor.accept(socket).await {
+                Ok(_) => "accepted".to_owned(),
+                Err(error) => error.to_string(),
+            };
+            seen.lock().unwrap().push(outcome);
+        }
+    });
+
+    let app = spawn_app(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    let (status, created) = create_webhook(&app, json!({"id": "tls", "url": url})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let sent = app
+        .send(app.admin(reqwest::Method::POST, "/admin/webhooks/tls/test"))
+        .await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{}", sent.body);
+    let delivery = crate::helpers::eventually(
+        std::time::Duration::from_secs(20),
+        "a failed attempt in the delivery log",
+        || async {
+            let listed = app.admin_get("/admin/webhooks/tls/deliveries").await;
+            let delivery = listed.body["items"][0].clone();
+            (delivery["attempts"].as_u64() >= Some(1)).then_some(delivery)
+        },
+    )
+    .await;
+    server.abort();
+    let error = delivery["last_error"].as_str().unwrap_or_default();
+    assert!(
+        delivery["state"] == "pending" && error.contains("certificate"),
+        "refused for its certificate: {delivery}"
+    );
+    let handshakes = handshakes.lock().unwrap().clone();
+    assert!(
+        !handshakes.is_empty() && handshakes.iter().all(|h| h != "accepted"),
+        "the service spoke TLS, and gave up in the handshake: {handshakes:?}"
+    );
+}
