@@ -97,6 +97,11 @@ enum PoliciesCommand {
         /// Also list the policies FILE omits as deletions.
         #[arg(long)]
         prune: bool,
+        /// Also replay the last DAYS days of the ledger (at most 31) against FILE's
+        /// policies and print what they would have denied (the exit status stays the
+        /// diff's).
+        #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u32).range(1..=31))]
+        backtest: Option<u32>,
     },
     /// Create and update policies to match FILE, validating all of it first; exit 1 when
     /// FILE is invalid (nothing changed), 3 when a policy changed on the service meanwhile
@@ -281,12 +286,20 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 /// `policies export | diff | apply`: the exit status (errors reaching or from the service
 /// are returned, and exit 1).
 async fn policies_command(remote: &Remote, command: PoliciesCommand) -> anyhow::Result<Exit> {
+    let mut backtest = None;
     let (file, prune, dry_run, is_diff) = match command {
         PoliciesCommand::Export { json } => {
             print!("{}", policies::export(remote, json).await?);
             return Ok(Exit::Done);
         }
-        PoliciesCommand::Diff { file, prune } => (file, prune, true, true),
+        PoliciesCommand::Diff {
+            file,
+            prune,
+            backtest: days,
+        } => {
+            backtest = days;
+            (file, prune, true, true)
+        }
         PoliciesCommand::Apply {
             file,
             prune,
@@ -299,6 +312,12 @@ async fn policies_command(remote: &Remote, command: PoliciesCommand) -> anyhow::
     };
     let plan = policies::plan(remote, &desired, prune).await?;
     println!("{}", plan.describe());
+    if let Some(days) = backtest {
+        // Beside the diff: a backtest that fails is told, and the exit status stays the diff's.
+        if let Err(error) = quota_ledger::cli::backtest::print(remote, &desired, days).await {
+            eprintln!("backtest: {error:#}");
+        }
+    }
     if dry_run {
         return Ok(match is_diff && !plan.changes.is_empty() {
             true => Exit::Changes,

@@ -375,6 +375,7 @@ impl Application {
             webhooks,
             webhook_allow_private: settings.webhook_allow_private,
             webhook_counts,
+            backtests: Arc::default(),
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(
                 Admission::new(

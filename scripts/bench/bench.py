@@ -52,6 +52,8 @@ Knobs (environment):
   BENCH_GRPC=0               no gRPC row (nor its load generator's build)
   BENCH_GRPC_CONNECTIONS=2   HTTP/2 connections the gRPC streams share
   BENCH_AUTH=0               no API key rows (a consume with a key against open endpoints)
+  BENCH_ALERTS=0             no alert rows (thresholds and a webhook against none, and the
+                             time from a crossing to its delivery; scripts/bench/alerts.py)
   BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load) as it is
   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
@@ -74,6 +76,7 @@ from typing import Dict, List, Optional
 if sys.version_info < (3, 9):
     sys.exit("bench: Python 3.9 or later is needed")
 
+from alerts import measure_alert_rows  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from measurements import (  # noqa: E402
     Bench,
@@ -101,6 +104,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path) -> List[str]:
         service = measure_consume_rows(bench, mode)
         if knobs.auth:
             measure_auth_rows(bench, mode)
+        if knobs.alerts:
+            measure_alert_rows(bench, mode)
         if mode == "redis":
             measure_memory(bench)
             measure_outage_budget(bench)

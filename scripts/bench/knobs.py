@@ -58,6 +58,7 @@ class Knobs:
     grpc: bool  # BENCH_GRPC (anything but 0): the gRPC row and its load generator
     grpc_connections: int  # BENCH_GRPC_CONNECTIONS: HTTP/2 connections the streams share
     auth: bool  # BENCH_AUTH (anything but 0): the API key rows (a key against open endpoints)
+    alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
     build: bool  # not BENCH_NO_BUILD=1 nor BENCH_BINARY: cargo build first
     install: bool  # not BENCH_NO_INSTALL=1: apt-get what is missing
     binary: Path  # BENCH_BINARY, or target/release/quota-ledger
@@ -89,6 +90,7 @@ class Knobs:
             grpc=_text(env, "BENCH_GRPC", "1") != "0",
             grpc_connections=_int(env, "BENCH_GRPC_CONNECTIONS", 2),
             auth=_text(env, "BENCH_AUTH", "1") != "0",
+            alerts=_text(env, "BENCH_ALERTS", "1") != "0",
             build=_text(env, "BENCH_NO_BUILD", "0") != "1" and binary == "",
             install=_text(env, "BENCH_NO_INSTALL", "0") != "1",
             binary=Path(binary).resolve() if binary else DEFAULT_BINARY,

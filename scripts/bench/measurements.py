@@ -147,6 +147,9 @@ class Results:
     pairs: Dict[Tuple[str, str, int], Line] = field(default_factory=dict)  # (mode, before|after:ACTION, subjects)
     grpc: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # (mode, subjects)
     auth: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, none|key): per round
+    alerts: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, off|on): per round
+    deliveries: Dict[str, List[float]] = field(default_factory=dict)  # mode: crossing-to-delivery s
+    alert_events: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)  # mode: (delivered, recorded)
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB

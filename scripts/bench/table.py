@@ -8,6 +8,7 @@ import datetime
 import os
 from typing import List, Optional
 
+from alerts import ALERT_SUBJECTS, alert_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
 from measurements import BRACKETED, Line, Results
 
@@ -116,6 +117,11 @@ def _runs(knobs: Knobs, results: Results, redis_version: str) -> List[str]:
             for open_, keyed in rounds:
                 out += _row(mode, "calendar, open", k.grpc_subjects, open_, "-")
                 out += _row(mode, "calendar, API key", k.grpc_subjects, keyed, "-")
+            # The same consume on fresh services: without alerts, and with them, by round.
+            rounds = zip(results.alerts.get((mode, "off"), []), results.alerts.get((mode, "on"), []))
+            for off, on in rounds:
+                out += _row(mode, "calendar, no alerts", ALERT_SUBJECTS, off, "-")
+                out += _row(mode, "calendar, alerts", ALERT_SUBJECTS, on, "-")
     base = results.baseline
     if base is not None:
         out.append(
@@ -213,6 +219,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     out += _shared_budgets(k, results)
     out += _grpc_vs_http(k, results)
     out += _auth(k, results)
+    out += alert_targets(k.modes, results, target, ratio, at_least)
     out += _overload(k, results)
     for mode in k.modes:
         lag = results.lag.get(mode)

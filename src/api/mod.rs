@@ -6,6 +6,7 @@
 pub(crate) mod activity;
 pub(crate) mod admin;
 pub mod admission;
+mod backtest;
 pub(crate) mod console;
 pub(crate) mod dto;
 pub(crate) mod extract;
@@ -56,6 +57,8 @@ pub(crate) struct AppState {
     pub(crate) webhook_allow_private: bool,
     /// What the webhook dispatcher counted, for `/metrics`.
     pub(crate) webhook_counts: Arc<crate::webhooks::Counts>,
+    /// Held while a backtest runs: one at a time per instance.
+    pub(crate) backtests: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl AppState {
@@ -90,6 +93,7 @@ pub(crate) fn routes(config: &mut utoipa_actix_web::service_config::ServiceConfi
         .service(keys::list_keys)
         .service(keys::revoke_key)
         .service(keys::whoami)
+        .service(backtest::backtest)
         .service(webhooks::create_webhook)
         .service(webhooks::list_webhooks)
         .service(webhooks::get_webhook)

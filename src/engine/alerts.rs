@@ -5,11 +5,8 @@
 //! the threshold: written with its entry (`LedgerStore::append`), an event is never lost
 //! nor doubled, whatever retries, replays or instances there are.
 
-use crate::domain::{
-    Budget, CounterCharge, Crossing, EntryKind, KeptAnswer, LedgerEntry, Restore, Thresholds,
-};
+use crate::domain::{Budget, Crossing, EntryKind, LedgerEntry, Thresholds};
 use crate::engine::codec;
-use crate::engine::decision::policies::ActionPolicies;
 use crate::engine::store::Decided;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -33,68 +30,25 @@ pub const REACHED: &str = "budget.threshold";
 /// The event type of usage fallen back below a threshold.
 pub const RESOLVED: &str = "budget.threshold.resolved";
 
-/// What a give-back's entry keeps to tell its crossings, per counter it gives back to
+/// What a give-back's entry keeps to tell its crossings (`decision::giveback`), per counter it gives back to
 /// (`None` for one whose policy does not alert): the store appends each counter's usage
 /// before and after (`giveback.lua`'s report) to the text.
 #[derive(Debug, Serialize, Deserialize)]
-struct GiveBackAlerts {
-    alerts: Vec<Option<CounterAlert>>,
+pub(crate) struct GiveBackAlerts {
+    pub(crate) alerts: Vec<Option<CounterAlert>>,
 }
 
 /// A counter's policy that alerts, as it stood when the give-back was made.
 #[derive(Debug, Serialize, Deserialize)]
-struct CounterAlert {
-    policy_id: String,
+pub(crate) struct CounterAlert {
+    pub(crate) policy_id: String,
     /// The budget the counter counts.
-    budget: BTreeMap<String, String>,
+    pub(crate) budget: BTreeMap<String, String>,
     /// The budget's effective limit (an override's, if active).
-    limit: u64,
-    thresholds: Vec<u8>,
+    pub(crate) limit: u64,
+    pub(crate) thresholds: Vec<u8>,
     /// When the counter's calendar period ends; `None` for other windows.
-    resets_at_ms: Option<i64>,
-}
-
-/// The start of the answer a give-back `entry` (a refund, settlement or expiry of a charge
-/// to `counters`) keeps when a policy of `policies` alerts: each alerting counter's policy,
-/// limit and thresholds, then a newline, after which the store appends the usage report.
-/// Kept already expired: nothing replays it; it only tells the thresholds crossed.
-pub(crate) fn give_back_kept(
-    policies: &ActionPolicies,
-    entry: &LedgerEntry,
-    counters: &[CounterCharge],
-) -> Option<KeptAnswer> {
-    let alerting = |c: &CounterCharge| {
-        policies
-            .enabled
-            .iter()
-            .find(|p| p.id == c.policy_id && !p.spec.alert_thresholds.is_empty())
-    };
-    if !counters.iter().any(|c| alerting(c).is_some()) {
-        return None;
-    }
-    let alerts = counters
-        .iter()
-        .map(|c| {
-            let policy = alerting(c)?;
-            let budget: Budget = entry.budget(&c.scope);
-            Some(CounterAlert {
-                policy_id: policy.id.as_str().to_owned(),
-                budget: named(&budget),
-                limit: policies.limit_for(policy, &budget, entry.at),
-                thresholds: policy.spec.alert_thresholds.percents().to_vec(),
-                resets_at_ms: match c.restore {
-                    Restore::Calendar { period_end_ms }
-                    | Restore::ZonedCalendar { period_end_ms, .. } => Some(period_end_ms),
-                    _ => None,
-                },
-            })
-        })
-        .collect();
-    let text = serde_json::to_string(&GiveBackAlerts { alerts }).ok()?;
-    Some(KeptAnswer {
-        text: format!("{text}\n"),
-        expires_at_ms: entry.at.timestamp_millis(),
-    })
+    pub(crate) resets_at_ms: Option<i64>,
 }
 
 /// The alert events `entry` records: none unless it charged policies that alert.
@@ -146,7 +100,7 @@ pub fn events_of(entry: &LedgerEntry) -> Vec<AlertEvent> {
     events
 }
 
-/// The events of a give-back entry whose kept `text` is [`give_back_kept`]'s with the
+/// The events of a give-back entry whose kept `text` is `decision::giveback`'s with the
 /// store's report appended: usage falling back below a threshold resolves it; an
 /// over-capture's excess may reach one.
 fn give_back_events(entry: &LedgerEntry, text: &str) -> Vec<AlertEvent> {
@@ -189,7 +143,7 @@ fn give_back_events(entry: &LedgerEntry, text: &str) -> Vec<AlertEvent> {
 }
 
 /// A budget's keys and values, as an event names them.
-fn named(budget: &Budget) -> BTreeMap<String, String> {
+pub(crate) fn named(budget: &Budget) -> BTreeMap<String, String> {
     budget
         .iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -11,6 +11,7 @@ mod helpers;
 mod admin;
 mod alerts;
 mod backlog;
+mod backtest;
 mod budgets;
 mod concurrency;
 mod console;

@@ -6,7 +6,10 @@ use crate::domain::{
     ActionSet, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
     LedgerEntry, PolicyAmount, Quantity,
 };
+use crate::domain::{KeptAnswer, Restore};
+use crate::engine::alerts::{named, CounterAlert, GiveBackAlerts};
 use crate::engine::codec::{self, HoldRecord};
+use crate::engine::decision::policies::ActionPolicies;
 use crate::engine::store::{
     signed, GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo,
 };
@@ -603,13 +606,13 @@ impl Engine {
     }
 
     /// Makes `entry`, a give-back of a charge to `counters`, keep what tells the alert
-    /// thresholds it crosses (`engine::alerts::give_back_kept`) when a policy of its action
+    /// thresholds it crosses (`give_back_kept`) when a policy of its action
     /// alerts; whether it does (the store then reports the usage it leaves).
     fn keep_alerts(&self, entry: &mut LedgerEntry, counters: &[CounterCharge]) -> bool {
         entry.kept_answer = self
             .cache
             .action(entry.action.as_str())
-            .and_then(|policies| crate::engine::alerts::give_back_kept(&policies, entry, counters));
+            .and_then(|policies| give_back_kept(&policies, entry, counters));
         entry.kept_answer.is_some()
     }
 
@@ -625,6 +628,49 @@ impl Engine {
             replayed,
         }
     }
+}
+
+/// The start of the answer a give-back `entry` (a refund, settlement or expiry of a charge
+/// to `counters`) keeps when a policy of `policies` alerts: each alerting counter's policy,
+/// limit and thresholds, then a newline, after which the store appends the usage report.
+/// Kept already expired: nothing replays it; it only tells the thresholds crossed.
+fn give_back_kept(
+    policies: &ActionPolicies,
+    entry: &LedgerEntry,
+    counters: &[CounterCharge],
+) -> Option<KeptAnswer> {
+    let alerting = |c: &CounterCharge| {
+        policies
+            .enabled
+            .iter()
+            .find(|p| p.id == c.policy_id && !p.spec.alert_thresholds.is_empty())
+    };
+    if !counters.iter().any(|c| alerting(c).is_some()) {
+        return None;
+    }
+    let alerts = counters
+        .iter()
+        .map(|c| {
+            let policy = alerting(c)?;
+            let budget = entry.budget(&c.scope);
+            Some(CounterAlert {
+                policy_id: policy.id.as_str().to_owned(),
+                budget: named(&budget),
+                limit: policies.limit_for(policy, &budget, entry.at),
+                thresholds: policy.spec.alert_thresholds.percents().to_vec(),
+                resets_at_ms: match c.restore {
+                    Restore::Calendar { period_end_ms }
+                    | Restore::ZonedCalendar { period_end_ms, .. } => Some(period_end_ms),
+                    _ => None,
+                },
+            })
+        })
+        .collect();
+    let text = serde_json::to_string(&GiveBackAlerts { alerts }).ok()?;
+    Some(KeptAnswer {
+        text: format!("{text}\n"),
+        expires_at_ms: entry.at.timestamp_millis(),
+    })
 }
 
 /// `entry` with the store's usage report appended to what it keeps for alerts (the

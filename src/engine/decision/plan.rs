@@ -6,7 +6,7 @@ use crate::domain::{
     PolicyAmount, Subject, Window,
 };
 use crate::engine::codec::KeptPolicy;
-use crate::engine::decision::policies::ActionPolicies;
+use crate::engine::decision::policies::{ActionPolicies, PolicyCache};
 use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
 use crate::engine::{
     decision::window, reset_time, seconds_until, ConsumeRequest, Decision, Engine, EngineError,
@@ -57,86 +57,96 @@ impl Engine {
         request: &ConsumeRequest,
         now: DateTime<Utc>,
     ) -> Result<Plan, EngineError> {
-        let ConsumeRequest {
-            action,
-            subject,
-            amount,
-            attributes,
-            anonymous,
-            ..
-        } = request;
-        let policies = self
-            .cache
-            .action(action.as_str())
-            .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
-        let keys = SubjectKeys::new(&self.prefix, action, subject);
-        let count = policies.enabled.len();
-        let mut charges = Vec::with_capacity(count);
-        let mut errors = FieldErrors::default();
-        for (i, (policy, policy_key)) in policies.enabled.iter().zip(&policies.keys).enumerate() {
-            if !policy.spec.applies_to(subject, attributes) {
-                continue;
-            }
-            if *anonymous && policy.spec.scope.has_subject() {
-                errors.push(FieldError::new(
-                    "subject",
-                    format!("required by the scope of policy '{}'", policy.id),
-                ));
-                continue;
-            }
-            let budget = match policy.spec.scope.is_default() {
-                true => Budget::of_subject(subject),
-                false => {
-                    let budget = policy
-                        .spec
-                        .scope
-                        .budget(policy.id.as_str(), subject, attributes);
-                    match errors.take(budget) {
-                        Some(budget) => budget,
-                        None => continue,
-                    }
-                }
-            };
-            let zone = match zone_of(policy, attributes) {
-                Ok(zone) => zone,
-                Err(error) => {
-                    errors.push(error);
-                    continue;
-                }
-            };
-            let (algorithm, period, seconds) = algorithm_for(policy, zone, now);
-            let cost = match amount.get() {
-                0 => 0,
-                _ => policy.spec.measure.cost(*amount).get(),
-            };
-            let key = match policy.spec.scope.has_subject() {
-                true => keys.budget_counter(policy_key, period, &budget),
-                false => keys::shared_counter(&self.prefix, action, policy_key, period, &budget),
-            };
-            charges.push(Planned {
-                charge: Charge {
-                    key,
-                    algorithm,
-                    limit: policies.limit_for(policy, &budget, now),
-                    cost,
-                    enforce: policy.spec.mode == Mode::Enforce,
-                },
-                policy: i,
-                budget,
-                window_seconds: seconds,
-            });
-        }
-        if !errors.0.is_empty() {
-            errors.0.dedup_by(|a, b| a.field == b.field);
-            return Err(EngineError::Invalid(errors));
-        }
-        Ok(Plan {
-            policies,
-            keys,
-            charges,
-            now,
-        })
+        plan_in(&self.cache, &self.prefix, request, now)
     }
+}
+
+/// The plan of `request` at `now` under the policies of `cache` (the live ones, or a
+/// backtest's), its counters under `prefix`.
+pub(in crate::engine) fn plan_in(
+    cache: &PolicyCache,
+    prefix: &str,
+    request: &ConsumeRequest,
+    now: DateTime<Utc>,
+) -> Result<Plan, EngineError> {
+    let ConsumeRequest {
+        action,
+        subject,
+        amount,
+        attributes,
+        anonymous,
+        ..
+    } = request;
+    let policies = cache
+        .action(action.as_str())
+        .ok_or_else(|| EngineError::UnknownAction(action.clone()))?;
+    let keys = SubjectKeys::new(prefix, action, subject);
+    let count = policies.enabled.len();
+    let mut charges = Vec::with_capacity(count);
+    let mut errors = FieldErrors::default();
+    for (i, (policy, policy_key)) in policies.enabled.iter().zip(&policies.keys).enumerate() {
+        if !policy.spec.applies_to(subject, attributes) {
+            continue;
+        }
+        if *anonymous && policy.spec.scope.has_subject() {
+            errors.push(FieldError::new(
+                "subject",
+                format!("required by the scope of policy '{}'", policy.id),
+            ));
+            continue;
+        }
+        let budget = match policy.spec.scope.is_default() {
+            true => Budget::of_subject(subject),
+            false => {
+                let budget = policy
+                    .spec
+                    .scope
+                    .budget(policy.id.as_str(), subject, attributes);
+                match errors.take(budget) {
+                    Some(budget) => budget,
+                    None => continue,
+                }
+            }
+        };
+        let zone = match zone_of(policy, attributes) {
+            Ok(zone) => zone,
+            Err(error) => {
+                errors.push(error);
+                continue;
+            }
+        };
+        let (algorithm, period, seconds) = algorithm_for(policy, zone, now);
+        let cost = match amount.get() {
+            0 => 0,
+            _ => policy.spec.measure.cost(*amount).get(),
+        };
+        let key = match policy.spec.scope.has_subject() {
+            true => keys.budget_counter(policy_key, period, &budget),
+            false => keys::shared_counter(prefix, action, policy_key, period, &budget),
+        };
+        charges.push(Planned {
+            charge: Charge {
+                key,
+                algorithm,
+                limit: policies.limit_for(policy, &budget, now),
+                cost,
+                enforce: policy.spec.mode == Mode::Enforce,
+            },
+            policy: i,
+            budget,
+            window_seconds: seconds,
+        });
+    }
+    if !errors.0.is_empty() {
+        errors.0.dedup_by(|a, b| a.field == b.field);
+        return Err(EngineError::Invalid(errors));
+    }
+    Ok(Plan {
+        policies,
+        keys,
+        charges,
+        now,
+    })
 }
 
 impl Plan {

@@ -4,6 +4,7 @@
 //! counters with the ledger (on Redis at one instant of every shard, [`cut`]). [`void`]
 //! gives back what Redis applied of an attempt answered 503.
 
+pub(crate) mod backtest;
 pub(crate) mod cut;
 pub(crate) mod rebuild;
 pub mod shards;

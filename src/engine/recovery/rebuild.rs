@@ -28,14 +28,14 @@ use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
 
 /// Entries read (and replayed) per page.
-const PAGE: u32 = 5_000;
+pub(in crate::engine) const PAGE: u32 = 5_000;
 
 /// How many entries a replay keeps back to replay in the order they were made rather than
 /// inserted. With Redis the two differ: an entry that waited in a stream (its drain failed,
 /// or its instance died and another claimed it) is inserted after later ones, and a token
 /// bucket, or a refund replayed before its charge, would come out otherwise than it was.
 /// Entries inserted further apart than this are replayed as inserted.
-const REORDER: usize = 20_000;
+pub(in crate::engine) const REORDER: usize = 20_000;
 
 /// How far back the replay reads at least: a hold lives up to 30 days and its record a
 /// week more (so a late commit gets its 409), and a calendar month is 31 days.
@@ -433,7 +433,7 @@ pub(in crate::engine) struct Replayer {
 
 impl Replayer {
     /// Puts `entry` among those waiting to be replayed.
-    fn wait(&mut self, entry: LedgerEntry) {
+    pub(in crate::engine) fn wait(&mut self, entry: LedgerEntry) {
         self.read += 1;
         self.waiting
             .insert((entry.at.timestamp_millis(), entry.id.to_bits(), 0), entry);
@@ -443,7 +443,7 @@ impl Replayer {
     /// id); but a refund or settlement whose charge or hold was made in the same
     /// millisecond and waits still is put right after it (made by another instance, its id
     /// may sort first).
-    fn next(&mut self) -> Option<LedgerEntry> {
+    pub(in crate::engine) fn next(&mut self) -> Option<LedgerEntry> {
         loop {
             let ((at_ms, _, _), entry) = self.waiting.pop_first()?;
             let needs = |other: &LedgerEntry| match entry.kind {
@@ -468,6 +468,11 @@ impl Replayer {
                 None => return Some(entry),
             }
         }
+    }
+
+    /// How many entries wait to be replayed.
+    pub(in crate::engine) fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     /// The last entry of SQL read, if any.
