@@ -1,6 +1,6 @@
 // quota-ledger operator console.
 //
-// One plain ES2020 script, no framework and no build step: index.html holds the static
+// Plain ES2020 scripts, no framework and no build step: index.html holds the static
 // markup of every page, and this script shows the page the hash route names, calls the
 // service's documented HTTP API with the bearer token, and renders answers with DOM calls
 // (never innerHTML, so no string from the service is ever parsed as markup). Charts are
@@ -13,6 +13,12 @@
 //   #/ledger?subject=&action=&kind=&from=&to=     the ledger, newest first, cursor paging
 //   #/today?hours=24&action=A           charges, denials and amounts per hour
 //   #/keys                              API keys: list, create (the secret shown once), revoke
+//   #/webhooks?deliveries=ID            webhook endpoints: list, create (the secret shown once),
+//                                       enable/disable, rotate the secret, send a test, delete;
+//                                       and one endpoint's deliveries (in webhooks.js)
+//
+// A page kept in a script of its own (webhooks.js, loaded after this one) registers itself
+// with `registerPage`; this script starts once every script has loaded (DOMContentLoaded).
 //
 // Sign-in takes the admin token or an API key with `admin:read`. GET /admin/whoami says
 // whether it may change anything; when it may not, the console is read-only: a marker on
@@ -383,6 +389,7 @@ function signOut(reason) {
     '#lookup-result', '#today', '#today-range', '#actions-list', '#lookup-attrs', '#keys-table tbody']) {
     $(sel).replaceChildren();
   }
+  for (const forget of pageHooks.signOut) forget();
   policiesCache = [];
   clearMessage();
   if (reason) showError(reason, new Error('You are signed out.'));
@@ -448,6 +455,20 @@ const PAGES = {
   keys: renderKeys,
 };
 
+/** What the pages of other scripts run when any route is shown, and on sign-out. */
+const pageHooks = { leave: [], signOut: [] };
+
+/**
+ * Adds a page kept in a script of its own: `render(params)` shows it; `leave()` runs on
+ * every route (so that a secret shown once never outlives its page); `signOut()` empties
+ * what it showed.
+ */
+function registerPage(name, { render, leave, signOut: onSignOut }) {
+  PAGES[name] = render;
+  if (leave) pageHooks.leave.push(leave);
+  if (onSignOut) pageHooks.signOut.push(onSignOut);
+}
+
 /** Bumped by every route: an answer that arrives for an older one is dropped. */
 let generation = 0;
 let currentPage = null;
@@ -483,6 +504,7 @@ function route() {
   }
   if (!signedIn) return; // enterConsole routes once it knows who is signed in
   hideSecret(); // a new key's secret never outlives its page
+  for (const leave of pageHooks.leave) leave();
   const { page, params } = parseRoute();
   generation += 1;
   const changed = page !== currentPage;
@@ -1801,4 +1823,5 @@ function start() {
   else showSignIn();
 }
 
-start();
+// After every deferred script (webhooks.js too) has run and registered its page.
+document.addEventListener('DOMContentLoaded', start);
