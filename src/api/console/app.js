@@ -642,7 +642,10 @@ function policyRow(p) {
       p.description ? h('div', { class: 'muted small' }, p.description) : null),
     h('td', {}, h('span', { class: 'mono' }, p.action)),
     h('td', { class: 'num' }, fmtInt(p.limit),
-      h('div', { class: 'muted small' }, p.unit ? `${p.measure} · ${p.unit}` : p.measure)),
+      h('div', { class: 'muted small' }, p.unit ? `${p.measure} · ${p.unit}` : p.measure),
+      alertsText(p.alert_thresholds)
+        ? h('div', { class: 'small', dataset: { alerts: p.alert_thresholds.join(',') } }, alertsText(p.alert_thresholds))
+        : null),
     h('td', {}, windowText(p.window)),
     h('td', {}, scopeText(p)),
     h('td', {},
@@ -794,6 +797,26 @@ function mapText(map) {
   return Object.entries(map).map(([key, values]) => `${key} = ${[].concat(values).join(', ')}`).join('\n');
 }
 
+/**
+ * Percents (`alert_thresholds`) from their text, comma-separated: `80, 100` (a `%` after
+ * a number is allowed). Whole numbers become numbers; anything else is sent as written,
+ * for the service to name (`alert_thresholds[1]`). Empty: undefined (the field is left out).
+ */
+function percentsFromText(text) {
+  const items = text.split(',').map((t) => t.trim().replace(/\s*%$/, '')).filter((t) => t !== '');
+  return items.length ? items.map((t) => (/^\d+$/.test(t) ? Number(t) : t)) : undefined;
+}
+
+/** The text of percents: `80, 100`. */
+function percentsText(percents) {
+  return Array.isArray(percents) ? percents.join(', ') : '';
+}
+
+/** `alerts at 80%, 100%` for a policy's thresholds; '' when it has none. */
+function alertsText(percents) {
+  return Array.isArray(percents) && percents.length ? `alerts at ${percents.map((p) => `${p}%`).join(', ')}` : '';
+}
+
 /** A control's value for the JSON: a number for whole numbers, undefined when empty. */
 function controlValue(el) {
   if (el.dataset.type === 'bool') return el.checked;
@@ -801,6 +824,7 @@ function controlValue(el) {
   if (text === '') return undefined;
   if (el.dataset.type === 'int') return /^\d+$/.test(text) ? Number(text) : text;
   if (el.dataset.type === 'map') return mapFromText(text);
+  if (el.dataset.type === 'percents') return percentsFromText(text);
   return text;
 }
 
@@ -810,6 +834,7 @@ function fillControls(obj) {
     const value = getPath(obj, el.dataset.path);
     if (el.dataset.type === 'bool') el.checked = value === undefined ? el.dataset.default === 'true' : Boolean(value);
     else if (el.dataset.type === 'map') el.value = mapText(value);
+    else if (el.dataset.type === 'percents') el.value = percentsText(value);
     else if (el.tagName === 'SELECT') {
       // Absent: the service's default if it has one (`data-default=""`: the empty choice
       // that stands for it), else no choice shown (it is required).
@@ -957,12 +982,13 @@ function closeEditor() {
 
 /**
  * Which error element shows a server error about `field` (e.g. `window.timezone`; a map's
- * key or value, `match_not.country[0]`, at the map's control).
+ * key or value, `match_not.country[0]`, at the map's control; a list's entry,
+ * `alert_thresholds[1]`, at the list's).
  */
 function policyFieldError(field) {
   const el = controls().find((c) => c.dataset.path === field) ||
-    controls().find((c) => c.dataset.type === 'map' && /^[.[]/.test(field.slice(c.dataset.path.length)) &&
-      field.startsWith(c.dataset.path)) ||
+    controls().find((c) => ['map', 'percents'].includes(c.dataset.type) &&
+      /^[.[]/.test(field.slice(c.dataset.path.length)) && field.startsWith(c.dataset.path)) ||
     (field === 'window' ? $('#policy-window-type') : null);
   return el && !el.closest('[hidden]') ? $(`#${el.id}-error`) : null;
 }
