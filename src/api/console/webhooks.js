@@ -403,7 +403,7 @@ function deliveryRow(d) {
     h('td', {}, h('span', { class: 'mono' }, d.event_type), eventSummary(d.event)),
     h('td', { dataset: { status: d.state } }, badge(cls, text)),
     h('td', { class: 'num' }, fmtInt(d.attempts)),
-    h('td', { dataset: { last: '' } }, last,
+    h('td', {}, last,
       d.last_error ? h('div', { class: 'muted small' }, d.last_error) : null),
     h('td', {}, d.next_attempt_at ? timeEl(d.next_attempt_at) : '—'),
     h('td', {}, timeEl(d.created_at)),
