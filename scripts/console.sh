@@ -6,15 +6,21 @@
 #      once first).
 #   2. The service (BINARY, default target/release/quota-ledger, or env CONSOLE_BINARY) on a
 #      free loopback port with an embedded SQLite database in a temp dir, in-process
-#      counters, a random admin token, no client tokens and the ledger kept for ever
-#      (QUOTA_LEDGER_RETENTION_DAYS=forever, which a lifetime window needs); /readyz must
-#      answer 200.
+#      counters, a random admin token, no client tokens, the ledger kept for ever
+#      (QUOTA_LEDGER_RETENTION_DAYS=forever, which a lifetime window needs) and webhooks
+#      allowed to private addresses (QUOTA_WEBHOOK_ALLOW_PRIVATE=true, for the test's
+#      receiver on 127.0.0.1); /readyz must answer 200.
 #   3. scripts/console/browser_test.py against it, in headless Chromium: the CSP header,
 #      sign-in, creating a policy, the budget lookup, the ledger, a recorded denial, the
 #      "today" charts, an edit conflict, the velocity controls through the form's fields
 #      (a day from 04:00, a per-request maximum, a month from the 15th, period changes,
-#      field errors at their controls, a lifetime's "Never resets"), then API keys
-#      (create, the secret shown once, revoke) and an admin:read key's read-only console. It prints one line per step
+#      field errors at their controls, a lifetime's "Never resets"), alert thresholds in
+#      the policy form (saved, shown in the row, an error at the control), the webhooks
+#      page against a receiver the test runs on 127.0.0.1 (an endpoint created with its
+#      secret shown once, a test sent and delivered with a signature that verifies, the
+#      secret rotated, a threshold crossing delivered, disable and delete), then API keys
+#      (create, the secret shown once, revoke) and an admin:read key's read-only console
+#      (webhooks included). It prints one line per step
 #      and ends with `console: N passed, M failed`; on a failure it saves a screenshot,
 #      the page source and the browser log in a temp dir (kept) and prints its path.
 #
@@ -23,7 +29,8 @@
 # stopped and the temp dir removed on every exit path.
 # Knobs (environment):
 #   CONSOLE_SCREENSHOTS=DIR  also save policies.png, lookup.png, ledger.png, today.png,
-#                            conflict.png and velocity.png in DIR (relative to the repo root, like BINARY)
+#                            conflict.png, velocity.png and webhooks.png in DIR (relative to the
+#                            repo root, like BINARY)
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -90,7 +97,7 @@ install_packages() {
 log "binary ${BIN#"$ROOT"/}"
 install_packages
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/quota-ledger-console.XXXXXXXX")
-start_service "$TMP" QUOTA_LEDGER_RETENTION_DAYS=forever
+start_service "$TMP" QUOTA_LEDGER_RETENTION_DAYS=forever QUOTA_WEBHOOK_ALLOW_PRIVATE=true
 
 args=(--url "$URL" --token "$TOKEN")
 if [[ -n ${CONSOLE_SCREENSHOTS:-} ]]; then

@@ -5,8 +5,9 @@
         [--screenshots DIR]
 
 The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
-client tokens (and QUOTA_LEDGER_RETENTION_DAYS=forever, for a lifetime policy).
-scripts/console.sh starts one and runs this. Nineteen steps, in order, each
+client tokens (and QUOTA_LEDGER_RETENTION_DAYS=forever, for a lifetime policy, and
+QUOTA_WEBHOOK_ALLOW_PRIVATE=true, for the webhook receiver this test runs on 127.0.0.1).
+scripts/console.sh starts one and runs this. Twenty-five steps, in order, each
 asserting what it shows (the API key steps come last: the first key closes the open
 /quota/* endpoints that the earlier steps consume through); a step's failure is reported
 and the next steps still run (they may fail in turn: the first FAIL is the cause). On a
@@ -21,14 +22,20 @@ is an explicit WebDriverWait on a condition, never a bare sleep.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
+import hmac
 import json
 import os
 import re
 import sys
 import tempfile
+import threading
+import time
 import traceback
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from selenium import webdriver
@@ -47,6 +54,9 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_SECONDS = 15
+# How long a webhook delivery may take to show as delivered (the dispatcher runs in the
+# service, every half second; a failed attempt is retried after 5 s).
+DELIVERY_WAIT_SECONDS = 30
 
 POLICY_ID = "sms-daily"
 ACTION = "sms"
@@ -103,6 +113,22 @@ LIFETIME_POLICY = {
 }
 
 
+# The alert steps: thresholds set through the policy form, then an endpoint made on the
+# webhooks page that points at a receiver this test runs, on an action of their own.
+ALERT_ACTION = "alert.send"
+ALERT_SUBJECT = "user-a"
+ALERT_ID = "alert-daily"
+ALERT_POLICY = {
+    "id": ALERT_ID,
+    "action": ALERT_ACTION,
+    "measure": "count",
+    "limit": 4,
+    "window": {"type": "rolling", "seconds": 86400, "bucket_seconds": 3600},
+}
+WEBHOOK_ID = "ops-alerts"  # made on the page; disabled at the end, kept for the read-only step
+SPARE_WEBHOOK_ID = "spare-alerts"  # made through the API, deleted on the page
+
+
 class StepFailed(AssertionError):
     """A check of a step did not hold."""
 
@@ -149,6 +175,60 @@ def http(
 
 
 # ---------------------------------------------------------------------------
+# A webhook receiver, for the webhook steps
+# ---------------------------------------------------------------------------
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 (a free port), in a thread: it answers every POST
+    204 and records its headers (names lower-cased) and body."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver.lock:
+                    receiver.requests.append({
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": body,
+                    })
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/quota"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def received(self, event_id: str) -> list[dict[str, Any]]:
+        """The requests that carried `webhook-id: event_id` (a retry repeats the id)."""
+        with self.lock:
+            return [r for r in self.requests if r["headers"].get("webhook-id") == event_id]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def signed_by(secret: str, request: dict[str, Any]) -> bool:
+    """Whether one of the request's `webhook-signature` values (`v1,<base64>`, separated
+    by spaces) is the HMAC-SHA256 of `id.timestamp.body` under `secret` (Standard Webhooks:
+    the key is the base64 after `whsec_`)."""
+    headers = request["headers"]
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{headers.get('webhook-id')}.{headers.get('webhook-timestamp')}.".encode() + request["body"]
+    expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(hmac.compare_digest(expected, s) for s in headers.get("webhook-signature", "").split())
+
+
+# ---------------------------------------------------------------------------
 # The browser
 # ---------------------------------------------------------------------------
 
@@ -176,17 +256,17 @@ class Console:
     def __init__(self, driver: WebDriver) -> None:
         self.driver = driver
 
-    def wait(self, what: str, condition: Callable[[WebDriver], Any]) -> Any:
+    def wait(self, what: str, condition: Callable[[WebDriver], Any], seconds: float = WAIT_SECONDS) -> Any:
         """Waits for a truthy `condition(driver)`; fails the step naming `what`."""
         try:
             # A re-rendered element goes stale under a check: the next poll finds the new one.
             return WebDriverWait(
-                self.driver, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
+                self.driver, seconds, ignored_exceptions=(StaleElementReferenceException,)
             ).until(condition)
         except TimeoutException:
             message = self.message()
             raise StepFailed(
-                f"timed out after {WAIT_SECONDS} s waiting for {what}"
+                f"timed out after {seconds} s waiting for {what}"
                 + (f" (#message: {message!r})" if message else "")
             ) from None
 
@@ -249,6 +329,9 @@ class Run:
         self.consumption_ids: list[str] = []
         self.key_secret = ""  # the key created through the console, read from its panel
         self.key_id = ""
+        self.receiver: Receiver | None = None  # started by the first webhook step
+        self.webhook_secret = ""  # the endpoint's signing secret, read from its panel
+        self.previous_secret = ""  # the one before the rotation, still signing
 
     def key_consume(self, key: str | None, action: str = KEY_ACTION) -> Answer:
         """A consume with `key` as the bearer (none: no Authorization header)."""
@@ -300,11 +383,15 @@ def step_served_with_csp(run: Run) -> None:
     check("text/html" in (page.headers.get("Content-Type") or ""), "/console/ is not text/html")
     html = re.sub(r"<!--.*?-->", "", page.body.decode(), flags=re.S)  # comments aside
     scripts = re.findall(r"<script\b[^>]*>", html)
-    check(scripts == ['<script src="app.js" defer>'], f"the page must load app.js only, no inline script: {scripts}")
-    script = http(run.base, "GET", "/console/app.js")
-    check(script.status == 200, f"GET /console/app.js answered {script.status}")
-    check("javascript" in (script.headers.get("Content-Type") or ""),
-          f"app.js has Content-Type {script.headers.get('Content-Type')!r}")
+    check(scripts == ['<script src="app.js" defer>', '<script src="webhooks.js" defer>'],
+          f"the page must load app.js and webhooks.js only, no inline script: {scripts}")
+    for name in ("app.js", "webhooks.js"):
+        script = http(run.base, "GET", f"/console/{name}")
+        check(script.status == 200, f"GET /console/{name} answered {script.status}")
+        check("javascript" in (script.headers.get("Content-Type") or ""),
+              f"{name} has Content-Type {script.headers.get('Content-Type')!r}")
+        check("script-src 'self'" in (script.headers.get("Content-Security-Policy") or ""),
+              f"{name} is served without the Content-Security-Policy")
     style = http(run.base, "GET", "/console/app.css")
     check(style.status == 200 and "text/css" in (style.headers.get("Content-Type") or ""),
           f"app.css answered {style.status} {style.headers.get('Content-Type')!r}")
@@ -821,6 +908,263 @@ def step_usage_cards(run: Run) -> None:
     c.no_script_errors()
 
 
+# ----- Alerts: thresholds in the policy form, and the webhooks page ------------------------
+
+
+def step_form_alert_thresholds(run: Run) -> None:
+    """Thresholds typed as `50, 100` in the policy form are saved as [50, 100] and told in the
+    row; 150 is refused with the error at the thresholds control (alert_thresholds[1]);
+    emptied, the field is left out."""
+    created = http(run.base, "POST", "/admin/policies", ALERT_POLICY, run.admin())
+    check(created.status == 201, f"creating {ALERT_ID} answered {created.status}: {created.body[:300]!r}")
+    c = run.console
+    c.go("nav-policies", "page-policies")
+    c.click("#policies-refresh")
+    open_policy(c, ALERT_ID)
+    check(c.visible("#policy-alert-thresholds").get_attribute("value") == "",
+          "a policy without thresholds shows some")
+    c.type("#policy-alert-thresholds", "50, 100")
+    wait_json(c, "alert_thresholds [50, 100]", lambda p: p.get("alert_thresholds") == [50, 100])
+    save_policy(c)
+    stored = run.policy(ALERT_ID)
+    check(stored["alert_thresholds"] == [50, 100], f"the saved thresholds are {stored['alert_thresholds']}")
+    row_text(c, ALERT_ID, "alerts at 50%, 100%")
+
+    open_policy(c, ALERT_ID)
+    shown_value = c.visible("#policy-alert-thresholds").get_attribute("value")
+    check(shown_value == "50, 100", f"the thresholds control shows {shown_value!r}")
+    c.type("#policy-alert-thresholds", "50, 150")
+    wait_json(c, "alert_thresholds [50, 150]", lambda p: p.get("alert_thresholds") == [50, 150])
+    c.click("#policy-save")
+    c.wait("the 422 to be shown", lambda d: "422" in c.message())
+    error = text_of(c, "#policy-alert-thresholds-error")
+    check("150" in error, f"the thresholds control does not show the error about 150: {error!r}")
+    check(c.find("#policy-alert-thresholds").get_attribute("aria-invalid") == "true",
+          "the thresholds control is not marked invalid")
+    leftover = text_of(c, "#policy-json-error")
+    check(not leftover, f"the error was left under the JSON, not at the control: {leftover!r}")
+    check(run.policy(ALERT_ID)["alert_thresholds"] == [50, 100], "the refused edit changed the thresholds")
+
+    control = c.visible("#policy-alert-thresholds")
+    control.send_keys(Keys.CONTROL, "a")
+    control.send_keys(Keys.BACKSPACE)  # as a user empties it (an input event, unlike clear())
+    wait_json(c, "no alert_thresholds", lambda p: "alert_thresholds" not in p)
+    c.click("#policy-cancel")
+    c.no_script_errors()
+
+
+def endpoint_row(c: Console, webhook_id: str, enabled: str | None = None) -> Callable[[WebDriver], WebElement | None]:
+    """A wait condition: the webhooks table's row of `webhook_id` (with data-enabled `enabled`)."""
+    def row(driver: WebDriver) -> WebElement | None:
+        for r in driver.find_elements(By.CSS_SELECTOR, f'#webhooks-table tr[data-webhook-id="{webhook_id}"]'):
+            if enabled is None or r.get_attribute("data-enabled") == enabled:
+                return r
+        return None
+    return row
+
+
+def delivery_row(c: Console, what: str, css: str, refresh: bool) -> WebElement:
+    """Waits up to DELIVERY_WAIT_SECONDS for a delivered row matching `css` in the deliveries
+    table; with `refresh`, clicks its Refresh every 2 s, else counts on the view's own polling."""
+    clicked = [time.monotonic()]
+
+    def delivered(driver: WebDriver) -> WebElement | None:
+        for r in driver.find_elements(By.CSS_SELECTOR, f"#deliveries-table tbody {css}"):
+            if r.get_attribute("data-state") == "delivered":
+                return r
+        if refresh and time.monotonic() - clicked[0] >= 2:
+            clicked[0] = time.monotonic()
+            c.click("#deliveries-refresh")
+        return None
+    return c.wait(what, delivered, DELIVERY_WAIT_SECONDS)
+
+
+def one_request(run: Run, event_id: str) -> dict[str, Any]:
+    """The request the receiver got for `event_id` (at least once: the first of them)."""
+    got = run.receiver.received(event_id) if run.receiver else []
+    check(len(got) >= 1, f"the receiver got no request with webhook-id {event_id}")
+    return got[0]
+
+
+def step_webhook_create(run: Run) -> None:
+    """Webhooks page: a 422 names its fields; an endpoint created at the test's receiver
+    shows its signing secret once; the same id again is a 409 at the id field."""
+    run.receiver = Receiver()
+    c = run.console
+    c.go("nav-webhooks", "page-webhooks")
+    check(c.find("#nav-webhooks").get_attribute("aria-current") == "page", "the nav link is not aria-current")
+    c.wait("the empty endpoint list", lambda d: c.find("#webhooks-empty").is_displayed())
+    check(not c.find("#webhook-form").is_displayed(), "the form shows before New endpoint")
+    c.click("#new-webhook")
+    c.visible("#webhook-form")
+    check(c.driver.switch_to.active_element.get_attribute("id") == "webhook-id", "the focus is not on the id field")
+
+    # A bad id, then a URL that is not http(s): each error at its own field.
+    c.type("#webhook-id", "Ops alerts!")
+    c.type("#webhook-url", run.receiver.url)
+    c.click("#webhook-create")
+    c.wait("the id field's error", lambda d: text_of(c, "#webhook-id-error") != "")
+    check(c.find("#webhook-id").get_attribute("aria-invalid") == "true", "the id field is not marked invalid")
+    check("422" in c.message(), f"the 422 is not shown: {c.message()!r}")
+    c.type("#webhook-id", WEBHOOK_ID)
+    c.type("#webhook-url", "ftp://127.0.0.1/hooks")
+    c.click("#webhook-create")
+    c.wait("the url field's error", lambda d: text_of(c, "#webhook-url-error") != "")
+    check(text_of(c, "#webhook-id-error") == "", "the id field still shows an error")
+    check(c.find("#webhook-url").get_attribute("aria-invalid") == "true", "the url field is not marked invalid")
+    check(http(run.base, "GET", "/admin/webhooks", headers=run.admin()).json()["items"] == [],
+          "the refused endpoint was created")
+
+    # No resolved events; alert.* only.
+    c.type("#webhook-id", WEBHOOK_ID)
+    c.type("#webhook-url", run.receiver.url)
+    c.type("#webhook-actions", "alert.*")
+    c.click("#webhook-event-resolved")
+    c.click("#webhook-create")
+    panel = c.visible("#webhook-secret")
+    secret = c.visible("#webhook-secret-value").get_attribute("value") or ""
+    check(secret.startswith("whsec_"), f"the panel shows no signing secret: {panel.text!r}")
+    check("shown once" in panel.text, f"the panel does not say the secret is shown once: {panel.text!r}")
+    run.webhook_secret = secret
+    c.wait("the form to close", lambda d: not c.find("#webhook-form").is_displayed())
+    row = c.wait(f"the row of {WEBHOOK_ID}", endpoint_row(c, WEBHOOK_ID, "true"))
+    check(run.receiver.url in row.text and "alert.*" in row.text, f"the row lacks the url or actions: {row.text!r}")
+    check("webhook.test" in row.text and "budget.threshold.resolved" not in row.text,
+          f"the row does not list the event types chosen: {row.text!r}")
+    check("Enabled" in row.find_element(By.CSS_SELECTOR, "[data-status]").text, "the row does not say Enabled")
+    check(secret not in c.find("#webhooks-table").text, "the list shows the secret")
+    answer = http(run.base, "GET", f"/admin/webhooks/{WEBHOOK_ID}", headers=run.admin())
+    check(answer.status == 200, f"GET /admin/webhooks/{WEBHOOK_ID} answered {answer.status}")
+    stored = answer.json()
+    check(stored["events"] == ["budget.threshold", "webhook.test"] and stored["actions"] == ["alert.*"]
+          and stored["url"] == run.receiver.url and "secret" not in stored, f"the stored endpoint differs: {stored}")
+
+    # The same id again: 409, at the id field; the panel (and the secret) are gone.
+    c.click("#new-webhook")
+    c.type("#webhook-id", WEBHOOK_ID)
+    c.type("#webhook-url", run.receiver.url)
+    c.click("#webhook-create")
+    c.wait("the 409 at the id field", lambda d: "exists" in text_of(c, "#webhook-id-error"))
+    check("409" in c.message(), f"the 409 is not shown: {c.message()!r}")
+    check(not secret_kept(c, secret), "the secret is still in the page after the panel went")
+    c.click("#webhook-cancel")
+    c.no_script_errors()
+
+
+def step_webhook_test(run: Run) -> None:
+    """"Send test" opens the endpoint's deliveries, which refresh themselves until the
+    webhook.test delivery is delivered; the receiver got it once, signed with the secret."""
+    c = run.console
+    c.click(f'#webhooks-table tr[data-webhook-id="{WEBHOOK_ID}"] button[data-action="test"]')
+    c.wait("the deliveries route", lambda d: f"deliveries={WEBHOOK_ID}" in d.current_url)
+    title = c.visible("#deliveries-title").text
+    check(WEBHOOK_ID in title, f"the deliveries' heading does not name the endpoint: {title!r}")
+    row = delivery_row(c, "the webhook.test delivery to be delivered (no click)",
+                       'tr[data-event-type="webhook.test"]', refresh=False)
+    event_id = row.get_attribute("data-event-id") or ""
+    check(event_id.startswith("test."), f"the delivery's event id is {event_id!r}")
+    check("HTTP 204" in row.text, f"the row does not show the receiver's 204: {row.text!r}")
+    check(event_id in text_of(c, "#status"), f"the status does not name the test event: {text_of(c, '#status')!r}")
+    link = c.find(f'#webhooks-table tr[data-webhook-id="{WEBHOOK_ID}"] a[data-link="deliveries"]')
+    check(link is not None and link.get_attribute("aria-current") == "true",
+          "the endpoint's Deliveries link is not marked current")
+    request = one_request(run, event_id)
+    check(request["path"] == "/hooks/quota", f"the receiver was called at {request['path']}")
+    check(signed_by(run.webhook_secret, request),
+          f"the webhook-signature does not verify with the secret: {request['headers'].get('webhook-signature')!r}")
+    body = json.loads(request["body"])
+    check(body.get("type") == "webhook.test" and body.get("webhook_id") == WEBHOOK_ID,
+          f"the receiver got another event: {body}")
+    c.no_script_errors()
+
+
+def step_webhook_rotate(run: Run) -> None:
+    """Rotate secret asks first, then shows the new secret once and until when the old one
+    signs; the next delivery carries both signatures."""
+    c = run.console
+    c.click(f'#webhooks-table tr[data-webhook-id="{WEBHOOK_ID}"] button[data-action="rotate"]')
+    c.visible("#confirm-dialog")
+    check("24 hours" in c.find("#confirm-text").text, f"the question does not say how long: {c.find('#confirm-text').text!r}")
+    c.click("#confirm-ok")
+    panel = c.visible("#webhook-secret")
+    secret = c.visible("#webhook-secret-value").get_attribute("value") or ""
+    check(secret.startswith("whsec_") and secret != run.webhook_secret,
+          f"the panel shows no new secret: {panel.text!r}")
+    until = c.visible("#webhook-secret-until").text
+    check("UTC" in until and "both signatures" in until, f"the panel does not say until when the old one signs: {until!r}")
+    run.previous_secret, run.webhook_secret = run.webhook_secret, secret
+    c.click("#webhook-secret-dismiss")
+    c.wait("the panel to close", lambda d: not c.find("#webhook-secret").is_displayed())
+    check(not secret_kept(c, secret), "the new secret is still in the page after it was dismissed")
+
+    sent = http(run.base, "POST", f"/admin/webhooks/{WEBHOOK_ID}/test", headers=run.admin())
+    check(sent.status == 202, f"a test through the API answered {sent.status}")
+    event_id = sent.json()["event_id"]
+    delivery_row(c, f"the delivery of {event_id}", f'tr[data-event-id="{event_id}"]', refresh=True)
+    request = one_request(run, event_id)
+    signatures = request["headers"].get("webhook-signature", "").split()
+    check(len(signatures) == 2, f"a delivery during the rotation carries {len(signatures)} signatures")
+    check(signed_by(run.webhook_secret, request) and signed_by(run.previous_secret, request),
+          "the delivery is not signed by both the new and the previous secret")
+    c.no_script_errors()
+
+
+def step_webhook_threshold(run: Run) -> None:
+    """Two consumes of a limit of 4 reach the policy's 50%: a budget.threshold delivery shows
+    in the deliveries (after Refresh), told in words, and the receiver got it signed."""
+    for used in (1, 2):
+        answer = http(run.base, "POST", "/quota/consume", {"action": ALERT_ACTION, "subject": ALERT_SUBJECT})
+        check(answer.status == 200 and answer.json()["allowed"] is True,
+              f"consume {used} of {ALERT_ACTION} answered {answer.status}: {answer.body[:300]!r}")
+    c = run.console
+    row = delivery_row(c, "the budget.threshold delivery", 'tr[data-event-type="budget.threshold"]', refresh=True)
+    check(f"{ALERT_ID} reached 50% (2 of 4)" in row.text, f"the row does not tell the crossing: {row.text!r}")
+    check(f"subject={ALERT_SUBJECT}" in row.text, f"the row does not name the budget: {row.text!r}")
+    rows = c.driver.find_elements(By.CSS_SELECTOR, '#deliveries-table tbody tr[data-event-type="budget.threshold"]')
+    check(len(rows) == 1, f"{len(rows)} budget.threshold deliveries, not 1 (100% is not reached)")
+    request = one_request(run, row.get_attribute("data-event-id") or "")
+    check(signed_by(run.webhook_secret, request), "the threshold's delivery does not verify with the secret")
+    body = json.loads(request["body"])
+    check(body.get("type") == "budget.threshold" and body.get("threshold") == 50 and body.get("used") == 2
+          and body.get("policy_id") == ALERT_ID, f"the receiver got another event: {body}")
+    c.shot(run.shots, "webhooks.png")
+    c.no_script_errors()
+
+
+def step_webhook_disable_delete(run: Run) -> None:
+    """Disable marks the endpoint disabled (PUT); Delete asks first (Cancel keeps it), then
+    removes the endpoint."""
+    c = run.console
+    c.click(f'#webhooks-table tr[data-webhook-id="{WEBHOOK_ID}"] button[data-action="toggle"]')
+    row = c.wait(f"{WEBHOOK_ID} marked disabled", endpoint_row(c, WEBHOOK_ID, "false"))
+    check("Disabled" in row.find_element(By.CSS_SELECTOR, "[data-status]").text, "the row does not say Disabled")
+    stored = http(run.base, "GET", f"/admin/webhooks/{WEBHOOK_ID}", headers=run.admin()).json()
+    check(stored["enabled"] is False and stored["actions"] == ["alert.*"],
+          f"the stored endpoint is not disabled with its filters kept: {stored}")
+
+    created = http(run.base, "POST", "/admin/webhooks",
+                   {"id": SPARE_WEBHOOK_ID, "url": run.receiver.url if run.receiver else "http://127.0.0.1:9/"},
+                   run.admin())
+    check(created.status == 201, f"creating {SPARE_WEBHOOK_ID} answered {created.status}: {created.body[:300]!r}")
+    c.click("#webhooks-refresh")
+    delete = f'#webhooks-table tr[data-webhook-id="{SPARE_WEBHOOK_ID}"] button[data-action="delete"]'
+    c.click(delete)
+    c.visible("#confirm-dialog")
+    check(SPARE_WEBHOOK_ID in c.find("#confirm-text").text, "the question does not name the endpoint")
+    c.click("#confirm-cancel")
+    c.wait("the dialog to close", lambda d: not c.find("#confirm-dialog").is_displayed())
+    check(http(run.base, "GET", f"/admin/webhooks/{SPARE_WEBHOOK_ID}", headers=run.admin()).status == 200,
+          "Cancel deleted the endpoint")
+    c.click(delete)
+    c.visible("#confirm-dialog")
+    c.click("#confirm-ok")
+    c.wait(f"the row of {SPARE_WEBHOOK_ID} to go", lambda d: endpoint_row(c, SPARE_WEBHOOK_ID)(d) is None)
+    check(http(run.base, "GET", f"/admin/webhooks/{SPARE_WEBHOOK_ID}", headers=run.admin()).status == 404,
+          "the deleted endpoint is still there")
+    check(endpoint_row(c, WEBHOOK_ID)(c.driver) is not None, "the other endpoint went too")
+    c.no_script_errors()
+
+
 # The secret anywhere in the page (attributes and input values too) or in the tab's storage.
 SECRET_KEPT = """
 const secret = arguments[0];
@@ -832,7 +1176,7 @@ return document.documentElement.outerHTML.includes(secret) || values.concat(stor
 # The texts of the buttons a user can see and the visible controls marked as changing something.
 VISIBLE_CHANGE_CONTROLS = """
 const shown = (el) => el.getClientRects().length > 0;
-const words = /^(new policy|edit|enable|disable|delete|revoke|create key|save|create policy)/i;
+const words = /^(new policy|edit|enable|disable|delete|revoke|create key|save|create policy|new endpoint|create endpoint|send test|rotate)/i;
 return Array.from(document.querySelectorAll('button, [data-change], [data-action]')).filter(shown)
   .filter((el) => el.hasAttribute('data-change') || el.hasAttribute('data-action') || words.test(el.textContent.trim()))
   .map((el) => el.id || el.textContent.trim());
@@ -997,6 +1341,18 @@ def step_read_only(run: Run) -> None:
     shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
     check(not shown, f"controls that change something are shown after a reload: {shown}")
 
+    # The webhooks page reads, endpoints and deliveries, with no control that changes them.
+    c.go("nav-webhooks", "page-webhooks")
+    c.wait(f"{WEBHOOK_ID} listed", endpoint_row(c, WEBHOOK_ID))
+    check(not c.find("#new-webhook").is_displayed(), "New endpoint is shown")
+    check(not c.driver.find_elements(By.CSS_SELECTOR, "#webhooks-table button"),
+          "the endpoint rows have buttons (send test, disable, rotate, delete)")
+    c.click(f'#webhooks-table tr[data-webhook-id="{WEBHOOK_ID}"] a[data-link="deliveries"]')
+    c.wait("the deliveries listed", lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#deliveries-table tbody tr[data-event-type="webhook.test"]'))
+    shown = c.driver.execute_script(VISIBLE_CHANGE_CONTROLS)
+    check(not shown, f"controls that change something are shown on the webhooks page: {shown}")
+
     # Reads work: the lookup (usage), the ledger and today; another action is a 403, shown.
     c.go("nav-lookup", "page-lookup")
     c.type("#lookup-action", KEY_ACTION)
@@ -1042,6 +1398,12 @@ STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("form: a period change drops the anchors it does not take", step_form_period_change),
     ("form: day_start 25:00 and match_not errors at their controls", step_form_field_errors),
     ("lookup: a lifetime never resets; a per-request card", step_usage_cards),
+    ("form: alert thresholds 50, 100 saved; 150 refused at the control", step_form_alert_thresholds),
+    ("webhooks: 422 fields, create, the secret shown once, 409", step_webhook_create),
+    ("webhooks: send test, delivered and signed", step_webhook_test),
+    ("webhooks: rotate the secret, both signatures", step_webhook_rotate),
+    ("webhooks: a threshold crossing is delivered", step_webhook_threshold),
+    ("webhooks: disable, delete after a confirmation", step_webhook_disable_delete),
     # The first key closes the open /quota/* endpoints the steps above consume through.
     ("keys: 422 fields, create, the secret shown once", step_key_create),
     ("keys: revoke after a confirmation", step_key_revoke),
@@ -1079,9 +1441,9 @@ def main() -> int:
     driver = start_browser()
     passed = failed = 0
     failures_dir: str | None = None
+    console = Console(driver)
+    run = Run(console, base, args.token, args.screenshots)
     try:
-        console = Console(driver)
-        run = Run(console, base, args.token, args.screenshots)
         for number, (name, step) in enumerate(STEPS, start=1):
             try:
                 step(run)
@@ -1098,6 +1460,8 @@ def main() -> int:
                 print(f"console: ok   {number}. {name}", flush=True)
     finally:
         driver.quit()
+        if run.receiver is not None:
+            run.receiver.close()
     print(f"console: {passed} passed, {failed} failed", flush=True)
     return 1 if failed else 0
 

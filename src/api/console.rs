@@ -1,5 +1,6 @@
-//! The operator console: one page, one script and one style sheet, compiled into the
-//! binary and served under `/console/`.
+//! The operator console: one page, its scripts (`app.js`, and `webhooks.js` for the
+//! webhooks page) and one style sheet, compiled into the binary and served under
+//! `/console/`.
 //!
 //! The console is a client of the documented API and nothing more: it signs in with the
 //! admin token, keeps it in the tab's session storage and sends it as a bearer token; no
@@ -20,6 +21,8 @@ pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src
 const INDEX: &str = include_str!("console/index.html");
 /// The script: pages, API calls and the SVG charts.
 const SCRIPT: &str = include_str!("console/app.js");
+/// The webhooks page's script, loaded after `app.js` and built on its helpers.
+const WEBHOOKS_SCRIPT: &str = include_str!("console/webhooks.js");
 /// The style sheet.
 const STYLE: &str = include_str!("console/app.css");
 
@@ -34,6 +37,10 @@ pub(crate) fn routes(config: &mut web::ServiceConfig) {
         .route(
             "/console/app.js",
             web::get().to(|| serve("text/javascript; charset=utf-8", SCRIPT)),
+        )
+        .route(
+            "/console/webhooks.js",
+            web::get().to(|| serve("text/javascript; charset=utf-8", WEBHOOKS_SCRIPT)),
         )
         .route(
             "/console/app.css",

@@ -11,6 +11,7 @@ async fn the_console_is_served_from_the_binary_with_a_strict_content_security_po
     for (path, media_type, marker) in [
         ("/console/", "text/html", "<script src=\"app.js\""),
         ("/console/app.js", "text/javascript", "sessionStorage"),
+        ("/console/webhooks.js", "text/javascript", "/admin/webhooks"),
         ("/console/app.css", "text/css", "{"),
     ] {
         let response = app

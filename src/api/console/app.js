@@ -1,6 +1,6 @@
 // quota-ledger operator console.
 //
-// One plain ES2020 script, no framework and no build step: index.html holds the static
+// Plain ES2020 scripts, no framework and no build step: index.html holds the static
 // markup of every page, and this script shows the page the hash route names, calls the
 // service's documented HTTP API with the bearer token, and renders answers with DOM calls
 // (never innerHTML, so no string from the service is ever parsed as markup). Charts are
@@ -13,6 +13,12 @@
 //   #/ledger?subject=&action=&kind=&from=&to=     the ledger, newest first, cursor paging
 //   #/today?hours=24&action=A           charges, denials and amounts per hour
 //   #/keys                              API keys: list, create (the secret shown once), revoke
+//   #/webhooks?deliveries=ID            webhook endpoints: list, create (the secret shown once),
+//                                       enable/disable, rotate the secret, send a test, delete;
+//                                       and one endpoint's deliveries (in webhooks.js)
+//
+// A page kept in a script of its own (webhooks.js, loaded after this one) registers itself
+// with `registerPage`; this script starts once every script has loaded (DOMContentLoaded).
 //
 // Sign-in takes the admin token or an API key with `admin:read`. GET /admin/whoami says
 // whether it may change anything; when it may not, the console is read-only: a marker on
@@ -383,6 +389,7 @@ function signOut(reason) {
     '#lookup-result', '#today', '#today-range', '#actions-list', '#lookup-attrs', '#keys-table tbody']) {
     $(sel).replaceChildren();
   }
+  for (const forget of pageHooks.signOut) forget();
   policiesCache = [];
   clearMessage();
   if (reason) showError(reason, new Error('You are signed out.'));
@@ -448,6 +455,20 @@ const PAGES = {
   keys: renderKeys,
 };
 
+/** What the pages of other scripts run when any route is shown, and on sign-out. */
+const pageHooks = { leave: [], signOut: [] };
+
+/**
+ * Adds a page kept in a script of its own: `render(params)` shows it; `leave()` runs on
+ * every route (so that a secret shown once never outlives its page); `signOut()` empties
+ * what it showed.
+ */
+function registerPage(name, { render, leave, signOut: onSignOut }) {
+  PAGES[name] = render;
+  if (leave) pageHooks.leave.push(leave);
+  if (onSignOut) pageHooks.signOut.push(onSignOut);
+}
+
 /** Bumped by every route: an answer that arrives for an older one is dropped. */
 let generation = 0;
 let currentPage = null;
@@ -483,6 +504,7 @@ function route() {
   }
   if (!signedIn) return; // enterConsole routes once it knows who is signed in
   hideSecret(); // a new key's secret never outlives its page
+  for (const leave of pageHooks.leave) leave();
   const { page, params } = parseRoute();
   generation += 1;
   const changed = page !== currentPage;
@@ -620,7 +642,10 @@ function policyRow(p) {
       p.description ? h('div', { class: 'muted small' }, p.description) : null),
     h('td', {}, h('span', { class: 'mono' }, p.action)),
     h('td', { class: 'num' }, fmtInt(p.limit),
-      h('div', { class: 'muted small' }, p.unit ? `${p.measure} · ${p.unit}` : p.measure)),
+      h('div', { class: 'muted small' }, p.unit ? `${p.measure} · ${p.unit}` : p.measure),
+      alertsText(p.alert_thresholds)
+        ? h('div', { class: 'small', dataset: { alerts: p.alert_thresholds.join(',') } }, alertsText(p.alert_thresholds))
+        : null),
     h('td', {}, windowText(p.window)),
     h('td', {}, scopeText(p)),
     h('td', {},
@@ -772,6 +797,26 @@ function mapText(map) {
   return Object.entries(map).map(([key, values]) => `${key} = ${[].concat(values).join(', ')}`).join('\n');
 }
 
+/**
+ * Percents (`alert_thresholds`) from their text, comma-separated: `80, 100` (a `%` after
+ * a number is allowed). Whole numbers become numbers; anything else is sent as written,
+ * for the service to name (`alert_thresholds[1]`). Empty: undefined (the field is left out).
+ */
+function percentsFromText(text) {
+  const items = text.split(',').map((t) => t.trim().replace(/\s*%$/, '')).filter((t) => t !== '');
+  return items.length ? items.map((t) => (/^\d+$/.test(t) ? Number(t) : t)) : undefined;
+}
+
+/** The text of percents: `80, 100`. */
+function percentsText(percents) {
+  return Array.isArray(percents) ? percents.join(', ') : '';
+}
+
+/** `alerts at 80%, 100%` for a policy's thresholds; '' when it has none. */
+function alertsText(percents) {
+  return Array.isArray(percents) && percents.length ? `alerts at ${percents.map((p) => `${p}%`).join(', ')}` : '';
+}
+
 /** A control's value for the JSON: a number for whole numbers, undefined when empty. */
 function controlValue(el) {
   if (el.dataset.type === 'bool') return el.checked;
@@ -779,6 +824,7 @@ function controlValue(el) {
   if (text === '') return undefined;
   if (el.dataset.type === 'int') return /^\d+$/.test(text) ? Number(text) : text;
   if (el.dataset.type === 'map') return mapFromText(text);
+  if (el.dataset.type === 'percents') return percentsFromText(text);
   return text;
 }
 
@@ -788,6 +834,7 @@ function fillControls(obj) {
     const value = getPath(obj, el.dataset.path);
     if (el.dataset.type === 'bool') el.checked = value === undefined ? el.dataset.default === 'true' : Boolean(value);
     else if (el.dataset.type === 'map') el.value = mapText(value);
+    else if (el.dataset.type === 'percents') el.value = percentsText(value);
     else if (el.tagName === 'SELECT') {
       // Absent: the service's default if it has one (`data-default=""`: the empty choice
       // that stands for it), else no choice shown (it is required).
@@ -935,12 +982,13 @@ function closeEditor() {
 
 /**
  * Which error element shows a server error about `field` (e.g. `window.timezone`; a map's
- * key or value, `match_not.country[0]`, at the map's control).
+ * key or value, `match_not.country[0]`, at the map's control; a list's entry,
+ * `alert_thresholds[1]`, at the list's).
  */
 function policyFieldError(field) {
   const el = controls().find((c) => c.dataset.path === field) ||
-    controls().find((c) => c.dataset.type === 'map' && /^[.[]/.test(field.slice(c.dataset.path.length)) &&
-      field.startsWith(c.dataset.path)) ||
+    controls().find((c) => ['map', 'percents'].includes(c.dataset.type) &&
+      /^[.[]/.test(field.slice(c.dataset.path.length)) && field.startsWith(c.dataset.path)) ||
     (field === 'window' ? $('#policy-window-type') : null);
   return el && !el.closest('[hidden]') ? $(`#${el.id}-error`) : null;
 }
@@ -1801,4 +1849,5 @@ function start() {
   else showSignIn();
 }
 
-start();
+// After every deferred script (webhooks.js too) has run and registered its page.
+document.addEventListener('DOMContentLoaded', start);
