@@ -30,7 +30,10 @@ On this machine, all on loopback, in one run:
      no traffic (their ledger drain and hold sweeper);
   7. counters verify on the ledger of the runs, embedded and with Redis: seconds per
      million ledger entries, and the consumes/s of the calendar-day row while verifies run
-     back to back against the same row alone;
+     back to back against the same row alone; and a backtest on the embedded ledger
+     (scripts/bench/backtest.py): seconds per million entries replayed;
+  8. the alert rows (scripts/bench/alerts.py): consumes with alert thresholds and a webhook
+     against none, and the time from a crossing to its delivery under that load;
 then prints one table: every row, and each target (named by what it measures) beside the
 measured figure. Steps 3, 5 and 6 run after the Redis mode's rows, 4 after the
 embedded one's, 7 after each.
@@ -77,6 +80,7 @@ if sys.version_info < (3, 9):
     sys.exit("bench: Python 3.9 or later is needed")
 
 from alerts import measure_alert_rows  # noqa: E402
+from backtest import measure_backtest  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from measurements import (  # noqa: E402
     Bench,
@@ -117,6 +121,7 @@ def run(knobs: Knobs, processes: Processes, tmp: Path) -> List[str]:
         else:
             measure_restart(bench, service)
             measure_verify(bench, "embedded", service.db)
+            measure_backtest(bench, "embedded", service.db)
     return table(knobs, bench.results, bench.redis.version())
 
 

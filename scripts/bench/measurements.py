@@ -150,6 +150,7 @@ class Results:
     alerts: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, off|on): per round
     deliveries: Dict[str, List[float]] = field(default_factory=dict)  # mode: crossing-to-delivery s
     alert_events: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)  # mode: (delivered, recorded)
+    backtest: Dict[str, Tuple[int, int, float]] = field(default_factory=dict)  # mode: (entries, requests, s)
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB

@@ -9,6 +9,7 @@ import os
 from typing import List, Optional
 
 from alerts import ALERT_SUBJECTS, alert_targets
+from backtest import backtest_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
 from measurements import BRACKETED, Line, Results
 
@@ -220,6 +221,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     out += _grpc_vs_http(k, results)
     out += _auth(k, results)
     out += alert_targets(k.modes, results, target, ratio, at_least)
+    out += backtest_targets(results, target, at_most)
     out += _overload(k, results)
     for mode in k.modes:
         lag = results.lag.get(mode)
