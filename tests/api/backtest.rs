@@ -345,25 +345,11 @@ async fn the_cli_prints_the_backtest_beside_the_diff() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("policies.json");
     std::fs::write(&file, json!({"policies": [sms(5)]}).to_string()).unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"));
-    command
-        .args(["policies", "diff", "--backtest", "7"])
-        .arg(&file)
-        .env("QUOTA_URL", &app.address)
-        .env("QUOTA_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
-        .env("DATABASE_URL", "sqlite::memory:")
-        .env_remove("REDIS_URL");
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .expect("running the binary");
+    let path = file.to_string_lossy().into_owned();
+    let (code, out, err) =
+        crate::helpers::cli(&app, &["policies", "diff", "--backtest", "7", &path]).await;
     let _ = std::fs::remove_dir_all(&dir);
-    let out = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(2),
-        "a change, as diff says: {out}"
-    );
+    assert_eq!(code, 2, "a change, as diff says: {out}{err}");
     assert!(out.contains("~ sms"), "the diff: {out}");
     assert!(
         out.contains("backtest over the last 7 day(s) of the ledger (12 entries replayed)")

@@ -562,6 +562,27 @@ macro_rules! on_policy_stores {
     };
 }
 
+/// `quota-ledger ARGS` against `app` (its URL and admin token in the environment):
+/// exit status, stdout, stderr. Run off the test's runtime, which serves the app meanwhile.
+pub async fn cli(app: &TestApp, args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"));
+    command
+        .args(args)
+        .env("QUOTA_URL", &app.address)
+        .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("DATABASE_URL", "sqlite::memory:")
+        .env_remove("REDIS_URL");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("the command's task")
+        .expect("running the binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// Runs one async scenario against every counter store.
 #[macro_export]
 macro_rules! on_counter_stores {

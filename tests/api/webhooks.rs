@@ -443,23 +443,10 @@ crate::on_counter_stores!(
 
 /// `quota-ledger webhooks ARGS` against `app`: exit status, stdout, stderr.
 async fn webhooks_cli(app: &TestApp, args: &[&str]) -> (i32, String, String) {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_quota-ledger"));
-    command
-        .arg("webhooks")
-        .args(args)
-        .env("QUOTA_URL", &app.address)
-        .env("QUOTA_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
-        .env("DATABASE_URL", "sqlite::memory:")
-        .env_remove("REDIS_URL");
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .expect("running the binary");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let args: Vec<&str> = std::iter::once("webhooks")
+        .chain(args.iter().copied())
+        .collect();
+    crate::helpers::cli(app, &args).await
 }
 
 #[tokio::test]

@@ -14,10 +14,9 @@ use crate::domain::{
     Action, Budget, ConsumptionId, EntryKind, HoldId, LedgerEntry, Policy, PolicyId, Quantity,
 };
 use crate::engine::codec::{self, HoldRecord};
-use crate::engine::decision::giveback::Settle;
 use crate::engine::decision::plan::{plan_in, Plan};
 use crate::engine::decision::policies::PolicyCache;
-use crate::engine::recovery::rebuild::{Replayer, PAGE, REORDER};
+use crate::engine::recovery::rebuild::{settlement, Replayer, PAGE, REORDER};
 use crate::engine::state::{Replay, ReplayOp};
 use crate::engine::store::{Evaluation, StoreError};
 use crate::engine::{ConsumeRequest, Engine, EngineError};
@@ -316,18 +315,7 @@ impl Run<'_> {
         let Some(record) = entry.hold_id.and_then(|id| self.holds.remove(&id)) else {
             return Ok(());
         };
-        let how = match entry.kind {
-            // As the rebuild replays it: the ledger says what was kept.
-            EntryKind::Commit => Some(Settle::Commit {
-                amount: Some(
-                    Quantity::parse("amount", i128::from(entry.amount))
-                        .map_err(|e| StoreError::Protocol(e.to_string()))?,
-                ),
-                over_capture: true,
-            }),
-            EntryKind::Release | EntryKind::Void => Some(Settle::Release),
-            _ => None,
-        };
+        let how = settlement(entry)?;
         let Some(hold_id) = entry.hold_id else {
             return Ok(());
         };

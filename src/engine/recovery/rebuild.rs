@@ -384,18 +384,7 @@ impl Engine {
             }
             None => return Ok(None),
         };
-        let how = match entry.kind {
-            // The ledger is the book of record: a commit above the hold was over-captured.
-            EntryKind::Commit => Some(Settle::Commit {
-                amount: Some(
-                    Quantity::parse("amount", i128::from(entry.amount))
-                        .map_err(|e| StoreError::Protocol(e.to_string()))?,
-                ),
-                over_capture: true,
-            }),
-            EntryKind::Release | EntryKind::Void => Some(Settle::Release),
-            _ => None,
-        };
+        let how = settlement(entry)?;
         let (_, mut request) = self.hold_give_back(hold_id, &record, how, entry.at)?;
         request.ledger = None;
         let at_ms = entry.at.timestamp_millis();
@@ -404,6 +393,22 @@ impl Engine {
             request: Box::new(request),
         }))
     }
+}
+
+/// How the settlement `entry` (a commit, release, void or expiry) settled its hold: as
+/// the ledger says, the book of record (a commit above the hold was over-captured).
+pub(in crate::engine) fn settlement(entry: &LedgerEntry) -> Result<Option<Settle>, StoreError> {
+    Ok(match entry.kind {
+        EntryKind::Commit => Some(Settle::Commit {
+            amount: Some(
+                Quantity::parse("amount", i128::from(entry.amount))
+                    .map_err(|e| StoreError::Protocol(e.to_string()))?,
+            ),
+            over_capture: true,
+        }),
+        EntryKind::Release | EntryKind::Void => Some(Settle::Release),
+        _ => None,
+    })
 }
 
 /// What a replay remembers between entries.
