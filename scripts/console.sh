@@ -18,7 +18,9 @@
 #      the policy form (saved, shown in the row, an error at the control), the webhooks
 #      page against a receiver the test runs on 127.0.0.1 (an endpoint created with its
 #      secret shown once, a test sent and delivered with a signature that verifies, the
-#      secret rotated, a threshold crossing delivered, disable and delete), then API keys
+#      secret rotated, a threshold crossing delivered, disable and delete), a lower limit
+#      tried in the policy form on the last 7 days (POST /admin/backtest: the newly denied
+#      count the test computes, and the policy not saved), then API keys
 #      (create, the secret shown once, revoke) and an admin:read key's read-only console
 #      (webhooks included). It prints one line per step
 #      and ends with `console: N passed, M failed`; on a failure it saves a screenshot,
@@ -29,8 +31,8 @@
 # stopped and the temp dir removed on every exit path.
 # Knobs (environment):
 #   CONSOLE_SCREENSHOTS=DIR  also save policies.png, lookup.png, ledger.png, today.png,
-#                            conflict.png, velocity.png and webhooks.png in DIR (relative to the
-#                            repo root, like BINARY)
+#                            conflict.png, velocity.png, webhooks.png and backtest.png in DIR
+#                            (relative to the repo root, like BINARY)
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."

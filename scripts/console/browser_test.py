@@ -7,7 +7,7 @@
 The service must be fresh (no policies), started with QUOTA_ADMIN_TOKEN=TOKEN and no
 client tokens (and QUOTA_LEDGER_RETENTION_DAYS=forever, for a lifetime policy, and
 QUOTA_WEBHOOK_ALLOW_PRIVATE=true, for the webhook receiver this test runs on 127.0.0.1).
-scripts/console.sh starts one and runs this. Twenty-five steps, in order, each
+scripts/console.sh starts one and runs this. Twenty-six steps, in order, each
 asserting what it shows (the API key steps come last: the first key closes the open
 /quota/* endpoints that the earlier steps consume through); a step's failure is reported
 and the next steps still run (they may fail in turn: the first FAIL is the cause). On a
@@ -127,6 +127,22 @@ ALERT_POLICY = {
 }
 WEBHOOK_ID = "ops-alerts"  # made on the page; disabled at the end, kept for the read-only step
 SPARE_WEBHOOK_ID = "spare-alerts"  # made through the API, deleted on the page
+
+# The backtest step: a policy with recorded traffic (denials included), tried in its form
+# with a lower limit, on an action of its own.
+TRY_ACTION = "push.send"
+TRY_ID = "push-daily"
+TRY_POLICY = {
+    "id": TRY_ID,
+    "action": TRY_ACTION,
+    "measure": "count",
+    "limit": 5,
+    "window": {"type": "rolling", "seconds": 86400, "bucket_seconds": 3600},
+    "ledger_denials": True,
+}
+TRY_LIMIT = 2  # the limit typed into the form and tried, never saved
+# The consumes, in order: user-p1 past the live limit (two denied), user-p2 within it.
+TRY_TRAFFIC = ["user-p1"] * 7 + ["user-p2"] * 3
 
 
 class StepFailed(AssertionError):
@@ -1165,6 +1181,119 @@ def step_webhook_disable_delete(run: Run) -> None:
     c.no_script_errors()
 
 
+# ----- Trying a policy on the recorded past (backtest) --------------------------------------
+
+
+def replayed(history: list[tuple[str, bool]], limit: int) -> dict[str, int]:
+    """What a count policy of `limit` per subject (no window boundary within the history)
+    does to `history`, (subject, allowed when made) in the order made, replayed from empty
+    counters as the backtest replays it: a request it denies charges nothing."""
+    used: dict[str, int] = {}
+    figures = {"requests": 0, "denied": 0, "newly_denied": 0, "newly_allowed": 0}
+    for subject, allowed_live in history:
+        figures["requests"] += 1
+        if used.get(subject, 0) + 1 <= limit:
+            used[subject] = used.get(subject, 0) + 1
+            figures["newly_allowed"] += 0 if allowed_live else 1
+        else:
+            figures["denied"] += 1
+            figures["newly_denied"] += 1 if allowed_live else 0
+    return figures
+
+
+def figure(c: Console, key: str) -> str:
+    """A figure of the backtest's result panel ('' when it is not shown)."""
+    return text_of(c, f'#backtest-result [data-figure="{key}"] .figure-value')
+
+
+def step_backtest(run: Run) -> None:
+    """A policy with recorded traffic (some denied, ledger_denials) gets a lower limit in its
+    form, and Try shows what it would have done to the last 7 days: the newly denied count
+    computed here, the figures, the peak and the budgets denied most; nothing is saved. A
+    limit out of range is refused at the limit control (policies[0].limit); days outside
+    1-31 at the days control; Enter in the days field tries, it does not save."""
+    created = http(run.base, "POST", "/admin/policies", TRY_POLICY, run.admin())
+    check(created.status == 201, f"creating {TRY_ID} answered {created.status}: {created.body[:300]!r}")
+    version = created.json()["version"]
+    history: list[tuple[str, bool]] = []
+    for subject in TRY_TRAFFIC:
+        answer = http(run.base, "POST", "/quota/consume", {"action": TRY_ACTION, "subject": subject})
+        check(answer.status in (200, 429), f"a consume of {TRY_ACTION} answered {answer.status}: {answer.body[:300]!r}")
+        history.append((subject, answer.status == 200))
+    # The model agrees with what the service decided live, so its figures below can be trusted.
+    live = replayed(history, TRY_POLICY["limit"])
+    check(live["denied"] == sum(1 for _, allowed in history if not allowed) == 2 and live["newly_denied"] == 0,
+          f"the service's live decisions {history} are not the model's under limit {TRY_POLICY['limit']}")
+    expected = replayed(history, TRY_LIMIT)
+    check(expected["newly_denied"] > 0, f"the tried limit denies nothing new: {expected}")
+
+    def recorded(driver: WebDriver) -> bool:
+        answer = http(run.base, "GET", f"/quota/ledger?action={TRY_ACTION}&limit=100", headers=run.admin())
+        return answer.status == 200 and len(answer.json()["items"]) == len(TRY_TRAFFIC)
+
+    run.console.wait(f"the {len(TRY_TRAFFIC)} requests in the ledger", recorded)
+
+    c = run.console
+    c.go("nav-policies", "page-policies")
+    c.click("#policies-refresh")
+    open_policy(c, TRY_ID)
+    check(c.visible("#backtest-days").get_attribute("value") == "7", "the days field does not start at 7")
+    check(not shown(c, "#backtest-result"), "a result shows before any try")
+    c.type("#policy-limit", str(TRY_LIMIT))
+    wait_json(c, f"limit {TRY_LIMIT}", lambda p: p["limit"] == TRY_LIMIT)
+    c.click("#backtest-run")
+    c.wait(f"newly denied {expected['newly_denied']} in the result",
+           lambda d: figure(c, "newly_denied") == str(expected["newly_denied"]))
+    for key in ("requests", "denied", "newly_allowed"):
+        check(figure(c, key) == str(expected[key]), f"{key} shows {figure(c, key)!r}, not {expected[key]}")
+    note = text_of(c, '#backtest-result [data-figure="newly_allowed"]')
+    check("ledger_denials" in note, f"newly allowed does not say denials need ledger_denials: {note!r}")
+    peak = text_of(c, "#backtest-result [data-peak]")
+    check(f"{TRY_LIMIT} of {TRY_LIMIT}" in peak, f"the peak is not the tried limit used up: {peak!r}")
+    rows = [r.text for r in c.driver.find_elements(By.CSS_SELECTOR, "#backtest-top-denied tbody tr")]
+    denied_most = TRY_TRAFFIC[0]
+    top = len([s for s in TRY_TRAFFIC if s == denied_most]) - TRY_LIMIT
+    check(bool(rows) and f"subject={denied_most}" in rows[0] and rows[0].endswith(str(top)),
+          f"the budget denied most is not subject={denied_most}, {top}: {rows}")
+    check(c.find("#policy-editor").is_displayed(), "the editor closed on a try")
+    stored = run.policy(TRY_ID)
+    check(stored["limit"] == TRY_POLICY["limit"] and stored["version"] == version,
+          f"trying saved the policy: {stored}")
+    c.driver.execute_script("arguments[0].scrollIntoView()", c.find("#policy-backtest"))
+    c.shot(run.shots, "backtest.png")
+
+    # A limit the service refuses: the error at the limit control, not under the JSON.
+    c.type("#policy-limit", "9007199254740992")
+    wait_json(c, "limit 2^53", lambda p: p["limit"] == 9007199254740992)
+    c.visible("#backtest-stale")  # the answer shown is no longer the form's
+    c.click("#backtest-run")
+    c.wait("the 422 to be shown", lambda d: "422" in c.message())
+    error = text_of(c, "#policy-limit-error")
+    check("9007199254740991" in error, f"the limit control does not show the error: {error!r}")
+    check(c.find("#policy-limit").get_attribute("aria-invalid") == "true", "the limit is not marked invalid")
+    leftover = text_of(c, "#policy-json-error")
+    check(not leftover, f"the error was left under the JSON, not at the limit: {leftover!r}")
+    check(not shown(c, "#backtest-result"), "the previous result still shows after the 422")
+
+    # Days outside 1-31 are refused at the days control; Enter there tries, never saves.
+    c.type("#policy-limit", str(TRY_LIMIT))
+    c.type("#backtest-days", "40")
+    c.find("#backtest-days").send_keys(Keys.ENTER)
+    c.wait("the days error", lambda d: "1 to 31" in text_of(c, "#backtest-days-error"))
+    check(c.find("#backtest-days").get_attribute("aria-invalid") == "true", "the days field is not marked invalid")
+    c.type("#backtest-days", "7")
+    c.find("#backtest-days").send_keys(Keys.ENTER)
+    c.wait("the result again after Enter",
+           lambda d: figure(c, "newly_denied") == str(expected["newly_denied"]) and not shown(c, "#backtest-stale"))
+    check(c.find("#policy-editor").is_displayed(), "Enter in the days field closed the editor")
+    stored = run.policy(TRY_ID)
+    check(stored["limit"] == TRY_POLICY["limit"] and stored["version"] == version,
+          f"Enter in the days field saved the policy: {stored}")
+    c.click("#policy-cancel")
+    check(not shown(c, "#backtest-result"), "the result outlives the editor")
+    c.no_script_errors()
+
+
 # The secret anywhere in the page (attributes and input values too) or in the tab's storage.
 SECRET_KEPT = """
 const secret = arguments[0];
@@ -1404,6 +1533,7 @@ STEPS: list[tuple[str, Callable[[Run], None]]] = [
     ("webhooks: rotate the secret, both signatures", step_webhook_rotate),
     ("webhooks: a threshold crossing is delivered", step_webhook_threshold),
     ("webhooks: disable, delete after a confirmation", step_webhook_disable_delete),
+    ("form: try a lower limit on the last 7 days, not saved", step_backtest),
     # The first key closes the open /quota/* endpoints the steps above consume through.
     ("keys: 422 fields, create, the secret shown once", step_key_create),
     ("keys: revoke after a confirmation", step_key_revoke),

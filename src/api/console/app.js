@@ -8,7 +8,8 @@
 // through the CSSOM (`el.style.width = ...`) and everything else through classes.
 //
 // Pages (hash routes):
-//   #/policies                          list, create, edit (If-Match), enable/disable, delete
+//   #/policies                          list, create, edit (If-Match), enable/disable, delete;
+//                                       the editor tries a policy on the last N days unsaved
 //   #/lookup?action=A&subject=S&attributes[k]=v   usage of every policy of A for S
 //   #/ledger?subject=&action=&kind=&from=&to=     the ledger, newest first, cursor paging
 //   #/today?hours=24&action=A           charges, denials and amounts per hour
@@ -971,12 +972,14 @@ function showEditor(policy, title, hint) {
   $('#editor-title').textContent = title;
   $('#editor-hint').textContent = hint;
   $('#policy-save').textContent = editor.mode === 'edit' ? 'Save changes' : 'Create policy';
+  resetBacktest();
   $('#policy-editor').hidden = false;
 }
 
 function closeEditor() {
   $('#policy-editor').hidden = true;
   hideConflict();
+  resetBacktest();
   editor.theirs = null;
 }
 
@@ -1122,6 +1125,147 @@ function loadTheirs() {
   showEditor(policy, `Edit ${editor.id}`, `Version ${version}, as the service has it now.`);
   clearMessage();
   $('#policy-action').focus();
+}
+
+// ----- Trying the policy on the recorded past ----------------------------------
+//
+// "Try" sends the policy as it is in the form (the JSON, as a save would send it) to
+// POST /admin/backtest with the last N days, and shows what it would have done to the
+// ledger's recorded requests of its action. Nothing is saved. An answer that arrives after
+// the editor was opened again, closed or tried again is dropped.
+
+/** Bumped by every try and every editor open or close: older answers are dropped. */
+let backtestRun = 0;
+
+/** Field errors of the backtest that the days control shows (`from` follows from it). */
+const BACKTEST_FIELDS = ['days', 'from', 'to'];
+
+/** Empties and hides the result (a new policy in the editor, or the editor closed). */
+function resetBacktest() {
+  backtestRun += 1;
+  const result = $('#backtest-result');
+  result.hidden = true;
+  result.replaceChildren();
+  $('#backtest-days-error').replaceChildren();
+  $('#backtest-days').removeAttribute('aria-invalid');
+  $('#backtest-run').disabled = false;
+}
+
+/** The form changed after a try: the result shown is no longer the form's. */
+function markBacktestStale() {
+  const result = $('#backtest-result');
+  if (result.hidden || $('#backtest-stale', result)) return;
+  result.prepend(h('p', { id: 'backtest-stale', class: 'notice' },
+    '⚠ The policy changed in the form since it was tried: Try again for its answer.'));
+}
+
+async function runBacktest() {
+  const form = $('#policy-form');
+  clearFieldErrors(form);
+  clearMessage();
+  const daysInput = $('#backtest-days');
+  const daysText = daysInput.value.trim();
+  if (!/^\d+$/.test(daysText) || Number(daysText) < 1 || Number(daysText) > 31) {
+    $('#backtest-days-error').append(h('span', { class: 'field-error-line' }, '✕ A whole number of days, 1 to 31.'));
+    daysInput.setAttribute('aria-invalid', 'true');
+    daysInput.focus();
+    return;
+  }
+  const days = Number(daysText);
+  const parsed = readJson();
+  if (parsed.error || !parsed.value || typeof parsed.value !== 'object' || Array.isArray(parsed.value)) {
+    $('#policy-json-error').append(h('span', { class: 'field-error-line' },
+      `✕ Not a JSON object: ${parsed.error || 'expected { ... }'}`));
+    $('#policy-json').setAttribute('aria-invalid', 'true');
+    $('#policy-json').focus();
+    return;
+  }
+  const policy = editable(parsed.value);
+  backtestRun += 1;
+  const run = backtestRun;
+  const button = $('#backtest-run');
+  const result = $('#backtest-result');
+  button.disabled = true;
+  result.setAttribute('aria-busy', 'true');
+  setStatus(`Trying ${policy.id || 'the policy'} on the last ${days} ${days === 1 ? 'day' : 'days'}…`);
+  try {
+    const { data } = await api('POST', '/admin/backtest', { body: { policies: [policy], days } });
+    if (run !== backtestRun) return;
+    const outcome = data.policies[0];
+    fill(result, backtestResult(outcome, data, days, policy));
+    result.hidden = false;
+    setStatus(`Tried ${outcome.policy_id} on the last ${days} ${days === 1 ? 'day' : 'days'}: ` +
+      `${outcome.denied} denied, ${outcome.newly_denied} newly. Nothing was saved.`);
+  } catch (err) {
+    if (run !== backtestRun) return;
+    result.hidden = true;
+    result.replaceChildren();
+    report(err.status === 409
+      ? 'Another backtest is running on this instance: try again when it is done.'
+      : 'The policy could not be tried (nothing was saved).', err);
+    if (err instanceof ApiError && Array.isArray(err.problem.errors)) {
+      // `policies[0].limit` is the form's `limit`; `days` (and `from`, which it sets) the days'.
+      const renamed = new ApiError(err.status, {
+        ...err.problem,
+        errors: err.problem.errors.map((e) => ({ ...e, field: String(e.field).replace(/^policies\[0\]\./, '') })),
+      });
+      showFieldErrors(renamed,
+        (field) => (BACKTEST_FIELDS.includes(field) ? $('#backtest-days-error') : policyFieldError(field)),
+        $('#policy-json-error'));
+    }
+    const first = $('#policy-form [aria-invalid="true"]');
+    if (first) first.focus();
+  } finally {
+    if (run === backtestRun) {
+      button.disabled = false;
+      result.removeAttribute('aria-busy');
+    }
+  }
+}
+
+/** One figure of a backtest: a term, its number, and a note under it. */
+function backtestFigure(key, term, value, note) {
+  return h('div', { class: 'figure', dataset: { figure: key } },
+    h('dt', {}, term),
+    h('dd', {}, h('span', { class: 'figure-value' }, fmtInt(value)), note ? h('span', { class: 'muted small figure-note' }, note) : null));
+}
+
+/** The answer for the one policy tried: its figures, its peak and the budgets it denied most. */
+function backtestResult(o, data, days, policy) {
+  const shadow = policy.mode === 'shadow';
+  const unit = policy.unit ? ` ${policy.unit}` : '';
+  return [
+    h('h4', { id: 'backtest-result-title' },
+      `${o.policy_id}${typeof policy.limit === 'number' ? ` with limit ${fmtInt(policy.limit)}${unit}` : ''}` +
+      ` on the last ${days} ${days === 1 ? 'day' : 'days'}`),
+    h('p', { class: 'muted small' },
+      timeEl(data.from), ' to ', timeEl(data.to), ` · ${fmtInt(data.entries)} ledger ` +
+      `${data.entries === 1 ? 'entry' : 'entries'} replayed · not saved`),
+    o.requests === 0
+      ? h('p', { class: 'empty' }, `No recorded request of ${policy.action || 'this action'} ` +
+        'in this span that the policy applies to.')
+      : null,
+    h('dl', { class: 'figures', 'aria-labelledby': 'backtest-result-title' },
+      backtestFigure('requests', 'Requests', o.requests, 'it applied to'),
+      backtestFigure('denied', shadow ? 'Would deny (shadow)' : 'Denied', o.denied, null),
+      backtestFigure('newly_denied', 'Newly denied', o.newly_denied, 'allowed when made'),
+      backtestFigure('newly_allowed', 'Newly allowed', o.newly_allowed, [
+        'denied when made. Only policies with ', h('code', {}, 'ledger_denials'),
+        ' record their denials: a request denied by one without it left no trace, so it is not counted here.'])),
+    o.peak
+      ? h('p', { dataset: { peak: budgetLabel(o.peak.budget) } }, h('strong', {}, 'Peak: '),
+        `budget ${budgetLabel(o.peak.budget)}, `,
+        h('span', { class: 'mono' }, `${fmtInt(o.peak.used)} of ${fmtInt(o.peak.limit)}`), `${unit} used`)
+      : h('p', { dataset: { peak: '' } }, h('strong', {}, 'Peak: '), 'nothing was charged.'),
+    o.top_denied.length
+      ? h('div', { class: 'table-wrap' }, h('table', { id: 'backtest-top-denied', class: 'compact' },
+        h('caption', {}, `Budgets ${shadow ? 'it would deny' : 'denied'} most (at most 10)`),
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, 'Budget'), h('th', { scope: 'col', class: 'num' }, 'Denied'))),
+        h('tbody', {}, o.top_denied.map((d) => h('tr', { dataset: { budget: budgetLabel(d.budget) } },
+          h('td', {}, budgetLabel(d.budget)), h('td', { class: 'num' }, fmtInt(d.denied)))))))
+      : h('p', { class: 'muted' }, 'No budget denied.'),
+  ];
 }
 
 // ---------------------------------------------------------------------------
@@ -1825,6 +1969,14 @@ function start() {
     if (e.target.id !== 'policy-json' && (e.target.tagName === 'SELECT' || e.target.type === 'checkbox')) onControlInput(e);
   });
   $('#policy-json').addEventListener('input', onJsonInput);
+  // A change to the policy after a try leaves its answer marked as no longer the form's.
+  $('#policy-form').addEventListener('input', (e) => { if (e.target.id !== 'backtest-days') markBacktestStale(); });
+  $('#policy-form').addEventListener('change', (e) => { if (e.target.id !== 'backtest-days') markBacktestStale(); });
+  $('#backtest-run').addEventListener('click', runBacktest);
+  // Enter in the days field tries the policy: it must not submit (save) the form.
+  $('#backtest-days').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter') { e.preventDefault(); runBacktest(); }
+  });
   $('#policy-cancel').addEventListener('click', () => { closeEditor(); clearMessage(); $('#new-policy').focus(); });
 
   $('#lookup-form').addEventListener('submit', submitLookup);
