@@ -69,7 +69,18 @@ pub(crate) struct Dispatcher {
     pub(crate) counts: Arc<Counts>,
     /// When delivered deliveries were last forgotten (Unix ms).
     forgot_at_ms: std::sync::atomic::AtomicI64,
+    /// An HTTP client per host and the addresses it was checked to resolve to: building
+    /// one (its TLS roots) costs more than an attempt, and it keeps connections open.
+    clients: std::sync::Mutex<
+        std::collections::HashMap<(String, Vec<std::net::SocketAddr>), reqwest::Client>,
+    >,
 }
+
+/// How long one endpoint's round may go on taking due deliveries, [`IN_FLIGHT`] at a time.
+const ROUND: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The most clients kept (each host with its addresses); past it, all are let go.
+const CLIENTS: usize = 256;
 
 /// How long the delivery log keeps a delivery once made.
 fn keep_delivered() -> Duration {
@@ -90,6 +101,7 @@ impl Dispatcher {
             leads,
             counts: Arc::default(),
             forgot_at_ms: std::sync::atomic::AtomicI64::new(0),
+            clients: std::sync::Mutex::default(),
         }
     }
 
@@ -132,21 +144,41 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Attempts `endpoint`'s due deliveries, [`IN_FLIGHT`] at a time.
+    /// Attempts `endpoint`'s due deliveries, [`IN_FLIGHT`] at a time, batch after batch
+    /// for up to [`ROUND`].
     async fn deliver_due(
         &self,
         mut endpoint: Webhook,
         now: DateTime<Utc>,
     ) -> Result<(), super::store::StoreError> {
+        let started = std::time::Instant::now();
+        let mut now = now;
+        loop {
+            let more = self.deliver_batch(&mut endpoint, now).await?;
+            if !more || started.elapsed() >= ROUND || !endpoint.enabled {
+                return Ok(());
+            }
+            now = self.clock.now();
+        }
+    }
+
+    /// Attempts up to [`IN_FLIGHT`] of `endpoint`'s due deliveries at once; whether it
+    /// found that many (more may be due).
+    async fn deliver_batch(
+        &self,
+        endpoint: &mut Webhook,
+        now: DateTime<Utc>,
+    ) -> Result<bool, super::store::StoreError> {
         let until = now + Duration::from_std(TIMEOUT).unwrap_or_default() * 3;
         let due = self
             .store
             .claim(&endpoint.id, now, until, IN_FLIGHT)
             .await?;
         if due.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
-        let attempts = due.iter().map(|d| self.attempt(&endpoint, d));
+        let full = i64::try_from(due.len()).unwrap_or(0) >= IN_FLIGHT;
+        let attempts = due.iter().map(|d| self.attempt(endpoint, d));
         let outcomes = join_all(attempts.collect()).await;
         let now = self.clock.now();
         let mut failed_any = false;
@@ -170,8 +202,9 @@ impl Dispatcher {
                 }
             }
         }
-        self.note_health(&mut endpoint, delivered_any, failed_any, now)
-            .await
+        self.note_health(endpoint, delivered_any, failed_any, now)
+            .await?;
+        Ok(full && !failed_any)
     }
 
     /// Keeps when an endpoint began failing, and disables one failing for a day.
@@ -216,11 +249,8 @@ impl Dispatcher {
             .await
             .map_err(|e| (None, e.to_string()))?;
         let host = url.host_str().unwrap_or_default().to_owned();
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(TIMEOUT)
-            .resolve_to_addrs(&host, &addresses)
-            .build()
+        let client = self
+            .client(host, addresses)
             .map_err(|e| (None, e.to_string()))?;
         let now = self.clock.now();
         let timestamp = now.timestamp();
@@ -251,6 +281,35 @@ impl Dispatcher {
             true => Ok(status),
             false => Err((Some(status), format!("answered {status}"))),
         }
+    }
+}
+
+impl Dispatcher {
+    /// The client for `host` at `addresses` (checked just now), made once.
+    fn client(
+        &self,
+        host: String,
+        mut addresses: Vec<std::net::SocketAddr>,
+    ) -> Result<reqwest::Client, reqwest::Error> {
+        addresses.sort_unstable();
+        let key = (host, addresses);
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(TIMEOUT)
+            .resolve_to_addrs(&key.0, &key.1)
+            .build()?;
+        if clients.len() >= CLIENTS {
+            clients.clear();
+        }
+        clients.insert(key, client.clone());
+        Ok(client)
     }
 }
 
