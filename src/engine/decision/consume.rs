@@ -296,8 +296,9 @@ impl Engine {
                 match evaluation.allowed {
                     true => {
                         let mut entries = allowed;
-                        entries[0].kept_answer = match attempts {
-                            [attempt] => kept_answer(plan, effects, attempt, &evaluation),
+                        let unstreamed = (!self.deployment.streams_ledger()).then_some(attempts);
+                        entries[0].kept_answer = match unstreamed {
+                            Some([attempt]) => kept_answer(plan, effects, attempt, &evaluation),
                             _ => None,
                         };
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
@@ -450,8 +451,9 @@ fn undo_charge<'a>(entries: impl Iterator<Item = &'a LedgerEntry>, effects: &Eff
 
 /// The answer the store keeps under the consume's idempotency key (if any), for the
 /// ledger: a restart keeps it again from there. The store keeps exactly this.
-/// The answer an entry keeps: a keyed consume's, for its retries; else, when a policy
-/// alerts, one already expired, which tells which thresholds it crossed.
+/// The answer an entry keeps: a keyed consume's, for its retries; else, when the decision
+/// took a budget across a policy's alert threshold, one already expired, which tells
+/// which thresholds it crossed.
 fn kept_answer(
     plan: &Plan,
     effects: &Effects,
@@ -464,7 +466,8 @@ fn kept_answer(
             expires_at_ms: plan.now_ms() + idem.ttl_ms,
         });
     }
-    plan.alerts().then(|| {
+    // Only a decision that crossed a threshold has an event to tell.
+    (plan.alerts() && plan.crosses(evaluation)).then(|| {
         let entry = &attempt.allowed_entry;
         let record = ConsumeRecord {
             consumption_id: entry.consumption_id,

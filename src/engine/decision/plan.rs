@@ -347,6 +347,22 @@ impl Plan {
             .any(|p| !p.spec.alert_thresholds.is_empty())
     }
 
+    /// Whether `evaluation` (of this plan, allowed) took a budget across one of its
+    /// policy's alert thresholds: only then does its entry need its answer kept.
+    pub(crate) fn crosses(&self, evaluation: &Evaluation) -> bool {
+        self.applied_policies()
+            .zip(&self.charges)
+            .zip(&evaluation.outcomes)
+            .any(|((policy, planned), outcome)| {
+                let thresholds = &policy.spec.alert_thresholds;
+                let before = outcome.used.saturating_sub(planned.charge.cost);
+                !thresholds.is_empty()
+                    && !thresholds
+                        .crossed(planned.charge.limit, before, outcome.used)
+                        .is_empty()
+            })
+    }
+
     /// The longest window of the plan's policies, ms.
     pub(crate) fn longest_window_ms(&self) -> i64 {
         let seconds = self
