@@ -296,11 +296,8 @@ impl Engine {
                 match evaluation.allowed {
                     true => {
                         let mut entries = allowed;
-                        let unstreamed = (!self.deployment.streams_ledger()).then_some(attempts);
-                        entries[0].kept_answer = match unstreamed {
-                            Some([attempt]) => kept_answer(plan, effects, attempt, &evaluation),
-                            _ => None,
-                        };
+                        entries[0].kept_answer =
+                            self.entry_answer(plan, effects, attempts, &evaluation);
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
                         let undo = || undo_charge(attempted, effects);
                         self.commit_or_undo(entries, plan.now_ms(), undo).await?;
@@ -431,6 +428,25 @@ impl Engine {
             ledger,
             hold,
             ..Effects::default()
+        }
+    }
+}
+
+impl Engine {
+    /// The answer the entry of `attempts` (one attempt) keeps, when this instance writes
+    /// it (in process): the store keeps it in the streamed entry already (Redis).
+    fn entry_answer(
+        &self,
+        plan: &Plan,
+        effects: &Effects,
+        attempts: &[Attempt],
+        evaluation: &Evaluation,
+    ) -> Option<KeptAnswer> {
+        match attempts {
+            [attempt] if !self.deployment.streams_ledger() => {
+                kept_answer(plan, effects, attempt, evaluation)
+            }
+            _ => None,
         }
     }
 }
