@@ -6,10 +6,7 @@ use crate::domain::{
     ActionSet, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
     LedgerEntry, PolicyAmount, Quantity,
 };
-use crate::domain::{KeptAnswer, Restore};
-use crate::engine::alerts::{named, CounterAlert, GiveBackAlerts};
 use crate::engine::codec::{self, HoldRecord};
-use crate::engine::decision::policies::ActionPolicies;
 use crate::engine::store::{
     signed, GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo,
 };
@@ -18,6 +15,9 @@ use crate::keys::{self, SubjectKeys};
 use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};
+
+mod alerts;
+use alerts::{give_back_kept, with_usage};
 
 /// Refund idempotency records are kept a day.
 const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
@@ -628,58 +628,6 @@ impl Engine {
             replayed,
         }
     }
-}
-
-/// The start of the answer a give-back `entry` (a refund, settlement or expiry of a charge
-/// to `counters`) keeps when a policy of `policies` alerts: each alerting counter's policy,
-/// limit and thresholds, then a newline, after which the store appends the usage report.
-/// Kept already expired: nothing replays it; it only tells the thresholds crossed.
-fn give_back_kept(
-    policies: &ActionPolicies,
-    entry: &LedgerEntry,
-    counters: &[CounterCharge],
-) -> Option<KeptAnswer> {
-    let alerting = |c: &CounterCharge| {
-        policies
-            .enabled
-            .iter()
-            .find(|p| p.id == c.policy_id && !p.spec.alert_thresholds.is_empty())
-    };
-    if !counters.iter().any(|c| alerting(c).is_some()) {
-        return None;
-    }
-    let alerts = counters
-        .iter()
-        .map(|c| {
-            let policy = alerting(c)?;
-            let budget = entry.budget(&c.scope);
-            Some(CounterAlert {
-                policy_id: policy.id.as_str().to_owned(),
-                budget: named(&budget),
-                limit: policies.limit_for(policy, &budget, entry.at),
-                thresholds: policy.spec.alert_thresholds.percents().to_vec(),
-                resets_at_ms: match c.restore {
-                    Restore::Calendar { period_end_ms }
-                    | Restore::ZonedCalendar { period_end_ms, .. } => Some(period_end_ms),
-                    _ => None,
-                },
-            })
-        })
-        .collect();
-    let text = serde_json::to_string(&GiveBackAlerts { alerts }).ok()?;
-    Some(KeptAnswer {
-        text: format!("{text}\n"),
-        expires_at_ms: entry.at.timestamp_millis(),
-    })
-}
-
-/// `entry` with the store's usage report appended to what it keeps for alerts (the
-/// stream's copy got it from the store already).
-fn with_usage(mut entry: LedgerEntry, usage: &str) -> LedgerEntry {
-    if let Some(kept) = entry.kept_answer.as_mut().filter(|_| !usage.is_empty()) {
-        kept.text.push_str(usage);
-    }
-    entry
 }
 
 #[cfg(test)]
