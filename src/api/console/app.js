@@ -996,20 +996,29 @@ function policyFieldError(field) {
   return el && !el.closest('[hidden]') ? $(`#${el.id}-error`) : null;
 }
 
-async function savePolicy(event) {
-  if (event) event.preventDefault();
-  const form = $('#policy-form');
-  clearFieldErrors(form);
-  clearMessage();
+/**
+ * The policy the editor holds, without the server's fields; null (the error shown at the
+ * JSON editor) when its text is not a JSON object. Saving and trying read it alike.
+ */
+function formPolicy() {
   const parsed = readJson();
   if (parsed.error || !parsed.value || typeof parsed.value !== 'object' || Array.isArray(parsed.value)) {
     $('#policy-json-error').append(h('span', { class: 'field-error-line' },
       `✕ Not a JSON object: ${parsed.error || 'expected { ... }'}`));
     $('#policy-json').setAttribute('aria-invalid', 'true');
     $('#policy-json').focus();
-    return;
+    return null;
   }
-  const body = editable(parsed.value);
+  return editable(parsed.value);
+}
+
+async function savePolicy(event) {
+  if (event) event.preventDefault();
+  const form = $('#policy-form');
+  clearFieldErrors(form);
+  clearMessage();
+  const body = formPolicy();
+  if (!body) return;
   const button = $('#policy-save');
   button.disabled = true;
   try {
@@ -1172,15 +1181,8 @@ async function runBacktest() {
     return;
   }
   const days = Number(daysText);
-  const parsed = readJson();
-  if (parsed.error || !parsed.value || typeof parsed.value !== 'object' || Array.isArray(parsed.value)) {
-    $('#policy-json-error').append(h('span', { class: 'field-error-line' },
-      `✕ Not a JSON object: ${parsed.error || 'expected { ... }'}`));
-    $('#policy-json').setAttribute('aria-invalid', 'true');
-    $('#policy-json').focus();
-    return;
-  }
-  const policy = editable(parsed.value);
+  const policy = formPolicy();
+  if (!policy) return;
   backtestRun += 1;
   const run = backtestRun;
   const button = $('#backtest-run');
