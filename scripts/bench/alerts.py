@@ -20,7 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List, Optional, Tuple
 
-from measurements import AUTH_ROUNDS, Bench, Line, Results, run_wrk
+from measurements import AUTH_ROUNDS, Bench, Line, Results, mean_of, run_wrk
 from processes import Failure, log
 
 ALERT_ROUNDS = AUTH_ROUNDS
@@ -118,15 +118,12 @@ def alert_targets(modes: Tuple[str, ...], results: Results, target, ratio, at_le
         if not off or not on:
             continue
 
-        def mean(lines: List[Line], field: str) -> float:
-            return sum(line.f(field) for line in lines) / len(lines)
-
-        v = ratio(mean(on, "rps"), mean(off, "rps"))
+        v = ratio(mean_of(on, "rps"), mean_of(off, "rps"))
         label = f"{mode}: alerts on vs off, req/s (calendar {ALERT_SUBJECTS // 1000}k)"
         out.append(target(label, f"{v}x", ">= 0.95x", at_least(v, 0.95)))
         rounds = ", ".join(f"{a.f('rps'):.0f}/{b.f('rps'):.0f}" for a, b in zip(on, off))
         out.append(f"      mean of {len(on)} rounds, on/off: {rounds}")
-        cpu = f"{mean(on, 'svc_us'):.1f}/{mean(off, 'svc_us'):.1f}"
+        cpu = f"{mean_of(on, 'svc_us'):.1f}/{mean_of(off, 'svc_us'):.1f}"
         out.append(target(f"  {mode}: service CPU us per consume, on / off", cpu, "-"))
         ages = results.deliveries.get(mode, [])
         counts = results.alert_events.get(mode, [])

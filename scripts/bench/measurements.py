@@ -140,6 +140,11 @@ BRACKETED = ("sms3", "sms-cut")
 AUTH_ROUNDS = 2
 
 
+def mean_of(lines: List[Line], field: str) -> float:
+    """The mean of FIELD over the rounds' LINES (at least one)."""
+    return sum(line.f(field) for line in lines) / len(lines)
+
+
 @dataclass
 class Results:
     baseline: Optional[Baseline] = None

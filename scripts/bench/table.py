@@ -11,7 +11,7 @@ from typing import List, Optional
 from alerts import ALERT_SUBJECTS, alert_targets
 from backtest import backtest_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
-from measurements import BRACKETED, Line, Results
+from measurements import BRACKETED, Line, Results, mean_of
 
 ROW = "{:<9} {:<20} {:>9} {:>9} {:>8} {:>8} {:>7} {:>11} {:>7} {:>6} {:>6} {:>6} {:>7} {:>7} {:>5}"
 LABEL = 64  # the width of a target's label
@@ -309,17 +309,14 @@ def _auth(k: Knobs, results: Results) -> List[str]:
         if not opens or not keys:
             continue
 
-        def mean(lines: List[Line], field: str) -> float:
-            return sum(line.f(field) for line in lines) / len(lines)
-
-        v = ratio(mean(keys, "rps"), mean(opens, "rps"))
+        v = ratio(mean_of(keys, "rps"), mean_of(opens, "rps"))
         label = f"{mode}: API key vs open, req/s (calendar {k.grpc_subjects // 1000}k)"
         out.append(target(label, f"{v}x", ">= 0.97x", at_least(v, 0.97)))
         rounds = ", ".join(f"{a.f('rps'):.0f}/{b.f('rps'):.0f}" for a, b in zip(keys, opens))
         out.append(f"      mean of {len(keys)} rounds, key/open: {rounds}")
-        p99 = ratio(mean(keys, "p99_ms"), mean(opens, "p99_ms"))
+        p99 = ratio(mean_of(keys, "p99_ms"), mean_of(opens, "p99_ms"))
         out.append(target(f"  {mode}: p99 with a key / open", f"{p99}x", "-"))
-        cpu = f"{mean(keys, 'svc_us'):.1f}/{mean(opens, 'svc_us'):.1f}"
+        cpu = f"{mean_of(keys, 'svc_us'):.1f}/{mean_of(opens, 'svc_us'):.1f}"
         out.append(target(f"  {mode}: service CPU us per consume, key / open", cpu, "-"))
     return out
 
