@@ -10,6 +10,7 @@ use crate::engine::store::{
 };
 use crate::keys;
 use redis::{Cmd, Script, Value};
+use std::fmt::Write as _;
 
 /// The decision script; its header documents KEYS, ARGV and the reply.
 pub(super) const CONSUME_LUA: &str = include_str!("scripts/consume.lua");
@@ -183,7 +184,27 @@ pub(super) fn consume_cmd(
         Some(deadline_ms) => call.arg(deadline_ms),
         None => call.arg(""),
     };
+    call.arg(on_crossing_arg(effects));
     call
+}
+
+/// The script's `on crossing` value: `<plain length>;<charge>:<level>,…` (charges from 1),
+/// or empty when the entry keeps its answer whatever the decision.
+fn on_crossing_arg(effects: &Effects) -> String {
+    let Some(on) = effects
+        .ledger
+        .as_ref()
+        .filter(|l| l.keeps_answer && effects.idempotency.is_none())
+        .and_then(|l| l.on_crossing.as_ref())
+    else {
+        return String::new();
+    };
+    let mut out = format!("{};", on.plain_len);
+    for (j, (i, level)) in on.levels.iter().enumerate() {
+        let comma = if j > 0 { "," } else { "" };
+        let _ = write!(out, "{comma}{}:{level}", i + 1);
+    }
+    out
 }
 
 /// The EVALSHA call of the finalize script.

@@ -5,7 +5,7 @@ use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, Ledge
 use crate::engine::codec::{self, ConsumeRecord, HoldRecord};
 use crate::engine::decision::plan::{replayed_decision, Plan};
 use crate::engine::store::{
-    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, StoreError, Undo,
+    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, OnCrossing, StoreError, Undo,
 };
 use crate::engine::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::keys;
@@ -398,9 +398,23 @@ impl Engine {
                 let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
                 (allowed(&attempt.allowed_entry), denied)
             })
-            .map(|ledger| crate::engine::store::LedgerAppend {
-                keeps_answer: alerting.is_some(),
-                ..ledger
+            .map(|ledger| {
+                // Only a decision that crosses a threshold keeps its answer: the store
+                // tells, and else appends the entry without it.
+                let plain = alerting
+                    .as_ref()
+                    .map(|_| codec::encode_entry(&attempt.allowed_entry));
+                let on_crossing = plain
+                    .filter(|plain| ledger.allowed.starts_with(plain.as_str()))
+                    .map(|plain| OnCrossing {
+                        plain_len: plain.len(),
+                        levels: plan.alert_levels(),
+                    });
+                crate::engine::store::LedgerAppend {
+                    keeps_answer: alerting.is_some(),
+                    on_crossing,
+                    ..ledger
+                }
             });
         let hold = hold.map(|(ticket, ttl_ms)| {
             let expires_at_ms = ticket.expires_at.timestamp_millis();

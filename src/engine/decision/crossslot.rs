@@ -121,6 +121,7 @@ impl Engine {
                 allowed: String::new(),
                 denied: l.denied.clone(),
                 keeps_answer: false,
+                on_crossing: None,
             }),
             intent: Some(intent.clone()),
             ..Effects::default()

@@ -363,6 +363,27 @@ impl Plan {
             })
     }
 
+    /// The usage levels at which the plan's alerting policies reach a threshold, with
+    /// their charge's index: what a store needs to tell a crossing (as
+    /// [`Plan::crosses`] does) without the policies.
+    pub(crate) fn alert_levels(&self) -> Vec<(usize, u64)> {
+        self.applied_policies()
+            .zip(&self.charges)
+            .enumerate()
+            .flat_map(|(i, (policy, planned))| {
+                let limit = planned.charge.limit;
+                policy
+                    .spec
+                    .alert_thresholds
+                    .percents()
+                    .iter()
+                    .map(move |&percent| (i, crate::domain::level(percent, limit)))
+                    .filter(|&(_, level)| level > 0)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// The longest window of the plan's policies, ms.
     pub(crate) fn longest_window_ms(&self) -> i64 {
         let seconds = self

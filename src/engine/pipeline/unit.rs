@@ -96,6 +96,7 @@ impl Engine {
                 allowed,
                 denied,
                 keeps_answer: false,
+                on_crossing: None,
             }
         })
     }

@@ -101,6 +101,22 @@ pub(crate) struct LedgerAppend {
     /// alerts: the answer tells which thresholds the decision crossed): the store appends
     /// the reply numbers to it, as it does for a keyed consume's.
     pub(crate) keeps_answer: bool,
+    /// With `keeps_answer`, when only a decision that crosses a threshold needs its
+    /// answer kept: the store then appends `allowed` cut to the plain entry unless usage
+    /// crosses one of the levels.
+    pub(crate) on_crossing: Option<OnCrossing>,
+}
+
+/// When an alerting entry keeps its answer: only if the decision takes a budget across a
+/// threshold (`decision::plan::Plan::alert_levels`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OnCrossing {
+    /// The length of the entry without its kept answer: `allowed` starts with it.
+    pub(crate) plain_len: usize,
+    /// `(charge index, usage at which a threshold is reached)` for every threshold of
+    /// every alerting charge: a decision crosses one when usage goes from below it
+    /// (usage after less the charge's cost) to at or above it.
+    pub(crate) levels: Vec<(usize, u64)>,
 }
 
 /// A hold to open when the decision charges.

@@ -45,7 +45,12 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
                Redis's own clock, TIME) does nothing and replies { -4 }, so that a caller
                that gave up knows, once that time has passed on its clock plus the skew,
                whether the call was applied (engine::recovery::void)
-so n = (#ARGV - 15) / 6.
+  on crossing  with the answer kept for alerts only ('' otherwise): `<length>;<i>:<level>,…`,
+               the allowed entry keeps its answer (the numbers are appended) only when usage
+               of charge i goes from below level (usage after less cost) to at or above it
+               for some listed pair; otherwise the entry appended is its first <length> bytes
+               (the entry without its kept answer)
+so n = (#ARGV - 16) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
 <record>`, and the idempotency record is only checked: it, the allowed ledger entry and the
@@ -94,7 +99,7 @@ local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
-local n = (#ARGV - 15) / 6
+local n = (#ARGV - 16) / 6
 local e = 3 + 6 * n
 
 if ARGV[e + 12] ~= '' then
@@ -365,6 +370,21 @@ elseif commit and out[1] == 1 and has_reservation then
   redis.call('INCR', string.match(reservation_key, '^(.*)#') .. '#xv')
 elseif commit and out[1] == 1 then
   local numbers = ''
+  local allowed = ARGV[e + 3]
+  if keeps_answer and not has_idem and ARGV[e + 13] ~= '' then
+    -- The answer is kept only to tell an alert: only when usage crossed a threshold.
+    local crossed = false
+    for i, level in string.gmatch(ARGV[e + 13], '(%d+):(%d+)') do
+      i, level = tonumber(i), tonumber(level)
+      local after = out[4 * i - 2]
+      local before = after - tonumber(ARGV[3 + 6 * (i - 1) + 4])
+      if before < level and level <= after then crossed = true; break end
+    end
+    if not crossed then
+      keeps_answer = false
+      allowed = string.sub(allowed, 1, tonumber(string.match(ARGV[e + 13], '^(%d+);')))
+    end
+  end
   if has_idem or keeps_answer then
     local nums = {}
     for j = 1, #out do nums[j] = fmt('%d', out[j]) end
@@ -373,7 +393,7 @@ elseif commit and out[1] == 1 then
   if has_idem then
     redis.call('SET', idem_key, ARGV[e + 2] .. '\n' .. numbers, 'PX', ARGV[e + 1])
   end
-  if has_ledger then redis.call('XADD', stream_key, '*', 'e', ARGV[e + 3] .. numbers) end
+  if has_ledger then redis.call('XADD', stream_key, '*', 'e', allowed .. numbers) end
   if has_hold then
     redis.call('SET', hold_key, 'open\n' .. ARGV[e + 7], 'PX', ARGV[e + 8])
     redis.call('ZADD', index_key, ARGV[e + 6], ARGV[e + 5])
