@@ -51,6 +51,17 @@ pub(crate) struct CounterAlert {
     pub(crate) resets_at_ms: Option<i64>,
 }
 
+/// What the entry of requests decided together (Envoy's descriptors) keeps when a policy
+/// alerts: per charge of the combined decision (a counter several requests share is one
+/// charge, their costs summed), its policy's alert, and its cost; the store appends the
+/// decision's numbers (as `consume.lua` replies them) after a newline. The crossings of
+/// the whole decision are one entry's (the last): each is told once.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TogetherAlerts {
+    pub(crate) together: Vec<Option<CounterAlert>>,
+    pub(crate) costs: Vec<u64>,
+}
+
 /// The alert events `entry` records: none unless it charged policies that alert.
 pub fn events_of(entry: &LedgerEntry) -> Vec<AlertEvent> {
     let Some(kept) = &entry.kept_answer else {
@@ -61,6 +72,9 @@ pub fn events_of(entry: &LedgerEntry) -> Vec<AlertEvent> {
         EntryKind::Refund | EntryKind::Commit | EntryKind::Release | EntryKind::Expire
     ) {
         return give_back_events(entry, &kept.text);
+    }
+    if entry.kind == EntryKind::Charge && kept.text.starts_with("{\"together\"") {
+        return together_events(entry, &kept.text);
     }
     // Cheap first: most kept answers (idempotent retries) alert on nothing.
     if !matches!(entry.kind, EntryKind::Charge | EntryKind::Hold)
@@ -121,22 +135,55 @@ fn give_back_events(entry: &LedgerEntry, text: &str) -> Vec<AlertEvent> {
         else {
             continue;
         };
-        let percents: Vec<i64> = alert.thresholds.iter().map(|&p| i64::from(p)).collect();
-        let Ok(thresholds) = Thresholds::parse("alert_thresholds", &percents) else {
-            continue;
-        };
-        for crossing in thresholds.crossed(alert.limit, before, after) {
-            events.push(event(
-                entry,
-                Crossed {
-                    policy_id: &alert.policy_id,
-                    budget: alert.budget.clone(),
-                    crossing,
-                    used: after,
-                    limit: alert.limit,
-                    resets_at: alert.resets_at_ms.map(crate::engine::from_millis),
-                },
-            ));
+        let resets_at = alert.resets_at_ms.map(crate::engine::from_millis);
+        push_crossings(&mut events, entry, alert, (before, after), resets_at);
+    }
+    events
+}
+
+/// Pushes to `events` those of `alert`'s thresholds that usage going `(before, after)`
+/// crosses, told by `entry`.
+fn push_crossings(
+    events: &mut Vec<AlertEvent>,
+    entry: &LedgerEntry,
+    alert: &CounterAlert,
+    (before, after): (u64, u64),
+    resets_at: Option<DateTime<Utc>>,
+) {
+    let percents: Vec<i64> = alert.thresholds.iter().map(|&p| i64::from(p)).collect();
+    let Ok(thresholds) = Thresholds::parse("alert_thresholds", &percents) else {
+        return;
+    };
+    for crossing in thresholds.crossed(alert.limit, before, after) {
+        events.push(event(
+            entry,
+            Crossed {
+                policy_id: &alert.policy_id,
+                budget: alert.budget.clone(),
+                crossing,
+                used: after,
+                limit: alert.limit,
+                resets_at,
+            },
+        ));
+    }
+}
+
+/// The events of the entry that keeps [`TogetherAlerts`], its `text` followed by the
+/// decision's numbers, as an idempotency record ends (`codec::decode_replay`).
+fn together_events(entry: &LedgerEntry, text: &str) -> Vec<AlertEvent> {
+    let Ok(Decided::Replayed { record, evaluation }) = codec::decode_replay(text) else {
+        return Vec::new();
+    };
+    let Ok(TogetherAlerts { together, costs }) = serde_json::from_str(&record) else {
+        return Vec::new();
+    };
+    let mut events = Vec::new();
+    for ((alert, cost), outcome) in together.iter().zip(&costs).zip(&evaluation.outcomes) {
+        if let Some(alert) = alert {
+            let usage = (outcome.used.saturating_sub(*cost), outcome.used);
+            let resets_at = crate::engine::reset_time(outcome.resets_at_ms);
+            push_crossings(&mut events, entry, alert, usage, resets_at);
         }
     }
     events

@@ -53,7 +53,7 @@ async fn thresholds_are_kept_ascending_and_bad_ones_are_422_naming_the_entry() {
 }
 
 /// The outbox's events, oldest first, as (type, payload).
-async fn outbox(app: &TestApp) -> Vec<(String, Value)> {
+pub(crate) async fn outbox(app: &TestApp) -> Vec<(String, Value)> {
     app.engine.drain_ledger_now().await;
     let url = app.settings.database_url.as_str();
     let sql = "SELECT event_type, payload FROM alert_events ORDER BY seq";

@@ -299,7 +299,58 @@ async fn bad_input_is_invalid_argument_with_a_clear_message(counters: CounterBac
     );
 }
 
+/// Descriptors decided together alert as consumes do: one event per crossing, a counter
+/// two descriptors of one call share crossing once, with the usage of the whole call.
+async fn descriptors_decided_together_alert_once_per_crossing(counters: CounterBackend) {
+    let mut policies = gateway_policies(4, 10);
+    policies[0]["alert_thresholds"] = json!([50, 100]);
+    let app = app_with(counters, &policies).await;
+    let mut grpc = client(&app).await;
+    for (call, descriptors, code) in [
+        // k1 goes 0 -> 2 in one call: 50% once.
+        (1, vec![key("k1"), key("k1")], Code::Ok),
+        (2, vec![key("k1"), key("k2")], Code::Ok),
+        // k1 3 -> 4: 100%; k2 1 -> 2: 50%; the address alerts on nothing.
+        (3, vec![key("k1"), ip("10.0.0.1"), key("k2")], Code::Ok),
+        // Denied: charges nothing, crosses nothing.
+        (4, vec![key("k1"), key("k2")], Code::OverLimit),
+    ] {
+        let answer = ask(&mut grpc, request("gateway", descriptors, 0)).await;
+        let answer = answer.unwrap_or_else(|status| panic!("call {call}: {status}"));
+        assert_eq!(answer.overall_code, code as i32, "call {call}: {answer:?}");
+    }
+    let events = crate::alerts::outbox(&app).await;
+    let mut seen: Vec<(Value, Value, Value, Value)> = events
+        .iter()
+        .map(|(kind, p)| {
+            assert_eq!(kind, "budget.threshold", "{p}");
+            assert_eq!(p["action"], "gateway", "{p}");
+            let budget = p["budget"]["api_key"].clone();
+            (
+                budget,
+                p["threshold"].clone(),
+                p["used"].clone(),
+                p["limit"].clone(),
+            )
+        })
+        .collect();
+    seen.sort_by_key(|s| s.0.to_string() + &s.1.to_string());
+    assert_eq!(
+        seen,
+        vec![
+            (json!("k1"), json!(100), json!(4), json!(4)),
+            (json!("k1"), json!(50), json!(2), json!(4)),
+            (json!("k2"), json!(50), json!(2), json!(4)),
+        ],
+        "{events:?}"
+    );
+    let ids: std::collections::BTreeSet<String> =
+        events.iter().map(|(_, p)| p["id"].to_string()).collect();
+    assert_eq!(ids.len(), 3, "one id per crossing: {events:?}");
+}
+
 crate::on_counter_stores!(
+    descriptors_decided_together_alert_once_per_crossing,
     when_one_descriptor_is_over_nothing_is_charged_on_the_others,
     statuses_carry_the_limit_its_unit_what_remains_and_the_time_to_reset,
     hits_addend_is_the_amount_and_a_descriptors_own_wins,

@@ -5,7 +5,8 @@ use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, Ledge
 use crate::engine::codec::{self, ConsumeRecord, HoldRecord};
 use crate::engine::decision::plan::{replayed_decision, Plan};
 use crate::engine::store::{
-    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, OnCrossing, StoreError, Undo,
+    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing,
+    StoreError, Undo,
 };
 use crate::engine::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
 use crate::keys;
@@ -215,13 +216,7 @@ impl Engine {
             .map(|(plan, request)| Attempt::new(plan, request, None))
             .collect();
         let effects = Effects {
-            ledger: self.ledger_append(plan.keys.shard, || {
-                let allowed: Vec<_> = attempts.iter().map(|a| a.allowed_entry.clone()).collect();
-                let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
-                let denied: Vec<_> = denied.collect();
-                let kept = (!denied.is_empty()).then(|| codec::encode_entries(&denied));
-                (codec::encode_entries(&allowed), kept)
-            }),
+            ledger: self.together_append(&plan, &attempts),
             ..Effects::default()
         };
         match self.charge_unit(&plan, &attempts, &effects).await? {
@@ -241,6 +236,37 @@ impl Engine {
                 StoreError::Protocol("requests decided together got a replay".to_owned()),
             )),
         }
+    }
+
+    /// The stream entry of requests decided together as `plan` (Redis): their entries, the
+    /// last keeping what tells the alert thresholds the decision crosses, if a policy
+    /// alerts (the store appends it only when one is crossed).
+    fn together_append(&self, plan: &Plan, attempts: &[Attempt]) -> Option<LedgerAppend> {
+        let mut allowed: Vec<_> = attempts.iter().map(|a| a.allowed_entry.clone()).collect();
+        let plain = codec::encode_entries(&allowed);
+        let kept = plan.together_kept();
+        if let (Some(text), Some(last)) = (kept.clone(), allowed.last_mut()) {
+            last.kept_answer = Some(KeptAnswer {
+                text,
+                expires_at_ms: plan.now_ms(),
+            });
+        }
+        let keeping = codec::encode_entries(&allowed);
+        let on_crossing = (kept.is_some() && keeping.starts_with(&plain)).then(|| OnCrossing {
+            plain_len: plain.len(),
+            levels: plan.alert_levels(),
+        });
+        let append = self.ledger_append(plan.keys.shard, || {
+            let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
+            let denied: Vec<_> = denied.collect();
+            let kept = (!denied.is_empty()).then(|| codec::encode_entries(&denied));
+            (keeping, kept)
+        })?;
+        Some(LedgerAppend {
+            keeps_answer: kept.is_some(),
+            on_crossing,
+            ..append
+        })
     }
 
     /// The unit of work of every consume, hold and consume together: `plan`'s charges
@@ -296,8 +322,11 @@ impl Engine {
                 match evaluation.allowed {
                     true => {
                         let mut entries = allowed;
-                        entries[0].kept_answer =
-                            self.entry_answer(plan, effects, attempts, &evaluation);
+                        // The first and only entry, or the last of requests decided together.
+                        if let Some(last) = entries.last_mut() {
+                            last.kept_answer =
+                                self.entry_answer(plan, effects, attempts, &evaluation);
+                        }
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
                         let undo = || undo_charge(attempted, effects);
                         self.commit_or_undo(entries, plan.now_ms(), undo).await?;
@@ -456,11 +485,19 @@ impl Engine {
         attempts: &[Attempt],
         evaluation: &Evaluation,
     ) -> Option<KeptAnswer> {
+        if self.deployment.streams_ledger() {
+            return None;
+        }
         match attempts {
-            [attempt] if !self.deployment.streams_ledger() => {
-                kept_answer(plan, effects, attempt, evaluation)
-            }
-            _ => None,
+            [attempt] => kept_answer(plan, effects, attempt, evaluation),
+            // Requests decided together: the plan is their combined one.
+            _ => plan
+                .together_kept()
+                .filter(|_| plan.crosses(evaluation))
+                .map(|record| KeptAnswer {
+                    text: codec::encode_replay(record.trim_end(), evaluation),
+                    expires_at_ms: plan.now_ms(),
+                }),
         }
     }
 }

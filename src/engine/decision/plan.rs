@@ -5,6 +5,7 @@ use crate::domain::{
     Attributes, Budget, CounterCharge, FieldError, FieldErrors, Measure, Mode, Policy,
     PolicyAmount, Subject, Window,
 };
+use crate::engine::alerts::{named, CounterAlert, TogetherAlerts};
 use crate::engine::codec::KeptPolicy;
 use crate::engine::decision::policies::{ActionPolicies, PolicyCache};
 use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
@@ -361,6 +362,32 @@ impl Plan {
                         .crossed(planned.charge.limit, before, outcome.used)
                         .is_empty()
             })
+    }
+
+    /// What the entry of requests decided together as this plan keeps when a policy of
+    /// it alerts ([`TogetherAlerts`], then a newline: the store appends the numbers).
+    pub(in crate::engine) fn together_kept(&self) -> Option<String> {
+        if !self.alerts() {
+            return None;
+        }
+        let together = self
+            .charges
+            .iter()
+            .map(|planned| {
+                let policy = &self.policies.enabled[planned.policy];
+                let thresholds = policy.spec.alert_thresholds.percents();
+                (!thresholds.is_empty()).then(|| CounterAlert {
+                    policy_id: policy.id.as_str().to_owned(),
+                    budget: named(&planned.budget),
+                    limit: planned.charge.limit,
+                    thresholds: thresholds.to_vec(),
+                    resets_at_ms: None,
+                })
+            })
+            .collect();
+        let costs = self.charges.iter().map(|p| p.charge.cost).collect();
+        let text = serde_json::to_string(&TogetherAlerts { together, costs }).ok()?;
+        Some(format!("{text}\n"))
     }
 
     /// The usage levels at which the plan's alerting policies reach a threshold, with
