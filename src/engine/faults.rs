@@ -13,6 +13,7 @@
 //! | `sweep.expire` | the sweeper is about to expire a due hold | the expiry fails: the hold waits for the next sweep |
 //! | `snapshot.save` | a snapshot was taken, before it is saved | the save fails: the previous snapshot stays |
 //! | `crossslot.finalize` | a consume across Redis Cluster slots reserved every slot, before its finalize | the finalize is never sent: the attempt is abandoned and answered 503 (paused: it stays in flight) |
+//! | `crossslot.events` | a give-back's share in other Redis Cluster slots was given, before the alert events it tells are recorded | recording fails: the pending share stays, and the sweeper gives it again (a replay) and records them |
 
 /// Every failpoint, for tests that pick one at random.
 pub const POINTS: [&str; 5] = [
@@ -25,7 +26,7 @@ pub const POINTS: [&str; 5] = [
 
 /// The failpoints of a Redis Cluster's consumes across slots (not among [`POINTS`]: most
 /// stores never reach them).
-pub const CLUSTER_POINTS: [&str; 1] = ["crossslot.finalize"];
+pub const CLUSTER_POINTS: [&str; 2] = ["crossslot.finalize", "crossslot.events"];
 
 /// What an armed point does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

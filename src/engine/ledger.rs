@@ -135,6 +135,12 @@ pub trait LedgerStore: Send + Sync + 'static {
         action: Option<&str>,
         limit: u32,
     ) -> Result<Vec<DeniedSubject>, LedgerError>;
+    /// Adds alert events told outside an entry's transaction (a give-back's share in other
+    /// slots of a Redis Cluster); those already there are left as they are.
+    async fn add_events(
+        &self,
+        events: &[crate::engine::alerts::AlertEvent],
+    ) -> Result<(), LedgerError>;
     /// The `seq` of each of `ids` the ledger holds.
     async fn seqs_of(
         &self,

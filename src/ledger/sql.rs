@@ -415,6 +415,14 @@ where
         u64::try_from(total).map_err(|e| corrupt(&consumption_id, e))
     }
 
+    async fn add_events(&self, events: &[AlertEvent]) -> Result<(), LedgerError> {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        for chunk in events.chunks(ROWS_PER_INSERT) {
+            Self::insert_events(&mut conn, chunk).await?;
+        }
+        Ok(())
+    }
+
     async fn seqs_of(&self, ids: &[String]) -> Result<HashMap<String, i64>, LedgerError> {
         let mut seqs = HashMap::new();
         for chunk in ids.chunks(500) {

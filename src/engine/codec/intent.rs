@@ -13,12 +13,17 @@ pub(crate) struct IntentRecord {
     pub(crate) home: Vec<CounterCharge>,
     /// Each foreign shard's counters, in reservation order.
     pub(crate) foreign: Vec<(u16, Vec<CounterCharge>)>,
+    /// A give-back's pending share: per foreign shard whose counters alert, its entry
+    /// keeping their policies (`Engine::foreign_alerts`).
+    pub(crate) alerts: Vec<(u16, String)>,
 }
 
 #[derive(Serialize, Deserialize)]
 struct IntentWire {
     home: Vec<CounterWire>,
     foreign: Vec<(u16, Vec<CounterWire>)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    alerts: Vec<(u16, String)>,
 }
 
 /// An intent's record (the part after its state, epoch and deadline lines).
@@ -31,6 +36,7 @@ pub(crate) fn encode_intent(record: &IntentRecord) -> String {
             .iter()
             .map(|(shard, counters)| (*shard, wires(counters)))
             .collect(),
+        alerts: record.alerts.clone(),
     })
 }
 
@@ -51,6 +57,7 @@ pub(crate) fn decode_intent(text: &str) -> Result<(String, IntentRecord), CodecE
             .into_iter()
             .map(|(shard, counters)| Ok((shard, decode_counter_wires(counters)?)))
             .collect::<Result<_, CodecError>>()?,
+        alerts: wire.alerts,
     };
     Ok((state, record))
 }

@@ -45,7 +45,7 @@ pub(crate) use row::{decode_detail, decode_policies, encode_detail, entry_from_p
 pub(crate) use snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_FORMAT};
 pub use stream::encode_entry;
 pub(crate) use stream::{
-    decode_entries, decode_refund_record, encode_entries, encode_entry_keeping,
+    decode_entries, decode_entry, decode_refund_record, encode_entries, encode_entry_keeping,
 };
 
 /// A persisted record that does not read as the format it should have.

@@ -27,7 +27,9 @@
 //! to k reads for the answer. A global budget's slot takes one call per consume.
 
 use crate::domain::{CounterCharge, LedgerEntry};
+use crate::engine::alerts;
 use crate::engine::codec::{self, IntentRecord};
+use crate::engine::decision::giveback::alerts::with_usage;
 use crate::engine::decision::plan::Plan;
 use crate::engine::store::{
     Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind, GivenBack,
@@ -103,6 +105,7 @@ impl Engine {
         let record = IntentRecord {
             home: pick(&home_charges),
             foreign: groups.iter().map(|g| (g.shard, pick(&g.charges))).collect(),
+            alerts: Vec::new(),
         };
         let member = allowed.id.to_string();
         let deadline_ms = plan.now_ms() + ATTEMPT_MS;
@@ -392,7 +395,8 @@ impl Engine {
                 let full = parts.next() == Some("1");
                 let by_amount: i64 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
                 let foreign = record.foreign.into_iter().collect();
-                self.restore_foreign(shard, member, foreign, full, by_amount)
+                let share = (full, by_amount);
+                self.restore_foreign(shard, member, foreign, share, &record.alerts)
                     .await?;
             }
             Some((state, record)) if state != "committed" => {
@@ -430,6 +434,12 @@ impl Engine {
         foreign
     }
 
+    /// Whether `counter` is given back with its charge's home shard: always, but on a store
+    /// that takes one slot per call (a Redis Cluster) for a counter in another slot.
+    pub(in crate::engine) fn at_home(&self, home: u16, counter: &CounterCharge) -> bool {
+        !self.deployment.cluster() || keys::shard_of(&counter.key).is_none_or(|s| s == home)
+    }
+
     /// The record kept at home with a give-back whose share of other slots is given next
     /// (`GiveBack::pending`): the sweeper redoes the share if the instance dies first.
     pub(in crate::engine) fn pending_share(
@@ -437,6 +447,7 @@ impl Engine {
         home: u16,
         entry: &LedgerEntry,
         foreign: &BTreeMap<u16, Vec<CounterCharge>>,
+        alerts: &[(u16, String)],
     ) -> Option<IntentOpen> {
         if foreign.is_empty() {
             return None;
@@ -448,6 +459,7 @@ impl Engine {
                 .iter()
                 .map(|(shard, counters)| (*shard, counters.clone()))
                 .collect(),
+            alerts: alerts.to_vec(),
         };
         Some(IntentOpen {
             key: keys::intent(&self.prefix, home, &member),
@@ -460,29 +472,48 @@ impl Engine {
 
     /// Gives the entry `id`'s share back to foreign shards, once each (a marker per entry):
     /// count policies their charge when `full`, amount policies `by_amount` (below zero:
-    /// charged that much more, an over-capture's excess); then drops its
-    /// pending record at `home` from the index.
+    /// charged that much more, an over-capture's excess); records the alert events the
+    /// shards' usage reports tell (`alerts`: the entry keeping each alerting shard's
+    /// policies); then drops its pending record at `home` from the index.
     pub(in crate::engine) async fn restore_foreign(
         &self,
         home: u16,
         id: &str,
         foreign: BTreeMap<u16, Vec<CounterCharge>>,
-        full: bool,
-        by_amount: i64,
+        (full, by_amount): (bool, i64),
+        alerts: &[(u16, String)],
     ) -> Result<(), StoreError> {
         let now_ms = self.now().timestamp_millis();
+        let mut events = Vec::new();
         for (shard, counters) in foreign {
+            let told = alerts.iter().find(|(s, _)| *s == shard).map(|(_, e)| e);
             let request = GiveBack {
                 kind: GiveBackKind::RestoreOnce { full, by_amount },
                 pending: None,
-                reports_usage: false,
+                reports_usage: told.is_some(),
                 control_key: keys::giveback_marker(&self.prefix, shard, id),
                 hold_index: None,
                 counters,
                 ledger: None,
                 idempotency: None,
             };
-            self.counters.give_back(now_ms, &request).await?;
+            let given = self.counters.give_back(now_ms, &request).await?;
+            if let (Some(told), GivenBack::Done { usage, .. }) = (told, given) {
+                let entry = codec::decode_entry(told).map_err(StoreError::from)?;
+                events.extend(alerts::events_of(&with_usage(entry, &usage)));
+            }
+        }
+        // Recorded before the pending record goes: a crash first, and the sweeper gives
+        // the share again, which the markers make a replay of the same reports.
+        if !events.is_empty() {
+            if crate::engine::faults::fault!(self, "crossslot.events") {
+                return Err(StoreError::Unavailable(
+                    "failpoint crossslot.events: the events were not recorded".to_owned(),
+                ));
+            }
+            self.ledger.add_events(&events).await.map_err(|error| {
+                StoreError::Unavailable(format!("recording alert events: {error}"))
+            })?;
         }
         let resolved = resolved(&self.prefix, home, id);
         self.counters.give_back(now_ms, &resolved).await?;

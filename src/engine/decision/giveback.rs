@@ -16,7 +16,7 @@ use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};
 
-mod alerts;
+pub(super) mod alerts;
 use alerts::{give_back_kept, with_usage};
 
 /// Refund idempotency records are kept a day.
@@ -173,11 +173,12 @@ impl Engine {
             hold_expires_at: None,
             kept_answer: None,
         };
-        let reports_usage = self.keep_alerts(&mut entry, &charge.counters);
+        let reports_usage = self.keep_alerts(&mut entry, &charge.counters, keys.shard);
         let mut request = self.refund_give_back(&charge, &entry, refunded);
         request.reports_usage = reports_usage;
         let foreign = self.foreign_share(keys.shard, &mut request);
-        request.pending = self.pending_share(keys.shard, &entry, &foreign);
+        let foreign_alerts = self.foreign_alerts(&entry, &foreign);
+        request.pending = self.pending_share(keys.shard, &entry, &foreign, &foreign_alerts);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         match self
@@ -191,7 +192,8 @@ impl Engine {
                 usage,
             } => {
                 let entry = with_usage(entry, &usage);
-                self.share_foreign(keys.shard, &entry, foreign, after == total, signed(amount))
+                let share = (after == total, signed(amount));
+                self.share_foreign(keys.shard, &entry, foreign, share, foreign_alerts)
                     .await;
                 self.record_unless_streamed(&entry, &request, (after, restored))
                     .await?;
@@ -438,10 +440,11 @@ impl Engine {
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
         let now = self.now();
         let (mut entry, mut request) = self.hold_give_back(hold_id, record, how, now)?;
-        request.reports_usage = self.keep_alerts(&mut entry, &record.counters);
+        request.reports_usage = self.keep_alerts(&mut entry, &record.counters, hold_id.shard());
         request.ledger = self.stream_entry(hold_id.shard(), &entry);
         let foreign = self.foreign_share(hold_id.shard(), &mut request);
-        request.pending = self.pending_share(hold_id.shard(), &entry, &foreign);
+        let foreign_alerts = self.foreign_alerts(&entry, &foreign);
+        request.pending = self.pending_share(hold_id.shard(), &entry, &foreign, &foreign_alerts);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
         let done = self
@@ -463,7 +466,8 @@ impl Engine {
                 }
                 _ => (false, 0),
             };
-            self.share_foreign(hold_id.shard(), &entry, foreign, full, by_amount)
+            let share = (full, by_amount);
+            self.share_foreign(hold_id.shard(), &entry, foreign, share, foreign_alerts)
                 .await;
             self.record_unless_streamed(&entry, &request, (0, restored.clone()))
                 .await?;
@@ -560,7 +564,8 @@ impl Engine {
     }
 
     /// Gives `entry`'s share back to the foreign shards of a Redis Cluster (see
-    /// [`Engine::restore_foreign`]). The entry is recorded already, with a pending record
+    /// [`Engine::restore_foreign`]): `(full, by_amount)`, with the shards' `alerts`
+    /// ([`Engine::foreign_alerts`]). The entry is recorded already, with a pending record
     /// at `home`: a failure here is logged, the answer stands, and the sweeper gives the
     /// share back later.
     pub(in crate::engine) async fn share_foreign(
@@ -568,15 +573,15 @@ impl Engine {
         home: u16,
         entry: &LedgerEntry,
         foreign: std::collections::BTreeMap<u16, Vec<CounterCharge>>,
-        full: bool,
-        by_amount: i64,
+        (full, by_amount): (bool, i64),
+        alerts: Vec<(u16, String)>,
     ) {
         if foreign.is_empty() {
             return;
         }
         let id = entry.id.to_string();
         if let Err(error) = self
-            .restore_foreign(home, &id, foreign, full, by_amount)
+            .restore_foreign(home, &id, foreign, (full, by_amount), &alerts)
             .await
         {
             static SITE: Throttle = Throttle::new();
@@ -607,13 +612,48 @@ impl Engine {
 
     /// Makes `entry`, a give-back of a charge to `counters`, keep what tells the alert
     /// thresholds it crosses (`give_back_kept`) when a policy of its action
-    /// alerts; whether it does (the store then reports the usage it leaves).
-    fn keep_alerts(&self, entry: &mut LedgerEntry, counters: &[CounterCharge]) -> bool {
+    /// alerts; whether it does (the store then reports the usage it leaves). Only the
+    /// counters of `home` count: those of other slots of a Redis Cluster are given back
+    /// in a second step, which tells theirs (`foreign_alerts`).
+    fn keep_alerts(&self, entry: &mut LedgerEntry, counters: &[CounterCharge], home: u16) -> bool {
+        let home: Vec<CounterCharge> = counters
+            .iter()
+            .filter(|c| self.at_home(home, c))
+            .cloned()
+            .collect();
         entry.kept_answer = self
             .cache
             .action(entry.action.as_str())
-            .and_then(|policies| give_back_kept(&policies, entry, counters));
+            .and_then(|policies| give_back_kept(&policies, entry, &home));
         entry.kept_answer.is_some()
+    }
+
+    /// What tells the alert thresholds that `entry`'s share in each of the `foreign`
+    /// shards crosses, per shard whose counters alert: the entry (compact) keeping their
+    /// policies, to which the shard's usage report is appended (`restore_foreign`).
+    pub(in crate::engine) fn foreign_alerts(
+        &self,
+        entry: &LedgerEntry,
+        foreign: &std::collections::BTreeMap<u16, Vec<CounterCharge>>,
+    ) -> Vec<(u16, String)> {
+        let Some(policies) = self
+            .cache
+            .action(entry.action.as_str())
+            .filter(|_| !foreign.is_empty())
+        else {
+            return Vec::new();
+        };
+        foreign
+            .iter()
+            .filter_map(|(shard, counters)| {
+                let kept = give_back_kept(&policies, entry, counters)?;
+                let told = LedgerEntry {
+                    kept_answer: Some(kept),
+                    ..entry.clone()
+                };
+                Some((*shard, codec::encode_entry(&told)))
+            })
+            .collect()
     }
 
     /// The answer to a give-back: its entry, with the subject's usage after it.

@@ -242,18 +242,14 @@ impl Engine {
         let (void, mut request) = self.void_request(doubt)?;
         let home = keys::shard(void.action.as_str(), void.subject.as_str());
         let foreign = self.foreign_share(home, &mut request);
-        request.pending = self.pending_share(home, &void, &foreign);
+        // A void tells no alert (its charge was answered 503).
+        request.pending = self.pending_share(home, &void, &foreign, &[]);
         let now_ms = self.now().timestamp_millis();
         Ok(match self.counters.give_back(now_ms, &request).await? {
             GivenBack::Done { .. } => {
-                self.share_foreign(
-                    home,
-                    &void,
-                    foreign,
-                    true,
-                    crate::engine::store::signed(void.amount),
-                )
-                .await;
+                let share = (true, crate::engine::store::signed(void.amount));
+                self.share_foreign(home, &void, foreign, share, Vec::new())
+                    .await;
                 Voided::Voided
             }
             GivenBack::Conflict(why) => Voided::Kept(why),

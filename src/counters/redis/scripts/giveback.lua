@@ -21,7 +21,8 @@ ARGV[1]  now_ms            ARGV[2]  op: 'r' refund, 'c' commit, 'l' release, 'x'
                             the index of intents (ARGV[8] the member), 'f' give a refund's or
                             settlement's share back to a foreign slot once (the control key
                             is the marker; ARGV[4] 1 when count policies get theirs back,
-                            ARGV[5] what amount policies get)
+                            ARGV[5] what amount policies get; the marker keeps the usage
+                            report, which a second call replies as the first did)
 ARGV[3]  n                 ARGV[4]  total (the charge or the held amount)
 ARGV[5]  amount (refund) or settle (commit)
 ARGV[6]  refunded before, per the ledger (used when the running total has expired)
@@ -122,8 +123,12 @@ elseif op == 'd' then
   if index_key then redis.call('ZREM', index_key, ARGV[8]) end
   return { 1, 0 }
 elseif op == 'f' then
-  -- A give-back's share in a foreign slot, once per entry (the control key is the marker).
-  if not redis.call('SET', control, '1', 'NX', 'PX', 600000) then return { 1, 0 } end
+  -- A give-back's share in a foreign slot, once per entry (the control key is the marker,
+  -- which keeps the usage report: a second call replies it again).
+  local marker = redis.call('GET', control)
+  if marker and ARGV[15] == '1' then return { 1, 0, string.sub(marker, 3) } end
+  if marker then return { 1, 0 } end
+  redis.call('SET', control, '1', 'PX', 600000)
   full, by_amount_gets = total == 1, amount
 elseif op == 'v' then
   if not redis.call('SET', control, '1', 'NX', 'PX', 86400000) then return { 2, 'voided' } end
@@ -246,6 +251,7 @@ end
 local report = ''
 if reports then report = table.concat(usage, ';') end
 
+if op == 'f' and reports then redis.call('SET', control, '1\n' .. report, 'KEEPTTL') end
 if op == 'r' then
   -- Kept long enough for any refund the ledger could still authorise concurrently.
   redis.call('SET', control, fmt('%d', result), 'PX', 2592000000)

@@ -51,7 +51,7 @@ pub(super) fn give_back_kept(
 
 /// `entry` with the store's usage report appended to what it keeps for alerts (the
 /// stream's copy got it from the store already).
-pub(super) fn with_usage(mut entry: LedgerEntry, usage: &str) -> LedgerEntry {
+pub(in crate::engine::decision) fn with_usage(mut entry: LedgerEntry, usage: &str) -> LedgerEntry {
     if let Some(kept) = entry.kept_answer.as_mut().filter(|_| !usage.is_empty()) {
         kept.text.push_str(usage);
     }

@@ -57,6 +57,13 @@ impl FakeStore {
 
 #[async_trait]
 impl LedgerStore for FakeStore {
+    async fn add_events(
+        &self,
+        _events: &[crate::engine::alerts::AlertEvent],
+    ) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
     async fn seqs_of(
         &self,
         _ids: &[String],
