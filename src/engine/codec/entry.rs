@@ -233,19 +233,23 @@ pub(super) fn write_expiry_and_kept(out: &mut String, entry: &LedgerEntry) {
 
 /// The compact form of `entry` (a charge or hold whose answer is kept until
 /// `kept_until_ms`), ending where the store appends the evaluation's numbers.
+/// Also the length of the entry's own compact form (without a kept answer) at its start.
 pub(super) fn encode_keeping(
     entry: &LedgerEntry,
     kept_until_ms: i64,
     policies: &[KeptPolicy],
-) -> String {
-    let mut out = encode(&LedgerEntry {
-        kept_answer: None,
-        hold_expires_at: None,
-        ..entry.clone()
-    });
-    out.push(US);
-    if let Some(at) = entry.hold_expires_at {
-        let _ = write!(out, "{}", at.timestamp_millis());
+) -> (String, usize) {
+    // The plain form ends with the hold's expiry, if any: the kept answer follows it.
+    let mut out = match entry.kept_answer {
+        None => encode(entry),
+        Some(_) => encode(&LedgerEntry {
+            kept_answer: None,
+            ..entry.clone()
+        }),
+    };
+    let plain_len = out.len();
+    if entry.hold_expires_at.is_none() {
+        out.push(US);
     }
     let _ = write!(out, "{US}{kept_until_ms}{US}");
     for (i, p) in policies.iter().enumerate() {
@@ -268,7 +272,7 @@ pub(super) fn encode_keeping(
         }
     }
     out.push('\n');
-    out
+    (out, plain_len)
 }
 
 /// The full text of a kept answer given in compact form (see the module doc).

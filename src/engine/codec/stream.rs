@@ -34,12 +34,14 @@ pub(crate) fn decode_entries(text: &str) -> Result<Vec<LedgerEntry>, CodecError>
 
 /// A keyed charge or hold as its consume appends it to a stream: the compact form, ending
 /// with the answer kept until `kept_until_ms` for its retries, in compact form too, but
-/// for the evaluation's numbers, which `consume.lua` appends (see the module `entry`).
+/// for the evaluation's numbers, which `consume.lua` appends (see the module `entry`); and
+/// the length of the entry's own compact form at its start (what [`encode_entry`] writes of
+/// it without a kept answer).
 pub(crate) fn encode_entry_keeping(
     entry: &LedgerEntry,
     kept_until_ms: i64,
     policies: &[KeptPolicy],
-) -> String {
+) -> (String, usize) {
     entry::encode_keeping(entry, kept_until_ms, policies)
 }
 

@@ -415,36 +415,32 @@ impl Engine {
         let alerting = (idempotency.is_none() && plan.alerts()).then(|| plan.kept_policies());
         // A keyed consume's entry carries the answer kept for its retries (the script
         // appends the numbers), so that a Redis that lost its data gets it back.
-        let allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies, &alerting) {
+        // Only a decision that crosses a threshold keeps its answer for alerts: the store
+        // tells, and else appends the entry's plain start (`OnCrossing`).
+        let mut on_crossing = None;
+        let mut allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies, &alerting) {
             (Some(idem), Some(policies), _) => {
-                codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, policies)
+                codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, policies).0
             }
-            (_, _, Some(policies)) => codec::encode_entry_keeping(entry, now_ms, policies),
+            (_, _, Some(policies)) => {
+                let (text, plain_len) = codec::encode_entry_keeping(entry, now_ms, policies);
+                on_crossing = Some(OnCrossing {
+                    plain_len,
+                    levels: plan.alert_levels(),
+                });
+                text
+            }
             _ => codec::encode_entry(entry),
         };
-        let ledger = self
-            .ledger_append(plan.keys.shard, || {
-                let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
-                (allowed(&attempt.allowed_entry), denied)
-            })
-            .map(|ledger| {
-                // Only a decision that crosses a threshold keeps its answer: the store
-                // tells, and else appends the entry without it.
-                let plain = alerting
-                    .as_ref()
-                    .map(|_| codec::encode_entry(&attempt.allowed_entry));
-                let on_crossing = plain
-                    .filter(|plain| ledger.allowed.starts_with(plain.as_str()))
-                    .map(|plain| OnCrossing {
-                        plain_len: plain.len(),
-                        levels: plan.alert_levels(),
-                    });
-                crate::engine::store::LedgerAppend {
-                    keeps_answer: alerting.is_some(),
-                    on_crossing,
-                    ..ledger
-                }
-            });
+        let ledger = self.ledger_append(plan.keys.shard, || {
+            let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
+            (allowed(&attempt.allowed_entry), denied)
+        });
+        let ledger = ledger.map(|ledger| crate::engine::store::LedgerAppend {
+            keeps_answer: alerting.is_some(),
+            on_crossing,
+            ..ledger
+        });
         let hold = hold.map(|(ticket, ttl_ms)| {
             let expires_at_ms = ticket.expires_at.timestamp_millis();
             self.hold_dues.expect(plan.keys.shard, expires_at_ms);
