@@ -5,6 +5,8 @@ this order:
 
   measure_baseline        redis-benchmark running a minimal check-and-charge script
   measure_consume_rows    per mode: the wrk rows, the gRPC row, the flood, ledger lag, RSS
+  measure_peer_rows       right after them (limitador.py): the Limitador peer's calendar
+                          rows, on Redis after the Redis mode's, in memory after embedded's
   after the Redis mode's rows:
     measure_memory        Redis memory per subject per window type
     measure_outage_budget consumes while the ledger database refuses writes
@@ -13,6 +15,8 @@ this order:
   after the embedded default's rows:
     measure_restart       restart to first consume on the ledger of the runs
     measure_verify
+  at the end:
+    measure_exactness     (limitador.py) a burst against one subject at a limit of 5
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ class Results:
     deliveries: Dict[str, List[float]] = field(default_factory=dict)  # mode: crossing-to-delivery s
     alert_events: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)  # mode: (delivered, recorded)
     backtest: Dict[str, Tuple[int, int, float]] = field(default_factory=dict)  # mode: (entries, requests, s)
+    peer: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # Limitador (redis|memory, subjects)
+    exact: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)  # who: (admitted, denied, other)
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB
@@ -188,7 +194,7 @@ Args = Sequence[Union[str, Path]]
 
 
 class Measured(Protocol):
-    """What a measured run reads of the server under load (a Service does)."""
+    """What a measured run reads of the server under load: the service, or the peer."""
 
     def cpu_ticks(self) -> int: ...
 
@@ -249,7 +255,8 @@ def run_wrk(
 def run_wrk_script(bench: Bench, server: Measured, url: str, script: Path, script_args: Sequence[str]) -> Line:
     """wrk running SCRIPT (which prints a BENCH line) against URL with SCRIPT_ARGS, at
     BENCH_CONNECTIONS connections and BENCH_THREADS threads: a warm-up, then one measured
-    run of SERVER (see `measured`)."""
+    run of SERVER (see `measured`). Every wrk row goes through here, the service's and the
+    Limitador peer's alike."""
     k = bench.knobs
     args: List[Union[str, Path]] = [
         f"-t{k.threads}", f"-c{k.connections}", "--timeout", "5s", "-s", script, url, "--", *script_args,
