@@ -9,14 +9,18 @@
 # The harness: a redis-benchmark baseline, the service's consume rows on Redis and
 # embedded (wrk, and Envoy's ShouldRateLimit over gRPC), the overload rows, Redis memory
 # per subject, restart to first consume, the outage budget, the idle Redis load and
-# counters verify; then one table with each target beside the measured figure. It installs
-# what is missing (wrk, redis-server, redis-tools) with apt-get, builds the release binary
-# and the gRPC load generator with cargo, and stops everything it started on exit.
+# counters verify, the alert rows, and a peer: Limitador's own library behind actix-web
+# (scripts/bench/limitador/, a cargo project that only the bench builds) on Redis and in
+# memory, with the exactness of each under a burst; then one table with each target beside
+# the measured figure. It installs what is missing (wrk, redis-server, redis-tools) with
+# apt-get, builds the release binary, the gRPC load generator and the Limitador peer with
+# cargo, and stops everything it started on exit.
 #
 # Knobs (environment; `scripts/bench.sh --help` describes each): BENCH_DURATION,
 # BENCH_WARMUP, BENCH_CONNECTIONS, BENCH_FLOOD_CONNECTIONS, BENCH_THREADS, BENCH_SUBJECTS,
 # BENCH_MEMORY_SUBJECTS, BENCH_MODES, BENCH_GRPC, BENCH_GRPC_CONNECTIONS, BENCH_NO_BUILD,
-# BENCH_BINARY, BENCH_NO_INSTALL, BENCH_OUT, BENCH_IDLE_SECONDS, BENCH_AUTH, BENCH_ALERTS.
+# BENCH_BINARY, BENCH_NO_INSTALL, BENCH_OUT, BENCH_IDLE_SECONDS, BENCH_AUTH, BENCH_ALERTS,
+# BENCH_LIMITADOR.
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."

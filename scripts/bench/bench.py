@@ -34,13 +34,21 @@ On this machine, all on loopback, in one run:
      (scripts/bench/backtest.py): seconds per million entries replayed;
   8. the alert rows (scripts/bench/alerts.py): consumes with alert thresholds and a webhook
      against none, and the time from a crossing to its delivery under that load;
+  9. the Limitador rows (scripts/bench/limitador.py): Limitador's own library behind
+     actix-web, as limitador-server serves it (scripts/bench/limitador/, a cargo project that
+     only the bench builds), its POST /check_and_report with wrk as the calendar-day rows,
+     at each subject count: on the private Redis (flushed) right after the Redis mode's
+     consume rows, in memory right after the embedded default's; and at the end, the
+     exactness rows: 200 requests at once for one subject at a limit of 5, against the
+     service in each mode and the peer beside it, how many were admitted;
 then prints one table: every row, and each target (named by what it measures) beside the
 measured figure. Steps 3, 5 and 6 run after the Redis mode's rows, 4 after the
 embedded one's, 7 after each.
 
 Installs what is missing (wrk, redis-server, redis-tools) with apt-get, builds the release
-binary and the gRPC load generator with cargo (incrementally), and stops everything it
-started on exit, on failure and on Ctrl-C / SIGTERM too.
+binary, the gRPC load generator and the Limitador peer (into target/limitador-peer/) with
+cargo (incrementally), and stops everything it started on exit, on failure and on Ctrl-C /
+SIGTERM too.
 Timings are noisy on a shared machine: compare the ratios within one run.
 
 Knobs (environment):
@@ -57,7 +65,11 @@ Knobs (environment):
   BENCH_AUTH=0               no API key rows (a consume with a key against open endpoints)
   BENCH_ALERTS=0             no alert rows (thresholds and a webhook against none, and the
                              time from a crossing to its delivery; scripts/bench/alerts.py)
-  BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load) as it is
+  BENCH_LIMITADOR=0          no Limitador rows (nor the peer's build; scripts/bench/limitador.py);
+                             without a build (BENCH_NO_BUILD, BENCH_BINARY) they need
+                             target/limitador-peer/release/limitador-peer, or are skipped
+  BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load, and the
+                             Limitador peer) as they are
   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
   BENCH_OUT=FILE             also write the table to FILE (relative to the repository)
@@ -82,6 +94,7 @@ if sys.version_info < (3, 9):
 from alerts import measure_alert_rows  # noqa: E402
 from backtest import measure_backtest  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
+from limitador import measure_exactness, measure_peer_rows, prepare_peer  # noqa: E402
 from measurements import (  # noqa: E402
     Bench,
     measure_baseline,
@@ -99,13 +112,15 @@ from table import table  # noqa: E402
 SIGNALS: Dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 
 
-def run(knobs: Knobs, processes: Processes, tmp: Path) -> List[str]:
-    """Every step, in order; returns the table."""
+def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
+    """Every step, in order (the Limitador rows when PEER); returns the table."""
     bench = Bench(knobs, processes, tmp)
     bench.redis.start()
     measure_baseline(bench)
     for mode in knobs.modes:
         service = measure_consume_rows(bench, mode)
+        if peer:
+            measure_peer_rows(bench, mode)
         if knobs.auth:
             measure_auth_rows(bench, mode)
         if knobs.alerts:
@@ -122,6 +137,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path) -> List[str]:
             measure_restart(bench, service)
             measure_verify(bench, "embedded", service.db)
             measure_backtest(bench, "embedded", service.db)
+    if peer:
+        measure_exactness(bench)
     return table(knobs, bench.results, bench.redis.version())
 
 
@@ -153,8 +170,9 @@ def main(argv: List[str]) -> int:
             raise Failure(
                 f"{LOADGEN} is missing: build it with cargo build --release --example rls_load (or BENCH_GRPC=0)"
             )
+        peer = prepare_peer(knobs)
         tmp = Path(tempfile.mkdtemp(prefix="quota-bench."))
-        lines = run(knobs, processes, tmp)
+        lines = run(knobs, processes, tmp, peer)
         text = "\n".join(lines) + "\n"
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = ROOT / "scripts" / "bench"
 LOADGEN = ROOT / "target" / "release" / "examples" / "rls_load"
 DEFAULT_BINARY = ROOT / "target" / "release" / "quota-ledger"
+# The Limitador peer (scripts/bench/limitador/): a cargo project of its own, built into a
+# target directory of its own.
+PEER_MANIFEST = BENCH_DIR / "limitador" / "Cargo.toml"
+PEER_TARGET = ROOT / "target" / "limitador-peer"
+PEER_BINARY = PEER_TARGET / "release" / "limitador-peer"
 
 ADMIN_TOKEN = "bench-admin-token"
 # High enough that nothing is denied: every consume takes the writing path.
@@ -59,7 +64,8 @@ class Knobs:
     grpc_connections: int  # BENCH_GRPC_CONNECTIONS: HTTP/2 connections the streams share
     auth: bool  # BENCH_AUTH (anything but 0): the API key rows (a key against open endpoints)
     alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
-    build: bool  # not BENCH_NO_BUILD=1 nor BENCH_BINARY: cargo build first
+    limitador: bool  # BENCH_LIMITADOR (anything but 0): the Limitador peer's rows and its build
+    build: bool  # not BENCH_NO_BUILD=1 nor BENCH_BINARY: cargo build first (the peer's too)
     install: bool  # not BENCH_NO_INSTALL=1: apt-get what is missing
     binary: Path  # BENCH_BINARY, or target/release/quota-ledger
     out: Optional[Path]  # BENCH_OUT: also write the table there
@@ -91,6 +97,7 @@ class Knobs:
             grpc_connections=_int(env, "BENCH_GRPC_CONNECTIONS", 2),
             auth=_text(env, "BENCH_AUTH", "1") != "0",
             alerts=_text(env, "BENCH_ALERTS", "1") != "0",
+            limitador=_text(env, "BENCH_LIMITADOR", "1") != "0",
             build=_text(env, "BENCH_NO_BUILD", "0") != "1" and binary == "",
             install=_text(env, "BENCH_NO_INSTALL", "0") != "1",
             binary=Path(binary).resolve() if binary else DEFAULT_BINARY,

@@ -5,6 +5,8 @@ this order:
 
   measure_baseline        redis-benchmark running a minimal check-and-charge script
   measure_consume_rows    per mode: the wrk rows, the gRPC row, the flood, ledger lag, RSS
+  measure_peer_rows       right after them (limitador.py): the Limitador peer's calendar
+                          rows, on Redis after the Redis mode's, in memory after embedded's
   after the Redis mode's rows:
     measure_memory        Redis memory per subject per window type
     measure_outage_budget consumes while the ledger database refuses writes
@@ -13,6 +15,8 @@ this order:
   after the embedded default's rows:
     measure_restart       restart to first consume on the ledger of the runs
     measure_verify
+  at the end:
+    measure_exactness     (limitador.py) a burst against one subject at a limit of 5
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 from knobs import BENCH_DIR, LIMIT, LOADGEN, SCENARIOS, Knobs
 from processes import HZ, Failure, Processes, Redis, Service, cpu_ticks, load_average, log, log_field
@@ -156,6 +160,8 @@ class Results:
     deliveries: Dict[str, List[float]] = field(default_factory=dict)  # mode: crossing-to-delivery s
     alert_events: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)  # mode: (delivered, recorded)
     backtest: Dict[str, Tuple[int, int, float]] = field(default_factory=dict)  # mode: (entries, requests, s)
+    peer: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # Limitador (redis|memory, subjects)
+    exact: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)  # who: (admitted, denied, other)
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB
@@ -187,7 +193,15 @@ class Bench:
 Args = Sequence[Union[str, Path]]
 
 
-def measured(bench: Bench, service: Service, name: str, args: Args) -> Line:
+class Measured(Protocol):
+    """What a measured run reads of the server under load: the service, or the peer."""
+
+    def cpu_ticks(self) -> int: ...
+
+    def thread_ticks(self) -> Tuple[int, int, int]: ...
+
+
+def measured(bench: Bench, service: Measured, name: str, args: Args) -> Line:
     """Runs ARGS (a load generator printing one BENCH line) as the measured run of a row,
     its output in TMP/NAME.out; returns that line with, appended, the CPU microseconds per
     request of the service (svc_us, and its split by thread: http_us, sql_us, bg_us), of
@@ -226,22 +240,30 @@ def run_wrk(
     drawn uniformly, each with AMOUNT and a country drawn from COUNTRIES when given, and
     TOKEN as its bearer token when given: a warm-up, then one measured run (see
     `measured`)."""
-    k = bench.knobs
-    args: List[Union[str, Path]] = [
-        f"-t{k.threads}", f"-c{k.connections}", "--timeout", "5s", "-s", CONSUME_LUA,
-        f"{service.base}/quota/consume", "--", action, str(subjects),
-    ]  # fmt: skip
+    script_args = [action, str(subjects)]
     # consume.lua's arguments are positional: an empty AMOUNT stands for 1 before COUNTRIES,
     # and empty COUNTRIES for none before TOKEN.
     if amount or countries or token:
-        args.append(amount)
+        script_args.append(amount)
     if countries or token:
-        args.append(countries)
+        script_args.append(countries)
     if token:
-        args.append(token)
+        script_args.append(token)
+    return run_wrk_script(bench, service, f"{service.base}/quota/consume", CONSUME_LUA, script_args)
+
+
+def run_wrk_script(bench: Bench, server: Measured, url: str, script: Path, script_args: Sequence[str]) -> Line:
+    """wrk running SCRIPT (which prints a BENCH line) against URL with SCRIPT_ARGS, at
+    BENCH_CONNECTIONS connections and BENCH_THREADS threads: a warm-up, then one measured
+    run of SERVER (see `measured`). Every wrk row goes through here, the service's and the
+    Limitador peer's alike."""
+    k = bench.knobs
+    args: List[Union[str, Path]] = [
+        f"-t{k.threads}", f"-c{k.connections}", "--timeout", "5s", "-s", script, url, "--", *script_args,
+    ]  # fmt: skip
     if k.warmup > 0:
         _warm_up(bench, ["wrk", f"-d{k.warmup}s"] + args)
-    return measured(bench, service, "wrk", ["wrk", f"-d{k.duration}s"] + args)
+    return measured(bench, server, "wrk", ["wrk", f"-d{k.duration}s"] + args)
 
 
 def run_grpc(bench: Bench, service: Service, action: str, subjects: int) -> Line:

@@ -218,6 +218,35 @@ def cpu_ticks(pid: Optional[int]) -> int:
     return _stat_ticks(f"/proc/{pid}/stat") or 0
 
 
+def thread_ticks(pid: Optional[int]) -> Tuple[int, int, int]:
+    """A process's CPU ticks so far by kind of thread, (http, sql, bg): the actix workers
+    (HTTP, JSON, the engine, the Redis client), SQLite's worker threads (the ledger's
+    inserts), and the rest (the main runtime: the ledger drain or group-commit task, policy
+    refresh, the listener). (0, 0, 0) when it is gone."""
+    http = sql = bg = 0
+    tasks = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return 0, 0, 0
+    for tid in tids:
+        try:
+            with open(f"{tasks}/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        ticks = _stat_ticks(f"{tasks}/{tid}/stat")
+        if ticks is None:
+            continue
+        if comm.startswith("actix-rt"):
+            http += ticks
+        elif comm.startswith("sqlx-sqlite"):
+            sql += ticks
+        else:
+            bg += ticks
+    return http, sql, bg
+
+
 def load_average() -> str:
     """The 1-minute load average, as /proc/loadavg prints it."""
     with open("/proc/loadavg") as f:
@@ -529,32 +558,8 @@ class Service:
         return cpu_ticks(self.pid)
 
     def thread_ticks(self) -> Tuple[int, int, int]:
-        """Its CPU ticks so far by kind of thread, (http, sql, bg): the actix workers (HTTP,
-        JSON, the engine, the Redis client), SQLite's worker threads (the ledger's inserts),
-        and the rest (the main runtime: the ledger drain or group-commit task, policy
-        refresh, the listener)."""
-        http = sql = bg = 0
-        tasks = f"/proc/{self.pid}/task"
-        try:
-            tids = os.listdir(tasks)
-        except OSError:
-            return 0, 0, 0
-        for tid in tids:
-            try:
-                with open(f"{tasks}/{tid}/comm") as f:
-                    comm = f.read().strip()
-            except OSError:
-                continue
-            ticks = _stat_ticks(f"{tasks}/{tid}/stat")
-            if ticks is None:
-                continue
-            if comm.startswith("actix-rt"):
-                http += ticks
-            elif comm.startswith("sqlx-sqlite"):
-                sql += ticks
-            else:
-                bg += ticks
-        return http, sql, bg
+        """Its CPU ticks so far by kind of thread (see `thread_ticks`)."""
+        return thread_ticks(self.pid)
 
     def memory_kib(self) -> Tuple[int, int]:
         """(VmRSS, VmHWM) in KiB."""

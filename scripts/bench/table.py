@@ -11,6 +11,7 @@ from typing import List, Optional
 from alerts import ALERT_SUBJECTS, alert_targets
 from backtest import backtest_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
+from limitador import peer_rows, peer_targets
 from measurements import BRACKETED, Line, Results, mean_of
 
 ROW = "{:<9} {:<20} {:>9} {:>9} {:>8} {:>8} {:>7} {:>11} {:>7} {:>6} {:>6} {:>6} {:>7} {:>7} {:>5}"
@@ -123,6 +124,9 @@ def _runs(knobs: Knobs, results: Results, redis_version: str) -> List[str]:
             for off, on in rounds:
                 out += _row(mode, "calendar, no alerts", ALERT_SUBJECTS, off, "-")
                 out += _row(mode, "calendar, alerts", ALERT_SUBJECTS, on, "-")
+    # The Limitador peer's calendar rows, after the service's (limitador.py).
+    peer, peer_notes = peer_rows(k, results, _row, ratio)
+    out += peer
     base = results.baseline
     if base is not None:
         out.append(
@@ -144,6 +148,7 @@ def _runs(knobs: Knobs, results: Results, redis_version: str) -> List[str]:
         "(calendar, open / API key: the calendar-day consume on fresh services alike, with open",
         " quota endpoints and with an API key as every request's bearer token, in alternating rounds)",
     ]
+    out += peer_notes
     if k.grpc:
         out += [
             "(grpc ShouldRateLimit: Envoy's rate limit service, one descriptor [subject] of the calendar-day",
@@ -217,6 +222,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     if cal100 is not None and emb100 is not None:
         v = ratio(emb100.f("rps"), cal100.f("rps"))
         out.append(target("embedded default throughput vs Redis mode: calendar 100k", f"{v}x", ">= 1.0x", at_least(v, 1.0)))
+    out += peer_targets(k, results, target, ratio, at_least)
     out += _shared_budgets(k, results)
     out += _grpc_vs_http(k, results)
     out += _auth(k, results)
