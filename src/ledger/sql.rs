@@ -12,7 +12,7 @@ use super::cursor::{decode_cursor, encode_cursor};
 use crate::db::{ColumnType, Sql};
 use crate::domain::{ActionGlob, ActionSet, ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::alerts::{self, AlertEvent};
-use crate::engine::codec::{self, EntryParts};
+use crate::engine::codec::{self, AttributesColumn, EntryParts, PoliciesColumn};
 use crate::engine::ledger::{
     DeniedSubject, HourActivity, LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE,
 };
@@ -139,12 +139,15 @@ where
     DateTime<Utc>: ColumnType<DB>,
     Json<Value>: ColumnType<DB>,
     Option<Json<Value>>: ColumnType<DB>,
+    Json<PoliciesColumn>: ColumnType<DB>,
+    Option<Json<PoliciesColumn>>: ColumnType<DB>,
+    Option<Json<AttributesColumn>>: ColumnType<DB>,
 {
     /// A row of `ledger_entries` (its [`ENTRY_COLUMNS`]) as a [`LedgerEntry`].
     fn entry_from_row(row: &DB::Row) -> Result<LedgerEntry, LedgerError> {
         let id: String = row.try_get("id").map_err(db_error)?;
         let amount: i64 = row.try_get("amount").map_err(db_error)?;
-        let policies: Option<Json<Value>> = row.try_get("policies").map_err(db_error)?;
+        let policies: Option<Json<PoliciesColumn>> = row.try_get("policies").map_err(db_error)?;
         let compact: Option<String> = row.try_get("policies_compact").map_err(db_error)?;
         let detail: Option<String> = row.try_get("detail").map_err(db_error)?;
         let kind: String = row.try_get("kind").map_err(db_error)?;
@@ -172,7 +175,8 @@ where
         .map_err(|e| corrupt(&id, e))?;
         let detail = codec::decode_detail(detail.as_deref(), &parts, &policies)
             .map_err(|e| corrupt(&id, e))?;
-        let attributes: Option<Json<Value>> = row.try_get("attributes").map_err(db_error)?;
+        let attributes: Option<Json<AttributesColumn>> =
+            row.try_get("attributes").map_err(db_error)?;
         let attributes = codec::attributes_from_column(attributes.map(|Json(value)| value))
             .map_err(|e| corrupt(&id, e))?;
         codec::entry_from_parts(parts, policies, attributes, detail).map_err(|e| corrupt(&id, e))
@@ -316,6 +320,9 @@ where
     DateTime<Utc>: ColumnType<DB>,
     Json<Value>: ColumnType<DB>,
     Option<Json<Value>>: ColumnType<DB>,
+    Json<PoliciesColumn>: ColumnType<DB>,
+    Option<Json<PoliciesColumn>>: ColumnType<DB>,
+    Option<Json<AttributesColumn>>: ColumnType<DB>,
 {
     async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
         if entries.is_empty() {

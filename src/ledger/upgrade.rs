@@ -8,9 +8,8 @@
 use super::sql::{db_error, SqlLedgerStore};
 use crate::db::{ColumnType, Sql};
 use crate::domain::{Attributes, Subject};
-use crate::engine::codec;
+use crate::engine::codec::{self, AttributesColumn, PoliciesColumn};
 use crate::engine::ledger::LedgerError;
-use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{ColumnIndex, Executor, IntoArguments, Row};
 
@@ -48,8 +47,8 @@ where
     i64: ColumnType<DB>,
     String: ColumnType<DB>,
     Option<String>: ColumnType<DB>,
-    Json<Value>: ColumnType<DB>,
-    Option<Json<Value>>: ColumnType<DB>,
+    Json<PoliciesColumn>: ColumnType<DB>,
+    Option<Json<AttributesColumn>>: ColumnType<DB>,
 {
     /// Rewrites every row whose `policies` is still compact text; returns how many.
     pub(crate) async fn upgrade(&self) -> Result<u64, LedgerError> {
@@ -84,7 +83,7 @@ where
     }
 
     /// A row's `seq` and its `policies` as JSON, from its compact text.
-    fn readable(row: &DB::Row) -> Result<(i64, Value), LedgerError> {
+    fn readable(row: &DB::Row) -> Result<(i64, PoliciesColumn), LedgerError> {
         let seq: i64 = row.try_get("seq").map_err(db_error)?;
         let corrupt = |e: codec::CodecError| LedgerError::Corrupt(format!("row {seq}: {e}"));
         let subject: String = row.try_get("subject").map_err(db_error)?;
@@ -92,7 +91,8 @@ where
             .map_err(|e| LedgerError::Corrupt(format!("row {seq}: {e}")))?;
         let amount: i64 = row.try_get("amount").map_err(db_error)?;
         let amount = u64::try_from(amount).unwrap_or_default();
-        let attributes: Option<Json<Value>> = row.try_get("attributes").map_err(db_error)?;
+        let attributes: Option<Json<AttributesColumn>> =
+            row.try_get("attributes").map_err(db_error)?;
         let attributes: Attributes =
             codec::attributes_from_column(attributes.map(|Json(v)| v)).map_err(corrupt)?;
         let compact: Option<String> = row.try_get("policies_compact").map_err(db_error)?;

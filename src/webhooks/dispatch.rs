@@ -7,7 +7,7 @@
 //! enabled. An endpoint whose attempts have all failed for [`DISABLE_AFTER`] is disabled
 //! (its deliveries wait, pending, until it is enabled again): `webhook.disabled` is logged.
 
-use super::store::{Delivery, Webhook, WebhookStore};
+use super::store::{Attempted, Delivery, Webhook, WebhookStore};
 use super::{sign, target};
 use crate::clock::Clock;
 use chrono::{DateTime, Duration, Utc};
@@ -183,25 +183,32 @@ impl Dispatcher {
         let now = self.clock.now();
         let mut failed_any = false;
         let mut delivered_any = false;
+        let mut attempted = Vec::with_capacity(due.len());
         for (delivery, outcome) in due.iter().zip(outcomes) {
-            match outcome {
+            attempted.push(match outcome {
                 Ok(status) => {
                     self.counts.delivered.fetch_add(1, Ordering::Relaxed);
                     delivered_any = true;
-                    self.store
-                        .attempted(delivery, Some(status), None, None, now)
-                        .await?;
+                    Attempted {
+                        delivery,
+                        status: Some(status),
+                        error: None,
+                        next: None,
+                    }
                 }
                 Err((status, error)) => {
                     self.counts.failed.fetch_add(1, Ordering::Relaxed);
                     failed_any = true;
-                    let next = now + jittered(delivery.attempts + 1);
-                    self.store
-                        .attempted(delivery, status, Some(&error), Some(next), now)
-                        .await?;
+                    Attempted {
+                        delivery,
+                        status,
+                        error: Some(error),
+                        next: Some(now + jittered(delivery.attempts + 1)),
+                    }
                 }
-            }
+            });
         }
+        self.store.attempted(&attempted, now).await?;
         self.note_health(endpoint, delivered_any, failed_any, now)
             .await?;
         Ok(full && !failed_any)

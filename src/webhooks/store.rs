@@ -15,6 +15,17 @@ macro_rules! on_pool {
     };
 }
 
+/// One attempt of a delivery, as [`WebhookStore::attempted`] records it.
+pub(crate) struct Attempted<'a> {
+    pub(crate) delivery: &'a Delivery,
+    /// The endpoint's HTTP status, if it answered.
+    pub(crate) status: Option<i64>,
+    /// Why it failed, if it did.
+    pub(crate) error: Option<String>,
+    /// When it is due again (`None`: delivered).
+    pub(crate) next: Option<DateTime<Utc>>,
+}
+
 /// A failed query: the database is down or refused it.
 #[derive(Debug, thiserror::Error)]
 #[error("the webhook tables: {0}")]
@@ -362,28 +373,30 @@ impl WebhookStore {
         Ok(claimed)
     }
 
-    /// Records an attempt: delivered (`next` `None`), or failed and due again at `next`.
+    /// Records a batch of attempts made at `now`, in one transaction (one write of the
+    /// database for the batch, beside the ledger's): each delivered (its `next` `None`),
+    /// or failed and due again at `next`.
     pub(crate) async fn attempted(
         &self,
-        d: &Delivery,
-        status: Option<i64>,
-        error: Option<&str>,
-        next: Option<DateTime<Utc>>,
+        attempts: &[Attempted<'_>],
         now: DateTime<Utc>,
     ) -> Result<()> {
-        let (state, next_at, delivered_at) = match next {
-            None => ("delivered", now, Some(now)),
-            Some(at) => ("pending", at, None),
-        };
+        const SQL: &str = "UPDATE webhook_deliveries SET state = $3, attempts = attempts + 1, \
+             next_attempt_at = $4, last_status = $5, last_error = $6, delivered_at = $7 \
+             WHERE webhook_id = $1 AND event_id = $2";
         on_pool!(&self.pool, p => {
-            sqlx::query(
-                "UPDATE webhook_deliveries SET state = $3, attempts = attempts + 1, \
-                 next_attempt_at = $4, last_status = $5, last_error = $6, delivered_at = $7 \
-                 WHERE webhook_id = $1 AND event_id = $2",
-            )
-            .bind(&d.webhook_id).bind(&d.event_id).bind(state).bind(next_at).bind(status)
-            .bind(error).bind(delivered_at)
-            .execute(p).await?;
+            let mut tx = p.begin().await?;
+            for a in attempts {
+                let (state, next_at, delivered_at) = match a.next {
+                    None => ("delivered", now, Some(now)),
+                    Some(at) => ("pending", at, None),
+                };
+                sqlx::query(SQL)
+                    .bind(&a.delivery.webhook_id).bind(&a.delivery.event_id).bind(state)
+                    .bind(next_at).bind(a.status).bind(a.error.as_deref()).bind(delivered_at)
+                    .execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
         });
         Ok(())
     }

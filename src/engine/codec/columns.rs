@@ -13,13 +13,22 @@
 //! keep their compact text in `policies_compact` until `quota-ledger migrate` rewrites
 //! them (`ledger::upgrade`); [`super::decode_policies`] still reads that form.
 
-use super::{attributes_from_wire, attributes_wire, field, CodecError};
+use super::{attributes_from_wire, attributes_wire, field, AttributesWire, CodecError};
 use crate::domain::{Attributes, PolicyAmount, PolicyId, Scope, Subject};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::collections::BTreeMap;
 
 const WHAT: &str = "policies column";
+
+/// The `policies` column's value, read and written as JSON without a tree of values in
+/// between.
+#[derive(Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct PoliciesColumn(Vec<PolicyColumn>);
+
+/// The `attributes` column's value: a JSON object of strings (a JSON `null`, never
+/// written, reads as none).
+pub(crate) type AttributesColumn = Option<AttributesWire>;
 
 /// One policy's part of an entry, as the `policies` column holds it.
 #[derive(Serialize, Deserialize)]
@@ -38,7 +47,7 @@ pub(crate) fn policies_column(
     policies: &[PolicyAmount],
     subject: &Subject,
     attributes: &Attributes,
-) -> Value {
+) -> PoliciesColumn {
     let columns: Vec<PolicyColumn> = policies
         .iter()
         .map(|p| PolicyColumn {
@@ -58,14 +67,13 @@ pub(crate) fn policies_column(
                 .collect(),
         })
         .collect();
-    // Plain structs of strings and numbers always serialize.
-    serde_json::to_value(columns).unwrap_or(Value::Null)
+    PoliciesColumn(columns)
 }
 
 /// Reads what [`policies_column`] wrote.
-pub(crate) fn policies_from_column(value: Value) -> Result<Vec<PolicyAmount>, CodecError> {
-    let columns: Vec<PolicyColumn> =
-        serde_json::from_value(value).map_err(|e| CodecError::new(WHAT, e))?;
+pub(crate) fn policies_from_column(
+    PoliciesColumn(columns): PoliciesColumn,
+) -> Result<Vec<PolicyAmount>, CodecError> {
     columns
         .into_iter()
         .map(|c| {
@@ -80,21 +88,17 @@ pub(crate) fn policies_from_column(value: Value) -> Result<Vec<PolicyAmount>, Co
 
 /// A request's attributes as the `attributes` column holds them: a JSON object of
 /// strings, `None` when there are none.
-pub(crate) fn attributes_column(attributes: &Attributes) -> Option<Value> {
-    (!attributes.is_empty()).then(|| {
-        // A map of strings always serializes.
-        serde_json::to_value(attributes_wire(attributes)).unwrap_or(Value::Null)
-    })
+pub(crate) fn attributes_column(attributes: &Attributes) -> Option<AttributesColumn> {
+    (!attributes.is_empty()).then(|| Some(attributes_wire(attributes)))
 }
 
 /// Reads what [`attributes_column`] wrote.
-pub(crate) fn attributes_from_column(value: Option<Value>) -> Result<Attributes, CodecError> {
+pub(crate) fn attributes_from_column(
+    value: Option<AttributesColumn>,
+) -> Result<Attributes, CodecError> {
     const WHAT: &str = "attributes of an entry";
-    match value {
-        None | Some(Value::Null) => Ok(Attributes::default()),
-        Some(value) => attributes_from_wire(
-            WHAT,
-            serde_json::from_value(value).map_err(|e| CodecError::new(WHAT, e))?,
-        ),
+    match value.flatten() {
+        None => Ok(Attributes::default()),
+        Some(wire) => attributes_from_wire(WHAT, wire),
     }
 }

@@ -412,7 +412,10 @@ impl Engine {
         let (idempotency, kept_policies) = keyed.unzip();
         // An entry whose policies alert keeps its answer too, already expired (no retry
         // replays it): it tells which thresholds the decision crossed (`engine::alerts`).
-        let alerting = (idempotency.is_none() && plan.alerts()).then(|| plan.kept_policies());
+        // Only a streamed entry is written before the decision (in process, the entry
+        // keeps an answer only once a crossing is known: `kept_answer`).
+        let alerting = (idempotency.is_none() && self.deployment.streams_ledger() && plan.alerts())
+            .then(|| plan.kept_policies());
         // A keyed consume's entry carries the answer kept for its retries (the script
         // appends the numbers), so that a Redis that lost its data gets it back.
         // Only a decision that crosses a threshold keeps its answer for alerts: the store

@@ -16,6 +16,7 @@ use crate::domain::{
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::decision::plan::{plan_in, Plan};
 use crate::engine::decision::policies::PolicyCache;
+use crate::engine::recovery::pages::Pages;
 use crate::engine::recovery::rebuild::{settlement, Replayer, PAGE, REORDER};
 use crate::engine::state::{Replay, ReplayOp};
 use crate::engine::store::{Evaluation, StoreError};
@@ -116,16 +117,15 @@ impl Engine {
         };
         let mut replayer = Replayer::default();
         if let Some(first) = self.ledger.first_seq_since(from).await? {
-            let mut after = first - 1;
             // Entries are inserted a little out of the order they were made in: read on
             // until as many as the replay reorders were made after `to`.
             let mut past_end = 0;
+            let mut pages = Pages::after(self.ledger.clone(), first - 1, PAGE);
             while past_end <= REORDER {
-                let page = self.ledger.entries_after(after, PAGE).await?;
-                let Some((last, _)) = page.last() else {
+                let page = pages.next().await?;
+                if page.is_empty() {
                     break;
-                };
-                after = *last;
+                }
                 for (_, entry) in page {
                     if entry.at >= to {
                         past_end += 1;

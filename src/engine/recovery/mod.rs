@@ -6,6 +6,7 @@
 
 pub(crate) mod backtest;
 pub(crate) mod cut;
+mod pages;
 pub(crate) mod rebuild;
 pub mod shards;
 pub(crate) mod snapshot;

@@ -20,6 +20,7 @@ use crate::domain::{
 };
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::decision::giveback::Settle;
+use crate::engine::recovery::pages::Pages;
 use crate::engine::state::{Rebuilt, Replay, ReplayOp};
 use crate::engine::store::{Algorithm, Charge, StoreError, MAX_UNITS};
 use crate::engine::{Engine, EngineError};
@@ -133,7 +134,7 @@ impl Engine {
     ) -> Result<Rebuilt, EngineError> {
         let now = self.now();
         let mut rebuilt = Rebuilt::default();
-        let mut after = match replayer.next_after {
+        let after = match replayer.next_after {
             Some(after) => after,
             None => {
                 let from = now - horizon(&self.cache.windows());
@@ -146,16 +147,16 @@ impl Engine {
                 }
             }
         };
+        let mut pages = Pages::after(self.ledger.clone(), after, PAGE);
         loop {
-            let mut page = self.ledger.entries_after(after, PAGE).await?;
+            let mut page = pages.next().await?;
             if let Some(until) = until {
                 page.retain(|(seq, _)| *seq <= until);
             }
             let Some((last, _)) = page.last() else {
                 break;
             };
-            after = *last;
-            replayer.next_after = Some(after);
+            replayer.next_after = Some(*last);
             rebuilt.entries += page.len();
             for (_, entry) in page.into_iter().filter(|(_, entry)| wanted(entry)) {
                 replayer.wait(entry);
