@@ -110,12 +110,13 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// The `seq` (insertion number) of the first entry inserted of those made at or after
     /// `at`; `None` if there is none.
     async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError>;
-    /// Up to `limit` entries inserted after the one numbered `after`, in insertion order,
-    /// each with its `seq`.
+    /// Up to `limit` entries inserted after the one numbered `after` (of `action` only, when
+    /// given), in insertion order, each with its `seq`.
     async fn entries_after(
         &self,
         after: i64,
         limit: u32,
+        action: Option<&crate::domain::Action>,
     ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError>;
     /// Per action (only `action`'s when given) and UTC hour with any entry: charges,
     /// their units and denials in `[from, to)`, found through the `at` index. Hours and

@@ -10,7 +10,7 @@
 
 use super::cursor::{decode_cursor, encode_cursor};
 use crate::db::{ColumnType, Dialect, Sql};
-use crate::domain::{ActionGlob, ActionSet, ConsumptionId, EntryKind, HoldId, LedgerEntry};
+use crate::domain::{Action, ActionGlob, ActionSet, ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::alerts::{self, AlertEvent};
 use crate::engine::codec::{self, AttributesColumn, EntryParts, PoliciesColumn};
 use crate::engine::ledger::{
@@ -222,23 +222,25 @@ fn json_column<T: serde::de::DeserializeOwned>(
         .transpose()
 }
 
-/// The statement that reads a page of entries (`seq` after `$1`, at most `$2`) as one JSON
+/// The statement that reads a page of entries (`seq` after `$1`, at most `$2`; of the
+/// action `$3` only, with `one_action`, through its `(action, seq)` index) as one JSON
 /// array of rows ([`PageRow`]): a bulk read (a rebuild, a backtest) then takes one value
 /// from the database per page rather than one per column of every row.
-fn page_sql(dialect: Dialect) -> String {
+fn page_sql(dialect: Dialect, one_action: bool) -> String {
     let columns = "seq, id, at, kind, action, subject, amount, consumption_id, hold_id, \
                    idempotency_key";
+    let action = if one_action { " AND action = $3" } else { "" };
     match dialect {
         Dialect::Postgres => format!(
             "SELECT CAST(COALESCE(json_agg(json_build_array({columns}, CAST(policies AS TEXT), \
              detail, CAST(attributes AS TEXT), policies_compact) ORDER BY seq), '[]') AS TEXT) \
-             FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1 \
+             FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
              ORDER BY seq LIMIT $2) AS page"
         ),
         Dialect::Sqlite => format!(
             "SELECT json_group_array(json_array({columns}, policies, detail, attributes, \
              policies_compact)) \
-             FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1 \
+             FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
              ORDER BY seq LIMIT $2)"
         ),
     }
@@ -576,13 +578,14 @@ where
         &self,
         after: i64,
         limit: u32,
+        action: Option<&Action>,
     ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
-        let text: Option<String> = sqlx::query_scalar(&page_sql(DB::DIALECT))
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db_error)?;
+        let sql = page_sql(DB::DIALECT, action.is_some());
+        let mut query = sqlx::query_scalar(&sql).bind(after).bind(i64::from(limit));
+        if let Some(action) = action {
+            query = query.bind(action.as_str());
+        }
+        let text: Option<String> = query.fetch_one(&self.pool).await.map_err(db_error)?;
         let rows: Vec<PageRow> = serde_json::from_str(text.as_deref().unwrap_or("[]"))
             .map_err(|e| LedgerError::Corrupt(format!("a page of the ledger: {e}")))?;
         let mut page = rows

@@ -120,7 +120,12 @@ impl Engine {
             // Entries are inserted a little out of the order they were made in: read on
             // until as many as the replay reorders were made after `to`.
             let mut past_end = 0;
-            let mut pages = Pages::after(self.ledger.clone(), first - 1, PAGE);
+            // One action (the usual backtest): only its entries are read, through its index.
+            let only = match actions.iter().collect::<Vec<_>>()[..] {
+                [one] => Some(one.clone()),
+                _ => None,
+            };
+            let mut pages = Pages::after(self.ledger.clone(), first - 1, PAGE, only);
             while past_end <= REORDER {
                 let page = pages.next().await?;
                 if page.is_empty() {

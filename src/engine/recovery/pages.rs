@@ -2,7 +2,7 @@
 //! (the database's work, and decoding its rows) while the replay applies this one, so that
 //! a rebuild or a backtest keeps both of the machine's cores busy.
 
-use crate::domain::LedgerEntry;
+use crate::domain::{Action, LedgerEntry};
 use crate::engine::ledger::{LedgerError, LedgerStore};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -22,13 +22,19 @@ pub(in crate::engine) struct Pages {
 }
 
 impl Pages {
-    /// Starts reading the entries inserted after `after`, `page` at a time.
-    pub(in crate::engine) fn after(ledger: Arc<dyn LedgerStore>, after: i64, page: u32) -> Self {
+    /// Starts reading the entries inserted after `after` (of `action` only, when given),
+    /// `page` at a time.
+    pub(in crate::engine) fn after(
+        ledger: Arc<dyn LedgerStore>,
+        after: i64,
+        page: u32,
+        action: Option<Action>,
+    ) -> Self {
         let (sender, pages) = mpsc::channel(AHEAD);
         let reader = tokio::spawn(async move {
             let mut after = after;
             loop {
-                let read = ledger.entries_after(after, page).await;
+                let read = ledger.entries_after(after, page, action.as_ref()).await;
                 let last = read
                     .as_ref()
                     .ok()

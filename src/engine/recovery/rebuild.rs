@@ -147,7 +147,7 @@ impl Engine {
                 }
             }
         };
-        let mut pages = Pages::after(self.ledger.clone(), after, PAGE);
+        let mut pages = Pages::after(self.ledger.clone(), after, PAGE, None);
         loop {
             let mut page = pages.next().await?;
             if let Some(until) = until {

@@ -137,7 +137,12 @@ impl LedgerStore for FakeStore {
         Ok(None)
     }
 
-    async fn entries_after(&self, _: i64, _: u32) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
+    async fn entries_after(
+        &self,
+        _: i64,
+        _: u32,
+        _: Option<&crate::domain::Action>,
+    ) -> Result<Vec<(i64, LedgerEntry)>, LedgerError> {
         Ok(Vec::new())
     }
 
