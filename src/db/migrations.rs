@@ -71,6 +71,14 @@ pub(super) const POSTGRES: Files = &[
         "20261229110000_create_webhooks.sql",
         include_str!("../../migrations/postgres/20261229110000_create_webhooks.sql"),
     ),
+    (
+        "20261230090000_create_ledger_hourly.sql",
+        include_str!("../../migrations/postgres/20261230090000_create_ledger_hourly.sql"),
+    ),
+    (
+        "20261230100000_index_ledger_kinds.sql",
+        include_str!("../../migrations/postgres/20261230100000_index_ledger_kinds.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -130,6 +138,14 @@ pub(super) const SQLITE: Files = &[
     (
         "20261229110000_create_webhooks.sql",
         include_str!("../../migrations/sqlite/20261229110000_create_webhooks.sql"),
+    ),
+    (
+        "20261230090000_create_ledger_hourly.sql",
+        include_str!("../../migrations/sqlite/20261230090000_create_ledger_hourly.sql"),
+    ),
+    (
+        "20261230100000_index_ledger_kinds.sql",
+        include_str!("../../migrations/sqlite/20261230100000_index_ledger_kinds.sql"),
     ),
 ];
 
@@ -235,5 +251,68 @@ mod tests {
         .await
         .expect("works in memory");
         assert_eq!(indexes, 5, "every index is made again");
+    }
+
+    /// The migration that adds the hourly rollups counts the entries already there, and
+    /// from then on every insert counts its own (a recorded denial in both rollups).
+    #[tokio::test]
+    async fn the_rollups_count_the_entries_written_before_and_after_on_sqlite() {
+        let mut conn = SqliteConnection::connect("sqlite::memory:")
+            .await
+            .expect("works in memory");
+        let before = SQLITE
+            .iter()
+            .position(|(name, _)| name.ends_with("create_ledger_hourly.sql"))
+            .expect("the migration that adds the rollups");
+        let insert = "INSERT INTO ledger_entries (id, at, kind, action, subject, amount) \
+                      VALUES ($1, $2, $3, 'sms', $4, $5)";
+        let rows = [
+            ("a", "2026-11-27T10:00:00+00:00", "charge", "u", 1),
+            ("b", "2026-11-27T10:59:59.999+00:00", "hold", "u", 4),
+            ("c", "2026-11-27T10:30:00+00:00", "deny", "v", 1),
+            ("d", "2026-11-27T10:31:00+00:00", "refund", "u", 1),
+            ("e", "2026-11-27T11:00:00+00:00", "charge", "v", 2),
+        ];
+        let hour = 1_795_773_600 / 3_600; // 2026-11-27T10:00:00Z
+        migrator(&SQLITE[..before])
+            .await
+            .expect("works in memory")
+            .run(&mut conn)
+            .await
+            .expect("works in memory");
+        for (i, (id, at, kind, subject, amount)) in rows.iter().enumerate() {
+            if i == 4 {
+                migrator(SQLITE)
+                    .await
+                    .expect("works in memory")
+                    .run(&mut conn)
+                    .await
+                    .expect("works in memory");
+            }
+            sqlx::query(insert)
+                .bind(id)
+                .bind(at)
+                .bind(kind)
+                .bind(subject)
+                .bind(amount)
+                .execute(&mut conn)
+                .await
+                .expect("works in memory");
+        }
+        let hourly: Vec<(i64, String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT hour, action, charges, amount, denials FROM ledger_hourly ORDER BY hour",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .expect("works in memory");
+        let sms =
+            |hour, charges, amount, denials| (hour, "sms".to_owned(), charges, amount, denials);
+        assert_eq!(hourly, [sms(hour, 2, 5, 1), sms(hour + 1, 1, 2, 0)]);
+        let denials: Vec<(i64, String, i64)> =
+            sqlx::query_as("SELECT hour, subject, denials FROM ledger_hourly_denials")
+                .fetch_all(&mut conn)
+                .await
+                .expect("works in memory");
+        assert_eq!(denials, [(hour, "v".to_owned(), 1)]);
     }
 }

@@ -44,7 +44,7 @@ impl EntryKind {
     ];
 
     /// The wire and column spelling.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Charge => "charge",
             Self::Refund => "refund",

@@ -2,66 +2,51 @@
 //! recorded denials per action and UTC hour, and the subjects denied most. The operator
 //! console's "today" view reads it through `GET /admin/activity`.
 //!
-//! Both queries select their rows through the `at` index (a range on `at`), so their cost
-//! grows with the entries of the span asked for, never with the whole ledger. Hours are
-//! numbered from the Unix epoch in SQL, so that both databases group alike: Postgres
-//! reads the epoch of a TIMESTAMPTZ, SQLite that of the RFC 3339 text it stores.
+//! Both queries read hourly rollups (`ledger_hourly`, `ledger_hourly_denials`), which
+//! triggers keep in the same transaction as the entries (see their migration), through
+//! their primary keys (a range on `hour`): their cost grows with the hours asked for and
+//! the actions and denied subjects within them, never with the entries. Hours are
+//! numbered from the Unix epoch, in UTC; a span covers each hour it overlaps.
 
 use super::sql::{db_error, SqlLedgerStore};
-use crate::db::{ColumnType, Dialect, Sql};
+use crate::db::{ColumnType, Sql};
 use crate::engine::ledger::{DeniedSubject, HourActivity, LedgerError};
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Encode, Executor, IntoArguments, Row, Type};
 
-/// Postgres: the hour of `at`, counted from the Unix epoch.
-const POSTGRES_HOUR: &str = "CAST(FLOOR(EXTRACT(EPOCH FROM at) / 3600) AS BIGINT)";
+/// The per-hour statement, before its optional action condition (`$1`, `$2`: the span's
+/// hours). The sum of units is cast to BIGINT: Postgres keeps it as NUMERIC, and a sum
+/// past BIGINT fails loudly rather than wrapping.
+const HOURLY_SQL: &str = "SELECT action, hour, charges, CAST(amount AS BIGINT) AS amount, \
+     denials FROM ledger_hourly WHERE hour >= $1 AND hour < $2";
 
-/// SQLite: the hour of `at` (RFC 3339 text), counted from the Unix epoch.
-const SQLITE_HOUR: &str = "(CAST(strftime('%s', at) AS INTEGER) / 3600)";
-
-/// The hour of `at`, counted from the Unix epoch, as `dialect` computes it.
-fn hour(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Postgres => POSTGRES_HOUR,
-        Dialect::Sqlite => SQLITE_HOUR,
-    }
-}
-
-/// The per-hour statement; `{hour}` is the database's hour expression. Sums are cast to
-/// BIGINT: Postgres sums a BIGINT column into NUMERIC. A sum past BIGINT fails loudly
-/// rather than wrapping.
-fn activity_sql(hour: &str) -> String {
-    format!(
-        "SELECT action, {hour} AS hour, \
-         CAST(SUM(CASE WHEN kind = 'deny' THEN 0 ELSE 1 END) AS BIGINT) AS charges, \
-         CAST(SUM(CASE WHEN kind = 'deny' THEN 0 ELSE amount END) AS BIGINT) AS amount, \
-         CAST(SUM(CASE WHEN kind = 'deny' THEN 1 ELSE 0 END) AS BIGINT) AS denials \
-         FROM ledger_entries \
-         WHERE at >= $1 AND at < $2 AND kind IN ('charge', 'hold', 'deny')"
-    )
-}
+/// The per-hour statement's order.
+const HOURLY_ORDER: &str = " ORDER BY action, hour";
 
 /// The most-denied statement, before its optional action condition.
-const TOP_DENIED_SQL: &str = "SELECT action, subject, COUNT(*) AS denials FROM ledger_entries \
-     WHERE at >= $1 AND at < $2 AND kind = 'deny'";
+const TOP_DENIED_SQL: &str = "SELECT action, subject, CAST(SUM(denials) AS BIGINT) AS denials \
+     FROM ledger_hourly_denials WHERE hour >= $1 AND hour < $2";
 
 /// The most-denied statement's grouping and order; `$3` is the number of subjects.
 const TOP_DENIED_ORDER: &str =
     " GROUP BY action, subject ORDER BY denials DESC, action, subject LIMIT $3";
 
-/// The two statements as the Postgres (`postgres`) or the SQLite store runs them for every
-/// action: the per-hour one (`$1`, `$2`: the span) and the most-denied one (`$3`: how
-/// many). For checks of their query plans.
-pub fn statements(postgres: bool) -> [String; 2] {
-    let dialect = if postgres {
-        Dialect::Postgres
-    } else {
-        Dialect::Sqlite
-    };
+/// The two statements as the stores run them for every action: the per-hour one (`$1`,
+/// `$2`: the span's hours) and the most-denied one (`$3`: how many). For checks of their
+/// query plans.
+pub fn statements() -> [String; 2] {
     [
-        format!("{} GROUP BY action, hour", activity_sql(hour(dialect))),
+        format!("{HOURLY_SQL}{HOURLY_ORDER}"),
         format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
     ]
+}
+
+/// The hours from the Unix epoch that `[from, to)` overlaps, as `[first, end)`.
+pub fn hours(from: DateTime<Utc>, to: DateTime<Utc>) -> (i64, i64) {
+    let first = from.timestamp().div_euclid(3_600);
+    let partial = to.timestamp().rem_euclid(3_600) != 0 || to.timestamp_subsec_nanos() > 0;
+    let end = to.timestamp().div_euclid(3_600) + i64::from(partial);
+    (first, end)
 }
 
 /// A count or sum read back from SQL, which is never negative.
@@ -87,16 +72,12 @@ where
         to: DateTime<Utc>,
         action: Option<&str>,
     ) -> Result<Vec<HourActivity>, LedgerError> {
-        let sql = format!(
-            "{}{} GROUP BY action, hour ORDER BY action, hour",
-            activity_sql(hour(DB::DIALECT)),
-            if action.is_some() {
-                " AND action = $3"
-            } else {
-                ""
-            },
-        );
-        let query = sqlx::query::<DB>(&sql).bind(from).bind(to);
+        let sql = match action {
+            Some(_) => format!("{HOURLY_SQL} AND action = $3{HOURLY_ORDER}"),
+            None => format!("{HOURLY_SQL}{HOURLY_ORDER}"),
+        };
+        let (first, end) = hours(from, to);
+        let query = sqlx::query::<DB>(&sql).bind(first).bind(end);
         let query = match action {
             Some(action) => query.bind(action),
             None => query,
@@ -130,9 +111,10 @@ where
             Some(_) => format!("{TOP_DENIED_SQL} AND action = $4{TOP_DENIED_ORDER}"),
             None => format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
         };
+        let (first, end) = hours(from, to);
         let query = sqlx::query::<DB>(&sql)
-            .bind(from)
-            .bind(to)
+            .bind(first)
+            .bind(end)
             .bind(i64::from(limit));
         let query = match action {
             Some(action) => query.bind(action),
@@ -156,7 +138,7 @@ mod tests {
     use super::*;
     use crate::domain::{Action, EntryId, EntryKind, LedgerEntry, Subject};
     use crate::engine::ledger::LedgerStore;
-    use crate::ledger::sql::tests::{assert_searches_the_at_index, fresh_sqlite};
+    use crate::ledger::sql::tests::{assert_searches, fresh_sqlite};
 
     async fn sqlite() -> (SqlLedgerStore<sqlx::Sqlite>, std::path::PathBuf) {
         let (pool, file) = fresh_sqlite().await;
@@ -251,14 +233,39 @@ mod tests {
         let _ = std::fs::remove_file(&file);
     }
 
-    /// Both queries find their rows through the `at` index, never by scanning the table.
+    /// Both queries find their rows through their rollup's primary key, a range of hours,
+    /// never by scanning a table.
     #[tokio::test]
-    async fn activity_searches_the_at_index_on_sqlite() {
+    async fn activity_searches_the_rollups_by_hour_on_sqlite() {
         let (store, file) = sqlite().await;
-        for sql in statements(false) {
-            assert_searches_the_at_index(&store.pool, &sql).await;
-        }
+        let [hourly, top] = statements();
+        assert_searches(
+            &store.pool,
+            &hourly,
+            "ledger_hourly USING PRIMARY KEY (hour>? AND hour<?)",
+        )
+        .await;
+        assert_searches(
+            &store.pool,
+            &top,
+            "ledger_hourly_denials USING PRIMARY KEY (hour>? AND hour<?)",
+        )
+        .await;
         store.pool.close().await;
         let _ = std::fs::remove_file(&file);
+    }
+
+    /// The hours a span overlaps: a span ending within an hour covers that hour.
+    #[test]
+    fn a_span_covers_each_hour_it_overlaps() {
+        let (first, end) = hours(at("2026-11-26T10:00:00Z"), at("2026-11-26T12:00:00Z"));
+        assert_eq!(end - first, 2);
+        assert_eq!(first, at("2026-11-26T10:00:00Z").timestamp() / 3_600);
+        let (first, end) = hours(at("2026-11-26T10:30:00Z"), at("2026-11-26T12:00:00.001Z"));
+        assert_eq!(end - first, 3);
+        assert_eq!(
+            hours(at("1969-12-31T23:30:00Z"), at("1970-01-01T00:00:00Z")),
+            (-1, 0)
+        );
     }
 }
