@@ -6,7 +6,7 @@
 use crate::engine::codec;
 use crate::engine::store::{
     signed, Algorithm, Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack,
-    GiveBackKind, GivenBack, Outcome, Restore, StoreError,
+    GiveBackKind, GivenBack, OnCrossing, Outcome, Restore, StoreError,
 };
 use crate::keys;
 use redis::{Cmd, Script, Value};
@@ -163,8 +163,13 @@ pub(super) fn consume_cmd(
     call.arg(flags);
     push_idempotency_args(&mut call, effects);
     match &effects.ledger {
+        // An entry that keeps its answer only on a crossing is given plain; its kept
+        // start follows the levels in `on crossing`.
         Some(ledger) => call
-            .arg(ledger.allowed.as_str())
+            .arg(
+                &ledger.allowed
+                    [..crossing_of(effects).map_or(ledger.allowed.len(), |on| on.plain_len)],
+            )
             .arg(ledger.denied.as_deref().unwrap_or("")),
         None => call.arg("").arg(""),
     };
@@ -188,22 +193,31 @@ pub(super) fn consume_cmd(
     call
 }
 
-/// The script's `on crossing` value: `<plain length>;<charge>:<level>,…` (charges from 1),
-/// or empty when the entry keeps its answer whatever the decision.
-fn on_crossing_arg(effects: &Effects) -> String {
-    let Some(on) = effects
+/// What tells the script the alert levels of an entry that keeps its answer only when a
+/// decision crosses one (none for a keyed consume: its entry always keeps it).
+fn crossing_of(effects: &Effects) -> Option<&OnCrossing> {
+    effects
         .ledger
         .as_ref()
         .filter(|l| l.keeps_answer && effects.idempotency.is_none())
         .and_then(|l| l.on_crossing.as_ref())
-    else {
+}
+
+/// The script's `on crossing` value: `<charge>:<level>,…;<kept start>` (charges from 1,
+/// the kept start being what follows the plain entry in the keeping one), or empty when
+/// the entry keeps its answer whatever the decision.
+fn on_crossing_arg(effects: &Effects) -> String {
+    let (Some(on), Some(ledger)) = (crossing_of(effects), effects.ledger.as_ref()) else {
         return String::new();
     };
-    let mut out = format!("{};", on.plain_len);
+    let kept = &ledger.allowed[on.plain_len..];
+    let mut out = String::with_capacity(8 * on.levels.len() + 1 + kept.len());
     for (j, (i, level)) in on.levels.iter().enumerate() {
         let comma = if j > 0 { "," } else { "" };
         let _ = write!(out, "{comma}{}:{level}", i + 1);
     }
+    out.push(';');
+    out.push_str(kept);
     out
 }
 

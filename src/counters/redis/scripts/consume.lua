@@ -45,11 +45,11 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
                Redis's own clock, TIME) does nothing and replies { -4 }, so that a caller
                that gave up knows, once that time has passed on its clock plus the skew,
                whether the call was applied (engine::recovery::void)
-  on crossing  with the answer kept for alerts only ('' otherwise): `<length>;<i>:<level>,…`,
-               the allowed entry keeps its answer (the numbers are appended) only when usage
-               of charge i goes from below level (usage after less cost) to at or above it
-               for some listed pair; otherwise the entry appended is its first <length> bytes
-               (the entry without its kept answer)
+  on crossing  with the answer kept for alerts only ('' otherwise): `<i>:<level>,…;<kept>`,
+               the allowed entry (given plain) keeps its answer, <kept> then the numbers
+               appended to it, only when usage of charge i goes from below level (usage
+               after less cost) to at or above it for some listed pair; otherwise the entry
+               is appended as given
 so n = (#ARGV - 16) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
@@ -371,18 +371,20 @@ elseif commit and out[1] == 1 and has_reservation then
 elseif commit and out[1] == 1 then
   local numbers = ''
   local allowed = ARGV[e + 3]
-  if keeps_answer and not has_idem and ARGV[e + 13] ~= '' then
+  local on_crossing = ARGV[e + 13]
+  if keeps_answer and not has_idem and on_crossing ~= '' then
     -- The answer is kept only to tell an alert: only when usage crossed a threshold.
-    local crossed = false
-    for i, level in string.gmatch(ARGV[e + 13], '(%d+):(%d+)') do
+    local cut = string.find(on_crossing, ';', 1, true)
+    keeps_answer = false
+    for i, level in string.gmatch(string.sub(on_crossing, 1, cut - 1), '(%d+):(%d+)') do
       i, level = tonumber(i), tonumber(level)
       local after = out[4 * i - 2]
       local before = after - tonumber(ARGV[3 + 6 * (i - 1) + 4])
-      if before < level and level <= after then crossed = true; break end
-    end
-    if not crossed then
-      keeps_answer = false
-      allowed = string.sub(allowed, 1, tonumber(string.match(ARGV[e + 13], '^(%d+);')))
+      if before < level and level <= after then
+        keeps_answer = true
+        allowed = allowed .. string.sub(on_crossing, cut + 1)
+        break
+      end
     end
   end
   if has_idem or keeps_answer then
