@@ -41,6 +41,9 @@ On this machine, all on loopback, in one run:
      consume rows, in memory right after the embedded default's; and at the end, the
      exactness rows: 200 requests at once for one subject at a limit of 5, against the
      service in each mode and the peer beside it, how many were admitted;
+ 10. the ledger at scale (scripts/bench/scale.py): a fresh ledger filled with 10 million
+     entries over 24 hours through the service's own store, then the Today page's
+     activity and the query API's filters timed on it;
 then prints one table: every row, and each target (named by what it measures) beside the
 measured figure. Steps 3, 5 and 6 run after the Redis mode's rows, 4 after the
 embedded one's, 7 after each.
@@ -65,6 +68,7 @@ Knobs (environment):
   BENCH_AUTH=0               no API key rows (a consume with a key against open endpoints)
   BENCH_ALERTS=0             no alert rows (thresholds and a webhook against none, and the
                              time from a crossing to its delivery; scripts/bench/alerts.py)
+  BENCH_LEDGER_ENTRIES=10000000  the ledger-at-scale rows' entries (0: none; scripts/bench/scale.py)
   BENCH_LIMITADOR=0          no Limitador rows (nor the peer's build; scripts/bench/limitador.py);
                              without a build (BENCH_NO_BUILD, BENCH_BINARY) they need
                              target/limitador-peer/release/limitador-peer, or are skipped
@@ -93,6 +97,7 @@ if sys.version_info < (3, 9):
 
 from alerts import measure_alert_rows  # noqa: E402
 from backtest import measure_backtest  # noqa: E402
+from scale import measure_ledger_scale  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from limitador import measure_exactness, measure_peer_rows, prepare_peer  # noqa: E402
 from measurements import (  # noqa: E402
@@ -139,6 +144,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
             measure_backtest(bench, "embedded", service.db)
     if peer:
         measure_exactness(bench)
+    if knobs.ledger_entries > 0:
+        measure_ledger_scale(bench)
     return table(knobs, bench.results, bench.redis.version())
 
 

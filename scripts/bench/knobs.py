@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = ROOT / "scripts" / "bench"
 LOADGEN = ROOT / "target" / "release" / "examples" / "rls_load"
+LEDGER_SCALE = ROOT / "target" / "release" / "examples" / "ledger_scale"
 DEFAULT_BINARY = ROOT / "target" / "release" / "quota-ledger"
 # The Limitador peer (scripts/bench/limitador/): a cargo project of its own, built into a
 # target directory of its own.
@@ -65,6 +66,7 @@ class Knobs:
     auth: bool  # BENCH_AUTH (anything but 0): the API key rows (a key against open endpoints)
     alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
     limitador: bool  # BENCH_LIMITADOR (anything but 0): the Limitador peer's rows and its build
+    ledger_entries: int  # BENCH_LEDGER_ENTRIES: the ledger-at-scale rows' entries (0: none)
     build: bool  # not BENCH_NO_BUILD=1 nor BENCH_BINARY: cargo build first (the peer's too)
     install: bool  # not BENCH_NO_INSTALL=1: apt-get what is missing
     binary: Path  # BENCH_BINARY, or target/release/quota-ledger
@@ -98,6 +100,7 @@ class Knobs:
             auth=_text(env, "BENCH_AUTH", "1") != "0",
             alerts=_text(env, "BENCH_ALERTS", "1") != "0",
             limitador=_text(env, "BENCH_LIMITADOR", "1") != "0",
+            ledger_entries=_int(env, "BENCH_LEDGER_ENTRIES", 10000000),
             build=_text(env, "BENCH_NO_BUILD", "0") != "1" and binary == "",
             install=_text(env, "BENCH_NO_INSTALL", "0") != "1",
             binary=Path(binary).resolve() if binary else DEFAULT_BINARY,

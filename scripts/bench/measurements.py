@@ -171,6 +171,7 @@ class Results:
     idle: Dict[int, float] = field(default_factory=dict)  # instances -> commands/s
     restart: Optional[Restart] = None
     verify: Dict[str, Verify] = field(default_factory=dict)
+    scale: Optional[Line] = None  # the ledger-at-scale line (scripts/bench/scale.py)
 
 
 class Bench:

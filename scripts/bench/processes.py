@@ -72,15 +72,17 @@ def ensure_tools(knobs: Knobs) -> None:
 
 
 def build(knobs: Knobs) -> None:
-    """cargo build --release (incrementally), and the gRPC load generator unless BENCH_GRPC=0."""
+    """cargo build --release (incrementally), the gRPC load generator unless BENCH_GRPC=0,
+    and the ledger filler unless BENCH_LEDGER_ENTRIES=0."""
     log("cargo build --release")
     subprocess.run(["cargo", "build", "--release", "--locked", "--quiet"], cwd=ROOT, check=True)
     # Apart from the binary's build: an example brings in the dev-dependencies' features,
     # which the benchmarked binary must not be built with.
-    if knobs.grpc:
-        log("cargo build --release --example rls_load")
+    examples = (["rls_load"] if knobs.grpc else []) + (["ledger_scale"] if knobs.ledger_entries > 0 else [])
+    for example in examples:
+        log(f"cargo build --release --example {example}")
         subprocess.run(
-            ["cargo", "build", "--release", "--locked", "--quiet", "--example", "rls_load"], cwd=ROOT, check=True
+            ["cargo", "build", "--release", "--locked", "--quiet", "--example", example], cwd=ROOT, check=True
         )
 
 
