@@ -375,12 +375,16 @@ impl WebhookStore {
 
     /// Records a batch of attempts made at `now`, in one transaction (one write of the
     /// database for the batch, beside the ledger's): each delivered (its `next` `None`),
-    /// or failed and due again at `next`.
+    /// or failed and due again at `next`; and the deliveries claimed but not attempted
+    /// (`released`), due again at `now`.
     pub(crate) async fn attempted(
         &self,
         attempts: &[Attempted<'_>],
+        released: &[Delivery],
         now: DateTime<Utc>,
     ) -> Result<()> {
+        const RELEASE: &str = "UPDATE webhook_deliveries SET next_attempt_at = $3 \
+             WHERE webhook_id = $1 AND event_id = $2";
         const SQL: &str = "UPDATE webhook_deliveries SET state = $3, attempts = attempts + 1, \
              next_attempt_at = $4, last_status = $5, last_error = $6, delivered_at = $7 \
              WHERE webhook_id = $1 AND event_id = $2";
@@ -394,6 +398,10 @@ impl WebhookStore {
                 sqlx::query(SQL)
                     .bind(&a.delivery.webhook_id).bind(&a.delivery.event_id).bind(state)
                     .bind(next_at).bind(a.status).bind(a.error.as_deref()).bind(delivered_at)
+                    .execute(&mut *tx).await?;
+            }
+            for d in released {
+                sqlx::query(RELEASE).bind(&d.webhook_id).bind(&d.event_id).bind(now)
                     .execute(&mut *tx).await?;
             }
             tx.commit().await?;
