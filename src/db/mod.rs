@@ -67,12 +67,7 @@ pub(crate) async fn open_with(
             .context("parsing DATABASE_URL as a SQLite URL")?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5))
-            // No commit copies the write-ahead log into the database file (which made the
-            // embedded consumes waiting on that commit the slowest by far): the ledger's
-            // store does it apart, every quarter second (`ledger::sql::checkpoints`). The
-            // last connection to close does it too.
-            .pragma("wal_autocheckpoint", "0");
+            .busy_timeout(Duration::from_secs(5));
         let options = sqlite_pragmas
             .iter()
             .fold(options, |options, &(key, value)| options.pragma(key, value));

@@ -40,40 +40,9 @@ pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>>
     Ok(
         match crate::db::open_with(database_url, 8, &SQLITE_PRAGMAS).await? {
             crate::db::Pool::Postgres(pool) => Arc::new(SqlLedgerStore { pool }),
-            crate::db::Pool::Sqlite(pool) => {
-                checkpoints(pool.clone());
-                Arc::new(SqlLedgerStore { pool })
-            }
+            crate::db::Pool::Sqlite(pool) => Arc::new(SqlLedgerStore { pool }),
         },
     )
-}
-
-/// How often the SQLite ledger's write-ahead log is copied into the database file.
-const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Copies the write-ahead log of `pool`'s database into its file every
-/// [`CHECKPOINT_EVERY`] (a passive checkpoint: it waits for no reader nor writer), on a
-/// connection of its own, until the pool is closed. No commit does it (`db::open_with`).
-fn checkpoints(pool: sqlx::SqlitePool) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(CHECKPOINT_EVERY);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            if pool.is_closed() {
-                return;
-            }
-            if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&pool)
-                .await
-            {
-                static SITE: crate::logs::Throttle = crate::logs::Throttle::new();
-                if let Some(count) = SITE.event() {
-                    tracing::warn!(error = %error, count, "checkpointing the SQLite ledger failed; will try again");
-                }
-            }
-        }
-    });
 }
 
 /// The SQLite ledger connections' settings:
@@ -809,46 +778,6 @@ pub(super) mod tests {
         )
         .await;
         pool.close().await;
-        let _ = std::fs::remove_file(&file);
-    }
-
-    /// No commit copies the write-ahead log into the database file: the entries stay in
-    /// the log until the store's own checkpoint, within a quarter second or so, moves
-    /// them into the file.
-    #[tokio::test]
-    async fn the_ledger_is_checkpointed_apart_from_its_commits_on_sqlite() {
-        let (pool, file) = fresh_sqlite().await;
-        pool.close().await; // its last connection checkpoints the migrations' pages
-        let size = || std::fs::metadata(&file).expect("the database file").len();
-        let before = size();
-        let url = format!("sqlite://{}", file.display());
-        let store = connect(&url).await.expect("connecting");
-        let entries: Vec<LedgerEntry> = (0..2_000)
-            .map(|i| LedgerEntry {
-                id: crate::domain::EntryId::new(),
-                at: Utc::now(),
-                kind: EntryKind::Charge,
-                action: Action::parse("action", "sms").expect("an action"),
-                subject: crate::domain::Subject::parse("subject", &format!("s{i}"))
-                    .expect("a subject"),
-                amount: 1,
-                consumption_id: None,
-                hold_id: None,
-                idempotency_key: None,
-                policies: Vec::new(),
-                attributes: Default::default(),
-                counters: Vec::new(),
-                hold_expires_at: None,
-                kept_answer: None,
-            })
-            .collect();
-        store.append(&entries).await.expect("appending");
-        assert_eq!(size(), before, "a commit copied the log into the file");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while size() == before {
-            assert!(std::time::Instant::now() < deadline, "never checkpointed");
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
         let _ = std::fs::remove_file(&file);
     }
 
