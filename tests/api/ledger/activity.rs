@@ -140,6 +140,29 @@ async fn the_rollups_count_each_entry_once(backend: PolicyBackend) {
     assert_eq!(totals().await, []);
 }
 
+/// Two drains appending at once on Postgres, their batches meeting the same hours and
+/// actions in opposite orders over several statements: the rollups' row locks would
+/// deadlock them (and one batch would fail) were appends not taken one at a time.
+#[tokio::test]
+async fn concurrent_appends_never_deadlock_on_the_rollups_on_postgres() {
+    let (ledger, _settings) = super::ledger_on(PolicyBackend::Postgres).await;
+    let action = |name: &str| quota_ledger::domain::Action::parse("action", name).unwrap();
+    let batch = |round: usize, first: &str, second: &str| -> Vec<_> {
+        (0..1_200)
+            .map(|i| {
+                let mut entry = super::entry(&format!("{round}{first}{i}"), "alice", 0);
+                entry.action = action(if i < 600 { first } else { second });
+                entry
+            })
+            .collect()
+    };
+    for round in 0..5 {
+        let (one, two) = (batch(round, "bb", "aa"), batch(round, "aa", "bb"));
+        let (a, b) = tokio::join!(ledger.append(&one), ledger.append(&two));
+        assert_eq!((a.unwrap(), b.unwrap()), (1_200, 1_200), "round {round}");
+    }
+}
+
 on_policy_stores!(
     activity_counts_charges_amounts_and_denials_per_action_and_hour,
     activity_needs_the_admin_token_and_valid_parameters,
