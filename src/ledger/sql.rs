@@ -399,7 +399,10 @@ where
                 .push_bind(codec::encode_detail(e))
                 .push_bind(codec::attributes_column(&e.attributes).map(Json));
         });
-        sql.push(" ON CONFLICT (id) DO NOTHING");
+        // No conflict target: an entry already there (its id, unique) is skipped whether
+        // the unique index is on `id` alone or, once the ledger is partitioned by time, on
+        // `(id, at)`, which an entry inserted again repeats.
+        sql.push(" ON CONFLICT DO NOTHING");
         let done = DB::build(&mut sql).execute(conn).await.map_err(db_error)?;
         Ok(DB::rows_affected(&done))
     }
