@@ -374,18 +374,18 @@ elseif commit and out[1] == 1 then
   local on_crossing = ARGV[e + 13]
   if keeps_answer and not has_idem and on_crossing ~= '' then
     -- The answer is kept only to tell an alert: only when usage crossed a threshold.
-    local cut = string.find(on_crossing, ';', 1, true)
     keeps_answer = false
-    for i, level in string.gmatch(string.sub(on_crossing, 1, cut - 1), '(%d+):(%d+)') do
+    local at, i, level, sep = 1
+    repeat
+      i, level, sep, at = string.match(on_crossing, '^(%d+):(%d+)([,;])()', at)
       i, level = tonumber(i), tonumber(level)
       local after = out[4 * i - 2]
-      local before = after - tonumber(ARGV[3 + 6 * (i - 1) + 4])
-      if before < level and level <= after then
+      if after - tonumber(ARGV[3 + 6 * (i - 1) + 4]) < level and level <= after then
         keeps_answer = true
-        allowed = allowed .. string.sub(on_crossing, cut + 1)
+        allowed = allowed .. string.sub(on_crossing, string.find(on_crossing, ';', at - 1, true) + 1)
         break
       end
-    end
+    until sep == ';'
   end
   if has_idem or keeps_answer then
     local nums = {}
