@@ -10,6 +10,7 @@
 pub mod activity;
 mod cursor;
 pub mod instances;
+pub mod query;
 pub mod retention;
 pub(crate) mod snapshot;
 pub mod sql;

@@ -371,7 +371,7 @@ async fn every_ledger_filter_searches_its_index_on_postgres() {
     ];
     for (filter, index) in &shapes {
         // The statement as the API runs it, its parameters written in as literals.
-        let mut sql = quota_ledger::ledger::sql::page_statement(true, filter, None);
+        let mut sql = quota_ledger::ledger::query::page_statement(true, filter, None);
         let mut values: Vec<String> = Vec::new();
         for text in [&filter.subject, &filter.action] {
             values.extend(text.as_ref().map(|t| format!("'{t}'")));
