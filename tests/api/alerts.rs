@@ -307,7 +307,29 @@ async fn a_released_hold_resolves_and_an_over_capture_reaches(counters: CounterB
     );
 }
 
+/// A shadow policy of limit 0 that alerts has no threshold above 0 to cross: the consumes
+/// of its action are served (it is shadow), and no crossing is recorded.
+async fn a_policy_with_no_level_to_cross_is_served_and_alerts_nothing(counters: CounterBackend) {
+    let app = spawn_app(PolicyBackend::Postgres, counters).await;
+    app.must_create_policy(
+        json!({"id": "sms", "action": "sms.send", "measure": "count",
+        "limit": 10, "window": {"type": "calendar", "period": "day"}}),
+    )
+    .await;
+    app.must_create_policy(
+        json!({"id": "watch", "action": "sms.send", "measure": "count",
+        "limit": 0, "mode": "shadow", "window": {"type": "calendar", "period": "day"},
+        "alert_thresholds": [100]}),
+    )
+    .await;
+    for _ in 0..5 {
+        consumed(&app).await;
+    }
+    assert_eq!(crossings(&app).await, vec![]);
+}
+
 crate::on_counter_stores!(
+    a_policy_with_no_level_to_cross_is_served_and_alerts_nothing,
     ten_consumes_record_one_event_per_threshold_reached,
     refunds_resolve_shadow_policies_alert_and_a_new_period_rearms,
     a_released_hold_resolves_and_an_over_capture_reaches,

@@ -48,8 +48,8 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
   on crossing  with the answer kept for alerts only ('' otherwise): `<i>:<level>,…;<kept>`,
                the allowed entry (given plain) keeps its answer, <kept> then the numbers
                appended to it, only when usage of charge i goes from below level (usage
-               after less cost) to at or above it for some listed pair; otherwise the entry
-               is appended as given
+               after less cost) to at or above it for some listed pair (there may be none:
+               a limit of 0 has no level above 0); otherwise the entry is appended as given
 so n = (#ARGV - 16) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
@@ -378,6 +378,7 @@ elseif commit and out[1] == 1 then
     local at, i, level, sep = 1
     repeat
       i, level, sep, at = string.match(on_crossing, '^(%d+):(%d+)([,;])()', at)
+      if not i then break end -- no level at all (every threshold of a limit of 0)
       i, level = tonumber(i), tonumber(level)
       local after = out[4 * i - 2]
       if after - tonumber(ARGV[3 + 6 * (i - 1) + 4]) < level and level <= after then
