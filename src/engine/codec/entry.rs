@@ -45,7 +45,7 @@
 //! entry's instant falls in), `t<period ms>,<limit>` or `z<period end ms>` (a zoned calendar,
 //! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
-use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy};
+use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy, KeptTerms};
 use super::row::EntryParts;
 use super::{field, CodecError};
 use crate::domain::{
@@ -234,10 +234,10 @@ pub(super) fn write_expiry_and_kept(out: &mut String, entry: &LedgerEntry) {
 /// The compact form of `entry` (a charge or hold whose answer is kept until
 /// `kept_until_ms`), ending where the store appends the evaluation's numbers.
 /// Also the length of the entry's own compact form (without a kept answer) at its start.
-pub(super) fn encode_keeping(
+pub(super) fn encode_keeping<'a>(
     entry: &LedgerEntry,
     kept_until_ms: i64,
-    policies: &[KeptPolicy],
+    policies: impl IntoIterator<Item = KeptTerms<'a>>,
 ) -> (String, usize) {
     // The plain form ends with the hold's expiry, if any: the kept answer follows it.
     let mut out = match entry.kept_answer {
@@ -252,7 +252,7 @@ pub(super) fn encode_keeping(
         out.push(US);
     }
     let _ = write!(out, "{US}{kept_until_ms}{US}");
-    for (i, p) in policies.iter().enumerate() {
+    for (i, p) in policies.into_iter().enumerate() {
         let measure = if p.measure == Measure::Amount {
             'a'
         } else {
@@ -266,7 +266,7 @@ pub(super) fn encode_keeping(
             p.limit, p.window_seconds
         );
         // Alert thresholds, when it has any: `,50/80/100`.
-        for (j, percent) in p.alert_thresholds.percents().iter().enumerate() {
+        for (j, percent) in p.thresholds.iter().enumerate() {
             let separator = if j == 0 { ',' } else { '/' };
             let _ = write!(out, "{separator}{percent}");
         }

@@ -40,7 +40,7 @@ pub(crate) use hold::{decode_hold_record, encode_hold_record, HoldRecord};
 pub(crate) use intent::{decode_intent, encode_intent, IntentRecord};
 pub(crate) use replay::{
     decode_consume_record, decode_replay, encode_consume_record, encode_replay, reply_numbers,
-    ConsumeRecord, KeptPolicy,
+    ConsumeRecord, KeptPolicy, KeptTerms,
 };
 pub(crate) use row::{decode_detail, decode_policies, encode_detail, entry_from_parts, EntryParts};
 pub(crate) use snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_FORMAT};

@@ -95,6 +95,30 @@ pub(crate) struct KeptPolicy {
     pub(crate) alert_thresholds: crate::domain::Thresholds,
 }
 
+impl KeptPolicy {
+    /// What a stream entry keeps of it (its id and scope are the entry's own).
+    pub(crate) fn terms(&self) -> KeptTerms<'_> {
+        KeptTerms {
+            measure: self.measure,
+            mode: self.mode,
+            limit: self.limit,
+            window_seconds: self.window_seconds,
+            thresholds: self.alert_thresholds.percents(),
+        }
+    }
+}
+
+/// The part of a [`KeptPolicy`] a stream entry keeps, borrowed: an alerting consume
+/// writes it from its plan's policies without copying them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeptTerms<'a> {
+    pub(crate) measure: Measure,
+    pub(crate) mode: Mode,
+    pub(crate) limit: u64,
+    pub(crate) window_seconds: u64,
+    pub(crate) thresholds: &'a [u8],
+}
+
 #[derive(Serialize, Deserialize)]
 struct ConsumeWire {
     consumption_id: Option<String>,

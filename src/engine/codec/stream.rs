@@ -1,7 +1,7 @@
 //! What the Redis streams (and a refund's idempotency record) hold: ledger entries in the
 //! compact form of module `entry`, several to a stream entry when decided together.
 
-use super::{entry, CodecError, KeptPolicy};
+use super::{entry, CodecError, KeptTerms};
 use crate::domain::LedgerEntry;
 
 /// A ledger entry as a stream entry or a refund's idempotency record: its compact form
@@ -37,10 +37,10 @@ pub(crate) fn decode_entries(text: &str) -> Result<Vec<LedgerEntry>, CodecError>
 /// for the evaluation's numbers, which `consume.lua` appends (see the module `entry`); and
 /// the length of the entry's own compact form at its start (what [`encode_entry`] writes of
 /// it without a kept answer).
-pub(crate) fn encode_entry_keeping(
+pub(crate) fn encode_entry_keeping<'a>(
     entry: &LedgerEntry,
     kept_until_ms: i64,
-    policies: &[KeptPolicy],
+    policies: impl IntoIterator<Item = KeptTerms<'a>>,
 ) -> (String, usize) {
     entry::encode_keeping(entry, kept_until_ms, policies)
 }

@@ -374,7 +374,11 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
             ..entry
         };
         // What consume.lua appends: the evaluation's numbers.
-        let (keeping, plain_len) = encode_entry_keeping(&entry, 1_790_000_000_000, &policies);
+        let (keeping, plain_len) = encode_entry_keeping(
+            &entry,
+            1_790_000_000_000,
+            policies.iter().map(KeptPolicy::terms),
+        );
         // What it appends instead when the answer need not be kept: the plain start.
         assert_eq!(keeping[..plain_len], encode_entry(&entry));
         let text = format!("{keeping}1,40,1,5,-1");

@@ -2,7 +2,7 @@
 //! hold) its record, all in one atomic counter-store call.
 
 use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
-use crate::engine::codec::{self, ConsumeRecord, HoldRecord};
+use crate::engine::codec::{self, ConsumeRecord, HoldRecord, KeptPolicy};
 use crate::engine::decision::plan::{replayed_decision, Plan};
 use crate::engine::store::{
     Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing,
@@ -414,18 +414,19 @@ impl Engine {
         // replays it): it tells which thresholds the decision crossed (`engine::alerts`).
         // Only a streamed entry is written before the decision (in process, the entry
         // keeps an answer only once a crossing is known: `kept_answer`).
-        let alerting = (idempotency.is_none() && self.deployment.streams_ledger() && plan.alerts())
-            .then(|| plan.kept_policies());
+        let alerting = idempotency.is_none() && self.deployment.streams_ledger() && plan.alerts();
         // A keyed consume's entry carries the answer kept for its retries (the script
         // appends the numbers), so that a Redis that lost its data gets it back.
         // Only a decision that crosses a threshold keeps its answer for alerts: the store
         // tells, and else appends the entry's plain start (`OnCrossing`).
         let mut on_crossing = None;
-        let mut allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies, &alerting) {
-            (Some(idem), Some(policies), _) => {
+        let mut allowed = |entry: &LedgerEntry| match (&idempotency, &kept_policies) {
+            (Some(idem), Some(policies)) => {
+                let policies = policies.iter().map(KeptPolicy::terms);
                 codec::encode_entry_keeping(entry, now_ms + idem.ttl_ms, policies).0
             }
-            (_, _, Some(policies)) => {
+            _ if alerting => {
+                let policies = plan.kept_terms();
                 let (text, plain_len) = codec::encode_entry_keeping(entry, now_ms, policies);
                 on_crossing = Some(OnCrossing {
                     plain_len,
@@ -440,7 +441,7 @@ impl Engine {
             (allowed(&attempt.allowed_entry), denied)
         });
         let ledger = ledger.map(|ledger| crate::engine::store::LedgerAppend {
-            keeps_answer: alerting.is_some(),
+            keeps_answer: alerting,
             on_crossing,
             ..ledger
         });

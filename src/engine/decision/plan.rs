@@ -6,7 +6,7 @@ use crate::domain::{
     PolicyAmount, Subject, Window,
 };
 use crate::engine::alerts::{named, CounterAlert, TogetherAlerts};
-use crate::engine::codec::KeptPolicy;
+use crate::engine::codec::{KeptPolicy, KeptTerms};
 use crate::engine::decision::policies::{ActionPolicies, PolicyCache};
 use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
 use crate::engine::{
@@ -339,6 +339,19 @@ impl Plan {
                 alert_thresholds: p.spec.alert_thresholds.clone(),
             })
             .collect()
+    }
+
+    /// What an alerting entry keeps of each policy ([`Plan::kept_policies`], borrowed).
+    pub(crate) fn kept_terms(&self) -> impl Iterator<Item = KeptTerms<'_>> {
+        self.applied_policies()
+            .zip(&self.charges)
+            .map(|(p, c)| KeptTerms {
+                measure: p.spec.measure,
+                mode: p.spec.mode,
+                limit: c.charge.limit,
+                window_seconds: c.window_seconds,
+                thresholds: p.spec.alert_thresholds.percents(),
+            })
     }
 
     /// Whether a policy of the plan alerts: its entry then carries its answer, from which
