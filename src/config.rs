@@ -99,6 +99,11 @@ pub struct Settings {
     /// How often the service compares its counters with the ledger in the background
     /// (`QUOTA_VERIFY_INTERVAL_S`); `None`: never.
     pub verify_interval: Option<Duration>,
+    /// Embedded default: a running service snapshots its counters once this many ledger
+    /// entries were committed after the last snapshot, besides every 5 minutes, so that a
+    /// start after kill -9 replays at most about this many (`QUOTA_SNAPSHOT_ENTRIES`;
+    /// zero: every 5 minutes only).
+    pub snapshot_entries: u64,
 }
 
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
@@ -151,6 +156,7 @@ impl fmt::Debug for Settings {
             .field("ledger_backlog_max", &self.ledger_backlog_max)
             .field("ledger_pace", &self.ledger_pace)
             .field("verify_interval", &self.verify_interval)
+            .field("snapshot_entries", &self.snapshot_entries)
             .finish()
     }
 }
@@ -175,6 +181,7 @@ const DEFAULT_LEDGER_PACE_MS: &str = "500";
 /// million entries), which is worth doing often enough to see drift the same day, and
 /// rarely enough to cost nothing noticeable.
 const DEFAULT_VERIFY_INTERVAL_S: &str = "3600";
+const DEFAULT_SNAPSHOT_ENTRIES: &str = "200000";
 
 /// The configuration as given: each variable (or flag) parsed by its own value parser,
 /// defaults filled in; an empty or blank value counts as unset. A bad value stops the
@@ -317,6 +324,14 @@ pub struct ConfigArgs {
         value_parser = whole::<u64>(DEFAULT_VERIFY_INTERVAL_S, "QUOTA_VERIFY_INTERVAL_S", "seconds", 0),
         global = true)]
     verify_interval_s: u64,
+    /// Embedded default: snapshot the counters once this many ledger entries were committed
+    /// after the last snapshot, besides every 5 minutes, so that a start after kill -9
+    /// replays at most about this many (0: every 5 minutes only).
+    #[arg(long, env = "QUOTA_SNAPSHOT_ENTRIES", value_name = "ENTRIES",
+        default_value = DEFAULT_SNAPSHOT_ENTRIES,
+        value_parser = whole::<u64>(DEFAULT_SNAPSHOT_ENTRIES, "QUOTA_SNAPSHOT_ENTRIES", "entries", 0),
+        global = true)]
+    snapshot_entries: u64,
 }
 
 /// A comma-separated list of URLs, blank items dropped.
@@ -535,6 +550,7 @@ impl Settings {
             ledger_pace: Duration::from_millis(args.ledger_pace_ms),
             verify_interval: (args.verify_interval_s > 0)
                 .then(|| Duration::from_secs(args.verify_interval_s)),
+            snapshot_entries: args.snapshot_entries,
         })
     }
 }

@@ -411,7 +411,7 @@ impl Application {
         }
         let periodic = counters.embedded.is_some().then(|| {
             let covered = restored.and_then(|r| r.snapshot_seq);
-            embedded::Periodic::spawn(state.engine.clone(), covered)
+            embedded::Periodic::spawn(state.engine.clone(), covered, settings.snapshot_entries)
         });
         let listener = TcpListener::bind(settings.listen)
             .with_context(|| format!("binding {}", settings.listen))?;

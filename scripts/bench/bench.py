@@ -21,7 +21,9 @@ On this machine, all on loopback, in one run:
      service's resident memory;
   4. the embedded default restarted on the ledger its runs left, after a graceful stop
      (which snapshots its counters): the time until its first consume is answered (the
-     counters are rebuilt from the snapshot and the ledger after it first);
+     counters are rebuilt from the snapshot and the ledger after it first); then a fresh
+     one killed with SIGKILL after a minute of full load, and started again: the same
+     time, which a busy service's snapshots (every QUOTA_SNAPSHOT_ENTRIES entries) bound;
   5. the outage budget: the service on Redis while its ledger database refuses writes (a
      SQLite lock held by another process, as a Postgres outage looks to the drain): the
      consumes/s, the ledger entries held in Redis, the Redis memory each takes and the
@@ -105,6 +107,7 @@ from measurements import (  # noqa: E402
     measure_baseline,
     measure_auth_rows,
     measure_consume_rows,
+    measure_crash_restart,
     measure_idle_load,
     measure_memory,
     measure_outage_budget,
@@ -140,6 +143,7 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
                 measure_idle_load(bench, 4)
         else:
             measure_restart(bench, service)
+            measure_crash_restart(bench)
             measure_verify(bench, "embedded", service.db)
             measure_backtest(bench, "embedded", service.db)
     if peer:

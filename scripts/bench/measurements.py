@@ -14,6 +14,7 @@ this order:
     measure_idle_load     Redis commands/s of idle instances (1, then 4)
   after the embedded default's rows:
     measure_restart       restart to first consume on the ledger of the runs
+    measure_crash_restart restart to first consume after kill -9 under full load
     measure_verify
   at the end:
     measure_exactness     (limitador.py) a burst against one subject at a limit of 5
@@ -127,6 +128,14 @@ class Restart:
 
 
 @dataclass
+class CrashRestart:
+    restart: Restart
+    load_seconds: int  # how long the load ran before the kill
+    snapshots: int  # snapshots the killed process took under the load
+    max_pause_ms: int  # the longest any of them held the counters' changes back
+
+
+@dataclass
 class Verify:
     entries: int
     seconds: float
@@ -170,6 +179,7 @@ class Results:
     backlog: Optional[Backlog] = None
     idle: Dict[int, float] = field(default_factory=dict)  # instances -> commands/s
     restart: Optional[Restart] = None
+    crash: Optional[CrashRestart] = None
     verify: Dict[str, Verify] = field(default_factory=dict)
     scale: Optional[Line] = None  # the ledger-at-scale line (scripts/bench/scale.py)
 
@@ -636,6 +646,49 @@ def measure_restart(bench: Bench, stopped: Service) -> None:
         raise Failure(f"the restart did not load the snapshot: {line}")
     bench.results.restart = Restart(int(covered) + int(replayed), round(seconds, 2), int(replayed))
     service.stop()
+
+
+CRASH_LOAD_SECONDS = 60
+
+
+def measure_crash_restart(bench: Bench) -> None:
+    """Restart to first consume after kill -9 under full load: a fresh embedded service
+    under wrk (the calendar day, 100k subjects, BENCH_CONNECTIONS connections) for
+    CRASH_LOAD_SECONDS, killed with SIGKILL while wrk still runs, then started on its
+    ledger: the time from the start of the process until its first consume is answered.
+    A busy service snapshots its counters every QUOTA_SNAPSHOT_ENTRIES ledger entries,
+    so the start replays only those after the last one, whatever the load was; the
+    snapshots' pauses (changes held back while the store is copied) are read from the
+    killed process's log."""
+    log(f"embedded: kill -9 after {CRASH_LOAD_SECONDS} s of full load, then restart")
+    service = bench.service("embedded").start()
+    service.create_policies()
+    k = bench.knobs
+    wrk = bench.processes.start(
+        ["wrk", f"-t{k.threads}", f"-c{k.connections}", f"-d{CRASH_LOAD_SECONDS + 30}s", "--timeout", "5s",
+         "-s", CONSUME_LUA, f"{service.base}/quota/consume", "--", "sms", "100000"]
+    )  # fmt: skip
+    time.sleep(CRASH_LOAD_SECONDS)
+    assert service.process is not None
+    service.process.kill()
+    service.process.wait()
+    bench.processes.stop(wrk)
+    pauses = [int(log_field("paused_ms", line) or "0")
+              for line in service.log_text().splitlines() if "saved a snapshot" in line]  # fmt: skip
+    t0 = time.monotonic()
+    restarted = bench.service("embedded", db=service.db).start(tries=6000)
+    while not 200 <= restarted.consume("sms", "restart-probe") < 400:
+        if time.monotonic() - t0 > 600:
+            raise Failure("the service restarted after kill -9 answered no consume within 10 minutes")
+        time.sleep(0.02)
+    seconds = time.monotonic() - t0
+    line = restarted.log_line("rebuilt the in-process counters")
+    covered, replayed = log_field("snapshot_seq", line) or "0", log_field("entries", line) or "0"
+    if not covered.isdigit() or not replayed.isdigit():
+        raise Failure(f"the restart after kill -9 did not say what it rebuilt: {line}")
+    restart = Restart(int(covered) + int(replayed), round(seconds, 2), int(replayed))
+    bench.results.crash = CrashRestart(restart, CRASH_LOAD_SECONDS, len(pauses), max(pauses, default=0))
+    restarted.stop()
 
 
 def measure_verify(bench: Bench, mode: str, db: Path) -> None:

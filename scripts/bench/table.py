@@ -249,6 +249,13 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
         out.append(target(f"restart to first consume: embedded, {restart.entries} ledger entries", f"{restart.seconds:.2f} s"))
         out.append(target("  entries replayed after the snapshot", str(restart.replayed)))
         out.append(target("  seconds per million entries (linear)", f"{v} s", "<= 5 s", at_most(v, 5)))
+    crash = results.crash
+    if crash is not None:
+        r = crash.restart
+        label = f"restart to first consume after kill -9: embedded, {crash.load_seconds} s of load"
+        out.append(target(label, f"{r.seconds:.2f} s", "<= 5 s", r.seconds <= 5))
+        out.append(target(f"  entries replayed after the snapshot (of {r.entries})", str(r.replayed)))
+        out.append(target(f"  snapshots under the load, longest pause", f"{crash.snapshots}, {crash.max_pause_ms} ms"))
     for mode in ("embedded", "redis"):
         verify = results.verify.get(mode)
         if verify is None:

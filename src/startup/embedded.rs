@@ -50,23 +50,40 @@ impl Embedded {
     }
 }
 
-/// How often a running embedded service snapshots its counters, so that a start after
-/// kill -9 replays at most this much of the ledger. Each snapshot holds changes to the
-/// counters back while it copies the store (a fraction of a second; encoding and saving
-/// happen after), which is why it is not more often.
+/// The longest a running embedded service goes without snapshotting its counters while the
+/// ledger gains entries; a busy one snapshots sooner, once `QUOTA_SNAPSHOT_ENTRIES` entries
+/// were committed after the last snapshot, so that a start after kill -9 replays at most
+/// about that many. Each snapshot holds changes to the counters back while it copies the
+/// store (milliseconds per hundred thousand items; encoding and saving happen after).
 const SNAPSHOT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// The task that snapshots the in-process counters every [`SNAPSHOT_EVERY`]; aborted
-/// when dropped (a snapshot cut off while saving is rolled back whole).
+/// How often the task looks at how many entries the ledger gained (one indexed read of its
+/// last `seq`).
+const SNAPSHOT_LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The task that snapshots the in-process counters every [`SNAPSHOT_EVERY`], or sooner
+/// after `entries` ledger entries; aborted when dropped (a snapshot cut off while saving is
+/// rolled back whole).
 pub(super) struct Periodic(JoinHandle<()>);
 
 impl Periodic {
     /// Starts snapshotting `engine`'s store; `covered` is the seq the snapshot loaded at
     /// start covers: while the ledger gains no entry, there is nothing new to save.
-    pub(super) fn spawn(engine: Arc<Engine>, mut covered: Option<i64>) -> Self {
+    /// `entries`: snapshot once the ledger gained that many after `covered` (0: by time only).
+    pub(super) fn spawn(engine: Arc<Engine>, mut covered: Option<i64>, entries: u64) -> Self {
         Self(tokio::spawn(async move {
+            let mut last = tokio::time::Instant::now();
             loop {
-                tokio::time::sleep(SNAPSHOT_EVERY).await;
+                tokio::time::sleep(SNAPSHOT_LOOK_EVERY).await;
+                let busy = entries > 0
+                    && engine
+                        .entries_after(covered.unwrap_or(0))
+                        .await
+                        .is_some_and(|gained| gained >= entries);
+                if !busy && last.elapsed() < SNAPSHOT_EVERY {
+                    continue;
+                }
+                last = tokio::time::Instant::now();
                 if let Some(saved) = engine.snapshot_unless_covered(covered).await {
                     covered = Some(saved.covered_seq);
                 }

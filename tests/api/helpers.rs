@@ -253,6 +253,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         ledger_pace: Duration::from_millis(500),
         // Tests verify when they say (GET /admin/counters/verify).
         verify_interval: None,
+        snapshot_entries: 200_000,
     };
     FreshSettings { settings, database }
 }

@@ -114,4 +114,7 @@ pub struct Saved {
     pub items: usize,
     /// Encoded bytes, all parts together.
     pub bytes: usize,
+    /// How long changes to the counters were held back: from waiting for the cut lock
+    /// (the changes under way committing) to the end of the copy.
+    pub paused: std::time::Duration,
 }

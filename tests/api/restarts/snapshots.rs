@@ -4,7 +4,10 @@
 //! the snapshot no longer matches the ledger (the start then replays the whole horizon).
 
 use super::{consume_body, hold_800, ledger_of, refund, transfer_app, usage};
-use crate::helpers::{eventually, Answer, PolicyBackend, TestApp};
+use crate::helpers::{
+    calendar_policy, eventually, fresh_settings, spawn_with, Answer, CounterBackend, PolicyBackend,
+    TestApp,
+};
 use crate::on_policy_stores;
 use quota_ledger::engine::Restored;
 use reqwest::StatusCode;
@@ -309,7 +312,55 @@ async fn a_periodic_snapshot_is_skipped_while_nothing_was_committed(store: Polic
     assert_eq!(saved.map(|s| s.covered_seq), Some(2));
 }
 
+/// The `seq` the snapshot kept covers, if there is one.
+async fn covered_seq(app: &TestApp) -> Option<i64> {
+    use quota_ledger::db::Pool;
+    let pool = quota_ledger::db::open(&app.settings.database_url, 1)
+        .await
+        .expect("opening the database");
+    let statement = "SELECT MAX(covered_seq) FROM counter_snapshots";
+    let covered = match &pool {
+        Pool::Postgres(pool) => sqlx::query_scalar(statement).fetch_one(pool).await,
+        Pool::Sqlite(pool) => sqlx::query_scalar(statement).fetch_one(pool).await,
+    };
+    covered.expect("reading the snapshot's seq")
+}
+
+/// A busy service does not wait 5 minutes for its next snapshot: once
+/// `QUOTA_SNAPSHOT_ENTRIES` entries were committed after the last one, it takes one, so a
+/// start after kill -9 replays only the entries after it, whatever the load before.
+async fn a_busy_service_snapshots_every_few_entries_so_a_crash_replays_few(store: PolicyBackend) {
+    let mut settings = fresh_settings(store, CounterBackend::Memory).await;
+    settings.snapshot_entries = 10;
+    let app = spawn_with(settings).await;
+    app.must_create_policy(calendar_policy("sms-day", "sms", 1_000, "day", "UTC"))
+        .await;
+    let consume = |n: usize| json!({"action": "sms", "subject": format!("u{}", n % 4)});
+    for n in 0..25 {
+        let answer = app.quota("/quota/consume", consume(n)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    let what = "a snapshot covering the 25 entries, long before 5 minutes";
+    eventually(Duration::from_secs(10), what, || async {
+        covered_seq(&app).await.filter(|&seq| seq >= 25)
+    })
+    .await;
+    for n in 25..28 {
+        app.quota("/quota/consume", consume(n)).await;
+    }
+    let app = app.crash_restart().await;
+    let start = restored(&app);
+    assert_eq!(start.snapshot_seq, Some(25));
+    assert_eq!(
+        start.entries, 3,
+        "only the entries after the snapshot are replayed"
+    );
+    let usage = app.usage("sms", "u0").await;
+    assert_eq!(usage.body["policies"][0]["used"], 7, "{}", usage.body);
+}
+
 on_policy_stores!(
+    a_busy_service_snapshots_every_few_entries_so_a_crash_replays_few,
     a_periodic_snapshot_is_skipped_while_nothing_was_committed,
     a_snapshot_taken_while_a_consume_commits_counts_it_exactly_once,
     a_graceful_restart_loads_the_snapshot_and_replays_nothing,

@@ -53,6 +53,16 @@ impl Engine {
         self.snapshot_unless_covered(None).await
     }
 
+    /// How many ledger entries were committed after the one numbered `covered` (seqs
+    /// may skip numbers, so at most that many); `None` without an in-process store or
+    /// when the ledger does not answer.
+    pub async fn entries_after(&self, covered: i64) -> Option<u64> {
+        let snapshots = self.deployment.snapshots()?;
+        let last = snapshots.table.last_entry().await.ok()?;
+        let last = last.map_or(0, |(seq, _)| seq);
+        Some(u64::try_from(last.saturating_sub(covered)).unwrap_or(0))
+    }
+
     /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
     /// `covered` (the snapshot kept covers it: the state it holds is the same).
     pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
@@ -68,6 +78,7 @@ impl Engine {
                     covered_seq = saved.covered_seq,
                     items = saved.items,
                     bytes = saved.bytes,
+                    paused_ms = saved.paused.as_millis(),
                     millis = started.elapsed().as_millis(),
                     "saved a snapshot of the in-process counters"
                 );
@@ -91,6 +102,7 @@ impl Engine {
         store: &dyn SnapshotStore,
         unless_covered: Option<i64>,
     ) -> Result<Option<Saved>, EngineError> {
+        let pause = std::time::Instant::now();
         let paused = self.cut.write().await;
         self.writer.flush().await?;
         let last = store.last_entry().await?;
@@ -102,6 +114,7 @@ impl Engine {
         let taken_at = self.now();
         let items = source.dump(taken_at.timestamp_millis()).await;
         drop(paused);
+        let paused = pause.elapsed();
         let parts = codec::encode_snapshot(&items);
         let (covered_seq, covered_id) = match last {
             Some((seq, id)) => (seq, Some(id)),
@@ -111,6 +124,7 @@ impl Engine {
             covered_seq,
             items: items.len(),
             bytes: parts.iter().map(Vec::len).sum(),
+            paused,
         };
         drop(items);
         if crate::engine::faults::fault!(self, "snapshot.save") {
