@@ -118,6 +118,27 @@ fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()
     })
 }
 
+/// The janitor's checkpoints of the ledger's replay (Redis only), every
+/// [`CHECKPOINT_EVERY`](crate::engine::recovery::checkpoint::CHECKPOINT_EVERY): a shard
+/// whose Redis data was lost is then rebuilt from the entries after the last one.
+fn spawn_checkpoints(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
+    use crate::engine::recovery::checkpoint::{Checkpoints, CHECKPOINT_EVERY};
+    tokio::spawn(async move {
+        let mut checkpoints = Checkpoints::default();
+        loop {
+            tokio::time::sleep(CHECKPOINT_EVERY).await;
+            if !state.engine.janitor().held() {
+                // Another instance keeps them: the replayed state is dropped.
+                checkpoints = Checkpoints::default();
+                continue;
+            }
+            if let Err(error) = state.engine.checkpoint_settled(&mut checkpoints).await {
+                tracing::warn!(error = %error, "checkpointing the ledger's replay failed; will retry");
+            }
+        }
+    })
+}
+
 /// The counter store of a new application.
 struct Counters {
     store: Arc<dyn CounterStore>,
@@ -183,6 +204,7 @@ async fn counter_store(
             backlog: Backlog::new(settings.ledger_backlog_max),
             shards: store,
             cluster: settings.redis_cluster,
+            checkpoints: crate::ledger::snapshot::connect(&settings.database_url).await?,
         }),
         embedded: None,
     })
@@ -408,6 +430,7 @@ impl Application {
             // Before the first request, so that a full backlog is known from the start.
             state.engine.measure_backlog().await;
             tasks.0.push(spawn_backlog_watch(state.clone()));
+            tasks.0.push(spawn_checkpoints(state.clone()));
         }
         let periodic = counters.embedded.is_some().then(|| {
             let covered = restored.and_then(|r| r.snapshot_seq);

@@ -5,7 +5,7 @@
 use super::pipeline::backlog::Backlog;
 use super::pipeline::drain::Drainer;
 use super::recovery::shards::ShardStates;
-use super::recovery::snapshot::Snapshots;
+use super::recovery::snapshot::{SnapshotStore, Snapshots};
 use std::sync::Arc;
 
 /// The deployment: in process (the embedded default), or on Redis.
@@ -31,6 +31,8 @@ pub(crate) struct Streamed {
     /// A Redis Cluster: one script call reaches one slot, so consumes across slots take
     /// the cross-slot protocol (`engine::crossslot`).
     pub(crate) cluster: bool,
+    /// Where checkpoints of the ledger's replay are kept (`recovery::checkpoint`).
+    pub(crate) checkpoints: Arc<dyn SnapshotStore>,
 }
 
 impl Deployment {
@@ -55,6 +57,11 @@ impl Deployment {
     /// The shards' states (Redis only).
     pub(crate) fn shards(&self) -> Option<&Arc<dyn ShardStates>> {
         self.streamed().map(|s| &s.shards)
+    }
+
+    /// The table of the ledger replay's checkpoints (Redis only).
+    pub(crate) fn checkpoints(&self) -> Option<&Arc<dyn SnapshotStore>> {
+        self.streamed().map(|s| &s.checkpoints)
     }
 
     /// The in-process store and its snapshot table (embedded only).

@@ -123,6 +123,7 @@ where
     i32: ColumnType<DB>,
     i64: ColumnType<DB>,
     String: ColumnType<DB>,
+    Option<i64>: ColumnType<DB>,
     Option<String>: ColumnType<DB>,
     DateTime<Utc>: ColumnType<DB>,
     Vec<u8>: ColumnType<DB>,
@@ -158,6 +159,13 @@ where
             .await
             .map_err(db_error)?;
         assemble(rows.iter().map(part_row::<DB>).collect::<Result<_, _>>()?)
+    }
+
+    async fn latest_covered(&self) -> Result<Option<i64>, LedgerError> {
+        sqlx::query_scalar("SELECT MAX(covered_seq) FROM counter_snapshots")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)
     }
 
     async fn delete_all(&self) -> Result<(), LedgerError> {
@@ -225,6 +233,7 @@ mod tests {
         let newest = snapshot(12, &[b"three", b"four"]);
         store.save(&newest).await.expect("saves");
         assert_eq!(store.latest().await.expect("reads"), Some(newest));
+        assert_eq!(store.latest_covered().await.expect("reads"), Some(12));
 
         let crate::db::Pool::Sqlite(pool) = crate::db::open(&url, 1).await.expect("opening") else {
             panic!("a SQLite URL opens a SQLite pool");

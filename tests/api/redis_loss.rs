@@ -175,6 +175,41 @@ async fn a_redis_that_lost_its_keys_is_rebuilt_from_the_ledger() {
     comes_back_from_the_ledger(&app, &charged).await;
 }
 
+/// With a checkpoint of the ledger's replay, a rebuild reads only the entries after it,
+/// and comes back exactly where the ledger left every budget, hold and kept answer.
+async fn a_rebuild_replays_only_the_entries_after_the_checkpoint(counters: CounterBackend) {
+    let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, counters).await).await;
+    let charged = charge(&app).await;
+    let saved = app.engine.checkpoint_now().await.expect("checkpointing");
+    assert_eq!(
+        saved.map(|s| s.covered_seq),
+        Some(5),
+        "3 SMS, a keyed SMS and a hold"
+    );
+    for _ in 0..2 {
+        assert_eq!(app.consume("sms", "u9", 1).await.status, StatusCode::OK);
+    }
+    app.engine.drain_ledger_now().await;
+    lose_keys(&app, &app.settings.redis_urls.clone()).await;
+    let reopened = app.engine.rebuild_counters(None).await.expect("rebuilding");
+    assert_eq!(
+        reopened.entries, 2,
+        "only u9's SMS, after the checkpoint, are read"
+    );
+    assert_eq!(app.usage("sms", "u9").await.body["policies"][0]["used"], 2);
+    comes_back_from_the_ledger(&app, &charged).await;
+}
+
+#[tokio::test]
+async fn a_rebuild_replays_only_the_entries_after_the_checkpoint_on_redis() {
+    a_rebuild_replays_only_the_entries_after_the_checkpoint(CounterBackend::Redis).await;
+}
+
+#[tokio::test]
+async fn a_rebuild_replays_only_the_entries_after_the_checkpoint_on_the_cluster() {
+    a_rebuild_replays_only_the_entries_after_the_checkpoint(CounterBackend::Cluster).await;
+}
+
 #[tokio::test]
 async fn a_redis_cluster_that_lost_its_keys_is_rebuilt_from_the_ledger() {
     let app =

@@ -95,16 +95,6 @@ impl Engine {
         self.replay_ledger(target, after, None, &|_| true).await
     }
 
-    /// [`Engine::rebuild`] of the horizon, replaying only the entries `wanted` keeps (those
-    /// of some shards: a shard's entries name only its own keys).
-    pub(crate) async fn rebuild_matching(
-        &self,
-        target: &dyn Replay,
-        wanted: &(dyn Fn(&LedgerEntry) -> bool + Sync),
-    ) -> Result<Rebuilt, EngineError> {
-        self.replay_ledger(target, None, None, wanted).await
-    }
-
     /// Replays the entries after `after` (or of the horizon), up to the one numbered
     /// `until` when given, that `wanted` keeps, into `target`.
     pub(in crate::engine) async fn replay_ledger(

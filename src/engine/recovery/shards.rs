@@ -11,7 +11,9 @@
 //! 2. it **drains** the ledger streams, so that every entry Redis still holds is in SQL;
 //! 3. it **replays** the ledger's entries of the shard (the horizon of
 //!    [`rebuild`](crate::engine::recovery::rebuild)) into a fresh in-process store, the same replay the
-//!    embedded default starts with;
+//!    embedded default starts with; from the last
+//!    [`checkpoint`](crate::engine::recovery::checkpoint) of the ledger's replay on, when there
+//!    is one, so that it reads the entries of the last seconds, not of the horizon;
 //! 4. it **writes** that store's state into Redis as absolute values (counters, hold records
 //!    and the index of open holds, refunded totals), while the shard is still closed and the
 //!    lock still its own: written twice, nothing changes;
@@ -227,15 +229,7 @@ impl Engine {
         }
         let store = scratch();
         let rebuilt = self
-            .rebuild_matching(store.as_ref(), &|entry: &LedgerEntry| {
-                // A budget shared by subjects lives in a shard of its own, charged by
-                // entries of every shard: then every entry is replayed (and only these
-                // shards' keys written back).
-                action.is_none_or(|action| entry.action == *action)
-                    && (shared
-                        || mine
-                            .contains(&keys::shard(entry.action.as_str(), entry.subject.as_str())))
-            })
+            .replay_shards(store.as_ref(), action, shared, &mine)
             .await?;
         let now_ms = self.now().timestamp_millis();
         let mut by_shard: BTreeMap<u16, Vec<StateItem>> = BTreeMap::new();
@@ -270,6 +264,32 @@ impl Engine {
             }
         }
         Ok(reopened)
+    }
+
+    /// Replays into `store` (a fresh one) the ledger entries that charged `mine` (every
+    /// entry when budgets are `shared` by subjects; only `action`'s when given), from the
+    /// last checkpoint of the ledger's replay on when there is one.
+    async fn replay_shards(
+        &self,
+        store: &dyn Replay,
+        action: Option<&Action>,
+        shared: bool,
+        mine: &BTreeSet<u16>,
+    ) -> Result<crate::engine::state::Rebuilt, EngineError> {
+        // Not for one action's keys: the checkpoint holds every action's.
+        let after = match (action, self.deployment.checkpoints()) {
+            (None, Some(table)) => self.load_checkpoint(store, table.as_ref()).await?,
+            _ => None,
+        };
+        self.replay_ledger(store, after, None, &|entry: &LedgerEntry| {
+            // A budget shared by subjects lives in a shard of its own, charged by entries
+            // of every shard: then every entry is replayed (and only these shards' keys
+            // written back).
+            action.is_none_or(|action| entry.action == *action)
+                && (shared
+                    || mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str())))
+        })
+        .await
     }
 
     /// Drains until every entry the streams of `shards` held on the call is in SQL, for at

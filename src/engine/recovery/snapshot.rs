@@ -71,6 +71,8 @@ pub(crate) trait SnapshotStore: Send + Sync {
     /// The snapshot kept, if any. Parts that do not form one whole snapshot (a part
     /// missing, headers that differ) are [`LedgerError::Corrupt`].
     async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError>;
+    /// The `seq` the kept snapshot covers, without reading its parts.
+    async fn latest_covered(&self) -> Result<Option<i64>, LedgerError>;
     /// Deletes every snapshot.
     async fn delete_all(&self) -> Result<(), LedgerError>;
     /// The ledger's highest `seq` and the id of its entry; `None` for an empty ledger.

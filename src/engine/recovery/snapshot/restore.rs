@@ -187,7 +187,7 @@ impl Engine {
     }
 
     /// The items of `snapshot` if it may be loaded, else why not.
-    async fn usable(
+    pub(in crate::engine) async fn usable(
         &self,
         snapshot: &StoredSnapshot,
         store: &dyn SnapshotStore,

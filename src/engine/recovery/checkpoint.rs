@@ -1,0 +1,220 @@
+//! Checkpoints of the ledger's replay (Redis mode), so that rebuilding a shard whose Redis
+//! data was lost reads the ledger entries after the last checkpoint, not the whole horizon.
+//!
+//! A checkpoint is the state a replay of the ledger up to one `seq` gives (usage, open
+//! holds, kept answers, refunded totals), saved in the snapshot table
+//! (`counter_snapshots`, the embedded default's snapshots, same format and same rules of
+//! use): it is derived from SQL alone, the book of record, never read from Redis. The
+//! janitor keeps it: every [`CHECKPOINT_EVERY`] it replays the entries committed since the
+//! last checkpoint into the state it keeps in memory (loaded from the table when it has
+//! none, or another instance saved a newer one), up to the last entry that was committed
+//! [`SETTLE`] earlier, and saves the new state. Appends are serialized (Postgres takes the
+//! append lock, SQLite has one writer), so the entries up to a `seq` are a prefix that no
+//! later commit changes.
+//!
+//! A rebuild (`shards`) loads the checkpoint into its scratch store and replays only the
+//! entries after it. The entries after it are replayed by the time they were made, as a
+//! full replay does, but not before those the checkpoint covers: an entry inserted more
+//! than [`SETTLE`] after it was made (its drain failed or its instance died) and made
+//! before the checkpoint's last entries is replayed after them, as a full replay does for
+//! entries inserted more than `REORDER` apart. Counts by period, bucket or lifetime come
+//! out the same; a token bucket may count it a little later (a little more used).
+
+use super::snapshot::{Saved, SnapshotStore, StoredSnapshot};
+use crate::engine::codec;
+use crate::engine::state::Replay;
+use crate::engine::{Engine, EngineError};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the janitor looks at whether the ledger gained entries to checkpoint.
+pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
+
+/// How long after its commit an entry is taken into a checkpoint: entries that waited in a
+/// stream (a drain retried, a claim after the claim timeout) are mostly in SQL by then.
+pub(crate) const SETTLE: Duration = Duration::from_secs(10);
+
+/// The state the janitor keeps between two checkpoints: a replay of the ledger up to
+/// `covered`, and what it saw of the ledger's last entry, to choose the next `seq`.
+#[derive(Default)]
+pub(crate) struct Checkpoints {
+    /// The replayed state and the `seq` it covers, once there is one.
+    state: Option<(Arc<dyn Replay>, i64)>,
+    /// The ledger's last entry (`seq`, id) as seen at each look, oldest first, for
+    /// [`SETTLE`].
+    seen: VecDeque<(Instant, i64, String)>,
+}
+
+impl Checkpoints {
+    /// Notes the ledger's last entry now; returns the last one seen at least [`SETTLE`]
+    /// ago, which every entry up to it was committed before.
+    fn settled(&mut self, now: Instant, last: Option<(i64, String)>) -> Option<(i64, String)> {
+        if let Some((seq, id)) = last {
+            self.seen.push_back((now, seq, id));
+        }
+        let old = |at: &Instant| now.duration_since(*at) >= SETTLE;
+        // Keep the newest of those old enough at the front.
+        while self.seen.get(1).is_some_and(|(at, _, _)| old(at)) {
+            self.seen.pop_front();
+        }
+        self.seen
+            .front()
+            .filter(|(at, _, _)| old(at))
+            .map(|(_, seq, id)| (*seq, id.clone()))
+    }
+}
+
+impl Engine {
+    /// Checkpoints the ledger up to its last entry committed [`SETTLE`] ago (see the
+    /// module doc); what was saved, `None` when there was nothing new or this is not a
+    /// Redis deployment. Called by the janitor every [`CHECKPOINT_EVERY`].
+    pub(crate) async fn checkpoint_settled(
+        &self,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<Option<Saved>, EngineError> {
+        let Some(table) = self.deployment.checkpoints() else {
+            return Ok(None);
+        };
+        let last = table.last_entry().await?;
+        let Some(until) = checkpoints.settled(Instant::now(), last) else {
+            return Ok(None);
+        };
+        self.checkpoint_until(checkpoints, table.as_ref(), until)
+            .await
+    }
+
+    /// Checkpoints every entry committed so far (tests, and an operator's rebuild).
+    pub async fn checkpoint_now(&self) -> anyhow::Result<Option<Saved>> {
+        let Some(table) = self.deployment.checkpoints() else {
+            return Ok(None);
+        };
+        let Some(until) = table.last_entry().await.map_err(EngineError::from)? else {
+            return Ok(None);
+        };
+        let mut checkpoints = Checkpoints::default();
+        Ok(self
+            .checkpoint_until(&mut checkpoints, table.as_ref(), until)
+            .await?)
+    }
+
+    /// Replays the entries after the kept (or saved) checkpoint up to `until` into it,
+    /// and saves it as covering `until`.
+    async fn checkpoint_until(
+        &self,
+        checkpoints: &mut Checkpoints,
+        table: &dyn SnapshotStore,
+        (until, until_id): (i64, String),
+    ) -> Result<Option<Saved>, EngineError> {
+        let started = Instant::now();
+        let saved_seq = table.latest_covered().await?;
+        let (store, covered) = match checkpoints.state.take() {
+            // Ours is the newest: go on from it.
+            Some((store, covered)) if saved_seq.is_none_or(|saved| saved <= covered) => {
+                (store, Some(covered))
+            }
+            // Another instance saved a newer one, or this one has none yet.
+            _ => {
+                let store = (self.scratch)();
+                let covered = self.load_checkpoint(store.as_ref(), table).await?;
+                (store, covered)
+            }
+        };
+        if covered.is_some_and(|covered| covered >= until) {
+            checkpoints.state = covered.map(|covered| (store, covered));
+            return Ok(None);
+        }
+        let rebuilt = self
+            .replay_ledger(store.as_ref(), covered, Some(until), &|_| true)
+            .await?;
+        let taken_at = self.now();
+        let items = store.dump(taken_at.timestamp_millis()).await;
+        let parts = codec::encode_snapshot(&items);
+        let saved = Saved {
+            covered_seq: until,
+            items: items.len(),
+            bytes: parts.iter().map(Vec::len).sum(),
+            paused: Duration::ZERO,
+        };
+        drop(items);
+        let snapshot = StoredSnapshot {
+            format: codec::SNAPSHOT_FORMAT,
+            covered_seq: until,
+            covered_id: Some(until_id),
+            prefix: self.prefix.clone(),
+            taken_at,
+            parts,
+        };
+        table.save(&snapshot).await?;
+        checkpoints.state = Some((store, until));
+        tracing::info!(
+            covered_seq = until,
+            entries = rebuilt.entries,
+            items = saved.items,
+            bytes = saved.bytes,
+            millis = started.elapsed().as_millis(),
+            "saved a checkpoint of the ledger's replay"
+        );
+        Ok(Some(saved))
+    }
+
+    /// Loads the checkpoint `table` keeps into `target` (a fresh store) if it is usable;
+    /// the `seq` it covers, `None` when there is none (an unusable one is deleted).
+    pub(in crate::engine) async fn load_checkpoint(
+        &self,
+        target: &dyn Replay,
+        table: &dyn SnapshotStore,
+    ) -> Result<Option<i64>, EngineError> {
+        let snapshot = match table.latest().await {
+            Ok(Some(snapshot)) => snapshot,
+            Ok(None) => return Ok(None),
+            Err(crate::engine::ledger::LedgerError::Corrupt(why)) => {
+                tracing::warn!(reason = %why, "the ledger checkpoint does not read: deleting it");
+                table.delete_all().await?;
+                return Ok(None);
+            }
+            Err(error) => return Err(error.into()),
+        };
+        match self.usable(&snapshot, table).await? {
+            Ok(items) => {
+                target
+                    .load(items, snapshot.taken_at.timestamp_millis())
+                    .await;
+                Ok(Some(snapshot.covered_seq))
+            }
+            Err(why) => {
+                tracing::warn!(reason = %why, "the ledger checkpoint is unusable: deleting it");
+                table.delete_all().await?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: i64) -> Option<(i64, String)> {
+        Some((seq, format!("e{seq}")))
+    }
+
+    #[test]
+    fn a_checkpoint_covers_the_last_entry_seen_at_least_settle_ago() {
+        let mut checkpoints = Checkpoints::default();
+        let t0 = Instant::now();
+        let at = |seconds: u64| t0 + Duration::from_secs(seconds);
+        assert_eq!(
+            checkpoints.settled(at(0), entry(5)),
+            None,
+            "nothing is settled yet"
+        );
+        assert_eq!(checkpoints.settled(at(5), entry(7)), None);
+        assert_eq!(checkpoints.settled(at(11), entry(9)), entry(5));
+        // Seen at 5 and 11 are both settled at 22: the newer, 9 (seen at 11), is taken.
+        assert_eq!(checkpoints.settled(at(22), entry(12)), entry(9));
+        // An empty look changes nothing but the time.
+        assert_eq!(checkpoints.settled(at(33), None), entry(12));
+        assert_eq!(checkpoints.settled(at(40), None), entry(12));
+    }
+}
