@@ -13,6 +13,11 @@
 //! refund; `kind_action_ms` asks for the refunds of one action, of which there are none
 //! (the query that read every entry of the action before it had an index of its own).
 //!
+//! With a third argument, `counters`, each charge also names the counter it charged (the
+//! calendar day, UTC, of policy `fill-day`, under the default key prefix `ql`), as a
+//! consume's entry does: a ledger for a Redis-mode service to rebuild its counters from
+//! (the bench's Redis-loss row). Then it only fills.
+//!
 //! ```sh
 //! cargo build --release --example ledger_scale
 //! target/release/examples/ledger_scale sqlite:///tmp/ledger.db?mode=rwc 10000000
@@ -20,8 +25,11 @@
 
 use chrono::{DateTime, Duration, Utc};
 use quota_ledger::domain::{
-    Action, EntryId, EntryKind, LedgerEntry, PolicyAmount, PolicyId, Subject,
+    Action, CalendarPeriod, CounterCharge, EntryId, EntryKind, LedgerEntry, Match, Measure, Mode,
+    Policy, PolicyAmount, PolicyId, PolicySpec, Quantity, Restore, Scope, Subject, Thresholds,
+    Window,
 };
+use quota_ledger::keys::{policy_key, PolicyKey, SubjectKeys};
 use quota_ledger::engine::ledger::{LedgerFilter, LedgerStore};
 use std::time::Instant;
 
@@ -29,6 +37,49 @@ use std::time::Instant;
 const BATCH: u64 = 5_000;
 
 /// Entry `i` of `n`, spread evenly over the 24 hours before `now`.
+/// The policy whose counters the entries charge, when they name them.
+fn fill_policy(id: &PolicyId) -> Policy {
+    let window = Window::calendar(CalendarPeriod::Day, "UTC").expect("a valid window");
+    Policy {
+        id: id.clone(),
+        spec: PolicySpec {
+            action: Action::parse("action", "fill0").expect("a valid action"),
+            measure: Measure::Count,
+            unit: None,
+            limit: Quantity::saturating(1_000_000),
+            window,
+            mode: Mode::Enforce,
+            enabled: true,
+            ledger_denials: false,
+            description: String::new(),
+            scope: Scope::default(),
+            conditions: Match::default(),
+            exclusions: Match::default(),
+            zone_attribute: None,
+            alert_thresholds: Thresholds::default(),
+        },
+        created_at: DateTime::UNIX_EPOCH,
+        updated_at: DateTime::UNIX_EPOCH,
+        version: 1,
+    }
+}
+
+/// The counter a charge of `entry` at its time put its unit on (the UTC day's).
+fn counter_of(entry: &LedgerEntry, key: &PolicyKey) -> CounterCharge {
+    let day = entry.at.timestamp() - entry.at.timestamp().rem_euclid(86_400);
+    let keys = SubjectKeys::new("ql", &entry.action, &entry.subject);
+    CounterCharge {
+        policy_id: entry.policies[0].policy_id.clone(),
+        key: keys.counter(key, Some(day)).as_str().to_owned(),
+        restore: Restore::Calendar {
+            period_end_ms: (day + 86_400) * 1_000,
+        },
+        by_amount: false,
+        charged: 1,
+        scope: Scope::default(),
+    }
+}
+
 fn entry(i: u64, n: u64, now: DateTime<Utc>, policy: &PolicyId) -> LedgerEntry {
     let back_ms = i64::try_from((n - i) * 86_400_000 / n.max(1)).unwrap_or(0);
     let kind = match i {
@@ -81,7 +132,7 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(url), Some(n)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok()))
     else {
-        eprintln!("usage: ledger_scale <database url> <entries>");
+        eprintln!("usage: ledger_scale <database url> <entries> [counters]");
         std::process::exit(2);
     };
     quota_ledger::db::migrate_url(url).await.expect("migrating");
@@ -89,16 +140,30 @@ async fn main() {
         .await
         .expect("connecting");
     let policy = PolicyId::parse("policy_id", "fill-day").expect("a valid id");
+    let counter_key = (args.get(3).map(String::as_str) == Some("counters"))
+        .then(|| policy_key(&fill_policy(&policy)));
     let now = Utc::now();
     let started = Instant::now();
     let mut i = 0;
     while i < n {
         let end = (i + BATCH).min(n);
-        let batch: Vec<_> = (i..end).map(|j| entry(j, n, now, &policy)).collect();
+        let batch: Vec<_> = (i..end)
+            .map(|j| {
+                let mut entry = entry(j, n, now, &policy);
+                if let (Some(key), EntryKind::Charge) = (&counter_key, entry.kind) {
+                    entry.counters = vec![counter_of(&entry, key)];
+                }
+                entry
+            })
+            .collect();
         store.append(&batch).await.expect("appending");
         i = end;
     }
     let fill_s = started.elapsed().as_secs_f64();
+    if counter_key.is_some() {
+        println!("LEDGER entries={n} fill_s={fill_s:.2}");
+        return;
+    }
 
     let hour = now - Duration::seconds(now.timestamp() % 3_600);
     let (from, to) = (hour - Duration::hours(23), hour + Duration::hours(1));

@@ -99,7 +99,7 @@ if sys.version_info < (3, 9):
 
 from alerts import measure_alert_rows  # noqa: E402
 from backtest import measure_backtest  # noqa: E402
-from scale import measure_ledger_scale  # noqa: E402
+from scale import measure_ledger_scale, measure_redis_loss  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from limitador import measure_exactness, measure_peer_rows, prepare_peer  # noqa: E402
 from measurements import (  # noqa: E402
@@ -150,6 +150,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
         measure_exactness(bench)
     if knobs.ledger_entries > 0:
         measure_ledger_scale(bench)
+        if "redis" in knobs.modes:
+            measure_redis_loss(bench)
     return table(knobs, bench.results, bench.redis.version())
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 from knobs import BENCH_DIR, LIMIT, LOADGEN, SCENARIOS, Knobs
 from processes import HZ, Failure, Processes, Redis, Service, cpu_ticks, load_average, log, log_field
@@ -182,6 +182,7 @@ class Results:
     crash: Optional[CrashRestart] = None
     verify: Dict[str, Verify] = field(default_factory=dict)
     scale: Optional[Line] = None  # the ledger-at-scale line (scripts/bench/scale.py)
+    redis_loss: Optional[Dict[str, Any]] = None  # the Redis-loss row (scripts/bench/scale.py)
 
 
 class Bench:

@@ -474,7 +474,7 @@ class Service:
             QUOTA_LISTEN=f"127.0.0.1:{self.port}",
             DATABASE_URL=f"sqlite://{self.db}",
             QUOTA_ADMIN_TOKEN=ADMIN_TOKEN,
-            RUST_LOG="warn,quota_ledger::startup=info,quota_ledger::engine::recovery::snapshot=info",
+            RUST_LOG="warn,quota_ledger::startup=info,quota_ledger::engine::recovery=info",
         )
         if self.mode == "redis":
             assert self.redis is not None

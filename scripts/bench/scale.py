@@ -3,16 +3,23 @@ over the last 24 hours by examples/ledger_scale.rs (through the service's own st
 codec, in batches of 5,000 as the drain writes them), then what the API reads from it
 timed: the console's Today page (24 hourly rollups and the most-denied subjects) and the
 query API's filters. Postgres: run the example against a Postgres URL by hand (the bench
-starts no Postgres); docs/performance.md has its figures."""
+starts no Postgres); docs/performance.md has its figures.
+
+Then the Redis-loss row: another ledger of as many entries whose charges name the counter
+they charged (the calendar day, as a consume's do), a Redis-mode service started on it,
+left until its janitor saved the first checkpoint of the ledger's replay, then FLUSHALL:
+the seconds until a consume is served again (every shard rebuilt from the checkpoint and
+the entries after it)."""
 
 from __future__ import annotations
 
 import subprocess
-from typing import List
+import time
+from typing import Any, Dict, List, Optional
 
 from knobs import LEDGER_SCALE
 from measurements import Bench, Line
-from processes import Failure, log
+from processes import Failure, log, log_field
 
 
 def measure_ledger_scale(bench: Bench) -> None:
@@ -29,6 +36,66 @@ def measure_ledger_scale(bench: Bench) -> None:
     bench.results.scale = line
     for path in db.parent.glob("scale.db*"):
         path.unlink()
+
+
+def measure_redis_loss(bench: Bench) -> None:
+    """The Redis-loss row (see the module doc)."""
+    entries = bench.knobs.ledger_entries
+    db = bench.tmp / "loss.db"
+    log(f"Redis loss: {entries} entries over 24 hours, each charge on its counter, into a fresh SQLite ledger")
+    done = subprocess.run(
+        [str(LEDGER_SCALE), f"sqlite://{db}?mode=rwc", str(entries), "counters"], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        raise Failure(f"ledger_scale failed ({done.returncode}): {done.stderr.decode(errors='replace')[-2000:]}")
+    bench.redis.flushall()
+    # A first start on an empty Redis rebuilds every shard from the whole ledger.
+    service = bench.service("redis", db=db).start(tries=6000)
+    service.create_policies()
+    _wait_for(service, "saved a checkpoint", 1200)
+    checkpoint = service.log_line("saved a checkpoint")
+    log("Redis loss: FLUSHALL, then consumes until one is served")
+    rebuilds = service.log_text().count("rebuilt counter-store shards")
+    bench.redis.flushall()
+    t0 = time.monotonic()
+    while not 200 <= service.consume("sms", "loss-probe") < 400:
+        if time.monotonic() - t0 > 600:
+            raise Failure("no consume was served within 10 minutes of the FLUSHALL")
+        time.sleep(0.02)
+    seconds = time.monotonic() - t0
+    rebuilt = _wait_for(service, "rebuilt counter-store shards", 60, after=rebuilds)
+    bench.results.redis_loss = {
+        "entries": entries,
+        "seconds": round(seconds, 2),
+        "covered": log_field("covered_seq", checkpoint),
+        "replayed": log_field("entries", rebuilt),
+        "items": log_field("items", rebuilt),
+    }
+    service.stop()
+    for path in db.parent.glob("loss.db*"):
+        path.unlink()
+
+
+def _wait_for(service, needle: str, seconds: float, after: int = 0) -> str:  # type: ignore[no-untyped-def]
+    """The log line of SERVICE with NEEDLE after its first AFTER ones, waited for SECONDS."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lines = [line for line in service.log_text().splitlines() if needle in line]
+        if len(lines) > after:
+            return lines[after]
+        time.sleep(0.5)
+    raise Failure(f"the service logged no {needle!r} within {seconds:.0f} s")
+
+
+def redis_loss_targets(results, target, at_most) -> List[str]:  # type: ignore[no-untyped-def]
+    loss: Optional[Dict[str, Any]] = results.redis_loss
+    if not loss:
+        return []
+    label = f"Redis lost its data: serving again, {loss['entries']} entries in the windows, s"
+    out = [target(label, f"{loss['seconds']:.2f}", "<= 5", at_most(str(loss["seconds"]), 5))]
+    out.append(target("  entries replayed after the checkpoint (it covered seq)", f"{loss['replayed']} ({loss['covered']})"))
+    out.append(target("  state items written back", str(loss["items"])))
+    return out
 
 
 def scale_targets(results, target, at_most) -> List[str]:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from alerts import ALERT_SUBJECTS, alert_targets
 from backtest import backtest_targets
-from scale import scale_targets
+from scale import redis_loss_targets, scale_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
 from limitador import peer_rows, peer_targets
 from measurements import BRACKETED, Line, Results, mean_of
@@ -230,6 +230,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     out += alert_targets(k.modes, results, target, ratio, at_least)
     out += backtest_targets(results, target, at_most)
     out += scale_targets(results, target, at_most)
+    out += redis_loss_targets(results, target, at_most)
     out += _overload(k, results)
     for mode in k.modes:
         lag = results.lag.get(mode)
