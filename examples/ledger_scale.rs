@@ -29,8 +29,8 @@ use quota_ledger::domain::{
     Policy, PolicyAmount, PolicyId, PolicySpec, Quantity, Restore, Scope, Subject, Thresholds,
     Window,
 };
-use quota_ledger::keys::{policy_key, PolicyKey, SubjectKeys};
 use quota_ledger::engine::ledger::{LedgerFilter, LedgerStore};
+use quota_ledger::keys::{policy_key, PolicyKey, SubjectKeys};
 use std::time::Instant;
 
 /// Entries per append: one drain batch.

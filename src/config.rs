@@ -104,6 +104,10 @@ pub struct Settings {
     /// start after kill -9 replays at most about this many (`QUOTA_SNAPSHOT_ENTRIES`;
     /// zero: every 5 minutes only).
     pub snapshot_entries: u64,
+    /// Redis mode: how often the janitor checkpoints the ledger's replay, so that a rebuild
+    /// after Redis lost its data replays only the entries after it
+    /// (`QUOTA_CHECKPOINT_EVERY_S`); `None`: never (a rebuild replays the whole horizon).
+    pub checkpoint_every: Option<Duration>,
 }
 
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
@@ -157,6 +161,7 @@ impl fmt::Debug for Settings {
             .field("ledger_pace", &self.ledger_pace)
             .field("verify_interval", &self.verify_interval)
             .field("snapshot_entries", &self.snapshot_entries)
+            .field("checkpoint_every", &self.checkpoint_every)
             .finish()
     }
 }
@@ -182,6 +187,7 @@ const DEFAULT_LEDGER_PACE_MS: &str = "500";
 /// rarely enough to cost nothing noticeable.
 const DEFAULT_VERIFY_INTERVAL_S: &str = "3600";
 const DEFAULT_SNAPSHOT_ENTRIES: &str = "200000";
+const DEFAULT_CHECKPOINT_EVERY_S: &str = "10";
 
 /// The configuration as given: each variable (or flag) parsed by its own value parser,
 /// defaults filled in; an empty or blank value counts as unset. A bad value stops the
@@ -332,6 +338,13 @@ pub struct ConfigArgs {
         value_parser = whole::<u64>(DEFAULT_SNAPSHOT_ENTRIES, "QUOTA_SNAPSHOT_ENTRIES", "entries", 0),
         global = true)]
     snapshot_entries: u64,
+    /// Redis mode: how often, in seconds, the janitor checkpoints the ledger's replay, so
+    /// that a rebuild after Redis lost its data replays only the entries after it (0: never).
+    #[arg(long, env = "QUOTA_CHECKPOINT_EVERY_S", value_name = "SECONDS",
+        default_value = DEFAULT_CHECKPOINT_EVERY_S,
+        value_parser = whole::<u64>(DEFAULT_CHECKPOINT_EVERY_S, "QUOTA_CHECKPOINT_EVERY_S", "seconds", 0),
+        global = true)]
+    checkpoint_every_s: u64,
 }
 
 /// A comma-separated list of URLs, blank items dropped.
@@ -551,6 +564,8 @@ impl Settings {
             verify_interval: (args.verify_interval_s > 0)
                 .then(|| Duration::from_secs(args.verify_interval_s)),
             snapshot_entries: args.snapshot_entries,
+            checkpoint_every: (args.checkpoint_every_s > 0)
+                .then(|| Duration::from_secs(args.checkpoint_every_s)),
         })
     }
 }

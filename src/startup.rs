@@ -118,21 +118,29 @@ fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()
     })
 }
 
-/// The janitor's checkpoints of the ledger's replay (Redis only), every
-/// [`CHECKPOINT_EVERY`](crate::engine::recovery::checkpoint::CHECKPOINT_EVERY): a shard
-/// whose Redis data was lost is then rebuilt from the entries after the last one.
-fn spawn_checkpoints(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
-    use crate::engine::recovery::checkpoint::{Checkpoints, CHECKPOINT_EVERY};
+/// The janitor's checkpoints of the ledger's replay (Redis only), `every` so often
+/// (`QUOTA_CHECKPOINT_EVERY_S`): a shard whose Redis data was lost is then rebuilt from the
+/// entries after the last one.
+fn spawn_checkpoints(
+    state: web::Data<AppState>,
+    every: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    use crate::engine::recovery::checkpoint::{Checkpoints, LOOK_EVERY};
     tokio::spawn(async move {
         let mut checkpoints = Checkpoints::default();
+        let mut last = tokio::time::Instant::now();
         loop {
-            tokio::time::sleep(CHECKPOINT_EVERY).await;
+            tokio::time::sleep(LOOK_EVERY).await;
             if !state.engine.janitor().held() {
                 // Another instance keeps them: the replayed state is dropped.
                 checkpoints = Checkpoints::default();
                 continue;
             }
-            if let Err(error) = state.engine.checkpoint_settled(&mut checkpoints).await {
+            let due = last.elapsed() >= every;
+            if due {
+                last = tokio::time::Instant::now();
+            }
+            if let Err(error) = state.engine.checkpoint_settled(&mut checkpoints, due).await {
                 tracing::warn!(error = %error, "checkpointing the ledger's replay failed; will retry");
             }
         }
@@ -430,7 +438,9 @@ impl Application {
             // Before the first request, so that a full backlog is known from the start.
             state.engine.measure_backlog().await;
             tasks.0.push(spawn_backlog_watch(state.clone()));
-            tasks.0.push(spawn_checkpoints(state.clone()));
+            if let Some(every) = settings.checkpoint_every {
+                tasks.0.push(spawn_checkpoints(state.clone(), every));
+            }
         }
         let periodic = counters.embedded.is_some().then(|| {
             let covered = restored.and_then(|r| r.snapshot_seq);

@@ -254,6 +254,7 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
         // Tests verify when they say (GET /admin/counters/verify).
         verify_interval: None,
         snapshot_entries: 200_000,
+        checkpoint_every: Some(Duration::from_secs(5)),
     };
     FreshSettings { settings, database }
 }

@@ -5,10 +5,10 @@
 //! holds, kept answers, refunded totals), saved in the snapshot table
 //! (`counter_snapshots`, the embedded default's snapshots, same format and same rules of
 //! use): it is derived from SQL alone, the book of record, never read from Redis. The
-//! janitor keeps it: every [`CHECKPOINT_EVERY`] it replays the entries committed since the
-//! last checkpoint into the state it keeps in memory (loaded from the table when it has
-//! none, or another instance saved a newer one), up to the last entry that was committed
-//! [`SETTLE`] earlier, and saves the new state. Appends are serialized (Postgres takes the
+//! janitor keeps it: every `QUOTA_CHECKPOINT_EVERY_S` (10 s) it replays the entries
+//! committed since the last checkpoint into the state it keeps in memory (loaded from the
+//! table when it has none, or another instance saved a newer one), up to the last entry
+//! that was committed [`SETTLE`] earlier, and saves the new state. Appends are serialized (Postgres takes the
 //! append lock, SQLite has one writer), so the entries up to a `seq` are a prefix that no
 //! later commit changes.
 //!
@@ -28,12 +28,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often the janitor looks at whether the ledger gained entries to checkpoint.
-pub(crate) const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
+/// How often the janitor notes the ledger's last entry, so that a checkpoint covers the
+/// entries committed up to [`SETTLE`] before it, not before the previous checkpoint.
+pub(crate) const LOOK_EVERY: Duration = Duration::from_secs(1);
 
-/// How long after its commit an entry is taken into a checkpoint: entries that waited in a
-/// stream (a drain retried, a claim after the claim timeout) are mostly in SQL by then.
-pub(crate) const SETTLE: Duration = Duration::from_secs(10);
+/// How long after its commit an entry is taken into a checkpoint: the entries made before
+/// it that waited in a stream meanwhile (the drain's normal lag, under a second) are in SQL
+/// by then.
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 /// The state the janitor keeps between two checkpoints: a replay of the ledger up to
 /// `covered`, and what it saw of the ledger's last entry, to choose the next `seq`.
@@ -66,18 +68,21 @@ impl Checkpoints {
 }
 
 impl Engine {
-    /// Checkpoints the ledger up to its last entry committed [`SETTLE`] ago (see the
-    /// module doc); what was saved, `None` when there was nothing new or this is not a
-    /// Redis deployment. Called by the janitor every [`CHECKPOINT_EVERY`].
+    /// Notes the ledger's last entry (the janitor looks every [`LOOK_EVERY`]) and, when
+    /// `due` (every `QUOTA_CHECKPOINT_EVERY_S`), checkpoints the ledger up to its last
+    /// entry committed [`SETTLE`] ago (see the module doc); what was saved, `None` when
+    /// nothing was due or new, or this is not a Redis deployment.
     pub(crate) async fn checkpoint_settled(
         &self,
         checkpoints: &mut Checkpoints,
+        due: bool,
     ) -> Result<Option<Saved>, EngineError> {
         let Some(table) = self.deployment.checkpoints() else {
             return Ok(None);
         };
         let last = table.last_entry().await?;
-        let Some(until) = checkpoints.settled(Instant::now(), last) else {
+        let settled = checkpoints.settled(Instant::now(), last);
+        let (true, Some(until)) = (due, settled) else {
             return Ok(None);
         };
         self.checkpoint_until(checkpoints, table.as_ref(), until)
@@ -203,18 +208,18 @@ mod tests {
     fn a_checkpoint_covers_the_last_entry_seen_at_least_settle_ago() {
         let mut checkpoints = Checkpoints::default();
         let t0 = Instant::now();
-        let at = |seconds: u64| t0 + Duration::from_secs(seconds);
+        let at = |halves: u32| t0 + SETTLE * halves / 2;
         assert_eq!(
             checkpoints.settled(at(0), entry(5)),
             None,
             "nothing is settled yet"
         );
-        assert_eq!(checkpoints.settled(at(5), entry(7)), None);
-        assert_eq!(checkpoints.settled(at(11), entry(9)), entry(5));
-        // Seen at 5 and 11 are both settled at 22: the newer, 9 (seen at 11), is taken.
-        assert_eq!(checkpoints.settled(at(22), entry(12)), entry(9));
+        assert_eq!(checkpoints.settled(at(1), entry(7)), None);
+        assert_eq!(checkpoints.settled(at(2), entry(9)), entry(5));
+        // Seen at 1 and 2 are both settled at 4: the newer, 9 (seen at 2), is taken.
+        assert_eq!(checkpoints.settled(at(4), entry(12)), entry(9));
         // An empty look changes nothing but the time.
-        assert_eq!(checkpoints.settled(at(33), None), entry(12));
-        assert_eq!(checkpoints.settled(at(40), None), entry(12));
+        assert_eq!(checkpoints.settled(at(6), None), entry(12));
+        assert_eq!(checkpoints.settled(at(7), None), entry(12));
     }
 }

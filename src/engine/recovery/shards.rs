@@ -52,6 +52,9 @@ const REBUILD_WAIT: Duration = Duration::from_secs(600);
 /// request came), besides when a decision of any instance finds one.
 pub(crate) const SHARD_LOOK_EVERY: Duration = Duration::from_secs(30);
 
+/// How many shards a rebuild writes into Redis at once.
+const WRITES_AT_ONCE: usize = 4;
+
 /// How often a rebuilding instance extends its locks while it replays the ledger.
 const LOCK_KEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -126,6 +129,10 @@ pub struct Reopened {
     pub entries: usize,
     /// State items written.
     pub items: usize,
+    /// How long the replay took (the checkpoint loaded, the entries after it replayed).
+    pub replay: Duration,
+    /// How long writing the state into Redis took.
+    pub write: Duration,
 }
 
 fn shard_of_item(item: &StateItem) -> Option<u16> {
@@ -133,6 +140,58 @@ fn shard_of_item(item: &StateItem) -> Option<u16> {
         StateItem::Counter { key, .. } | StateItem::Record { key, .. } => keys::shard_of(key),
         StateItem::IndexedHold { index_key, .. } => keys::shard_of(index_key),
     }
+}
+
+/// Writes each shard's `items` into Redis and opens it (see [`Engine::reopen_shards`]); the
+/// shards opened, in order, and the items written into them.
+async fn write_shards(
+    shards: &Arc<dyn ShardStates>,
+    token: &str,
+    by_shard: BTreeMap<u16, Vec<StateItem>>,
+    action: Option<&Action>,
+    now_ms: i64,
+) -> Result<(Vec<u16>, usize), EngineError> {
+    let (mut opened, mut written_items) = (Vec::new(), 0);
+    // A few shards at once (each one's calls in order, its last opening it): under load a
+    // call waits its turn behind the requests Redis serves, so calls in sequence would
+    // keep the shards closed that many turns; more at once, and the last of them would
+    // wait past the Redis timeout.
+    let mut writes = tokio::task::JoinSet::new();
+    let mut done = Vec::new();
+    for (shard, items) in by_shard {
+        if writes.len() >= WRITES_AT_ONCE {
+            done.extend(writes.join_next().await);
+        }
+        let (shards, token) = (shards.clone(), token.to_owned());
+        // The index of open holds is written anew, unless other actions' holds are in it.
+        let clear = action.is_none();
+        writes.spawn(async move {
+            let cleared = !clear || shards.clear_holds_index(shard, &token, LOCK_TTL_MS).await?;
+            let written = cleared
+                && shards
+                    .write_shard(shard, &token, LOCK_TTL_MS, now_ms, &items, true)
+                    .await?;
+            Ok::<_, StoreError>((shard, written, items.len()))
+        });
+    }
+    while let Some(result) = writes.join_next().await {
+        done.push(result);
+    }
+    for result in done {
+        let result = result.map_err(|e| StoreError::Protocol(format!("a shard's write: {e}")));
+        let (shard, written, items) = result??;
+        if written {
+            opened.push(shard);
+            written_items += items;
+        } else {
+            tracing::warn!(
+                shard,
+                "lost the lock of a shard's rebuild; another instance rebuilds it"
+            );
+        }
+    }
+    opened.sort_unstable();
+    Ok((opened, written_items))
 }
 
 /// Extends `token`'s locks on `shards` every [`LOCK_KEEP_EVERY`] until dropped.
@@ -165,6 +224,8 @@ impl Engine {
             reopened.shards.extend(more.shards);
             reopened.entries += more.entries;
             reopened.items += more.items;
+            reopened.replay += more.replay;
+            reopened.write += more.write;
             let closed = shards.closed_shards().await.map_err(EngineError::from)?;
             if closed.is_empty() {
                 return Ok(reopened);
@@ -228,42 +289,28 @@ impl Engine {
             )));
         }
         let store = scratch();
+        let started = std::time::Instant::now();
         let rebuilt = self
             .replay_shards(store.as_ref(), action, shared, &mine)
             .await?;
+        let replay = started.elapsed();
         let now_ms = self.now().timestamp_millis();
-        let mut by_shard: BTreeMap<u16, Vec<StateItem>> = BTreeMap::new();
+        // Every shard of `mine`, with or without items: writing it opens it.
+        let mut by_shard: BTreeMap<u16, Vec<StateItem>> =
+            mine.iter().map(|&shard| (shard, Vec::new())).collect();
         for item in store.dump(now_ms).await {
             if let Some(shard) = shard_of_item(&item).filter(|s| mine.contains(s)) {
                 by_shard.entry(shard).or_default().push(item);
             }
         }
-        let mut reopened = Reopened {
+        let (opened, items) = write_shards(shards, &token, by_shard, action, now_ms).await?;
+        Ok(Reopened {
+            shards: opened,
             entries: rebuilt.entries,
-            ..Reopened::default()
-        };
-        for &shard in &mine {
-            let items = by_shard.remove(&shard).unwrap_or_default();
-            // The index of open holds is written anew, unless other actions' holds are in it.
-            let cleared = match action {
-                None => shards.clear_holds_index(shard, &token, LOCK_TTL_MS).await?,
-                Some(_) => true,
-            };
-            let written = cleared
-                && shards
-                    .write_shard(shard, &token, LOCK_TTL_MS, now_ms, &items, true)
-                    .await?;
-            if written {
-                reopened.shards.push(shard);
-                reopened.items += items.len();
-            } else {
-                tracing::warn!(
-                    shard,
-                    "lost the lock of a shard's rebuild; another instance rebuilds it"
-                );
-            }
-        }
-        Ok(reopened)
+            items,
+            replay,
+            write: started.elapsed().saturating_sub(replay),
+        })
     }
 
     /// Replays into `store` (a fresh one) the ledger entries that charged `mine` (every
@@ -329,6 +376,8 @@ impl Engine {
                 shards = reopened.shards.len(),
                 entries = reopened.entries,
                 items = reopened.items,
+                replay_ms = reopened.replay.as_millis(),
+                write_ms = reopened.write.as_millis(),
                 "rebuilt counter-store shards from the ledger"
             ),
             Ok(_) => {}
