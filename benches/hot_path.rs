@@ -18,8 +18,7 @@ use chrono_tz::Tz;
 use criterion::{criterion_group, criterion_main, Criterion};
 use quota_ledger::counters::memory::MemoryCounterStore;
 use quota_ledger::domain::{
-    Action, Anchors, CalendarPeriod, Measure, Mode, Policy, PolicyId, PolicySpec, Quantity,
-    Subject, Window,
+    Action, Anchors, CalendarPeriod, Measure, Policy, PolicyId, PolicySpec, Subject, Window,
 };
 use quota_ledger::engine::decision::window::calendar_bounds;
 use quota_ledger::engine::store::{Algorithm, Charge, CounterStore, Evaluation, StoreError};
@@ -85,22 +84,7 @@ fn window_math(c: &mut Criterion) {
 fn policy(id: &str, measure: Measure, window: Window) -> Policy {
     Policy {
         id: PolicyId::parse("id", id).expect("valid"),
-        spec: PolicySpec {
-            action: Action::parse("action", "transfer").expect("valid"),
-            measure,
-            unit: None,
-            limit: Quantity::saturating(1_000_000),
-            window,
-            mode: Mode::Enforce,
-            enabled: true,
-            ledger_denials: false,
-            description: String::new(),
-            scope: Default::default(),
-            conditions: Default::default(),
-            exclusions: Default::default(),
-            zone_attribute: None,
-            alert_thresholds: quota_ledger::domain::Thresholds::default(),
-        },
+        spec: PolicySpec::example("transfer", measure, 1_000_000, window),
         created_at: now(),
         updated_at: now(),
         version: 1,

@@ -25,9 +25,8 @@
 
 use chrono::{DateTime, Duration, Utc};
 use quota_ledger::domain::{
-    Action, CalendarPeriod, CounterCharge, EntryId, EntryKind, LedgerEntry, Match, Measure, Mode,
-    Policy, PolicyAmount, PolicyId, PolicySpec, Quantity, Restore, Scope, Subject, Thresholds,
-    Window,
+    Action, CalendarPeriod, CounterCharge, EntryId, EntryKind, LedgerEntry, Measure, Policy,
+    PolicyAmount, PolicyId, PolicySpec, Restore, Scope, Subject, Window,
 };
 use quota_ledger::engine::ledger::{LedgerFilter, LedgerStore};
 use quota_ledger::keys::{policy_key, PolicyKey, SubjectKeys};
@@ -42,22 +41,7 @@ fn fill_policy(id: &PolicyId) -> Policy {
     let window = Window::calendar(CalendarPeriod::Day, "UTC").expect("a valid window");
     Policy {
         id: id.clone(),
-        spec: PolicySpec {
-            action: Action::parse("action", "fill0").expect("a valid action"),
-            measure: Measure::Count,
-            unit: None,
-            limit: Quantity::saturating(1_000_000),
-            window,
-            mode: Mode::Enforce,
-            enabled: true,
-            ledger_denials: false,
-            description: String::new(),
-            scope: Scope::default(),
-            conditions: Match::default(),
-            exclusions: Match::default(),
-            zone_attribute: None,
-            alert_thresholds: Thresholds::default(),
-        },
+        spec: PolicySpec::example("fill0", Measure::Count, 1_000_000, window),
         created_at: DateTime::UNIX_EPOCH,
         updated_at: DateTime::UNIX_EPOCH,
         version: 1,

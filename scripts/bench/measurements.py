@@ -634,19 +634,35 @@ def measure_restart(bench: Bench, stopped: Service) -> None:
     log("embedded: restart on the ledger of the runs")
     if not stopped.log_line("saved a snapshot"):
         raise Failure("the embedded service's graceful stop saved no snapshot")
-    t0 = time.monotonic()
-    service = bench.service("embedded", db=stopped.db).start(tries=6000)
-    while not 200 <= service.consume("sms", "restart-probe") < 400:
-        if time.monotonic() - t0 > 600:
-            raise Failure("the restarted service answered no consume within 10 minutes")
-        time.sleep(0.02)
-    seconds = time.monotonic() - t0
+    service, seconds = _start_until_served(bench, stopped.db, "the restarted service")
     line = service.log_line("rebuilt the in-process counters")
     covered, replayed = log_field("snapshot_seq", line), log_field("entries", line) or "0"
     if not covered.isdigit() or not replayed.isdigit():
         raise Failure(f"the restart did not load the snapshot: {line}")
     bench.results.restart = Restart(int(covered) + int(replayed), round(seconds, 2), int(replayed))
     service.stop()
+
+
+def _start_until_served(bench: Bench, db: Path, what: str) -> Tuple[Service, float]:
+    """The embedded service started on DB, and the seconds from its start until its first
+    consume was answered (10 minutes at most)."""
+    t0 = time.monotonic()
+    service = bench.service("embedded", db=db).start(tries=6000)
+    while not 200 <= service.consume("sms", "restart-probe") < 400:
+        if time.monotonic() - t0 > 600:
+            raise Failure(f"{what} answered no consume within 10 minutes")
+        time.sleep(0.02)
+    return service, time.monotonic() - t0
+
+
+def wrk_in_background(bench: Bench, service: Service, seconds: int) -> "subprocess.Popen[bytes]":
+    """wrk consuming for SECONDS (the calendar day, 100k subjects, BENCH_CONNECTIONS
+    connections), not measured: the load under which a row's event happens."""
+    k = bench.knobs
+    return bench.processes.start(
+        ["wrk", f"-t{k.threads}", f"-c{k.connections}", f"-d{seconds}s", "--timeout", "5s",
+         "-s", CONSUME_LUA, f"{service.base}/quota/consume", "--", "sms", "100000"]
+    )  # fmt: skip
 
 
 CRASH_LOAD_SECONDS = 60
@@ -664,11 +680,7 @@ def measure_crash_restart(bench: Bench) -> None:
     log(f"embedded: kill -9 after {CRASH_LOAD_SECONDS} s of full load, then restart")
     service = bench.service("embedded").start()
     service.create_policies()
-    k = bench.knobs
-    wrk = bench.processes.start(
-        ["wrk", f"-t{k.threads}", f"-c{k.connections}", f"-d{CRASH_LOAD_SECONDS + 30}s", "--timeout", "5s",
-         "-s", CONSUME_LUA, f"{service.base}/quota/consume", "--", "sms", "100000"]
-    )  # fmt: skip
+    wrk = wrk_in_background(bench, service, CRASH_LOAD_SECONDS + 30)
     time.sleep(CRASH_LOAD_SECONDS)
     assert service.process is not None
     service.process.kill()
@@ -676,13 +688,7 @@ def measure_crash_restart(bench: Bench) -> None:
     bench.processes.stop(wrk)
     pauses = [int(log_field("paused_ms", line) or "0")
               for line in service.log_text().splitlines() if "saved a snapshot" in line]  # fmt: skip
-    t0 = time.monotonic()
-    restarted = bench.service("embedded", db=service.db).start(tries=6000)
-    while not 200 <= restarted.consume("sms", "restart-probe") < 400:
-        if time.monotonic() - t0 > 600:
-            raise Failure("the service restarted after kill -9 answered no consume within 10 minutes")
-        time.sleep(0.02)
-    seconds = time.monotonic() - t0
+    restarted, seconds = _start_until_served(bench, service.db, "the service restarted after kill -9")
     line = restarted.log_line("rebuilt the in-process counters")
     covered, replayed = log_field("snapshot_seq", line) or "0", log_field("entries", line) or "0"
     if not covered.isdigit() or not replayed.isdigit():

@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from knobs import LEDGER_SCALE
-from measurements import CONSUME_LUA, Bench, Line
+from measurements import Bench, Line, wrk_in_background
 from processes import Failure, log, log_field
 
 
@@ -59,11 +59,7 @@ def measure_redis_loss(bench: Bench) -> None:
     checkpoint = service.log_line("saved a checkpoint")
     # Under full load: the rebuild then has the entries of the last seconds to replay
     # after the checkpoint, as it would in production.
-    k = bench.knobs
-    wrk = bench.processes.start(
-        ["wrk", f"-t{k.threads}", f"-c{k.connections}", f"-d{LOSS_LOAD_SECONDS * 2}s", "--timeout", "5s",
-         "-s", CONSUME_LUA, f"{service.base}/quota/consume", "--", "sms", "100000"]
-    )  # fmt: skip
+    wrk = wrk_in_background(bench, service, LOSS_LOAD_SECONDS * 2)
     time.sleep(LOSS_LOAD_SECONDS)
     log(f"Redis loss: FLUSHALL after {LOSS_LOAD_SECONDS} s of full load")
     rebuilds = service.log_text().count("rebuilt counter-store shards")

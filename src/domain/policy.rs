@@ -125,11 +125,12 @@ impl PolicySpec {
     }
 }
 
-#[cfg(test)]
 impl PolicySpec {
     /// An enforced, enabled policy of `limit` (saturated to 2^53 - 1) on `action` in
-    /// `window`, every other field at its default: what the unit tests start from.
-    pub(crate) fn example(action: &str, measure: Measure, limit: u64, window: Window) -> Self {
+    /// `window`, every other field at its default: what the unit tests, the benches and the
+    /// bench's bulk loader start from. Panics if `action` is not a valid action.
+    #[doc(hidden)]
+    pub fn example(action: &str, measure: Measure, limit: u64, window: Window) -> Self {
         Self {
             action: Action::parse("action", action).expect("a valid action"),
             measure,
