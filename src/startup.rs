@@ -140,7 +140,9 @@ fn spawn_checkpoints(
             if due {
                 last = tokio::time::Instant::now();
             }
-            if let Err(error) = state.engine.checkpoint_settled(&mut checkpoints, due).await {
+            let result = state.engine.checkpoint_settled(&mut checkpoints, due).await;
+            // Once per checkpoint due, not at every look (the ledger database may be down).
+            if let (true, Err(error)) = (due, result) {
                 tracing::warn!(error = %error, "checkpointing the ledger's replay failed; will retry");
             }
         }
