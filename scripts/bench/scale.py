@@ -7,7 +7,8 @@ starts no Postgres); docs/performance.md has its figures.
 
 Then the Redis-loss row: another ledger of as many entries whose charges name the counter
 they charged (the calendar day, as a consume's do), a Redis-mode service started on it,
-left until its janitor saved the first checkpoint of the ledger's replay, then under full
+with QUOTA_CHECKPOINT_EVERY_S=10 (checkpoints are off by default), left until its janitor
+saved the first checkpoint of the ledger's replay, then under full
 load (wrk, the calendar day at 100k subjects) for LOSS_LOAD_SECONDS, FLUSHALL: the seconds
 until every shard is rebuilt from the checkpoint and the entries after it, and serves."""
 
@@ -53,7 +54,8 @@ def measure_redis_loss(bench: Bench) -> None:
         raise Failure(f"ledger_scale failed ({done.returncode}): {done.stderr.decode(errors='replace')[-2000:]}")
     bench.redis.flushall()
     # A first start on an empty Redis rebuilds every shard from the whole ledger.
-    service = bench.service("redis", db=db).start(tries=6000)
+    # Checkpoints are off by default (QUOTA_CHECKPOINT_EVERY_S): this row measures them on.
+    service = bench.service("redis", db=db, env={"QUOTA_CHECKPOINT_EVERY_S": "10"}).start(tries=6000)
     service.create_policies()
     _wait_for(service, "saved a checkpoint", 1200)
     checkpoint = service.log_line("saved a checkpoint")

@@ -5,12 +5,12 @@
 //! holds, kept answers, refunded totals), saved in the snapshot table
 //! (`counter_snapshots`, the embedded default's snapshots, same format and same rules of
 //! use): it is derived from SQL alone, the book of record, never read from Redis. The
-//! janitor keeps it: every `QUOTA_CHECKPOINT_EVERY_S` (10 s) it replays the entries
-//! committed since the last checkpoint into the state it keeps in memory (loaded from the
-//! table when it has none, or another instance saved a newer one), up to the last entry
-//! that was committed [`SETTLE`] earlier, and saves the new state. Appends are serialized (Postgres takes the
-//! append lock, SQLite has one writer), so the entries up to a `seq` are a prefix that no
-//! later commit changes.
+//! janitor keeps it when `QUOTA_CHECKPOINT_EVERY_S` is set: that often, it replays the
+//! entries committed since the last checkpoint into the state it keeps in memory (loaded
+//! from the table when it has none, or another instance saved a newer one), up to the last
+//! entry that was committed [`SETTLE`] earlier, and saves the new state. Appends are
+//! serialized (Postgres takes the append lock, SQLite has one writer), so the entries up
+//! to a `seq` are a prefix that no later commit changes.
 //!
 //! A rebuild (`shards`) loads the checkpoint into its scratch store and replays only the
 //! entries after it. The entries after it are replayed by the time they were made, as a
