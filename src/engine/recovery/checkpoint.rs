@@ -121,7 +121,8 @@ impl Engine {
             // Another instance saved a newer one, or this one has none yet.
             _ => {
                 let store = (self.scratch)();
-                let covered = self.load_checkpoint(store.as_ref(), table).await?;
+                let loaded = self.load_usable(store.as_ref(), table).await?;
+                let covered = loaded.map(|(covered, _)| covered);
                 (store, covered)
             }
         };
@@ -161,38 +162,6 @@ impl Engine {
             "saved a checkpoint of the ledger's replay"
         );
         Ok(Some(saved))
-    }
-
-    /// Loads the checkpoint `table` keeps into `target` (a fresh store) if it is usable;
-    /// the `seq` it covers, `None` when there is none (an unusable one is deleted).
-    pub(in crate::engine) async fn load_checkpoint(
-        &self,
-        target: &dyn Replay,
-        table: &dyn SnapshotStore,
-    ) -> Result<Option<i64>, EngineError> {
-        let snapshot = match table.latest().await {
-            Ok(Some(snapshot)) => snapshot,
-            Ok(None) => return Ok(None),
-            Err(crate::engine::ledger::LedgerError::Corrupt(why)) => {
-                tracing::warn!(reason = %why, "the ledger checkpoint does not read: deleting it");
-                table.delete_all().await?;
-                return Ok(None);
-            }
-            Err(error) => return Err(error.into()),
-        };
-        match self.usable(&snapshot, table).await? {
-            Ok(items) => {
-                target
-                    .load(items, snapshot.taken_at.timestamp_millis())
-                    .await;
-                Ok(Some(snapshot.covered_seq))
-            }
-            Err(why) => {
-                tracing::warn!(reason = %why, "the ledger checkpoint is unusable: deleting it");
-                table.delete_all().await?;
-                Ok(None)
-            }
-        }
     }
 }
 

@@ -325,7 +325,10 @@ impl Engine {
     ) -> Result<crate::engine::state::Rebuilt, EngineError> {
         // Not for one action's keys: the checkpoint holds every action's.
         let after = match (action, self.deployment.checkpoints()) {
-            (None, Some(table)) => self.load_checkpoint(store, table.as_ref()).await?,
+            (None, Some(table)) => self
+                .load_usable(store, table.as_ref())
+                .await?
+                .map(|(covered, _)| covered),
             _ => None,
         };
         self.replay_ledger(store, after, None, &|entry: &LedgerEntry| {

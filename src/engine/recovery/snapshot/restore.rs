@@ -154,8 +154,32 @@ impl Engine {
         target: &dyn Replay,
         store: &dyn SnapshotStore,
     ) -> Result<Restored, EngineError> {
+        let loaded = self.load_usable(target, store).await?;
+        let rebuilt = self
+            .rebuild(target, loaded.map(|(covered, _)| covered))
+            .await?;
+        Ok(match loaded {
+            Some((covered, loaded)) => Restored {
+                snapshot_seq: Some(covered),
+                loaded,
+                entries: rebuilt.entries,
+                steps: rebuilt.steps,
+            },
+            None => Restored::replayed(rebuilt),
+        })
+    }
+
+    /// Loads the snapshot `store` keeps into `target` (a fresh store) if it is usable: the
+    /// `seq` it covers and the items loaded; `None` when there is none, or it was unusable
+    /// (then logged and deleted, so that it can never match again). The embedded default's
+    /// start and a rebuild from a ledger checkpoint (`checkpoint`) both start from it.
+    pub(in crate::engine) async fn load_usable(
+        &self,
+        target: &dyn Replay,
+        store: &dyn SnapshotStore,
+    ) -> Result<Option<(i64, usize)>, EngineError> {
         let usable = match store.latest().await {
-            Ok(None) => return Ok(Restored::replayed(self.rebuild(target, None).await?)),
+            Ok(None) => return Ok(None),
             Ok(Some(snapshot)) => self.usable(&snapshot, store).await?.map(|items| {
                 let covered = snapshot.covered_seq;
                 (covered, snapshot.taken_at, items)
@@ -166,13 +190,7 @@ impl Engine {
         match usable {
             Ok((covered, taken_at, items)) => {
                 let loaded = target.load(items, taken_at.timestamp_millis()).await;
-                let rebuilt = self.rebuild(target, Some(covered)).await?;
-                Ok(Restored {
-                    snapshot_seq: Some(covered),
-                    loaded,
-                    entries: rebuilt.entries,
-                    steps: rebuilt.steps,
-                })
+                Ok(Some((covered, loaded)))
             }
             Err(why) => {
                 tracing::warn!(
@@ -181,7 +199,7 @@ impl Engine {
                      whole horizon instead"
                 );
                 store.delete_all().await?;
-                Ok(Restored::replayed(self.rebuild(target, None).await?))
+                Ok(None)
             }
         }
     }
