@@ -20,7 +20,8 @@
 # BENCH_WARMUP, BENCH_CONNECTIONS, BENCH_FLOOD_CONNECTIONS, BENCH_THREADS, BENCH_SUBJECTS,
 # BENCH_MEMORY_SUBJECTS, BENCH_MODES, BENCH_GRPC, BENCH_GRPC_CONNECTIONS, BENCH_NO_BUILD,
 # BENCH_BINARY, BENCH_NO_INSTALL, BENCH_OUT, BENCH_IDLE_SECONDS, BENCH_AUTH, BENCH_ALERTS,
-# BENCH_LIMITADOR, BENCH_LEDGER_ENTRIES.
+# BENCH_LIMITADOR, BENCH_LEDGER_ENTRIES, BENCH_POSTGRES (0: no private Postgres, started
+# otherwise through scripts/with-stores.sh for the Postgres ingest row).
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -41,6 +42,17 @@ if ! command -v python3 >/dev/null; then
 		install -y -q --no-install-recommends python3
 fi
 
+harness=(python3 -B scripts/bench/bench.py "$@")
+case " $* " in *" --help "* | *" -h "*) exec "${harness[@]}" ;; esac
+if [[ ${BENCH_POSTGRES:-1} != 0 && -z ${QUOTA_TEST_DATABASE_URL:-} ]]; then
+	# The Postgres ingest row's private Postgres (no Redis Cluster; the harness starts its
+	# own Redis): scripts/with-stores.sh starts it, installing it when missing, forwards
+	# signals to the harness and stops it on exit.
+	no_install=0
+	[[ ${BENCH_NO_INSTALL:-0} != 1 ]] || no_install=1
+	exec env WITH_STORES_CLUSTER=0 WITH_STORES_NO_INSTALL=$no_install \
+		bash scripts/with-stores.sh "${harness[@]}"
+fi
 # exec: the harness is this process, so that a SIGTERM or Ctrl-C sent to it reaches the
 # harness, which stops what it started.
-exec python3 -B scripts/bench/bench.py "$@"
+exec "${harness[@]}"

@@ -336,6 +336,13 @@ impl Application {
             clock.clone(),
         ));
         let mut tasks = BackgroundTasks::default();
+        if let crate::db::Pool::Postgres(pool) = &announcements {
+            look_at_partitions(pool, clock.now()).await;
+            tasks.0.push(crate::ledger::partitions::spawn(
+                pool.clone(),
+                clock.clone(),
+            ));
+        }
         tasks.0.push(crate::ledger::instances::spawn(
             announcements,
             clock.clone(),
@@ -543,6 +550,29 @@ impl Application {
     /// A handle to stop the server from elsewhere.
     pub fn handle(&self) -> actix_web::dev::ServerHandle {
         self.server.handle()
+    }
+}
+
+/// The start's look at the ledger's partitions (Postgres): converts a small ledger once
+/// every live instance can write to a partitioned one, and creates the days ahead. A
+/// failure is logged: the running instance looks again later, and inserts create the
+/// partitions they need.
+async fn look_at_partitions(pool: &sqlx::PgPool, now: chrono::DateTime<chrono::Utc>) {
+    use crate::ledger::partitions::{look_at_start, Look};
+    match look_at_start(pool, now).await {
+        Ok(Some(Look::Waiting { oldest })) => tracing::info!(
+            oldest,
+            "the ledger stays one table while an instance of an earlier release is live"
+        ),
+        Ok(None) => tracing::info!(
+            "the ledger is large: it will be partitioned in the background, without a pause"
+        ),
+        // A conversion logs itself.
+        Ok(Some(_)) => {}
+        Err(error) => {
+            let cause = std::error::Error::source(&error).map(ToString::to_string);
+            tracing::warn!(error = %error, cause = cause.as_deref(), "looking at the ledger's partitions failed; will try again");
+        }
     }
 }
 

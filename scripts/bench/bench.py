@@ -27,7 +27,9 @@ On this machine, all on loopback, in one run:
   5. the outage budget: the service on Redis while its ledger database refuses writes (a
      SQLite lock held by another process, as a Postgres outage looks to the drain): the
      consumes/s, the ledger entries held in Redis, the Redis memory each takes and the
-     size of one, and how long the backlog takes to drain once the database is back;
+     size of one, and how long the backlog takes to drain once the database is back; then
+     the same backlog drained into a Postgres ledger, with the service idle: entries/s
+     (scripts/bench/ingest.py);
   6. the idle Redis load: the commands per second Redis runs for 1, then 4 instances with
      no traffic (their ledger drain and hold sweeper);
   7. counters verify on the ledger of the runs, embedded and with Redis: seconds per
@@ -71,6 +73,9 @@ Knobs (environment):
   BENCH_ALERTS=0             no alert rows (thresholds and a webhook against none, and the
                              time from a crossing to its delivery; scripts/bench/alerts.py)
   BENCH_LEDGER_ENTRIES=10000000  the ledger-at-scale rows' entries (0: none; scripts/bench/scale.py)
+  BENCH_POSTGRES=0           no private Postgres (scripts/bench.sh starts one through
+                             scripts/with-stores.sh), hence no Postgres ingest row
+                             (scripts/bench/ingest.py)
   BENCH_LIMITADOR=0          no Limitador rows (nor the peer's build; scripts/bench/limitador.py);
                              without a build (BENCH_NO_BUILD, BENCH_BINARY) they need
                              target/limitador-peer/release/limitador-peer, or are skipped
@@ -99,6 +104,7 @@ if sys.version_info < (3, 9):
 
 from alerts import measure_alert_rows  # noqa: E402
 from backtest import measure_backtest  # noqa: E402
+from ingest import measure_postgres_ingest  # noqa: E402
 from scale import measure_ledger_scale, measure_redis_loss  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from limitador import measure_exactness, measure_peer_rows, prepare_peer  # noqa: E402
@@ -136,6 +142,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
         if mode == "redis":
             measure_memory(bench)
             measure_outage_budget(bench)
+            if knobs.postgres:
+                measure_postgres_ingest(bench)
             measure_verify(bench, "redis", service.db)
             if knobs.idle_seconds > 0:
                 log("idle Redis load: 1, then 4 instances with no traffic")

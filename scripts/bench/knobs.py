@@ -67,6 +67,7 @@ class Knobs:
     alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
     limitador: bool  # BENCH_LIMITADOR (anything but 0): the Limitador peer's rows and its build
     ledger_entries: int  # BENCH_LEDGER_ENTRIES: the ledger-at-scale rows' entries (0: none)
+    postgres: bool  # BENCH_POSTGRES (anything but 0): the Postgres ingest row
     build: bool  # not BENCH_NO_BUILD=1 nor BENCH_BINARY: cargo build first (the peer's too)
     install: bool  # not BENCH_NO_INSTALL=1: apt-get what is missing
     binary: Path  # BENCH_BINARY, or target/release/quota-ledger
@@ -101,6 +102,7 @@ class Knobs:
             alerts=_text(env, "BENCH_ALERTS", "1") != "0",
             limitador=_text(env, "BENCH_LIMITADOR", "1") != "0",
             ledger_entries=_int(env, "BENCH_LEDGER_ENTRIES", 10000000),
+            postgres=_text(env, "BENCH_POSTGRES", "1") != "0",
             build=_text(env, "BENCH_NO_BUILD", "0") != "1" and binary == "",
             install=_text(env, "BENCH_NO_INSTALL", "0") != "1",
             binary=Path(binary).resolve() if binary else DEFAULT_BINARY,

@@ -183,6 +183,7 @@ class Results:
     verify: Dict[str, Verify] = field(default_factory=dict)
     scale: Optional[Line] = None  # the ledger-at-scale line (scripts/bench/scale.py)
     redis_loss: Optional[Dict[str, Any]] = None  # the Redis-loss row (scripts/bench/scale.py)
+    ingest: Optional[Any] = None  # the Postgres ingest row (scripts/bench/ingest.py)
 
 
 class Bench:

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from alerts import ALERT_SUBJECTS, alert_targets
 from backtest import backtest_targets
+from ingest import ingest_targets
 from scale import redis_loss_targets, scale_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
 from limitador import peer_rows, peer_targets
@@ -231,6 +232,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     out += backtest_targets(results, target, at_most)
     out += scale_targets(results, target, at_most)
     out += redis_loss_targets(results, target, at_most)
+    out += ingest_targets(results, target, at_least)
     out += _overload(k, results)
     for mode in k.modes:
         lag = results.lag.get(mode)

@@ -23,7 +23,10 @@ use std::time::Duration;
 /// - 1: the formats of 0.1.0.
 /// - 2: API keys (`api_keys`): a build that reads only 1 would not enforce them, so none
 ///   is created while such an instance is live.
-pub const FORMATS: i64 = 2;
+/// - 3: a partitioned ledger (Postgres): inserts name no conflict target and create a
+///   missing day's partition, so the ledger is partitioned only once every live instance
+///   reads 3 (`crate::ledger::partitions`).
+pub const FORMATS: i64 = 3;
 
 /// An instance not seen in `service_instances` for this long is gone (a dozen missed
 /// announcements).

@@ -8,8 +8,10 @@
 //! written to SQL directly by the engine's group-commit writer before the answer.
 
 pub mod activity;
+mod copy;
 mod cursor;
 pub mod instances;
+pub mod partitions;
 pub mod query;
 pub mod retention;
 pub(crate) mod snapshot;

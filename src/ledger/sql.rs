@@ -58,12 +58,15 @@ pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>>
 const SQLITE_PRAGMAS: [(&str, &str); 2] = [("cache_size", "-32768"), ("temp_store", "memory")];
 
 /// The Postgres advisory lock that appends take for their transaction ("qledger" in
-/// ASCII): see the `append` of [`SqlLedgerStore`].
-const APPEND_LOCK: i64 = 0x0071_6c65_6467_6572;
+/// ASCII). Each insert's trigger locks the hourly rollups it adds to (in key order) until
+/// the commit: two drains whose statements met the same hours in different orders would
+/// deadlock. One append at a time takes them: they wait on those rows anyway, the current
+/// hour's being everyone's.
+pub(super) const APPEND_LOCK: i64 = 0x0071_6c65_6467_6572;
 
 /// Rows per `INSERT` statement: 11 parameters each stays far below both databases'
 /// parameter limits (Postgres 65,535; SQLite 32,766).
-const ROWS_PER_INSERT: usize = 500;
+pub(super) const ROWS_PER_INSERT: usize = 500;
 
 /// Retention's statement: the oldest `$2` entries from before `$1`, found through the
 /// `at` index. (Ordered by `seq` instead, both databases walked the whole table in `seq`
@@ -86,6 +89,13 @@ pub(super) const READ_COLUMNS: &str =
 /// (retrying cannot help); anything else is the database being unavailable.
 pub(super) fn db_error(error: sqlx::Error) -> LedgerError {
     match &error {
+        // Postgres: an insert found no partition for an entry's day (a check that fails
+        // names its constraint).
+        sqlx::Error::Database(db)
+            if db.code().as_deref() == Some("23514") && db.constraint().is_none() =>
+        {
+            LedgerError::unavailable(super::partitions::MissingPartition(db.message().to_owned()))
+        }
         sqlx::Error::Database(db) if db.kind() != ErrorKind::Other => {
             LedgerError::Corrupt(format!("an entry breaks a constraint: {db}"))
         }
@@ -226,7 +236,7 @@ fn page_sql(dialect: Dialect, one_action: bool) -> String {
     }
 }
 
-fn column_amount(id: &str, value: u64) -> Result<i64, LedgerError> {
+pub(super) fn column_amount(id: &str, value: u64) -> Result<i64, LedgerError> {
     i64::try_from(value).map_err(|_| corrupt(id, "amount exceeds the largest BIGINT"))
 }
 
@@ -279,6 +289,40 @@ where
         Ok((seq, Self::entry_from_row(row)?))
     }
 
+    /// The pool, when the ledger is on Postgres.
+    fn postgres(&self) -> Option<&sqlx::PgPool> {
+        (&self.pool as &dyn std::any::Any).downcast_ref()
+    }
+
+    /// One try of [`LedgerStore::append`]: `entries` and the alert `events` they record,
+    /// in one transaction.
+    async fn append_once(
+        &self,
+        entries: &[LedgerEntry],
+        events: &[AlertEvent],
+    ) -> Result<u64, LedgerError> {
+        if let Some(pool) = self.postgres() {
+            return super::copy::append(pool, entries, events).await;
+        }
+        if entries.len() <= ROWS_PER_INSERT && events.is_empty() {
+            // One statement is atomic by itself. Without an explicit transaction around it,
+            // SQLite keeps no statement journal: a sixth of its work for the small batches
+            // of the embedded writer.
+            let mut conn = self.pool.acquire().await.map_err(db_error)?;
+            return Self::insert_chunk(&mut conn, entries).await;
+        }
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut inserted = 0;
+        for chunk in entries.chunks(ROWS_PER_INSERT) {
+            inserted += Self::insert_chunk(&mut tx, chunk).await?;
+        }
+        for chunk in events.chunks(ROWS_PER_INSERT) {
+            Self::insert_events(&mut tx, chunk).await?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(inserted)
+    }
+
     /// Inserts one chunk of entries in one statement; returns how many were new.
     async fn insert_chunk(
         conn: &mut DB::Connection,
@@ -320,7 +364,7 @@ where
 
     /// Adds alert events to the outbox; those already there (an entry inserted again) are
     /// left as they are.
-    async fn insert_events(
+    pub(super) async fn insert_events(
         conn: &mut DB::Connection,
         events: &[AlertEvent],
     ) -> Result<(), LedgerError> {
@@ -398,35 +442,16 @@ where
         }
         // The alert events the entries record go in with them (engine::alerts).
         let events: Vec<AlertEvent> = entries.iter().flat_map(alerts::events_of).collect();
-        let postgres = DB::DIALECT == Dialect::Postgres;
-        if !postgres && entries.len() <= ROWS_PER_INSERT && events.is_empty() {
-            // One statement is atomic by itself. Without an explicit transaction around it,
-            // SQLite keeps no statement journal: a sixth of its work for the small batches
-            // of the embedded writer.
-            let mut conn = self.pool.acquire().await.map_err(db_error)?;
-            return Self::insert_chunk(&mut conn, entries).await;
+        match self.append_once(entries, &events).await {
+            Err(error) if super::partitions::is_missing(&error) => {
+                let Some(pool) = self.postgres() else {
+                    return Err(error);
+                };
+                super::partitions::ensure_days(pool, entries.iter().map(|e| e.at)).await?;
+                self.append_once(entries, &events).await
+            }
+            done => done,
         }
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
-        if postgres {
-            // Each statement's trigger locks the hourly rollups it adds to (in key order)
-            // until the commit: two drains whose statements met the same hours in
-            // different orders would deadlock. One append at a time takes them: they wait
-            // on those rows anyway, the current hour's being everyone's.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(APPEND_LOCK)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-        }
-        let mut inserted = 0;
-        for chunk in entries.chunks(ROWS_PER_INSERT) {
-            inserted += Self::insert_chunk(&mut tx, chunk).await?;
-        }
-        for chunk in events.chunks(ROWS_PER_INSERT) {
-            Self::insert_events(&mut tx, chunk).await?;
-        }
-        tx.commit().await.map_err(db_error)?;
-        Ok(inserted)
     }
 
     #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql ledger page", otel.kind = "client", db.system = DB::DIALECT.system()))]
@@ -593,13 +618,24 @@ where
         cutoff: DateTime<Utc>,
         batch: u32,
     ) -> Result<u64, LedgerError> {
-        // One short statement per batch: locks only the rows it deletes, briefly.
-        let done = sqlx::query(RETENTION_DELETE)
-            .bind(cutoff)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        // A partitioned ledger (Postgres) drops its partitions whole.
+        let retired = match self.postgres() {
+            Some(pool) => super::partitions::retire(pool, cutoff, batch).await?,
+            None => None,
+        };
+        let deleted = match retired {
+            Some(removed) => removed,
+            None => {
+                // One short statement per batch: locks only the rows it deletes, briefly.
+                let done = sqlx::query(RETENTION_DELETE)
+                    .bind(cutoff)
+                    .bind(i64::from(batch))
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                DB::rows_affected(&done)
+            }
+        };
         // The rollups of the hours that ended before the cutoff: all of their entries
         // are gone (the cutoff's own hour stays until the next sweep passes it).
         let hour = cutoff.timestamp().div_euclid(3_600);
@@ -610,7 +646,7 @@ where
                 .await
                 .map_err(db_error)?;
         }
-        Ok(DB::rows_affected(&done))
+        Ok(deleted)
     }
 }
 

@@ -5,6 +5,7 @@ mod background;
 mod drain;
 mod http;
 mod paging;
+mod partitions;
 mod sql;
 
 use crate::helpers::{fresh_settings, start_instant, CounterBackend, FreshSettings, PolicyBackend};
@@ -24,9 +25,14 @@ pub async fn ledger_on(backend: PolicyBackend) -> (Arc<dyn LedgerStore>, FreshSe
     (ledger_at(&settings.database_url).await, settings)
 }
 
-/// A ledger store on the fresh database at `url`, migrated.
+/// A ledger store on the fresh database at `url`, migrated; on Postgres, partitioned by
+/// day as a service partitions it, from the week before the start instant (the old table
+/// ends on the start's day, each day after it has its partition).
 pub async fn ledger_at(url: &str) -> Arc<dyn LedgerStore> {
     quota_ledger::db::migrate_url(url).await.unwrap();
+    quota_ledger::ledger::partitions::look_url(url, start_instant() - Duration::days(7))
+        .await
+        .unwrap();
     quota_ledger::ledger::sql::connect(url).await.unwrap()
 }
 

@@ -13,6 +13,15 @@ const SQLITE_REFUSE: &str = "CREATE TRIGGER quota_test_refuse BEFORE INSERT ON l
      BEGIN SELECT RAISE(ABORT, 'injected fault: the ledger refuses writes'); END";
 const PG_FUNCTION: &str = "CREATE OR REPLACE FUNCTION quota_test_refuse() RETURNS trigger \
      LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected fault: the ledger refuses writes'; END $$";
+/// On Postgres the trigger is created and dropped on the partitioned table, which
+/// recurses to each partition; taking the table first, in a transaction, locks them in
+/// the order an insert does (the table, then the partition it routes to). Dropped
+/// without it, a trigger's clone on a partition was locked first, and an insert waiting
+/// there deadlocked with it.
+const PG_LOCK: [&str; 2] = [
+    "BEGIN",
+    "LOCK TABLE ledger_entries IN ACCESS EXCLUSIVE MODE",
+];
 const PG_REFUSE: &str = "CREATE TRIGGER quota_test_refuse BEFORE INSERT ON ledger_entries \
      FOR EACH ROW EXECUTE FUNCTION quota_test_refuse()";
 
@@ -22,7 +31,7 @@ impl Refusal {
         let statements: &[&str] = if url.starts_with("sqlite:") {
             &[SQLITE_REFUSE]
         } else {
-            &[PG_FUNCTION, PG_REFUSE]
+            &[PG_FUNCTION, PG_LOCK[0], PG_LOCK[1], PG_REFUSE, "COMMIT"]
         };
         run(url, statements).await;
         Self {
@@ -32,11 +41,16 @@ impl Refusal {
 
     /// The database accepts entries again.
     pub async fn lift(self) {
-        let drop = match self.url.starts_with("sqlite:") {
-            true => "DROP TRIGGER quota_test_refuse",
-            false => "DROP TRIGGER quota_test_refuse ON ledger_entries",
+        let statements: &[&str] = match self.url.starts_with("sqlite:") {
+            true => &["DROP TRIGGER quota_test_refuse"],
+            false => &[
+                PG_LOCK[0],
+                PG_LOCK[1],
+                "DROP TRIGGER quota_test_refuse ON ledger_entries",
+                "COMMIT",
+            ],
         };
-        run(&self.url, &[drop]).await;
+        run(&self.url, statements).await;
     }
 }
 
