@@ -184,6 +184,7 @@ class Results:
     scale: Optional[Line] = None  # the ledger-at-scale line (scripts/bench/scale.py)
     redis_loss: Optional[Dict[str, Any]] = None  # the Redis-loss row (scripts/bench/scale.py)
     ingest: Optional[Any] = None  # the Postgres ingest row (scripts/bench/ingest.py)
+    crash_at_scale: Optional[Restart] = None  # kill -9 on the Redis-loss row's ledger (scale.py)
 
 
 class Bench:

@@ -10,16 +10,19 @@ they charged (the calendar day, as a consume's do), a Redis-mode service started
 with QUOTA_CHECKPOINT_EVERY_S=10 (checkpoints are off by default), left until its janitor
 saved the first checkpoint of the ledger's replay, then under full
 load (wrk, the calendar day at 100k subjects) for LOSS_LOAD_SECONDS, FLUSHALL: the seconds
-until every shard is rebuilt from the checkpoint and the entries after it, and serves."""
+until every shard is rebuilt from the checkpoint and the entries after it, and serves.
+Then the embedded default on that same ledger, killed with SIGKILL under full load, and
+started again: the seconds until its first consume is answered."""
 
 from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from knobs import LEDGER_SCALE
-from measurements import Bench, Line, wrk_in_background
+from measurements import Bench, Line, Restart, _start_until_served, wrk_in_background
 from processes import Failure, log, log_field
 
 
@@ -82,8 +85,35 @@ def measure_redis_loss(bench: Bench) -> None:
         "write_ms": log_field("write_ms", rebuilt),
     }
     service.stop()
+    measure_embedded_crash_at_scale(bench, db)
     for path in db.parent.glob("loss.db*"):
         path.unlink()
+
+
+CRASH_LOAD_SECONDS = 30
+
+
+def measure_embedded_crash_at_scale(bench: Bench, db: Path) -> None:
+    """The embedded kill -9 row at scale: the embedded default started on the ledger the
+    Redis-loss row left (its 10M entries inside the calendar day, and the entries of its
+    load), which it rebuilds its counters from (the checkpoint that row saved, then the
+    entries after it); CRASH_LOAD_SECONDS of full load; SIGKILL while wrk runs; then the
+    seconds from the start of the process until its first consume is answered."""
+    log(f"embedded at scale: kill -9 after {CRASH_LOAD_SECONDS} s of full load on the Redis-loss row's ledger")
+    service = bench.service("embedded", db=db).start(tries=6000)
+    wrk = wrk_in_background(bench, service, CRASH_LOAD_SECONDS + 30)
+    time.sleep(CRASH_LOAD_SECONDS)
+    assert service.process is not None
+    service.process.kill()
+    service.process.wait()
+    bench.processes.stop(wrk)
+    restarted, seconds = _start_until_served(bench, db, "the embedded service restarted after kill -9 at scale")
+    line = restarted.log_line("rebuilt the in-process counters")
+    covered, replayed = log_field("snapshot_seq", line) or "0", log_field("entries", line) or "0"
+    if not covered.isdigit() or not replayed.isdigit():
+        raise Failure(f"the restart after kill -9 did not say what it rebuilt: {line}")
+    bench.results.crash_at_scale = Restart(int(covered) + int(replayed), round(seconds, 2), int(replayed))
+    restarted.stop()
 
 
 def _wait_for(service, needle: str, seconds: float, after: int = 0, poll: float = 0.5) -> str:  # type: ignore[no-untyped-def]
@@ -106,6 +136,11 @@ def redis_loss_targets(results, target, at_most) -> List[str]:  # type: ignore[n
     out.append(target("  entries replayed after the checkpoint, items written", f"{loss['replayed']}, {loss['items']}"))
     out.append(target("  the rebuild's replay (checkpoint loaded), its writes, ms", f"{loss['replay_ms']}, {loss['write_ms']}"))
     out.append(target("  checkpoints: the first (whole ledger), the last, ms", f"{loss['first']}, {loss['last_every']}"))
+    crash = results.crash_at_scale
+    if crash is not None:
+        label = f"restart to first consume after kill -9, embedded, on that ledger ({crash.entries} entries), s"
+        out.append(target(label, f"{crash.seconds:.2f}", "<= 5", at_most(str(crash.seconds), 5)))
+        out.append(target("  entries replayed after the snapshot", str(crash.replayed)))
     return out
 
 

@@ -57,13 +57,6 @@ pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>>
 ///   (ledger lag p99 10 s, now under 1 s). It holds one statement's pages at most.
 const SQLITE_PRAGMAS: [(&str, &str); 2] = [("cache_size", "-32768"), ("temp_store", "memory")];
 
-/// The Postgres advisory lock that appends take for their transaction ("qledger" in
-/// ASCII). Each insert's trigger locks the hourly rollups it adds to (in key order) until
-/// the commit: two drains whose statements met the same hours in different orders would
-/// deadlock. One append at a time takes them: they wait on those rows anyway, the current
-/// hour's being everyone's.
-pub(super) const APPEND_LOCK: i64 = 0x0071_6c65_6467_6572;
-
 /// Rows per `INSERT` statement: 11 parameters each stays far below both databases'
 /// parameter limits (Postgres 65,535; SQLite 32,766).
 pub(super) const ROWS_PER_INSERT: usize = 500;
@@ -611,6 +604,10 @@ where
         limit: u32,
     ) -> Result<Vec<DeniedSubject>, LedgerError> {
         self.select_top_denied(from, to, action, limit).await
+    }
+
+    fn appends_in_parallel(&self) -> bool {
+        self.postgres().is_some()
     }
 
     async fn delete_older_than(

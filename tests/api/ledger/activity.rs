@@ -146,8 +146,9 @@ async fn the_rollups_count_each_entry_once(backend: PolicyBackend) {
 }
 
 /// Two drains appending at once on Postgres, their batches meeting the same hours and
-/// actions in opposite orders over several statements: the rollups' row locks would
-/// deadlock them (and one batch would fail) were appends not taken one at a time.
+/// actions in opposite orders: inserted over several statements, each locking its own
+/// hours' rollups, they deadlocked (and one batch failed); an append is one statement now,
+/// which locks them in key order.
 #[tokio::test]
 async fn concurrent_appends_never_deadlock_on_the_rollups_on_postgres() {
     let (ledger, _settings) = super::ledger_on(PolicyBackend::Postgres).await;
