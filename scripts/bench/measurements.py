@@ -682,22 +682,29 @@ def measure_crash_restart(bench: Bench) -> None:
     log(f"embedded: kill -9 after {CRASH_LOAD_SECONDS} s of full load, then restart")
     service = bench.service("embedded").start()
     service.create_policies()
-    wrk = wrk_in_background(bench, service, CRASH_LOAD_SECONDS + 30)
-    time.sleep(CRASH_LOAD_SECONDS)
+    restarted, restart = kill_and_restart(bench, service, CRASH_LOAD_SECONDS, "the service restarted after kill -9")
+    pauses = [int(log_field("paused_ms", line) or "0")
+              for line in service.log_text().splitlines() if "saved a snapshot" in line]  # fmt: skip
+    bench.results.crash = CrashRestart(restart, CRASH_LOAD_SECONDS, len(pauses), max(pauses, default=0))
+    restarted.stop()
+
+
+def kill_and_restart(bench: Bench, service: Service, seconds: int, what: str) -> Tuple[Service, Restart]:
+    """SERVICE (embedded) under full load for SECONDS, killed with SIGKILL while wrk still
+    runs, then started on its ledger: the restarted service, and the seconds from its start
+    until its first consume was answered, with what it rebuilt its counters from."""
+    wrk = wrk_in_background(bench, service, seconds + 30)
+    time.sleep(seconds)
     assert service.process is not None
     service.process.kill()
     service.process.wait()
     bench.processes.stop(wrk)
-    pauses = [int(log_field("paused_ms", line) or "0")
-              for line in service.log_text().splitlines() if "saved a snapshot" in line]  # fmt: skip
-    restarted, seconds = _start_until_served(bench, service.db, "the service restarted after kill -9")
+    restarted, took = _start_until_served(bench, service.db, what)
     line = restarted.log_line("rebuilt the in-process counters")
     covered, replayed = log_field("snapshot_seq", line) or "0", log_field("entries", line) or "0"
     if not covered.isdigit() or not replayed.isdigit():
-        raise Failure(f"the restart after kill -9 did not say what it rebuilt: {line}")
-    restart = Restart(int(covered) + int(replayed), round(seconds, 2), int(replayed))
-    bench.results.crash = CrashRestart(restart, CRASH_LOAD_SECONDS, len(pauses), max(pauses, default=0))
-    restarted.stop()
+        raise Failure(f"{what} did not say what it rebuilt: {line}")
+    return restarted, Restart(int(covered) + int(replayed), round(took, 2), int(replayed))
 
 
 def measure_verify(bench: Bench, mode: str, db: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from knobs import LEDGER_SCALE
-from measurements import Bench, Line, Restart, _start_until_served, wrk_in_background
+from measurements import Bench, Line, kill_and_restart, wrk_in_background
 from processes import Failure, log, log_field
 
 
@@ -101,18 +101,8 @@ def measure_embedded_crash_at_scale(bench: Bench, db: Path) -> None:
     seconds from the start of the process until its first consume is answered."""
     log(f"embedded at scale: kill -9 after {CRASH_LOAD_SECONDS} s of full load on the Redis-loss row's ledger")
     service = bench.service("embedded", db=db).start(tries=6000)
-    wrk = wrk_in_background(bench, service, CRASH_LOAD_SECONDS + 30)
-    time.sleep(CRASH_LOAD_SECONDS)
-    assert service.process is not None
-    service.process.kill()
-    service.process.wait()
-    bench.processes.stop(wrk)
-    restarted, seconds = _start_until_served(bench, db, "the embedded service restarted after kill -9 at scale")
-    line = restarted.log_line("rebuilt the in-process counters")
-    covered, replayed = log_field("snapshot_seq", line) or "0", log_field("entries", line) or "0"
-    if not covered.isdigit() or not replayed.isdigit():
-        raise Failure(f"the restart after kill -9 did not say what it rebuilt: {line}")
-    bench.results.crash_at_scale = Restart(int(covered) + int(replayed), round(seconds, 2), int(replayed))
+    what = "the embedded service restarted after kill -9 at scale"
+    restarted, bench.results.crash_at_scale = kill_and_restart(bench, service, CRASH_LOAD_SECONDS, what)
     restarted.stop()
 
 

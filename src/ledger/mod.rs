@@ -14,6 +14,7 @@ pub mod instances;
 pub mod partitions;
 pub mod query;
 pub mod retention;
+mod rows;
 pub(crate) mod snapshot;
 pub mod sql;
 pub mod upgrade;

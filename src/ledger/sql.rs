@@ -9,10 +9,11 @@
 //! can never shift a later page (no duplicates, no gaps among the entries that were there).
 
 use super::cursor::{decode_cursor, encode_cursor};
-use crate::db::{ColumnType, Dialect, Sql};
+use super::rows::{page_sql, PageRow, RowValues};
+use crate::db::{ColumnType, Sql};
 use crate::domain::{Action, ConsumptionId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::alerts::{self, AlertEvent};
-use crate::engine::codec::{self, AttributesColumn, EntryParts, PoliciesColumn};
+use crate::engine::codec::{self, AttributesColumn, PoliciesColumn};
 use crate::engine::ledger::{
     DeniedSubject, HourActivity, LedgerError, LedgerFilter, LedgerPage, LedgerStore, MAX_PAGE,
 };
@@ -100,135 +101,11 @@ pub(super) fn db_error(error: sqlx::Error) -> LedgerError {
 }
 
 /// A row that no longer parses: which entry, and why.
-fn corrupt(what: &str, error: impl std::fmt::Display) -> LedgerError {
+pub(super) fn corrupt(what: &str, error: impl std::fmt::Display) -> LedgerError {
     LedgerError::Corrupt(format!("{what}: {error}"))
 }
 
 /// A count or amount as the BIGINT column holds it.
-/// A ledger row's columns, as read (one by one, or from a page read as one JSON value).
-struct RowValues {
-    id: String,
-    at: DateTime<Utc>,
-    kind: String,
-    action: String,
-    subject: String,
-    amount: i64,
-    consumption_id: Option<String>,
-    hold_id: Option<String>,
-    idempotency_key: Option<String>,
-    policies: Option<PoliciesColumn>,
-    detail: Option<String>,
-    attributes: Option<AttributesColumn>,
-    compact: Option<String>,
-}
-
-/// A row as [`page_sql`]'s JSON holds it: `seq`, then [`READ_COLUMNS`], the JSON columns
-/// as their text.
-type PageRow = (
-    i64,
-    String,
-    String,
-    String,
-    String,
-    String,
-    i64,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
-
-impl RowValues {
-    /// The entry the row records, its columns checked.
-    fn entry(self) -> Result<LedgerEntry, LedgerError> {
-        let id = self.id.as_str();
-        let parts = EntryParts {
-            id,
-            at: self.at,
-            kind: &self.kind,
-            action: &self.action,
-            subject: &self.subject,
-            amount: u64::try_from(self.amount).map_err(|e| corrupt(id, e))?,
-            consumption_id: self.consumption_id.as_deref(),
-            hold_id: self.hold_id.as_deref(),
-            idempotency_key: self.idempotency_key.as_deref(),
-        };
-        let policies = match (self.policies, self.compact) {
-            (Some(policies), _) => codec::policies_from_column(policies),
-            (None, Some(compact)) => codec::decode_policies(&compact, parts.amount),
-            (None, None) => Ok(Vec::new()),
-        }
-        .map_err(|e| corrupt(id, e))?;
-        let detail = codec::decode_detail(self.detail.as_deref(), &parts, &policies)
-            .map_err(|e| corrupt(id, e))?;
-        let attributes =
-            codec::attributes_from_column(self.attributes).map_err(|e| corrupt(id, e))?;
-        codec::entry_from_parts(parts, policies, attributes, detail).map_err(|e| corrupt(id, e))
-    }
-
-    /// A row of a page read as JSON, with its `seq`.
-    fn of_page(row: PageRow) -> Result<(i64, Self), LedgerError> {
-        let (seq, id, at, kind, action, subject, amount, consumption_id, hold_id, key) = (
-            row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9,
-        );
-        let values = Self {
-            at: DateTime::parse_from_rfc3339(&at)
-                .map_err(|e| corrupt(&id, format!("at '{at}': {e}")))?
-                .with_timezone(&Utc),
-            policies: json_column(&id, "policies", row.10)?,
-            attributes: json_column(&id, "attributes", row.12)?,
-            detail: row.11,
-            compact: row.13,
-            kind,
-            action,
-            subject,
-            amount,
-            consumption_id,
-            hold_id,
-            idempotency_key: key,
-            id,
-        };
-        Ok((seq, values))
-    }
-}
-
-/// A JSON column's text, read as `T`.
-fn json_column<T: serde::de::DeserializeOwned>(
-    id: &str,
-    what: &str,
-    text: Option<String>,
-) -> Result<Option<T>, LedgerError> {
-    text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(id, format!("{what}: {e}"))))
-        .transpose()
-}
-
-/// The statement that reads a page of entries (`seq` after `$1`, at most `$2`; of the
-/// action `$3` only, with `one_action`, through its `(action, seq)` index) as one JSON
-/// array of rows ([`PageRow`]): a bulk read (a rebuild, a backtest) then takes one value
-/// from the database per page rather than one per column of every row.
-fn page_sql(dialect: Dialect, one_action: bool) -> String {
-    let columns = "seq, id, at, kind, action, subject, amount, consumption_id, hold_id, \
-                   idempotency_key";
-    let action = if one_action { " AND action = $3" } else { "" };
-    match dialect {
-        Dialect::Postgres => format!(
-            "SELECT CAST(COALESCE(json_agg(json_build_array({columns}, CAST(policies AS TEXT), \
-             detail, CAST(attributes AS TEXT), policies_compact) ORDER BY seq), '[]') AS TEXT) \
-             FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
-             ORDER BY seq LIMIT $2) AS page"
-        ),
-        Dialect::Sqlite => format!(
-            "SELECT json_group_array(json_array({columns}, policies, detail, attributes, \
-             policies_compact)) \
-             FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
-             ORDER BY seq LIMIT $2)"
-        ),
-    }
-}
-
 pub(super) fn column_amount(id: &str, value: u64) -> Result<i64, LedgerError> {
     i64::try_from(value).map_err(|_| corrupt(id, "amount exceeds the largest BIGINT"))
 }
