@@ -1,5 +1,5 @@
 //! The ledger at scale, for the ledger rows of `scripts/bench.sh`: fills a fresh ledger
-//! (SQLite or Postgres) with `entries` entries spread over the last 24 hours, written
+//! (SQLite, or Postgres partitioned by day) with `entries` entries spread over the last 24 hours, written
 //! through the service's own store and codec in batches as the drain writes them, then
 //! times what the API reads from it: the console's Today page (`/admin/activity` over 24
 //! hours: the hourly rollups and the most-denied subjects) and the query API's filters.
@@ -120,13 +120,18 @@ async fn main() {
         std::process::exit(2);
     };
     quota_ledger::db::migrate_url(url).await.expect("migrating");
+    let now = Utc::now();
+    // On Postgres, partitioned by day as a service's start leaves it: converted as of a
+    // week and a day ago, so that the last 24 hours fall in partitions of their own.
+    quota_ledger::ledger::partitions::look_url(url, now - Duration::days(8))
+        .await
+        .expect("partitioning");
     let store = quota_ledger::ledger::sql::connect(url)
         .await
         .expect("connecting");
     let policy = PolicyId::parse("policy_id", "fill-day").expect("a valid id");
     let counter_key = (args.get(3).map(String::as_str) == Some("counters"))
         .then(|| policy_key(&fill_policy(&policy)));
-    let now = Utc::now();
     let started = Instant::now();
     let mut i = 0;
     while i < n {
