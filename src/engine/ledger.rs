@@ -147,12 +147,6 @@ pub trait LedgerStore: Send + Sync + 'static {
         &self,
         ids: &[String],
     ) -> Result<std::collections::HashMap<String, i64>, LedgerError>;
-    /// Whether appends may run two at a time to advantage: the drain then moves the
-    /// streams in two lanes, each inserting while the other reads. (Postgres: each append
-    /// is one statement, on a core of its own; SQLite has one writer at a time.)
-    fn appends_in_parallel(&self) -> bool {
-        false
-    }
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

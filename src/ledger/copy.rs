@@ -82,8 +82,8 @@ impl From<LedgerError> for Attempt {
 /// table when `skipping` entries already there), and the alert `events`.
 ///
 /// The entries go in one statement, whose trigger adds to the hourly rollups at its end,
-/// in key order (and the denials' after the hours'): two appends at once lock those rows
-/// in the same order, and cannot deadlock. (Inserted over several statements, each
+/// in key order (and the denials' after the hours'): two appends at once (two instances'
+/// drains) lock those rows in the same order, and cannot deadlock. (Inserted over several statements, each
 /// locking its own hours, they did: appends were then taken one at a time.)
 async fn append_copied(
     pool: &PgPool,

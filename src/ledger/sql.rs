@@ -483,10 +483,6 @@ where
         self.select_top_denied(from, to, action, limit).await
     }
 
-    fn appends_in_parallel(&self) -> bool {
-        self.postgres().is_some()
-    }
-
     async fn delete_older_than(
         &self,
         cutoff: DateTime<Utc>,
