@@ -142,11 +142,21 @@ pub trait LedgerStore: Send + Sync + 'static {
         &self,
         events: &[crate::engine::alerts::AlertEvent],
     ) -> Result<(), LedgerError>;
+    /// The `seq` up to which every entry is settled (committed, or never to be), for the
+    /// readers that follow the ledger by `seq`: appends may run several at once, and one
+    /// commit higher numbers before another commits lower ones. `None` for an empty ledger.
+    async fn settled_seq(&self) -> Result<Option<i64>, LedgerError>;
     /// The `seq` of each of `ids` the ledger holds.
     async fn seqs_of(
         &self,
         ids: &[String],
     ) -> Result<std::collections::HashMap<String, i64>, LedgerError>;
+    /// Whether appends may run two at a time to advantage: the drain then moves the
+    /// streams in two lanes, each inserting while the other reads. (Postgres: each append
+    /// is one statement, on a core of its own; SQLite has one writer at a time.)
+    fn appends_in_parallel(&self) -> bool {
+        false
+    }
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

@@ -33,6 +33,41 @@ const STAGING: [&str; 2] = [
          detail text, attributes jsonb) ON COMMIT DELETE ROWS",
 ];
 
+/// The advisory lock every append holds, shared, until it commits, and [`settled_seq`]
+/// takes alone for a moment ("qlappend" in ASCII).
+const APPENDS: i64 = 0x716c_6170_7065_6e64;
+
+/// An append's transaction begins with its share of [`APPENDS`], in the same round trip.
+const BEGIN_APPEND: &str = "BEGIN; SELECT pg_advisory_xact_lock_shared(8173014559320534628)";
+
+/// The `seq` up to which every entry is settled: committed, or never to be. Appends run
+/// several at a time (the drain's lanes, several instances), and take their `seq`s as
+/// their rows go in: one may commit the higher numbers before another the lower. A reader
+/// that follows the ledger by `seq` (a verify, a checkpoint) reads up to this number
+/// only: it waits (at most [`SETTLE_WAIT`]) until no append is in flight, and takes the
+/// highest `seq` then, which any later append exceeds.
+pub(super) async fn settled_seq(pool: &PgPool) -> Result<Option<i64>, LedgerError> {
+    let mut tx = pool.begin().await.map_err(db_error)?;
+    sqlx::query(SETTLE_WAIT)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(APPENDS)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    let seq: Option<i64> = sqlx::query_scalar("SELECT max(seq) FROM ledger_entries")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    tx.commit().await.map_err(db_error)?;
+    Ok(seq)
+}
+
+/// How long [`settled_seq`] waits for the appends in flight: far longer than one takes.
+const SETTLE_WAIT: &str = "SET LOCAL lock_timeout = '10s'";
+
 /// Inserts `entries`, and the alert `events` they record, in one transaction, skipping
 /// those already there; returns how many entries were new.
 pub(super) async fn append(
@@ -82,16 +117,17 @@ impl From<LedgerError> for Attempt {
 /// table when `skipping` entries already there), and the alert `events`.
 ///
 /// The entries go in one statement, whose trigger adds to the hourly rollups at its end,
-/// in key order (and the denials' after the hours'): two appends at once (two instances'
-/// drains) lock those rows in the same order, and cannot deadlock. (Inserted over several statements, each
-/// locking its own hours, they did: appends were then taken one at a time.)
+/// in key order (and the denials' after the hours'): two appends at once (the drain's
+/// lanes, several instances' drains) lock those rows in the same order, and cannot
+/// deadlock. (Inserted over several statements, each locking its own hours, they did:
+/// appends were then taken one at a time.)
 async fn append_copied(
     pool: &PgPool,
     data: &[u8],
     events: &[AlertEvent],
     skipping: bool,
 ) -> Result<u64, Attempt> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin_with(BEGIN_APPEND).await?;
     let inserted = if skipping {
         for statement in STAGING {
             sqlx::query(statement).execute(&mut *tx).await?;
@@ -204,6 +240,11 @@ fn jsonb(out: &mut Vec<u8>, json: Option<&[u8]>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_append_begins_with_its_share_of_the_appends_lock() {
+        assert!(BEGIN_APPEND.ends_with(&format!("({APPENDS})")));
+    }
 
     #[test]
     fn timestamps_count_from_the_postgres_epoch() {

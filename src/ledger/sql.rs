@@ -405,6 +405,17 @@ where
         Ok(())
     }
 
+    async fn settled_seq(&self) -> Result<Option<i64>, LedgerError> {
+        if let Some(pool) = self.postgres() {
+            return super::copy::settled_seq(pool).await;
+        }
+        // SQLite has one writer at a time: the entries committed are a prefix of `seq`s.
+        sqlx::query_scalar("SELECT max(seq) FROM ledger_entries")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
     async fn seqs_of(&self, ids: &[String]) -> Result<HashMap<String, i64>, LedgerError> {
         let mut seqs = HashMap::new();
         for chunk in ids.chunks(500) {
@@ -481,6 +492,10 @@ where
         limit: u32,
     ) -> Result<Vec<DeniedSubject>, LedgerError> {
         self.select_top_denied(from, to, action, limit).await
+    }
+
+    fn appends_in_parallel(&self) -> bool {
+        self.postgres().is_some()
     }
 
     async fn delete_older_than(

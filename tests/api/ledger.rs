@@ -6,6 +6,7 @@ mod drain;
 mod http;
 mod paging;
 mod partitions;
+mod settled;
 mod sql;
 
 use crate::helpers::{fresh_settings, start_instant, CounterBackend, FreshSettings, PolicyBackend};

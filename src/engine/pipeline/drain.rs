@@ -42,6 +42,9 @@ const _: () = assert!(SHARDS <= 64);
 /// Every shard.
 const ALL: u64 = u64::MAX >> (64 - SHARDS);
 
+/// The even shards.
+const EVEN: u64 = 0x5555_5555_5555_5555 & ALL;
+
 impl Appends {
     /// A call to the store may have appended to `shard`'s stream.
     pub fn appended(&self, shard: u16) {
@@ -182,6 +185,32 @@ impl Drainer {
         claim: u64,
         moved: &mut usize,
     ) -> anyhow::Result<()> {
+        if !self.ledger.appends_in_parallel() {
+            return self.run_lane(shards, retry, claim, moved).await;
+        }
+        // Two lanes, the even shards and the odd ones: each inserts while the other reads,
+        // and the ledger's database inserts two transactions at once.
+        let (mut even_moved, mut odd_moved) = (0, 0);
+        let (even, odd) = tokio::join!(
+            self.run_lane(shards & EVEN, retry, claim, &mut even_moved),
+            self.run_lane(shards & !EVEN, retry, claim, &mut odd_moved),
+        );
+        *moved += even_moved + odd_moved;
+        even.and(odd)
+    }
+
+    /// A lane of [`Drainer::run_pass`]: the streams of `shards`, one transaction's worth
+    /// at a time.
+    async fn run_lane(
+        &self,
+        shards: u64,
+        retry: u64,
+        claim: u64,
+        moved: &mut usize,
+    ) -> anyhow::Result<()> {
+        if shards == 0 {
+            return Ok(());
+        }
         let mut cursor = Cursor::over(&self.prefix, shards, retry, claim);
         let mut next = self.gather(&mut cursor).await?;
         while !cursor.is_done() {

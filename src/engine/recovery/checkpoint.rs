@@ -8,9 +8,11 @@
 //! janitor keeps it when `QUOTA_CHECKPOINT_EVERY_S` is set: that often, it replays the
 //! entries committed since the last checkpoint into the state it keeps in memory (loaded
 //! from the table when it has none, or another instance saved a newer one), up to the last
-//! entry that was committed [`SETTLE`] earlier, and saves the new state. Appends are
-//! serialized (Postgres takes the append lock, SQLite has one writer), so the entries up
-//! to a `seq` are a prefix that no later commit changes.
+//! entry that was committed [`SETTLE`] earlier, and saves the new state. Appends may run
+//! several at a time on Postgres, and one commit higher `seq`s before another commits lower
+//! ones: the checkpoint first waits until that `seq` is settled (`LedgerStore::
+//! settled_seq`: no append in flight holds a lower one), so the entries up to it are a
+//! prefix that no later commit changes.
 //!
 //! A rebuild (`shards`) loads the checkpoint into its scratch store and replays only the
 //! entries after it. The entries after it are replayed by the time they were made, as a
@@ -127,6 +129,16 @@ impl Engine {
             }
         };
         if covered.is_some_and(|covered| covered >= until) {
+            checkpoints.state = covered.map(|covered| (store, covered));
+            return Ok(None);
+        }
+        // Every entry up to `until` is in: no append in flight holds a lower `seq`.
+        if self
+            .ledger
+            .settled_seq()
+            .await?
+            .is_none_or(|settled| settled < until)
+        {
             checkpoints.state = covered.map(|covered| (store, covered));
             return Ok(None);
         }

@@ -6,18 +6,21 @@
 //! drain inserts entries into SQL before it deletes them from the stream. A verify:
 //!
 //! 1. lists the counters Redis holds, and replays the ledger's horizon from SQL into a
-//!    scratch store (the bulk of the work, while the drain goes on);
+//!    scratch store (the bulk of the work, while the drain goes on), up to the `seq`
+//!    every entry below which is settled (`LedgerStore::settled_seq`: appends run several
+//!    at a time, and one may commit higher `seq`s before another commits lower ones);
 //! 2. **holds deletions** from every stream (`ShardStates::hold_deletes`): the drain still
 //!    inserts and acknowledges, but what it drains stays in its stream;
-//! 3. replays what SQL received since step 1;
+//! 3. replays what SQL received since step 1, up to the `seq` settled now;
 //! 4. per shard, reads the shard's stream and counters **at one instant** (one script);
 //!    the entries of the stream that those replays did not read are replayed, and the shard's
 //!    counters are compared with the replay's, as usage at one instant;
 //! 5. lets deletions go on (and deletes what was held).
 //!
 //! Every entry appended to a shard's stream before its instant is then in SQL as read in
-//! step 1 or 3, or still in the stream (nothing left it since step 2); none appended after
-//! it was read (SQL was read before). A consume in flight has changed both sides or
+//! step 1 or 3 (its `seq` is at most the settled one), or still in the stream (nothing
+//! left it since step 2), where an entry with a higher `seq`, or none, is replayed from;
+//! none appended after it was read (SQL was read before). A consume in flight has changed both sides or
 //! neither, so it never shows as drift.
 //!
 //! A budget shared by subjects (its scope does not name the subject) is charged by entries
@@ -136,11 +139,17 @@ impl Engine {
             target: scratch(),
             replayer: Replayer::after(None),
         });
-        self.replay_pages(&mut own.replayer, own.target.as_ref(), None, learn)
+        let settled = self.settled_seq().await?;
+        self.replay_pages(&mut own.replayer, own.target.as_ref(), settled, learn)
             .await?;
         if let Some(wide) = wide.as_mut() {
-            self.replay_pages(&mut wide.replayer, wide.target.as_ref(), None, &wide_wants)
-                .await?;
+            self.replay_pages(
+                &mut wide.replayer,
+                wide.target.as_ref(),
+                settled,
+                &wide_wants,
+            )
+            .await?;
         }
         let token = uuid::Uuid::new_v4().simple().to_string();
         shards
@@ -209,7 +218,8 @@ impl Engine {
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
     ) -> Result<Read, VerifyError> {
-        self.replay_pages(&mut own.replayer, own.target.as_ref(), None, learn)
+        let settled = self.settled_seq().await?;
+        self.replay_pages(&mut own.replayer, own.target.as_ref(), settled, learn)
             .await?;
         let shared_known: BTreeSet<String> = known
             .lock()
@@ -249,8 +259,13 @@ impl Engine {
         self.replay_streamed(&mut own.replayer, own.target.as_ref(), streamed_own)
             .await?;
         if let Some(wide) = wide {
-            self.replay_pages(&mut wide.replayer, wide.target.as_ref(), None, &wide_wants)
-                .await?;
+            self.replay_pages(
+                &mut wide.replayer,
+                wide.target.as_ref(),
+                settled,
+                &wide_wants,
+            )
+            .await?;
             if self.deployment.cluster() {
                 match self
                     .settled_cut(shards, token, &wide.replayer, shared_known)
@@ -374,6 +389,14 @@ impl Engine {
             }
         }
         Ok(None)
+    }
+
+    /// The `seq` SQL is read up to: every entry up to it is committed, or never will be
+    /// (appends run several at a time, and may commit out of `seq` order). `Some(0)` for
+    /// an empty ledger.
+    async fn settled_seq(&self) -> Result<Option<i64>, VerifyError> {
+        let settled = self.ledger.settled_seq().await.map_err(EngineError::from)?;
+        Ok(Some(settled.unwrap_or(0)))
     }
 
     /// The counters of `group`'s shards the ledger knows of.

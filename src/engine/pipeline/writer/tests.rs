@@ -64,6 +64,10 @@ impl LedgerStore for FakeStore {
         Ok(())
     }
 
+    async fn settled_seq(&self) -> Result<Option<i64>, LedgerError> {
+        Ok(None)
+    }
+
     async fn seqs_of(
         &self,
         _ids: &[String],
