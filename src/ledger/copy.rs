@@ -40,29 +40,50 @@ const APPENDS: i64 = 0x716c_6170_7065_6e64;
 /// An append's transaction begins with its share of [`APPENDS`], in the same round trip.
 const BEGIN_APPEND: &str = "BEGIN; SELECT pg_advisory_xact_lock_shared(8173014559320534628)";
 
-/// The `seq` up to which every entry is settled: committed, or never to be. Appends run
-/// several at a time (the drain's lanes, several instances), and take their `seq`s as
-/// their rows go in: one may commit the higher numbers before another the lower. A reader
-/// that follows the ledger by `seq` (a verify, a checkpoint) reads up to this number
-/// only: it waits (at most [`SETTLE_WAIT`]) until no append is in flight, and takes the
-/// highest `seq` then, which any later append exceeds.
-pub(super) async fn settled_seq(pool: &PgPool) -> Result<Option<i64>, LedgerError> {
-    let mut tx = pool.begin().await.map_err(db_error)?;
-    sqlx::query(SETTLE_WAIT)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_error)?;
+/// The highest `seq` of `table` (`ledger_entries` or `alert_events`, which appends write
+/// in the same transaction) up to which every row is settled: committed, or never to be.
+/// Appends run several at a time (the drain's lanes, several instances), and take their
+/// `seq`s as their rows go in: one may commit the higher numbers before another the lower.
+/// A reader that follows `table` by `seq` (a verify, a checkpoint, the webhooks'
+/// dispatcher) reads up to this number only: it waits (at most [`SETTLE_WAIT`]) until no
+/// append is in flight, and takes the highest `seq` then, which any later append exceeds.
+pub(crate) async fn settled_seq(
+    pool: &PgPool,
+    table: Followed,
+) -> Result<Option<i64>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(SETTLE_WAIT).execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(APPENDS)
         .execute(&mut *tx)
-        .await
-        .map_err(db_error)?;
-    let seq: Option<i64> = sqlx::query_scalar("SELECT max(seq) FROM ledger_entries")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db_error)?;
-    tx.commit().await.map_err(db_error)?;
+        .await?;
+    let seq: Option<i64> = sqlx::query_scalar(match table {
+        Followed::Entries => "SELECT max(seq) FROM ledger_entries",
+        Followed::Events => "SELECT max(seq) FROM alert_events",
+    })
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
     Ok(seq)
+}
+
+/// A table that appends write and readers follow by `seq`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Followed {
+    /// `ledger_entries`.
+    Entries,
+    /// `alert_events`, the outbox.
+    Events,
+}
+
+/// Adds alert `events` to the outbox outside an entry's transaction, holding the
+/// appends' lock as an append does (see [`settled_seq`]).
+pub(super) async fn add_events(pool: &PgPool, events: &[AlertEvent]) -> Result<(), LedgerError> {
+    let mut tx = pool.begin_with(BEGIN_APPEND).await.map_err(db_error)?;
+    for chunk in events.chunks(ROWS_PER_INSERT) {
+        SqlLedgerStore::<sqlx::Postgres>::insert_events(&mut tx, chunk).await?;
+    }
+    tx.commit().await.map_err(db_error)
 }
 
 /// How long [`settled_seq`] waits for the appends in flight: far longer than one takes.

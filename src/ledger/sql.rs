@@ -398,6 +398,9 @@ where
     }
 
     async fn add_events(&self, events: &[AlertEvent]) -> Result<(), LedgerError> {
+        if let Some(pool) = self.postgres() {
+            return super::copy::add_events(pool, events).await;
+        }
         let mut conn = self.pool.acquire().await.map_err(db_error)?;
         for chunk in events.chunks(ROWS_PER_INSERT) {
             Self::insert_events(&mut conn, chunk).await?;
@@ -407,7 +410,9 @@ where
 
     async fn settled_seq(&self) -> Result<Option<i64>, LedgerError> {
         if let Some(pool) = self.postgres() {
-            return super::copy::settled_seq(pool).await;
+            return super::copy::settled_seq(pool, super::copy::Followed::Entries)
+                .await
+                .map_err(db_error);
         }
         // SQLite has one writer at a time: the entries committed are a prefix of `seq`s.
         sqlx::query_scalar("SELECT max(seq) FROM ledger_entries")

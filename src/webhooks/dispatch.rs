@@ -139,10 +139,21 @@ impl Dispatcher {
                 .store(now.timestamp_millis(), Ordering::Relaxed);
             self.store.forget_delivered(now - keep_delivered()).await?;
         }
-        let endpoints = self.store.list().await?;
+        let endpoints: Vec<Webhook> = self
+            .store
+            .list()
+            .await?
+            .into_iter()
+            .filter(|w| w.enabled)
+            .collect();
+        if endpoints.is_empty() {
+            return Ok(());
+        }
+        // Events up to here only: one with a lower `seq` may still commit after them.
+        let upto = self.store.settled_event_seq().await?;
         let mut rounds = Vec::new();
-        for endpoint in endpoints.into_iter().filter(|w| w.enabled) {
-            while self.store.fan_out(&endpoint, now, 500).await? == 500 {}
+        for endpoint in endpoints {
+            while self.store.fan_out(&endpoint, now, 500, upto).await? == 500 {}
             rounds.push(self.deliver_due(endpoint, now));
         }
         for result in join_all(rounds).await {

@@ -215,18 +215,36 @@ impl WebhookStore {
         Self { pool }
     }
 
-    /// Creates `w`; its cursor starts after the newest event (it receives what comes next).
+    /// The `seq` of the outbox up to which every event is settled: committed, or never to
+    /// be. Appends run several at a time and may commit out of `seq` order (see
+    /// `ledger::copy::settled_seq`); on SQLite, one writer at a time. 0 for none.
+    pub(crate) async fn settled_event_seq(&self) -> Result<i64> {
+        let seq = match &self.pool {
+            Pool::Postgres(p) => {
+                crate::ledger::copy::settled_seq(p, crate::ledger::copy::Followed::Events).await?
+            }
+            Pool::Sqlite(p) => {
+                sqlx::query_scalar("SELECT MAX(seq) FROM alert_events")
+                    .fetch_one(p)
+                    .await?
+            }
+        };
+        Ok(seq.unwrap_or(0))
+    }
+
+    /// Creates `w`; its cursor starts after the newest settled event (it receives what
+    /// comes next).
     pub(crate) async fn insert(&self, w: &Webhook) -> Result<()> {
+        let cursor = self.settled_event_seq().await?;
         on_pool!(&self.pool, p => {
             sqlx::query(&format!(
                 "INSERT INTO webhooks ({WEBHOOK_COLUMNS}, cursor_seq) VALUES ($1, $2, $3, $4, \
-                 $5, $6, $7, $8, $9, $10, $11, $12, \
-                 (SELECT COALESCE(MAX(seq), 0) FROM alert_events))"
+                 $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             ))
             .bind(&w.id).bind(&w.url).bind(&w.secret).bind(&w.previous_secret)
             .bind(w.previous_until).bind(w.events.join(",")).bind(w.actions.join(","))
             .bind(w.enabled).bind(w.failing_since).bind(w.disabled_at)
-            .bind(w.created_at).bind(w.updated_at)
+            .bind(w.created_at).bind(w.updated_at).bind(cursor)
             .execute(p).await?;
         });
         Ok(())
@@ -280,14 +298,18 @@ impl WebhookStore {
         Ok(done == 1)
     }
 
-    /// Up to `limit` events after `w`'s cursor become its deliveries (those it wants), due
-    /// at `now`, and its cursor moves past them; a cursor that moved meanwhile (another
-    /// dispatcher) leaves everything as it was. How many events it looked at.
+    /// Up to `limit` events after `w`'s cursor, and up to the settled `upto`
+    /// ([`Self::settled_event_seq`]: an event with a lower `seq` may commit after one with
+    /// a higher, and a cursor moved past it would never deliver it), become its deliveries
+    /// (those it wants), due at `now`, and its cursor moves past them; a cursor that moved
+    /// meanwhile (another dispatcher) leaves everything as it was. How many events it
+    /// looked at.
     pub(crate) async fn fan_out(
         &self,
         w: &Webhook,
         now: DateTime<Utc>,
         limit: i64,
+        upto: i64,
     ) -> Result<usize> {
         on_pool!(&self.pool, p => {
             let mut tx = p.begin().await?;
@@ -295,9 +317,9 @@ impl WebhookStore {
                 .bind(&w.id).fetch_one(&mut *tx).await?;
             let events: Vec<EventRow> = sqlx::query_as(
                 "SELECT seq, id, event_type, CAST(payload AS TEXT) FROM alert_events \
-                 WHERE seq > $1 ORDER BY seq LIMIT $2",
+                 WHERE seq > $1 AND seq <= $3 ORDER BY seq LIMIT $2",
             )
-            .bind(cursor).bind(limit).fetch_all(&mut *tx).await?;
+            .bind(cursor).bind(limit).bind(upto).fetch_all(&mut *tx).await?;
             let Some(&(last, ..)) = events.last() else {
                 return Ok(0);
             };

@@ -442,6 +442,51 @@ crate::on_counter_stores!(
 );
 
 /// `quota-ledger webhooks ARGS` against `app`: exit status, stdout, stderr.
+/// An event that commits after one with a higher `seq` is delivered too. Two appends at
+/// once (the drain's two lanes, two instances) do that: each holds the appends' advisory
+/// lock, shared, until it commits (as here, by hand), and the dispatcher moves a cursor
+/// only up to the `seq` every event below which is settled. Moved past the lower one, it
+/// would never deliver it.
+#[tokio::test]
+async fn an_event_committed_after_a_later_one_is_delivered_too_on_postgres() {
+    let app = spawn_app(PolicyBackend::Postgres, CounterBackend::Memory).await;
+    let receiver = Receiver::start(0).await;
+    let (status, created) = create_webhook(&app, json!({"id": "ops", "url": receiver.url})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let pool = sqlx::PgPool::connect(&app.settings.database_url)
+        .await
+        .unwrap();
+    let append = |id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SELECT pg_advisory_xact_lock_shared(8173014559320534628)")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO alert_events (id, event_type, at, payload) \
+                 VALUES ($1, 'budget.threshold', now(), $2)",
+            )
+            .bind(id)
+            .bind(json!({"id": id, "type": "budget.threshold", "action": "sms.send"}))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            tx
+        }
+    };
+    let slow = append("ev-slow").await;
+    append("ev-fast").await.commit().await.unwrap();
+    // Ticks of the dispatcher pass while the slow one is in flight.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    slow.commit().await.unwrap();
+    let got = receiver.until(&app, 0, |got| got.len() >= 2).await;
+    let mut ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["ev-fast", "ev-slow"]);
+}
+
 async fn webhooks_cli(app: &TestApp, args: &[&str]) -> (i32, String, String) {
     let args: Vec<&str> = std::iter::once("webhooks")
         .chain(args.iter().copied())
