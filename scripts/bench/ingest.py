@@ -8,7 +8,12 @@ on `ledger_entries` that another session takes (its inserts wait, as in an outag
 database), while wrk runs the calendar-day row at 100k subjects; the entries wait in
 Redis. Then the lock goes, and the row times how long the drain takes to move them all
 into SQL with no traffic: entries/s, beside the target of 50,000. The entries are
-counted in SQL afterwards: every one waiting was inserted."""
+counted in SQL afterwards: every one waiting was inserted.
+
+The row runs `ROUNDS` times, each on a fresh database, and prints the median beside
+every round: the first round on the bench's fresh Postgres also creates the write-ahead
+log's files (later ones recycle them, as a server that has run a while does), and the
+rounds differ by up to a fifth on this machine."""
 
 from __future__ import annotations
 
@@ -25,6 +30,9 @@ from processes import Failure, log
 # How many entries the drain must move for the row to count (a shorter run measures the
 # first transaction's latency more than the drain's rate).
 MIN_ENTRIES = 50000
+
+# How many times the row runs; the median is the figure.
+ROUNDS = 3
 
 # The application name of the session that holds the ledger table.
 LOCKER = "bench-ingest-lock"
@@ -55,7 +63,14 @@ def measure_postgres_ingest(bench: Bench) -> None:
     if admin is None or shutil.which("psql") is None:
         log("Postgres ingest: no private Postgres (run through scripts/bench.sh); row skipped")
         return
-    name = f"bench_ingest_{os.getpid()}"
+    rounds: List[Ingest] = []
+    for round_ in range(ROUNDS):
+        rounds.append(_measure_once(bench, admin, round_))
+    bench.results.ingest = rounds
+
+
+def _measure_once(bench: Bench, admin: str, round_: int) -> Ingest:
+    name = f"bench_ingest_{os.getpid()}_{round_}"
     _psql(admin, f"CREATE DATABASE {name}")
     url = admin.rsplit("/", 1)[0] + f"/{name}"
     env = {"DATABASE_URL": url, "QUOTA_LEDGER_BACKLOG_MAX": "100000000"}
@@ -91,7 +106,9 @@ def measure_postgres_ingest(bench: Bench) -> None:
         rows = int(_psql(url, "SELECT count(*) FROM ledger_entries"))
         if rows < waiting:
             raise Failure(f"{rows} entries in SQL once none waited, of {waiting} (a scrape of /metrics failed?)")
-        bench.results.ingest = Ingest(waiting, round(drained, 2), rows)
+        measured = Ingest(waiting, round(drained, 2), rows)
+        log(f"Postgres ingest: round {round_ + 1}: {waiting / measured.seconds:.0f} entries/s")
+        return measured
     finally:
         service.stop()
         bench.redis.flushall()
@@ -112,11 +129,15 @@ def _wait_locked(url: str) -> None:
 
 
 def ingest_targets(results, target, at_least) -> List[str]:  # type: ignore[no-untyped-def]
-    ingest: Optional[Ingest] = results.ingest
-    if ingest is None:
+    rounds: Optional[List[Ingest]] = results.ingest
+    if not rounds:
         return []
-    rate = ingest.entries / ingest.seconds if ingest.seconds > 0 else 0.0
-    label = f"Postgres ingest: the drain from a full backlog ({ingest.entries} entries), service idle, entries/s"
-    out = [target(label, f"{rate:.0f}", ">= 50000", at_least(f"{rate}", 50000))]
-    out.append(target("  entries in SQL afterwards (every one waiting, and those before)", str(ingest.rows)))
+    rates = sorted(r.entries / r.seconds if r.seconds > 0 else 0.0 for r in rounds)
+    median = rates[len(rates) // 2]
+    entries = ", ".join(str(r.entries) for r in rounds)
+    label = f"Postgres ingest: the drain from a full backlog ({entries} entries), service idle, entries/s, median of {len(rounds)}"
+    each = " / ".join(f"{r.entries / r.seconds:.0f}" if r.seconds > 0 else "0" for r in rounds)
+    out = [target(label, f"{median:.0f} ({each})", ">= 50000", at_least(f"{median}", 50000))]
+    rows = ", ".join(str(r.rows) for r in rounds)
+    out.append(target("  entries in SQL afterwards (every one waiting, and those before)", rows))
     return out
