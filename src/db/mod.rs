@@ -3,6 +3,7 @@
 //! the binary so a deployment is one file. `dialect.rs` holds what the stores, each written
 //! once for both databases, need to know of the one they run on.
 
+pub(crate) mod appends;
 mod dialect;
 mod migrations;
 

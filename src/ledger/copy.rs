@@ -33,61 +33,18 @@ const STAGING: [&str; 2] = [
          detail text, attributes jsonb) ON COMMIT DELETE ROWS",
 ];
 
-/// The advisory lock every append holds, shared, until it commits, and [`settled_seq`]
-/// takes alone for a moment ("qlappend" in ASCII).
-const APPENDS: i64 = 0x716c_6170_7065_6e64;
-
-/// An append's transaction begins with its share of [`APPENDS`], in the same round trip.
-const BEGIN_APPEND: &str = "BEGIN; SELECT pg_advisory_xact_lock_shared(8173014559320534628)";
-
-/// The highest `seq` of `table` (`ledger_entries` or `alert_events`, which appends write
-/// in the same transaction) up to which every row is settled: committed, or never to be.
-/// Appends run several at a time (the drain's lanes, several instances), and take their
-/// `seq`s as their rows go in: one may commit the higher numbers before another the lower.
-/// A reader that follows `table` by `seq` (a verify, a checkpoint, the webhooks'
-/// dispatcher) reads up to this number only: it waits (at most [`SETTLE_WAIT`]) until no
-/// append is in flight, and takes the highest `seq` then, which any later append exceeds.
-pub(crate) async fn settled_seq(
-    pool: &PgPool,
-    table: Followed,
-) -> Result<Option<i64>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query(SETTLE_WAIT).execute(&mut *tx).await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(APPENDS)
-        .execute(&mut *tx)
-        .await?;
-    let seq: Option<i64> = sqlx::query_scalar(match table {
-        Followed::Entries => "SELECT max(seq) FROM ledger_entries",
-        Followed::Events => "SELECT max(seq) FROM alert_events",
-    })
-    .fetch_one(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(seq)
-}
-
-/// A table that appends write and readers follow by `seq`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Followed {
-    /// `ledger_entries`.
-    Entries,
-    /// `alert_events`, the outbox.
-    Events,
-}
-
 /// Adds alert `events` to the outbox outside an entry's transaction, holding the
-/// appends' lock as an append does (see [`settled_seq`]).
+/// appends' lock as an append does (`db::appends`).
 pub(super) async fn add_events(pool: &PgPool, events: &[AlertEvent]) -> Result<(), LedgerError> {
-    let mut tx = pool.begin_with(BEGIN_APPEND).await.map_err(db_error)?;
+    let mut tx = pool
+        .begin_with(crate::db::appends::BEGIN_APPEND)
+        .await
+        .map_err(db_error)?;
     for chunk in events.chunks(ROWS_PER_INSERT) {
         SqlLedgerStore::<sqlx::Postgres>::insert_events(&mut tx, chunk).await?;
     }
     tx.commit().await.map_err(db_error)
 }
-
-/// How long [`settled_seq`] waits for the appends in flight: far longer than one takes.
-const SETTLE_WAIT: &str = "SET LOCAL lock_timeout = '10s'";
 
 /// Inserts `entries`, and the alert `events` they record, in one transaction, skipping
 /// those already there; returns how many entries were new.
@@ -148,7 +105,7 @@ async fn append_copied(
     events: &[AlertEvent],
     skipping: bool,
 ) -> Result<u64, Attempt> {
-    let mut tx = pool.begin_with(BEGIN_APPEND).await?;
+    let mut tx = pool.begin_with(crate::db::appends::BEGIN_APPEND).await?;
     let inserted = if skipping {
         for statement in STAGING {
             sqlx::query(statement).execute(&mut *tx).await?;
@@ -261,11 +218,6 @@ fn jsonb(out: &mut Vec<u8>, json: Option<&[u8]>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_append_begins_with_its_share_of_the_appends_lock() {
-        assert!(BEGIN_APPEND.ends_with(&format!("({APPENDS})")));
-    }
 
     #[test]
     fn timestamps_count_from_the_postgres_epoch() {

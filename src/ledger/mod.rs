@@ -8,7 +8,7 @@
 //! written to SQL directly by the engine's group-commit writer before the answer.
 
 pub mod activity;
-pub(crate) mod copy;
+mod copy;
 mod cursor;
 pub mod instances;
 pub mod partitions;

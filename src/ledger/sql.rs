@@ -410,7 +410,7 @@ where
 
     async fn settled_seq(&self) -> Result<Option<i64>, LedgerError> {
         if let Some(pool) = self.postgres() {
-            return super::copy::settled_seq(pool, super::copy::Followed::Entries)
+            return crate::db::appends::settled_seq(pool, crate::db::appends::Followed::Entries)
                 .await
                 .map_err(db_error);
         }

@@ -217,11 +217,11 @@ impl WebhookStore {
 
     /// The `seq` of the outbox up to which every event is settled: committed, or never to
     /// be. Appends run several at a time and may commit out of `seq` order (see
-    /// `ledger::copy::settled_seq`); on SQLite, one writer at a time. 0 for none.
+    /// `db::appends`); on SQLite, one writer at a time. 0 for none.
     pub(crate) async fn settled_event_seq(&self) -> Result<i64> {
         let seq = match &self.pool {
             Pool::Postgres(p) => {
-                crate::ledger::copy::settled_seq(p, crate::ledger::copy::Followed::Events).await?
+                crate::db::appends::settled_seq(p, crate::db::appends::Followed::Events).await?
             }
             Pool::Sqlite(p) => {
                 sqlx::query_scalar("SELECT MAX(seq) FROM alert_events")
