@@ -139,18 +139,7 @@ impl Engine {
             target: scratch(),
             replayer: Replayer::after(None),
         });
-        let settled = self.settled_seq().await?;
-        self.replay_pages(&mut own.replayer, own.target.as_ref(), settled, learn)
-            .await?;
-        if let Some(wide) = wide.as_mut() {
-            self.replay_pages(
-                &mut wide.replayer,
-                wide.target.as_ref(),
-                settled,
-                &wide_wants,
-            )
-            .await?;
-        }
+        self.replay_settled(&mut own, wide.as_mut(), learn).await?;
         let token = uuid::Uuid::new_v4().simple().to_string();
         shards
             .hold_deletes(&token, HOLD_MS)
@@ -213,14 +202,12 @@ impl Engine {
         &self,
         shards: &Arc<dyn ShardStates>,
         token: &str,
-        (own, wide): (&mut Side, Option<&mut Side>),
+        (own, mut wide): (&mut Side, Option<&mut Side>),
         mut listed: BTreeMap<u16, Vec<String>>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
     ) -> Result<Read, VerifyError> {
-        let settled = self.settled_seq().await?;
-        self.replay_pages(&mut own.replayer, own.target.as_ref(), settled, learn)
-            .await?;
+        self.replay_settled(own, wide.as_deref_mut(), learn).await?;
         let shared_known: BTreeSet<String> = known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -259,13 +246,6 @@ impl Engine {
         self.replay_streamed(&mut own.replayer, own.target.as_ref(), streamed_own)
             .await?;
         if let Some(wide) = wide {
-            self.replay_pages(
-                &mut wide.replayer,
-                wide.target.as_ref(),
-                settled,
-                &wide_wants,
-            )
-            .await?;
             if self.deployment.cluster() {
                 match self
                     .settled_cut(shards, token, &wide.replayer, shared_known)
@@ -391,12 +371,24 @@ impl Engine {
         Ok(None)
     }
 
-    /// The `seq` SQL is read up to: every entry up to it is committed, or never will be
-    /// (appends run several at a time, and may commit out of `seq` order). `Some(0)` for
-    /// an empty ledger.
-    async fn settled_seq(&self) -> Result<Option<i64>, VerifyError> {
+    /// Replays into each side what SQL holds beyond what it read, up to the `seq` settled
+    /// now: every entry up to it is committed, or never will be (appends run several at a
+    /// time, and may commit out of `seq` order).
+    async fn replay_settled(
+        &self,
+        own: &mut Side,
+        wide: Option<&mut Side>,
+        learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
+    ) -> Result<(), VerifyError> {
         let settled = self.ledger.settled_seq().await.map_err(EngineError::from)?;
-        Ok(Some(settled.unwrap_or(0)))
+        let until = Some(settled.unwrap_or(0));
+        self.replay_pages(&mut own.replayer, own.target.as_ref(), until, learn)
+            .await?;
+        if let Some(wide) = wide {
+            self.replay_pages(&mut wide.replayer, wide.target.as_ref(), until, &wide_wants)
+                .await?;
+        }
+        Ok(())
     }
 
     /// The counters of `group`'s shards the ledger knows of.
