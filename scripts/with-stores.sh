@@ -239,6 +239,10 @@ ensure_servers() {
 	if [[ -z $PG_BIN ]]; then
 		need+=(postgresql postgresql-client)
 	fi
+	# The TLS tests make their certificates with openssl; the clock tests skew one
+	# instance's clock with libfaketime.
+	command -v openssl >/dev/null || need+=(openssl)
+	command -v faketime >/dev/null || need+=(faketime)
 	((${#need[@]})) || return 0
 	[[ ${WITH_STORES_NO_INSTALL:-0} != 1 ]] || die "missing: ${need[*]} (WITH_STORES_NO_INSTALL=1)"
 	command -v apt-get >/dev/null || die "missing: ${need[*]}, and no apt-get to install them"

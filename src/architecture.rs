@@ -194,12 +194,13 @@ const LAYERS: &[(&str, &str)] = &[
     ("domain", ""),
     ("clock", ""),
     ("logs", ""),
-    ("db", ""),
+    ("tls", ""),
+    ("db", "tls"),
     ("telemetry", "logs"),
     ("keys", "domain"),
     ("access", "domain clock config"),
     ("engine", "domain clock keys logs"),
-    ("counters", "engine domain clock keys logs"),
+    ("counters", "engine domain clock keys logs tls"),
     ("ledger", "engine domain clock db logs"),
     ("policy", "engine domain db access"),
     ("metrics", "engine domain"),
@@ -214,7 +215,7 @@ const LAYERS: &[(&str, &str)] = &[
     ("grpc", "engine domain config metrics admission access"),
     (
         "startup",
-        "api engine domain clock counters ledger policy metrics config db grpc admission access logs webhooks",
+        "api engine domain clock counters ledger policy metrics config db grpc admission access logs webhooks tls",
     ),
 ];
 

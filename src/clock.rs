@@ -22,6 +22,45 @@ impl Clock for SystemClock {
     }
 }
 
+/// The system clock moved by an offset measured against the counter store's clock (Redis's
+/// `TIME`): with Redis, every instance places requests in their windows, expires holds and
+/// stamps entries by Redis's time, so instances whose clocks disagree decide alike.
+#[derive(Debug, Default)]
+pub(crate) struct OffsetClock {
+    /// The store's clock minus this machine's, in milliseconds.
+    offset_ms: AtomicI64,
+    /// Whether `offset_ms` was measured yet (before that, the system clock as it is).
+    measured: std::sync::atomic::AtomicBool,
+}
+
+impl OffsetClock {
+    /// Sets the measured offset: the store's clock minus this machine's, milliseconds.
+    pub(crate) fn set_offset_ms(&self, offset_ms: i64) {
+        self.offset_ms.store(offset_ms, Ordering::Release);
+        self.measured.store(true, Ordering::Release);
+    }
+
+    /// The offset last measured; `None` before the first measurement.
+    pub(crate) fn offset_ms(&self) -> Option<i64> {
+        self.measured
+            .load(Ordering::Acquire)
+            .then(|| self.offset_ms.load(Ordering::Acquire))
+    }
+
+    /// This machine's wall clock moved by the offset, Unix milliseconds.
+    pub(crate) fn now_ms(&self) -> i64 {
+        Utc::now().timestamp_millis() + self.offset_ms.load(Ordering::Acquire)
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc.timestamp_millis_opt(self.now_ms())
+            .single()
+            .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+    }
+}
+
 /// A clock that moves only when told to; for deterministic tests.
 #[derive(Debug)]
 pub struct FakeClock {

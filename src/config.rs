@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{ArgAction, Args};
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::engine::OnStoreError;
@@ -52,6 +53,13 @@ pub struct Settings {
     pub redis_urls: Vec<String>,
     /// Whether `redis_urls` are Redis Cluster nodes (`REDIS_CLUSTER`).
     pub redis_cluster: bool,
+    /// The primary found through Sentinel (`REDIS_SENTINELS`, `REDIS_SENTINEL_MASTER`);
+    /// `redis_urls` then holds at most one URL, whose scheme, user, password and database
+    /// are used to reach the primary (its host is not).
+    pub redis_sentinel: Option<SentinelSettings>,
+    /// Files for TLS to Redis (`rediss://`): a CA bundle instead of the system's roots,
+    /// and a client certificate with its key.
+    pub redis_tls: RedisTlsFiles,
     /// Serve on a Redis whose `maxmemory-policy` may evict keys
     /// (`QUOTA_REDIS_ALLOW_EVICTION`); refused by default.
     pub redis_allow_eviction: bool,
@@ -62,6 +70,12 @@ pub struct Settings {
     pub redis_prefix: String,
     /// Deadline of one Redis call (`QUOTA_REDIS_TIMEOUT_MS`).
     pub redis_timeout: Duration,
+    /// Replicas that must acknowledge a decision that charged before it is answered
+    /// (`QUOTA_REDIS_MIN_REPLICAS`); 0 answers at once.
+    pub redis_min_replicas: u32,
+    /// The offset of this machine's clock from Redis's past which the instance warns, once
+    /// a minute, and names it in `/readyz` (`QUOTA_MAX_CLOCK_OFFSET_MS`).
+    pub max_clock_offset: Duration,
     /// Bearer token for `/admin/*` (`QUOTA_ADMIN_TOKEN`); `None` generates one at start.
     pub admin_token: Option<Secret>,
     /// Bearer tokens for `/quota/*` (`QUOTA_CLIENT_TOKENS`); empty leaves them open.
@@ -111,6 +125,34 @@ pub struct Settings {
     pub checkpoint_every: Option<Duration>,
 }
 
+/// Where the sentinels are and which primary to ask them for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelSettings {
+    /// `host:port` of each sentinel (`REDIS_SENTINELS`).
+    pub sentinels: Vec<String>,
+    /// The name the sentinels know the primary by (`REDIS_SENTINEL_MASTER`).
+    pub master: String,
+}
+
+/// PEM files for TLS to Redis; each unset means the default (the system's roots, no
+/// client certificate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTlsFiles {
+    /// CA certificates that verify the server (`QUOTA_REDIS_CA_FILE`).
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate (`QUOTA_REDIS_CERT_FILE`); set with `key_file` or not at all.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (`QUOTA_REDIS_KEY_FILE`).
+    pub key_file: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Whether the counters live in Redis (a URL, or sentinels to find the primary).
+    pub fn uses_redis(&self) -> bool {
+        !self.redis_urls.is_empty() || self.redis_sentinel.is_some()
+    }
+}
+
 /// `url` with the password of its userinfo (`scheme://user:password@host`) masked.
 fn without_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -144,10 +186,14 @@ impl fmt::Debug for Settings {
             .field("database_url", &without_password(&self.database_url))
             .field("redis_urls", &redis)
             .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("redis_tls", &self.redis_tls)
             .field("redis_allow_eviction", &self.redis_allow_eviction)
             .field("webhook_allow_private", &self.webhook_allow_private)
             .field("redis_prefix", &self.redis_prefix)
             .field("redis_timeout", &self.redis_timeout)
+            .field("max_clock_offset", &self.max_clock_offset)
+            .field("redis_min_replicas", &self.redis_min_replicas)
             .field("admin_token", &self.admin_token)
             .field("client_tokens", &self.client_tokens)
             .field("on_store_error", &self.on_store_error)
@@ -167,12 +213,20 @@ impl fmt::Debug for Settings {
     }
 }
 
+/// The variables read outside the configuration's flags (by the logger and the trace
+/// exporter), told after `--help`.
+pub const READ_ELSEWHERE_HELP: &str = "Also read: RUST_LOG filters log lines (tracing \
+    EnvFilter syntax; default: info). OTEL_EXPORTER_OTLP_ENDPOINT (or \
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) exports traces over OTLP/HTTP; OTEL_SERVICE_NAME \
+    names the service in them (default: quota-ledger).";
+
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_DATABASE_URL: &str = "sqlite://quota-ledger.db";
 const DEFAULT_REDIS_CLUSTER: &str = "false";
 const DEFAULT_REDIS_ALLOW_EVICTION: &str = "false";
 const DEFAULT_REDIS_PREFIX: &str = "ql";
 const DEFAULT_REDIS_TIMEOUT_MS: &str = "50";
+const DEFAULT_MAX_CLOCK_OFFSET_MS: &str = "1000";
 const DEFAULT_ON_STORE_ERROR: &str = "deny";
 const DEFAULT_LOG_FORMAT: &str = "text";
 const DEFAULT_LEDGER_RETENTION_DAYS: &str = "400";
@@ -225,6 +279,35 @@ pub struct ConfigArgs {
         value_parser = switch(DEFAULT_REDIS_CLUSTER, "REDIS_CLUSTER"), action = ArgAction::Set,
         global = true)]
     redis_cluster: bool,
+    /// Comma-separated host:port of Redis Sentinels that name the primary (with
+    /// REDIS_SENTINEL_MASTER); REDIS_URL, if set, then gives only the scheme, user,
+    /// password and database of the primary.
+    #[arg(long, env = "REDIS_SENTINELS", value_name = "ADDRS", value_parser = list,
+        global = true)]
+    redis_sentinels: Option<Urls>,
+    /// The name the sentinels know the primary by.
+    #[arg(
+        long,
+        env = "REDIS_SENTINEL_MASTER",
+        value_name = "NAME",
+        global = true
+    )]
+    redis_sentinel_master: Option<String>,
+    /// PEM file of the CA certificates that verify Redis over TLS (rediss://).
+    /// Unset: the system's roots.
+    #[arg(long, env = "QUOTA_REDIS_CA_FILE", value_name = "FILE", global = true)]
+    redis_ca_file: Option<PathBuf>,
+    /// PEM file of a client certificate for TLS to Redis (with QUOTA_REDIS_KEY_FILE).
+    #[arg(
+        long,
+        env = "QUOTA_REDIS_CERT_FILE",
+        value_name = "FILE",
+        global = true
+    )]
+    redis_cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, env = "QUOTA_REDIS_KEY_FILE", value_name = "FILE", global = true)]
+    redis_key_file: Option<PathBuf>,
     /// Serve on a Redis whose maxmemory-policy may evict keys (counters, idempotency
     /// records, holds, undrained ledger entries), accepting that risk; refused by default.
     #[arg(long, env = "QUOTA_REDIS_ALLOW_EVICTION", value_name = "BOOL",
@@ -249,6 +332,20 @@ pub struct ConfigArgs {
         value_parser = whole::<u64>(DEFAULT_REDIS_TIMEOUT_MS, "QUOTA_REDIS_TIMEOUT_MS", "milliseconds", 0),
         global = true)]
     redis_timeout_ms: u64,
+    /// With Redis, decisions follow Redis's clock; past this offset of the machine's
+    /// clock from it (milliseconds) the instance warns once a minute and says so in /readyz.
+    #[arg(long, env = "QUOTA_MAX_CLOCK_OFFSET_MS", value_name = "MS",
+        default_value = DEFAULT_MAX_CLOCK_OFFSET_MS,
+        value_parser = whole::<u64>(DEFAULT_MAX_CLOCK_OFFSET_MS, "QUOTA_MAX_CLOCK_OFFSET_MS", "milliseconds", 0),
+        global = true)]
+    max_clock_offset_ms: u64,
+    /// Replicas that must acknowledge (WAIT) a consume or hold that charged before it is
+    /// answered; fewer in time answer 503 and give the charge back. Standalone Redis or
+    /// Sentinel.
+    #[arg(long, env = "QUOTA_REDIS_MIN_REPLICAS", value_name = "N", default_value = "0",
+        value_parser = whole::<u32>("0", "QUOTA_REDIS_MIN_REPLICAS", "replicas", 0),
+        global = true)]
+    redis_min_replicas: u32,
     /// Bearer token for /admin/* (prefer the variable: flags show in the process list).
     /// Unset: a random token is generated and printed at start.
     #[arg(long, env = "QUOTA_ADMIN_TOKEN", value_name = "TOKEN", value_parser = secret,
@@ -534,16 +631,43 @@ impl Settings {
         if args.redis_cluster && redis_urls.is_empty() {
             bail!("REDIS_CLUSTER=true needs REDIS_URL to list the cluster's nodes");
         }
+        let redis_sentinel = sentinel(
+            args.redis_sentinels.map(|urls| urls.0).unwrap_or_default(),
+            args.redis_sentinel_master,
+            args.redis_cluster,
+            &redis_urls,
+        )?;
+        if args.redis_min_replicas > 0 && args.redis_cluster {
+            bail!(
+                "QUOTA_REDIS_MIN_REPLICAS is not supported with REDIS_CLUSTER=true yet: use a \
+                 standalone Redis or Sentinel, or leave it 0"
+            );
+        }
+        let redis_tls = RedisTlsFiles {
+            ca_file: non_empty_path(args.redis_ca_file),
+            cert_file: non_empty_path(args.redis_cert_file),
+            key_file: non_empty_path(args.redis_key_file),
+        };
+        if redis_tls.cert_file.is_some() != redis_tls.key_file.is_some() {
+            bail!(
+                "QUOTA_REDIS_CERT_FILE and QUOTA_REDIS_KEY_FILE go together: a client \
+                 certificate needs its key, and a key its certificate"
+            );
+        }
         Ok(Self {
             listen: args.listen,
             grpc_listen: args.grpc_listen.and_then(|listen| listen.0),
             database_url: args.database_url,
             redis_urls,
             redis_cluster: args.redis_cluster,
+            redis_sentinel,
+            redis_tls,
             redis_allow_eviction: args.redis_allow_eviction,
             webhook_allow_private: args.webhook_allow_private,
             redis_prefix: args.redis_prefix,
             redis_timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+            max_clock_offset: Duration::from_millis(args.max_clock_offset_ms),
+            redis_min_replicas: args.redis_min_replicas,
             admin_token: non_blank(args.admin_token),
             client_tokens: non_blank(args.client_tokens)
                 .map(|v| {
@@ -572,6 +696,52 @@ impl Settings {
     }
 }
 
+/// The Sentinel settings, checked: both variables or neither, not with a cluster, and at
+/// most one `REDIS_URL` (the primary's scheme and credentials).
+fn sentinel(
+    sentinels: Vec<String>,
+    master: Option<String>,
+    cluster: bool,
+    redis_urls: &[String],
+) -> anyhow::Result<Option<SentinelSettings>> {
+    let master = master
+        .map(|m| m.trim().to_owned())
+        .filter(|m| !m.is_empty());
+    match (sentinels.is_empty(), master) {
+        (true, None) => Ok(None),
+        (true, Some(_)) => bail!("REDIS_SENTINEL_MASTER needs REDIS_SENTINELS (host:port,...)"),
+        (false, None) => bail!(
+            "REDIS_SENTINELS needs REDIS_SENTINEL_MASTER: the name the sentinels know the \
+             primary by"
+        ),
+        (false, Some(_)) if cluster => {
+            bail!("REDIS_SENTINELS and REDIS_CLUSTER=true exclude each other")
+        }
+        (false, Some(_)) if redis_urls.len() > 1 => bail!(
+            "with REDIS_SENTINELS, REDIS_URL is at most one URL (the primary's scheme, user, \
+             password and database)"
+        ),
+        (false, Some(master)) => {
+            if let Some(bad) = sentinels.iter().find(|s| !is_host_port(s)) {
+                bail!("REDIS_SENTINELS must list host:port addresses, not '{bad}'");
+            }
+            Ok(Some(SentinelSettings { sentinels, master }))
+        }
+    }
+}
+
+/// `host:port` with a port number.
+fn is_host_port(address: &str) -> bool {
+    address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+/// A path, or none when blank.
+fn non_empty_path(path: Option<PathBuf>) -> Option<PathBuf> {
+    path.filter(|p| !p.as_os_str().is_empty())
+}
+
 fn split_list(value: &str) -> Vec<String> {
     value
         .split(',')
@@ -581,5 +751,7 @@ fn split_list(value: &str) -> Vec<String> {
         .collect()
 }
 
+#[cfg(test)]
+mod env_example;
 #[cfg(test)]
 mod tests;

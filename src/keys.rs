@@ -205,7 +205,7 @@ pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
 /// The shard's epoch: present while the shard's state in Redis is the ledger's (set by a
 /// rebuild from the ledger). Every script refuses to decide on a shard without it: Redis
 /// lost its data, or has never been rebuilt.
-pub(crate) fn epoch(prefix: &str, shard: u16) -> String {
+pub fn epoch(prefix: &str, shard: u16) -> String {
     format!("{}#epoch", shard_prefix(prefix, shard))
 }
 
@@ -226,8 +226,15 @@ pub(crate) fn janitor_lease(prefix: &str) -> String {
     format!("{prefix}janitor")
 }
 
+/// A key the ledger drain writes before it waits for the replicas
+/// (`QUOTA_REDIS_MIN_REPLICAS`): `WAIT` covers what its own connection wrote. Outside every
+/// shard.
+pub(crate) fn replication_fence(prefix: &str) -> String {
+    format!("{prefix}fence")
+}
+
 /// The lock one instance holds while it rebuilds the shard.
-pub(crate) fn rebuild_lock(prefix: &str, shard: u16) -> String {
+pub fn rebuild_lock(prefix: &str, shard: u16) -> String {
     format!("{}#rebuild", shard_prefix(prefix, shard))
 }
 

@@ -43,4 +43,5 @@ pub mod metrics;
 pub mod policy;
 pub mod startup;
 pub mod telemetry;
+mod tls;
 mod webhooks;

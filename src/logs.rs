@@ -31,6 +31,8 @@ pub(crate) struct Throttle {
     last: Mutex<Option<Instant>>,
     /// Events since that line.
     events: AtomicU64,
+    /// The least time between two lines.
+    every: Duration,
 }
 
 impl Throttle {
@@ -39,6 +41,16 @@ impl Throttle {
         Self {
             last: Mutex::new(None),
             events: AtomicU64::new(0),
+            every: EVERY,
+        }
+    }
+
+    /// A site that writes at most one line a minute (a condition that lasts, not an event).
+    pub(crate) const fn per_minute() -> Self {
+        Self {
+            last: Mutex::new(None),
+            events: AtomicU64::new(0),
+            every: Duration::from_secs(60),
         }
     }
 
@@ -56,7 +68,7 @@ impl Throttle {
             .last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.is_some_and(|at| now.duration_since(at) < EVERY) {
+        if last.is_some_and(|at| now.duration_since(at) < self.every) {
             return None;
         }
         *last = Some(now);

@@ -102,6 +102,8 @@ pub(crate) struct Live {
     pub(crate) counter_drift_budgets: Option<u64>,
     /// Alert events and their webhook deliveries.
     pub(crate) alerts: AlertsLive,
+    /// Redis's clock minus this machine's, seconds; `None` without Redis.
+    pub(crate) clock_offset_seconds: Option<f64>,
 }
 
 /// Alert events and their webhook deliveries, as a scrape sees them.
@@ -281,6 +283,7 @@ impl Metrics {
                 | StoreError::NotConnected(_)
                 | StoreError::Timeout(_)
                 | StoreError::Misconfigured(_)
+                | StoreError::Unreplicated(_)
                 | StoreError::Rebuilding { .. },
             )) => (action, RequestResult::Unavailable, &[][..]),
             Err(EngineError::Store(StoreError::Protocol(_))) => {
@@ -320,7 +323,8 @@ impl Metrics {
             Err(EngineError::Store(
                 StoreError::Unavailable(_)
                 | StoreError::NotConnected(_)
-                | StoreError::Misconfigured(_),
+                | StoreError::Misconfigured(_)
+                | StoreError::Unreplicated(_),
             )) => "unavailable",
             Err(EngineError::Store(StoreError::Timeout(_))) => "timeout",
             Err(EngineError::Store(StoreError::Protocol(_))) => "protocol",

@@ -172,8 +172,9 @@ async fn counter_store(
     ledger: &Arc<dyn LedgerStore>,
     load: &Arc<Load>,
     lag: &Arc<Lag>,
+    time: Option<Arc<crate::clock::OffsetClock>>,
 ) -> anyhow::Result<Counters> {
-    if settings.redis_urls.is_empty() {
+    if !settings.uses_redis() {
         let store = Arc::new(MemoryCounterStore::new());
         let snapshots = crate::ledger::snapshot::connect(&settings.database_url).await?;
         let embedded = embedded::Embedded { store, snapshots };
@@ -184,18 +185,25 @@ async fn counter_store(
         });
     }
     let appends = Arc::new(Appends::default());
-    let store = Arc::new(
-        RedisCounterStore::connect(
-            &settings.redis_urls,
-            settings.redis_cluster,
-            settings.redis_timeout,
-        )
+    let store = RedisCounterStore::reaching(redis_target(settings)?, settings.redis_timeout)
         .await
-        .context("connecting to Redis (REDIS_URL)")?
-        .judged_by(load.clone())
-        .allowing_eviction(settings.redis_allow_eviction)
-        .prefixed(&settings.redis_prefix)
-        .reporting_to(appends.clone()),
+        .context("connecting to Redis (REDIS_URL)")?;
+    let store = match time {
+        Some(time) => store.keeping_time(time, settings.max_clock_offset).await,
+        None => store,
+    }
+    .requiring_replicas(settings.redis_min_replicas);
+    if let Err(crate::engine::store::StoreError::Misconfigured(why)) =
+        crate::engine::store::CounterStore::ping(&store).await
+    {
+        tracing::warn!("{why}");
+    }
+    let store = Arc::new(
+        store
+            .judged_by(load.clone())
+            .allowing_eviction(settings.redis_allow_eviction)
+            .prefixed(&settings.redis_prefix)
+            .reporting_to(appends.clone()),
     );
     let drain = Arc::new(
         Drainer::new(
@@ -218,6 +226,45 @@ async fn counter_store(
         }),
         embedded: None,
     })
+}
+
+/// How to reach Redis, as `settings` say: the nodes (one, a cluster, or Sentinel's
+/// primary) and the TLS files, read now; a plaintext connection to a host other than
+/// loopback is logged as a warning.
+fn redis_target(settings: &Settings) -> anyhow::Result<crate::counters::redis::Target> {
+    use crate::counters::redis::{Certificates, Target};
+    let target = match (&settings.redis_sentinel, settings.redis_cluster) {
+        (Some(sentinel), _) => Target::sentinel(
+            &sentinel.sentinels,
+            &sentinel.master,
+            settings.redis_urls.first().map(String::as_str),
+        )?,
+        (None, true) => Target::cluster(&settings.redis_urls)?,
+        (None, false) => match settings.redis_urls.as_slice() {
+            [url] => Target::standalone(url)?,
+            _ => anyhow::bail!(
+                "REDIS_URL lists several nodes: set REDIS_CLUSTER=true for a Redis Cluster"
+            ),
+        },
+    };
+    let files = &settings.redis_tls;
+    let certificates = Certificates::from_files(
+        files.ca_file.as_deref(),
+        files.cert_file.as_deref(),
+        files.key_file.as_deref(),
+    )?;
+    if target.is_tls() {
+        return Ok(target.with_certificates(certificates));
+    }
+    if certificates.given() {
+        tracing::warn!("QUOTA_REDIS_CA_FILE, QUOTA_REDIS_CERT_FILE or QUOTA_REDIS_KEY_FILE is set, but REDIS_URL is not rediss://: the files are not used");
+    }
+    for host in target.hosts() {
+        if !crate::db::is_loopback(&host) {
+            tracing::warn!(host = %host, "Redis is reached without TLS over the network; use rediss:// unless the network is private");
+        }
+    }
+    Ok(target)
 }
 
 /// The actix server on `listener`: every route, Swagger UI, and the problem+json rewrite
@@ -302,20 +349,41 @@ fn random_token() -> Secret {
 }
 
 impl Application {
-    /// Builds the service on the system clock.
+    /// Builds the service on the system clock; with Redis, on Redis's clock (the system
+    /// clock moved by the offset measured every second), so that every instance decides by
+    /// the same time.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        Self::build_with_clock(settings, Arc::new(SystemClock)).await
+        let time = settings
+            .uses_redis()
+            .then(|| Arc::new(crate::clock::OffsetClock::default()));
+        let clock: Arc<dyn Clock> = match &time {
+            Some(time) => time.clone(),
+            None => Arc::new(SystemClock),
+        };
+        Self::build_on(settings, clock, time).await
     }
 
     /// Builds the service with an explicit time source (tests use a fake clock).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the wiring: one step per component, in the order they start"
-    )]
     pub async fn build_with_clock(
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
+        Self::build_on(settings, clock, None).await
+    }
+
+    /// Builds the service on `clock`; `time`, if any, is `clock` itself, kept at Redis's
+    /// time by the counter store.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the wiring: one step per component, in the order they start"
+    )]
+    async fn build_on(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        time: Option<Arc<crate::clock::OffsetClock>>,
+    ) -> anyhow::Result<Self> {
+        crate::tls::install_provider();
+        crate::db::check_connection(&settings.database_url).await?;
         crate::db::migrate_url(&settings.database_url).await?;
         crate::ledger::upgrade::upgrade_url(&settings.database_url).await?;
         let announcements = crate::db::open_with(&settings.database_url, 1, &[]).await?;
@@ -349,7 +417,7 @@ impl Application {
         ));
         let load = Arc::new(Load::new());
         let ledger_lag = Arc::new(Lag::on(clock.clone()));
-        let counters = counter_store(&settings, &ledger, &load, &ledger_lag).await?;
+        let counters = counter_store(&settings, &ledger, &load, &ledger_lag, time.clone()).await?;
         let janitor = Arc::new(Janitor::new(
             counters.store.clone(),
             &settings.redis_prefix,
@@ -415,6 +483,8 @@ impl Application {
             webhook_allow_private: settings.webhook_allow_private,
             webhook_counts,
             backtests: Arc::default(),
+            time,
+            max_clock_offset: settings.max_clock_offset,
             metrics: Arc::new(Metrics::new()),
             admission: Arc::new(
                 Admission::new(

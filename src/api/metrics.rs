@@ -32,6 +32,11 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         ledger_lag: state.ledger_lag.snapshot(),
         counter_drift_budgets: state.engine.drift_watch().budgets(),
         alerts: alerts_live(&state).await,
+        clock_offset_seconds: state
+            .time
+            .as_ref()
+            .and_then(|time| time.offset_ms())
+            .map(|ms| ms as f64 / 1e3),
     };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)

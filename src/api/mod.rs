@@ -59,6 +59,12 @@ pub(crate) struct AppState {
     pub(crate) webhook_counts: Arc<crate::webhooks::Counts>,
     /// Held while a backtest runs: one at a time per instance.
     pub(crate) backtests: Arc<tokio::sync::Mutex<()>>,
+    /// Redis's clock as this instance measures it; `None` without Redis (or on a test's
+    /// clock).
+    pub(crate) time: Option<Arc<crate::clock::OffsetClock>>,
+    /// The offset from Redis's clock past which the instance warns
+    /// (`QUOTA_MAX_CLOCK_OFFSET_MS`).
+    pub(crate) max_clock_offset: std::time::Duration,
 }
 
 impl AppState {

@@ -249,6 +249,9 @@ impl From<EngineError> for ApiError {
                 Self::Unavailable("the counter store is unavailable; retry shortly".to_owned())
             }
             EngineError::Store(StoreError::Misconfigured(why)) => Self::Unavailable(why),
+            EngineError::Store(StoreError::Unreplicated(why)) => {
+                Self::Unavailable(format!("{why}; the charge is given back; retry shortly"))
+            }
             EngineError::Store(StoreError::Rebuilding { shard }) => Self::Unavailable(format!(
                 "the counters of this subject (shard {shard}) are being rebuilt from the \
                  ledger, after Redis lost them or before their first use; nothing was \

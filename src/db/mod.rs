@@ -90,6 +90,62 @@ pub(crate) async fn open_with(
     }
 }
 
+/// The most the first connection to Postgres may take at start.
+const FIRST_CONNECTION: Duration = Duration::from_secs(10);
+
+/// Whether `host` names this machine (a plaintext connection there is not worth a warning).
+pub(crate) fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.starts_with('/')
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Connects to Postgres once, at start, as libpq's `sslmode` (and `sslrootcert`,
+/// `sslcert`, `sslkey`) in `database_url` asks: a certificate that does not verify is an
+/// error naming the store and the reason, which stops the start; a connection without TLS
+/// to a host other than loopback is logged as a warning. SQLite: nothing to do.
+pub async fn check_connection(database_url: &str) -> anyhow::Result<()> {
+    if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
+        return Ok(());
+    }
+    let options = sqlx::postgres::PgConnectOptions::from_str(database_url)
+        .context("parsing DATABASE_URL as a Postgres URL")?;
+    let connecting = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options);
+    let mut connection = match tokio::time::timeout(FIRST_CONNECTION, connecting).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(sqlx::Error::Tls(why))) => anyhow::bail!(
+            "Postgres (DATABASE_URL): the TLS connection was refused: {why} (sslmode={:?})",
+            options.get_ssl_mode()
+        ),
+        Ok(Err(error)) if crate::tls::refusal(&error).is_some() => anyhow::bail!(
+            "Postgres (DATABASE_URL): the TLS connection was refused: {} (sslmode={:?})",
+            crate::tls::refusal(&error).unwrap_or_default(),
+            options.get_ssl_mode()
+        ),
+        Ok(Err(error)) => {
+            return Err(anyhow::Error::new(error).context("connecting to Postgres (DATABASE_URL)"))
+        }
+        Err(_) => anyhow::bail!(
+            "connecting to Postgres (DATABASE_URL): no answer within {} s",
+            FIRST_CONNECTION.as_secs()
+        ),
+    };
+    let encrypted: Option<bool> =
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_optional(&mut connection)
+            .await
+            .context("asking Postgres whether the connection is encrypted")?;
+    let host = options.get_host();
+    if encrypted != Some(true) && options.get_socket().is_none() && !is_loopback(host) {
+        tracing::warn!(host = %host, "Postgres is reached without TLS over the network; set sslmode=verify-full in DATABASE_URL unless the network is private");
+    }
+    let _ = sqlx::Connection::close(connection).await;
+    Ok(())
+}
+
 /// Applies the embedded migrations of `pool`'s kind of database (idempotent; forward only).
 pub(crate) async fn migrate(pool: &Pool) -> Result<(), sqlx::migrate::MigrateError> {
     match pool {

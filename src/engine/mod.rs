@@ -165,12 +165,16 @@ pub(crate) struct Ports {
 }
 
 /// What readiness checks report of the counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Readiness {
     /// Whether the counter store answers; `None` in process, where it always does.
     pub(crate) store: Option<bool>,
     /// Whether the ledger backlog waiting in Redis is full; `None` in process.
     pub(crate) backlog_full: Option<bool>,
+    /// Why this instance would answer consumes `503` now, each reason a sentence; empty
+    /// when it would not (a store down under `QUOTA_ON_STORE_ERROR=allow` answers
+    /// degraded, so it is no reason).
+    pub(crate) reasons: Vec<String>,
 }
 
 /// The quota engine; shared by every request.
@@ -288,15 +292,50 @@ impl Engine {
 
     /// Whether the counter store answers, and whether the ledger backlog is full.
     pub(crate) async fn readiness(&self) -> Readiness {
-        match self.deployment.backlog() {
-            Some(backlog) => Readiness {
-                store: Some(self.counters.ping().await.is_ok()),
-                backlog_full: Some(backlog.is_full()),
-            },
-            None => Readiness {
+        let Some(backlog) = self.deployment.backlog() else {
+            return Readiness {
                 store: None,
                 backlog_full: None,
-            },
+                reasons: Vec::new(),
+            };
+        };
+        let fails_open =
+            |error: &StoreError| error.is_transient() && self.on_store_error == OnStoreError::Allow;
+        let mut reasons = Vec::new();
+        let pinged = self.counters.ping().await;
+        match &pinged {
+            Err(error) if !fails_open(error) => reasons.push(error.to_string()),
+            Err(_) => {}
+            Ok(()) => {
+                let closed = match self.deployment.shards() {
+                    Some(shards) => shards.closed_shards().await.map(|c| c.len()),
+                    None => Ok(0),
+                };
+                match closed {
+                    Ok(0) => {}
+                    Ok(closed) => {
+                        let rebuilding = StoreError::Rebuilding { shard: 0 };
+                        if !fails_open(&rebuilding) {
+                            reasons.push(format!(
+                                "{closed} counter-store shards are being rebuilt from the ledger"
+                            ));
+                        }
+                    }
+                    Err(error) if !fails_open(&error) => reasons.push(error.to_string()),
+                    Err(_) => {}
+                }
+            }
+        }
+        let backlog_full = backlog.is_full();
+        if backlog_full {
+            reasons.push(
+                "the ledger backlog waiting in Redis is full (QUOTA_LEDGER_BACKLOG_MAX)".to_owned(),
+            );
+        }
+        Readiness {
+            store: Some(pinged.is_ok()),
+            backlog_full: Some(backlog_full),
+            reasons,
         }
     }
 

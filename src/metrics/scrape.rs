@@ -54,6 +54,13 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
             ConstGauge::new(i64::try_from(drift).unwrap_or(i64::MAX)),
         );
     }
+    if let Some(offset) = live.clock_offset_seconds {
+        registry.register(
+            "quota_clock_offset_seconds",
+            "Redis's clock minus this machine's, as last measured; decisions follow Redis's clock (QUOTA_MAX_CLOCK_OFFSET_MS warns past a bound)",
+            ConstGauge::new(offset),
+        );
+    }
     if let Some(backlog) = live.ledger_backlog {
         registry.register(
             "quota_ledger_backlog_entries",

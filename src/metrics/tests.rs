@@ -248,6 +248,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         },
         counter_drift_budgets: Some(2),
         alerts: crate::metrics::AlertsLive::default(),
+        clock_offset_seconds: Some(-300.25),
     };
     let text = metrics.render(&cache_with("a"), &live);
     let samples = samples(&text);
@@ -278,6 +279,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         ("quota_overloaded_total", "11"),
         ("quota_paced_total", "13"),
         ("quota_counter_drift_budgets", "2"),
+        ("quota_clock_offset_seconds", "-300.25"),
         (version.as_str(), "1"),
     ];
     for (series, value) in table {

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod binary;
+mod certs;
 mod private_postgres;
 mod private_redis;
 pub use binary::{create_sms_policy, start_binary, start_binary_at, Service};
+pub use certs::TestCerts;
 pub use private_postgres::{pg_dump, PrivatePostgres};
 pub use private_redis::PrivateRedis;
 
@@ -233,11 +235,15 @@ pub async fn fresh_settings(policy: PolicyBackend, counters: CounterBackend) -> 
             CounterBackend::Cluster => cluster_urls(),
         },
         redis_cluster: counters == CounterBackend::Cluster,
+        redis_sentinel: None,
+        redis_tls: quota_ledger::config::RedisTlsFiles::default(),
         redis_allow_eviction: false,
         // The tests' webhook receivers listen on 127.0.0.1.
         webhook_allow_private: true,
         redis_prefix: format!("t{}", uuid::Uuid::new_v4().simple()),
         redis_timeout: Duration::from_millis(2_000),
+        max_clock_offset: Duration::from_millis(1_000),
+        redis_min_replicas: 0,
         admin_token: Some(Secret::new(ADMIN_TOKEN)),
         client_tokens: Vec::new(),
         on_store_error: OnStoreError::Deny,

@@ -53,6 +53,61 @@ async fn with_redis_down_and_fail_open_consumes_are_allowed_and_marked_degraded(
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     assert_eq!(answer.body["degraded"], true);
     assert_eq!(answer.body["allowed"], true);
+    // It answers consumes (degraded), so it stays in the load balancer.
+    let ready = app
+        .send(app.client.get(format!("{}/readyz", app.address)))
+        .await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
+    assert_eq!(ready.body["stores"]["counter_store"], "down");
+    assert_eq!(ready.body["reasons"], serde_json::json!([]));
+}
+
+#[tokio::test]
+async fn while_a_shard_is_being_rebuilt_readyz_is_503_and_says_so() {
+    let app = spawn_with(fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await).await;
+    let redis = redis::Client::open(app.settings.redis_urls[0].as_str()).unwrap();
+    let mut redis = redis.get_multiplexed_async_connection().await.unwrap();
+    let prefix = app.settings.redis_prefix.clone();
+    let readyz = || async {
+        app.send(app.client.get(format!("{}/readyz", app.address)))
+            .await
+    };
+    assert_eq!(readyz().await.status, StatusCode::OK);
+    // Another instance holds shard 7's rebuild lock, and the shard has lost its epoch.
+    let lock = quota_ledger::keys::rebuild_lock(&prefix, 7);
+    let _: () = redis::cmd("SET")
+        .arg(&lock)
+        .arg("another-instance")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(quota_ledger::keys::epoch(&prefix, 7))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let ready = readyz().await;
+    assert_eq!(
+        ready.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        ready.body
+    );
+    assert_eq!(ready.header("retry-after"), Some("5"));
+    assert_eq!(
+        ready.body["reasons"],
+        serde_json::json!(["1 counter-store shards are being rebuilt from the ledger"])
+    );
+    // The lock is given up; the shard is rebuilt, and the instance is ready again.
+    let _: () = redis::cmd("DEL")
+        .arg(&lock)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    app.engine.rebuild_counters(None).await.unwrap();
+    assert_eq!(readyz().await.status, StatusCode::OK);
 }
 
 #[tokio::test]

@@ -111,11 +111,15 @@ impl Topology {
 }
 
 async fn plain_connection(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
+    let mut connection = redis::Client::open(url)
         .expect("a valid node URL")
         .get_multiplexed_async_connection()
         .await
-        .unwrap_or_else(|e| panic!("connecting to cluster node {url}: {e}"))
+        .unwrap_or_else(|e| panic!("connecting to cluster node {url}: {e}"));
+    // The crate's default of 500 ms is too short for a slot migration's commands while the
+    // whole suite runs on two cores.
+    connection.set_response_timeout(std::time::Duration::from_secs(10));
+    connection
 }
 
 /// The three counters of one subject (hash tag `tag`), as one decision would charge them.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 use tracing::Instrument;
@@ -23,9 +22,10 @@ use crate::logs::Throttle;
 pub(super) type Slot = Arc<tokio::sync::OnceCell<Connection>>;
 
 thread_local! {
-    /// This thread's connection to each live store, by the store's `id`. A store that is
-    /// dropped leaves a dead entry, removed when this thread next adds one.
-    static SLOTS: RefCell<Vec<(Weak<()>, Slot)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's connection to each live store, by the store's `id`, with the
+    /// target's generation it was made in. A store that is dropped leaves a dead entry,
+    /// removed when this thread next adds one.
+    static SLOTS: RefCell<Vec<(Weak<()>, u64, Slot)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Set while the last look at Redis's `maxmemory-policy` found it unsafe: every script
@@ -62,24 +62,32 @@ impl Refusal {
 /// The two kinds of Redis deployments, behind one handle.
 #[derive(Clone)]
 pub(super) enum Connection {
-    /// One server (or a proxy in front of several).
-    Standalone(ConnectionManager),
+    /// One server (or a proxy in front of several), with the `WAIT`s sent on it.
+    Standalone(ConnectionManager, Arc<super::replicas::Waits>),
     /// Redis Cluster: commands are routed by the hash slot of their first key.
     Cluster(ClusterConnection),
 }
 
 impl RedisCounterStore {
-    /// This thread's slot for its connection to this store.
+    /// This thread's slot for its connection to this store: a new one when the target
+    /// has moved on to another primary since the slot was made.
     pub(super) fn slot(&self) -> Slot {
+        let generation = self.target.generation();
         SLOTS.with(|slots| {
             let mut slots = slots.borrow_mut();
             let id = Arc::as_ptr(&self.id);
-            if let Some((_, slot)) = slots.iter().find(|(owner, _)| owner.as_ptr() == id) {
+            if let Some((_, made_in, slot)) =
+                slots.iter_mut().find(|(owner, _, _)| owner.as_ptr() == id)
+            {
+                if *made_in != generation {
+                    *made_in = generation;
+                    *slot = Slot::default();
+                }
                 return slot.clone();
             }
-            slots.retain(|(owner, _)| owner.strong_count() > 0);
+            slots.retain(|(owner, _, _)| owner.strong_count() > 0);
             let slot = Slot::default();
-            slots.push((Arc::downgrade(&self.id), slot.clone()));
+            slots.push((Arc::downgrade(&self.id), generation, slot.clone()));
             slot
         })
     }
@@ -91,19 +99,57 @@ impl RedisCounterStore {
         response: Duration,
     ) -> Result<Connection, redis::RedisError> {
         if self.cluster {
-            let client = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
-                .connection_timeout(self.timeout)
-                .response_timeout(response)
-                .build()?;
+            let client = self.target.cluster_client(self.timeout, response)?;
             Ok(Connection::Cluster(client.get_async_connection().await?))
         } else {
-            let client = redis::Client::open(self.urls[0].as_str())?;
+            let client = self.target.standalone_client().await?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(self.timeout))
                 .set_response_timeout(Some(response));
             Ok(Connection::Standalone(
                 ConnectionManager::new_with_config(client, config).await?,
+                Arc::default(),
             ))
+        }
+    }
+
+    /// The first connection, at start, given more time than a call (a TLS handshake to a
+    /// distant managed Redis): a certificate that does not verify is an error, which
+    /// stops the start; an unreachable Redis is only logged (the service starts not
+    /// ready and connects when Redis answers).
+    pub(super) async fn first_connection(&self) -> Result<(), StoreError> {
+        let patience = self.timeout.max(FIRST_CONNECTION);
+        // One attempt, not a connection manager's retries: a refused certificate is final.
+        let probe = async {
+            match self.cluster {
+                true => {
+                    let client = self.target.cluster_client(patience, patience)?;
+                    client.get_async_connection().await.map(drop)
+                }
+                false => {
+                    let client = self.target.standalone_client().await?;
+                    client.get_multiplexed_async_connection().await.map(drop)
+                }
+            }
+        };
+        match tokio::time::timeout(patience, probe).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => match crate::tls::refusal(&error) {
+                Some(why) => Err(StoreError::Misconfigured(format!(
+                    "Redis (REDIS_URL): the TLS connection was refused: {why}"
+                ))),
+                None => {
+                    tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
+                    Ok(())
+                }
+            },
+            Err(_) => {
+                tracing::warn!(
+                    "Redis did not answer within {} ms; will retry on use",
+                    patience.as_millis()
+                );
+                Ok(())
+            }
         }
     }
 
@@ -122,7 +168,18 @@ impl RedisCounterStore {
                     other => other,
                 })
         };
-        self.slow.get_or_try_init(connect).await.cloned()
+        let generation = self.target.generation();
+        let slot = {
+            let mut slow = self
+                .slow
+                .lock()
+                .map_err(|_| StoreError::Unavailable("a poisoned lock".to_owned()))?;
+            if slow.0 != generation {
+                *slow = (generation, Slot::default());
+            }
+            slow.1.clone()
+        };
+        slot.get_or_try_init(connect).await.cloned()
     }
 
     /// This thread's connection, made now if it was not yet.
@@ -157,7 +214,7 @@ impl RedisCounterStore {
         let mut info = redis::cmd("INFO");
         info.arg("memory");
         let reply: Result<Value, StoreError> = match connection {
-            Connection::Standalone(c) => bounded(self.timeout, info.query_async(c)).await,
+            Connection::Standalone(c, _) => bounded(self.timeout, info.query_async(c)).await,
             Connection::Cluster(c) => bounded(self.timeout, info.query_async(c)).await,
         };
         let reply = match reply {
@@ -220,6 +277,16 @@ impl RedisCounterStore {
         script: &Script,
         call: &Cmd,
     ) -> Result<Value, StoreError> {
+        self.exec_on(script, call).await.map(|(reply, _)| reply)
+    }
+
+    /// [`Self::exec_script`], with the connection the call ran on (a `WAIT` after it
+    /// must go there).
+    pub(super) async fn exec_on(
+        &self,
+        script: &Script,
+        call: &Cmd,
+    ) -> Result<(Value, Connection), StoreError> {
         if let Some(why) = self.refusal.get() {
             return Err(StoreError::Misconfigured(why));
         }
@@ -238,14 +305,15 @@ impl RedisCounterStore {
                         self.timeout.as_millis()
                     ))
                 })??;
-            match connection {
-                Connection::Standalone(mut c) => {
+            let reply = match connection.clone() {
+                Connection::Standalone(mut c, _) => {
                     bounded(self.timeout, run(script, &mut c, call)).await
                 }
                 Connection::Cluster(mut c) => {
                     bounded(self.timeout, run(script, &mut c, call)).await
                 }
-            }
+            };
+            reply.map(|reply| (reply, connection))
         }
         .await;
         match &reply {
@@ -253,7 +321,11 @@ impl RedisCounterStore {
             // likely waited behind the flood here, not in Redis: neither a failure of
             // Redis nor a success.
             Err(error) if error.is_late() && self.load.as_ref().is_some_and(|l| l.saturated()) => {}
-            Err(error) if error.is_transient() => self.breaker.failed(),
+            Err(error) if error.is_transient() => {
+                // A replica's READONLY, or a primary gone: with Sentinel, ask again now.
+                self.target.suspect_primary();
+                self.breaker.failed();
+            }
             Ok(_) => {
                 if let Some(load) = &self.load {
                     load.answered();
@@ -280,7 +352,7 @@ impl RedisCounterStore {
     ) -> Result<T, StoreError> {
         async {
             match self.connection().await? {
-                Connection::Standalone(mut c) => {
+                Connection::Standalone(mut c, _) => {
                     bounded(self.timeout, call.query_async(&mut c)).await
                 }
                 Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
@@ -290,6 +362,9 @@ impl RedisCounterStore {
         .await
     }
 }
+
+/// The most the first connection may take at start.
+const FIRST_CONNECTION: Duration = Duration::from_secs(5);
 
 /// The span of one Redis call named `name`: a client child span of the request when spans
 /// are exported and the caller runs inside one; none for background work (the drain, the

@@ -116,7 +116,7 @@ impl RedisCounterStore {
     /// [`SLOW_CALL`], on a connection of its own.
     async fn on_node_of(&self, key: &str, call: Cmd) -> Result<Value, StoreError> {
         match self.slow_connection(SLOW_CALL).await? {
-            Connection::Standalone(mut c) => bounded(SLOW_CALL, call.query_async(&mut c)).await,
+            Connection::Standalone(mut c, _) => bounded(SLOW_CALL, call.query_async(&mut c)).await,
             Connection::Cluster(mut c) => {
                 let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));

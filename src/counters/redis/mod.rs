@@ -22,17 +22,23 @@ mod call;
 mod connection;
 mod cut;
 mod info;
+mod replicas;
 mod script;
 mod shards;
 mod stream;
+mod target;
+mod time;
+
+pub use target::{Certificates, Target};
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::{ErrorKind, RedisError, Script, Value};
+use tracing::Instrument;
 
-use call::{classify, duration_ms, wall_clock_ms};
+use call::{classify, duration_ms};
 use connection::{Connection, Refusal};
 use info::store_memory;
 
@@ -55,8 +61,8 @@ const RELEASE_LUA: &str = include_str!("scripts/release.lua");
 pub struct RedisCounterStore {
     /// Names this store and its clones in every thread's [`SLOTS`].
     id: Arc<()>,
-    /// How to connect: the node URLs and whether they form a cluster.
-    urls: Arc<[String]>,
+    /// How to connect: one server, a cluster, or the primary Sentinel names; TLS.
+    target: Target,
     /// Redis Cluster mode.
     cluster: bool,
     /// Fails calls fast while Redis is down (shared by clones).
@@ -87,8 +93,14 @@ pub struct RedisCounterStore {
     /// Told of every call that may have appended to a ledger stream.
     appends: Option<Arc<Appends>>,
     /// A connection of its own for `counters verify`'s long reads (`cut.rs`), made on the
-    /// first: they would time out on the decisions' connection, and hold it up.
-    slow: Arc<tokio::sync::OnceCell<Connection>>,
+    /// first (and again for a new primary): they would time out on the decisions'
+    /// connection, and hold it up.
+    slow: Arc<std::sync::Mutex<(u64, connection::Slot)>>,
+    /// Redis's time as this instance measures it (`time.rs`); `None`: this machine's clock.
+    time: Option<Arc<crate::clock::OffsetClock>>,
+    /// Replicas that must acknowledge a decision that charged before it is answered
+    /// (`QUOTA_REDIS_MIN_REPLICAS`, `replicas.rs`).
+    min_replicas: u32,
 }
 
 impl std::fmt::Debug for RedisCounterStore {
@@ -122,13 +134,26 @@ impl RedisCounterStore {
                 "standalone Redis takes exactly one URL (set cluster mode for several)",
             ))));
         }
-        for url in urls {
-            redis::Client::open(url.as_str()).map_err(|e| classify(&e))?;
+        let target = match cluster {
+            true => Target::cluster(urls),
+            false => Target::standalone(&urls[0]),
         }
+        .map_err(|e| StoreError::Protocol(format!("{e:#}")))?;
+        Self::reaching(target, timeout).await
+    }
+
+    /// Prepares the store for `target`; `timeout` bounds every call.
+    ///
+    /// A certificate that does not verify fails here (the start stops, naming the
+    /// reason). An unreachable server does not: the service starts, reports not-ready,
+    /// answers 503 (or degraded) and connects as soon as Redis answers. Once made, the
+    /// connection is re-established in the background by the redis client, and with
+    /// Sentinel made again whenever the sentinels name another primary.
+    pub async fn reaching(target: Target, timeout: Duration) -> Result<Self, StoreError> {
         let store = Self {
             id: Arc::new(()),
-            urls: urls.into(),
-            cluster,
+            cluster: target.is_cluster(),
+            target,
             breaker: std::sync::Arc::default(),
             script: Script::new(script::CONSUME_LUA),
             giveback: Script::new(script::GIVEBACK_LUA),
@@ -143,10 +168,11 @@ impl RedisCounterStore {
             refusal: Arc::default(),
             appends: None,
             slow: Arc::default(),
+            time: None,
+            min_replicas: 0,
         };
-        if let Err(error) = store.connection().await {
-            tracing::warn!(error = %error, "Redis is not reachable yet; will retry on use");
-        }
+        store.target.follow();
+        store.first_connection().await?;
         Ok(store)
     }
 
@@ -196,6 +222,10 @@ impl RedisCounterStore {
 
 #[async_trait]
 impl CounterStore for RedisCounterStore {
+    fn store_now_ms(&self) -> i64 {
+        self.redis_now_ms()
+    }
+
     async fn evaluate(
         &self,
         now_ms: i64,
@@ -231,7 +261,7 @@ impl CounterStore for RedisCounterStore {
         // A call that changes state carries the moment this instance stops waiting for it:
         // Redis refuses to run it later than that (plus the clocks' skew), so that an
         // attempt answered 503 is settled, applied or not, soon after (`engine::recovery::void`).
-        let deadline = commit.then(|| wall_clock_ms() + duration_ms(self.timeout));
+        let deadline = commit.then(|| self.redis_now_ms() + duration_ms(self.timeout));
         let call = script::consume_cmd(
             &self.script,
             now_ms,
@@ -240,9 +270,18 @@ impl CounterStore for RedisCounterStore {
             effects,
             (self.epochs, deadline),
         );
-        let reply = self.exec(&self.script, &call).await;
+        let reply = self
+            .exec_on(&self.script, &call)
+            .instrument(connection::redis_span("redis EVALSHA"))
+            .await;
         self.may_have_appended(effects.ledger.as_ref().map(|l| l.stream.as_str()));
-        script::parse_decided(reply?, charges)
+        let (reply, connection) = reply?;
+        let decided = script::parse_decided(reply, charges)?;
+        let charged = matches!(&decided, Decided::Fresh(evaluation) if evaluation.allowed);
+        if commit && charged && self.min_replicas > 0 {
+            self.replicated(connection).await?;
+        }
+        Ok(decided)
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
@@ -338,7 +377,7 @@ impl CounterStore for RedisCounterStore {
         }
         // In cluster mode PING goes to every primary and succeeds only if all answer.
         let _: Value = self.plain(&redis::cmd("PING")).await?;
-        Ok(())
+        self.enough_replicas().await
     }
 
     async fn memory(&self) -> Option<StoreMemory> {

@@ -96,13 +96,17 @@ impl LedgerStream for RedisCounterStore {
         let Value::Array(streams) = reply else {
             return Ok(Vec::new());
         };
-        Ok(streams
+        let read = streams
             .first()
             .and_then(|s| match s {
                 Value::Array(parts) => parts.get(1).map(entries),
                 _ => None,
             })
-            .unwrap_or_default())
+            .unwrap_or_default();
+        if !read.is_empty() {
+            self.entries_replicated().await?;
+        }
+        Ok(read)
     }
 
     /// Takes over up to `count` entries idle for at least `min_idle_ms` (their consumer died).
@@ -129,10 +133,14 @@ impl LedgerStream for RedisCounterStore {
             other => other?,
         };
         // [next id, [[id, [f, v]], …], [deleted ids]]
-        match reply {
-            Value::Array(parts) => Ok(parts.get(1).map(entries).unwrap_or_default()),
-            _ => Ok(Vec::new()),
+        let claimed = match reply {
+            Value::Array(parts) => parts.get(1).map(entries).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        if !claimed.is_empty() {
+            self.entries_replicated().await?;
         }
+        Ok(claimed)
     }
 
     /// How many entries `stream` holds (all of them wait to be drained: drained ones are

@@ -344,11 +344,10 @@ impl Engine {
                 "a consume was refused as a reservation".to_owned(),
             ))),
             Err(error) => {
-                // Redis may have run a call that timed out or lost its connection: if the
-                // answer is 503, each charge is voided once that is settled (engine::recovery::void).
-                let in_doubt = effects.ledger.as_ref().filter(|_| {
-                    matches!(error, StoreError::Timeout(_) | StoreError::Unavailable(_))
-                });
+                // Redis may have run a call that timed out or lost its connection (or ran it
+                // and too few replicas acknowledged it): if the answer is 503, each charge is
+                // voided once that is settled (engine::recovery::void).
+                let in_doubt = effects.ledger.as_ref().filter(|_| may_have_run(&error));
                 if let Err(answer) = self.on_store_failure(plan, error) {
                     if let Some(ledger) = in_doubt {
                         let key = effects.idempotency.as_ref().map(|i| i.key.clone());
@@ -587,4 +586,13 @@ fn replay(
         }),
         replayed: true,
     })
+}
+
+/// Whether a failed store call may have been run by Redis all the same: it timed out, its
+/// connection broke, or it ran and too few replicas acknowledged it.
+fn may_have_run(error: &StoreError) -> bool {
+    matches!(
+        error,
+        StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::Unreplicated(_)
+    )
 }

@@ -96,13 +96,6 @@ pub enum Voided {
     Kept(String),
 }
 
-/// The wall clock, Unix ms (Redis's clock and the call deadlines are wall-clock time).
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 impl Engine {
     /// Registers an attempt answered 503 after its store call failed in a way that may
     /// have let Redis run it (timed out, or the connection broke).
@@ -115,7 +108,7 @@ impl Engine {
         intent: Option<String>,
     ) {
         let timeout = i64::try_from(self.counters.call_timeout().as_millis()).unwrap_or(i64::MAX);
-        let now = wall_ms();
+        let now = self.counters.store_now_ms();
         // The call was sent at most `timeout` ago, and carried now + timeout at most.
         let deadline = now.saturating_add(timeout);
         self.doubts.lock().push(Doubt {
@@ -137,21 +130,21 @@ impl Engine {
     pub async fn void_settled(&self, all: bool) -> Vec<Voided> {
         let due: Vec<Doubt> = {
             let mut doubts = self.doubts.lock();
-            let now = wall_ms();
+            let now = self.counters.store_now_ms();
             let (due, later) = doubts.drain(..).partition(|d| all || d.due_ms <= now);
             *doubts = later;
             due
         };
         let mut found = Vec::with_capacity(due.len());
         for mut doubt in due {
-            let wait = doubt.due_ms - wall_ms();
+            let wait = doubt.due_ms - self.counters.store_now_ms();
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
             }
             match self.settle_doubt(&doubt).await {
                 // Its intent is still open: the caller's abandon or the sweeper settles it.
                 Ok(None) if doubt.since.elapsed() < GIVE_UP_AFTER => {
-                    doubt.due_ms = wall_ms() + RETRY_MS;
+                    doubt.due_ms = self.counters.store_now_ms() + RETRY_MS;
                     self.doubts.lock().push(doubt);
                 }
                 Ok(None) => tracing::error!(
@@ -179,7 +172,7 @@ impl Engine {
                     if let Some(count) = SITE.event() {
                         tracing::warn!(error = %error, count, "voiding an attempt answered 503 failed; will retry");
                     }
-                    doubt.due_ms = wall_ms() + RETRY_MS;
+                    doubt.due_ms = self.counters.store_now_ms() + RETRY_MS;
                     self.doubts.lock().push(doubt);
                 }
                 Err(error) => tracing::error!(

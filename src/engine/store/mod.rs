@@ -294,6 +294,11 @@ pub enum StoreError {
     /// a degraded allow).
     #[error("{0}")]
     Misconfigured(String),
+    /// The store decided and charged, but fewer replicas than `QUOTA_REDIS_MIN_REPLICAS`
+    /// acknowledged it in time: answered 503 and voided as any attempt in doubt, never a
+    /// degraded allow (the store is not down).
+    #[error("counter store change not replicated: {0}")]
+    Unreplicated(String),
     /// The store did not answer in time; worth retrying, mapped to 503. The call may still
     /// have been applied: it over-counts, never over-allows.
     #[error("counter store timed out: {0}")]
@@ -395,6 +400,15 @@ pub trait CounterStore: Send + Sync + 'static {
     /// ([`IdempotencyRecord::pending`]) is kept for good. Only a store that does not
     /// stream the ledger is asked; synchronous, like [`CounterStore::undo`].
     fn confirm(&self, _now_ms: i64, _change: &Undo) {}
+
+    /// Now on the store's clock as this instance measures it, Unix ms: the clock the store
+    /// stamps its stream entries and checks call deadlines by (Redis's `TIME`, through the
+    /// offset measured every second). This machine's wall clock for a store without one.
+    fn store_now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
 
     /// The longest a call may take before its caller stops waiting (Redis: the call's
     /// deadline is its send time plus this); zero for a store whose calls cannot time out.

@@ -24,6 +24,48 @@ impl PrivatePostgres {
         postgres
     }
 
+    /// [`PrivatePostgres::start`], serving TLS only: `ssl = on` with `cert` and `key` (PEM
+    /// files), and `pg_hba.conf` rejecting every connection over TCP without TLS
+    /// (`hostnossl … reject`).
+    pub async fn start_tls_only(cert: &Path, key: &Path) -> Self {
+        let postgres = tokio::task::spawn_blocking(Self::init)
+            .await
+            .expect("initialising the private Postgres");
+        let ctl = &postgres.ctl;
+        for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+            let target = ctl.data().join(to);
+            std::fs::copy(from, &target).expect("copying the server's certificate");
+            std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("making the key private");
+            if ctl.as_root {
+                run(Command::new("chown").arg("postgres:").arg(&target));
+            }
+        }
+        let settings = "\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n";
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(ctl.data().join("postgresql.conf"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, settings.as_bytes()))
+            .expect("turning TLS on");
+        let hba = "local all all trust\n\
+                   hostnossl all all 0.0.0.0/0 reject\n\
+                   hostnossl all all ::/0 reject\n\
+                   hostssl all all 127.0.0.1/32 trust\n\
+                   hostssl all all ::1/128 trust\n";
+        std::fs::write(ctl.data().join("pg_hba.conf"), hba).expect("writing pg_hba.conf");
+        postgres.restart().await;
+        postgres
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .and_then(|port| port.parse().ok())
+            .expect("a port in the URL")
+    }
+
     /// Stops the server at once (`pg_ctl stop -m immediate`), as a crash would.
     pub async fn stop(&self) {
         let ctl = self.ctl.clone();

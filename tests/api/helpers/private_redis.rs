@@ -30,27 +30,103 @@ impl PrivateRedis {
 
     /// [`PrivateRedis::start_on`], with `extra` server options (e.g. a maxmemory-policy).
     pub async fn start_with(port: u16, extra: &[&str]) -> Self {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(extra)
+        let mut args = vec!["--port".to_owned(), port.to_string()];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        Self::spawn(port, format!("redis://127.0.0.1:{port}/"), &args).await
+    }
+
+    /// A Redis serving TLS only, on a free port, with the server's `cert` and `key` and
+    /// client certificates verified against `ca` (required when `client_certs`); its URL
+    /// is `rediss://localhost:PORT/`. With `cluster`, a one-node Redis Cluster over TLS.
+    pub async fn start_tls(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+        client_certs: bool,
+        cluster: bool,
+    ) -> Self {
+        let port = free_port();
+        let path = |p: &std::path::Path| p.display().to_string();
+        let mut args: Vec<String> = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &path(cert),
+            "--tls-key-file",
+            &path(key),
+            "--tls-ca-cert-file",
+            &path(ca),
+            "--tls-auth-clients",
+            if client_certs { "yes" } else { "no" },
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        if cluster {
+            let nodes = std::env::temp_dir().join(format!("quota-ledger-nodes-{port}.conf"));
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--tls-cluster",
+                    "yes",
+                    "--cluster-config-file",
+                    &nodes.display().to_string(),
+                ]
+                .iter()
+                .map(|a| (*a).to_owned()),
+            );
+        }
+        Self::spawn(port, format!("rediss://localhost:{port}/"), &args).await
+    }
+
+    /// A Redis Sentinel on a free port, watching the primary on `primary_port` as `name`
+    /// (a quorum of 2, down after 1 s).
+    pub async fn start_sentinel(name: &str, primary_port: u16) -> Self {
+        let port = free_port();
+        let config = std::env::temp_dir().join(format!("quota-ledger-sentinel-{port}.conf"));
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\nsentinel monitor {name} 127.0.0.1 {primary_port} 2\n\
+             sentinel down-after-milliseconds {name} 1000\n\
+             sentinel failover-timeout {name} 10000\nsentinel parallel-syncs {name} 1\n"
+        );
+        std::fs::write(&config, text).expect("writing the sentinel's config");
+        let args = [config.display().to_string(), "--sentinel".to_owned()];
+        Self::spawn(port, format!("redis://127.0.0.1:{port}/"), &args).await
+    }
+
+    /// Runs `redis-server` without persistence with `args`, and waits until `port` accepts.
+    async fn spawn(port: u16, url: String, args: &[String]) -> Self {
+        // A directory of its own: a replica's full sync writes an RDB file there, which a
+        // server started later in the same directory would load.
+        let dir = std::env::temp_dir().join(format!("quota-ledger-redis-{port}"));
+        std::fs::create_dir_all(&dir).expect("creating the Redis dir");
+        let mut command = std::process::Command::new("redis-server");
+        command.current_dir(&dir);
+        // A sentinel's config file comes first, and a sentinel takes no persistence options.
+        match args.iter().any(|a| a == "--sentinel") {
+            true => command.args(args),
+            false => command
+                .args([
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                ])
+                .arg(&dir)
+                .args(args),
+        };
+        let child = command
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("starting redis-server (scripts/test.sh installs it)");
         // Owned at once, so that Drop stops the server whatever happens next.
-        let redis = Self {
-            child,
-            port,
-            url: format!("redis://127.0.0.1:{port}/"),
-        };
+        let redis = Self { child, port, url };
         let what = format!("redis-server accepting connections on port {port}");
         eventually(Duration::from_secs(5), &what, || async {
             let connected = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
@@ -58,6 +134,26 @@ impl PrivateRedis {
         })
         .await;
         redis
+    }
+
+    /// Runs `redis-cli` with `args` against this server (over TLS with `tls`: the CA, the
+    /// client certificate and its key).
+    pub fn cli(&self, tls: Option<[&std::path::Path; 3]>, args: &[&str]) -> String {
+        let mut command = std::process::Command::new("redis-cli");
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some([ca, cert, key]) = tls {
+            command
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(ca)
+                .arg("--cert")
+                .arg(cert)
+                .arg("--key")
+                .arg(key)
+                .args(["--sni", "localhost"]);
+        }
+        let output = command.args(args).output().expect("running redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
     /// A one-node Redis Cluster of the test's own (every slot on one primary), so that a test
@@ -93,6 +189,12 @@ impl PrivateRedis {
         redis
     }
 
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill_9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Freezes the server (SIGSTOP): it accepts connections but answers nothing, like a hung Redis.
     pub fn pause(&self) {
         self.signal("STOP");
@@ -125,5 +227,7 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let dir = std::env::temp_dir().join(format!("quota-ledger-redis-{}", self.port));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 ack.lua: acknowledges ledger entries that are safely in SQL and deletes them from their
 stream, in one atomic step (engine::drain). Done in two calls, a crash or a failed call

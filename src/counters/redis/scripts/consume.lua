@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 consume.lua: checks every charge of one quota decision and applies all of them or none.
 The Rust twin of this script is memory.rs; conformance.rs runs the same scenarios on both.

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 cut.lua: reads, at one instant, what a `counters verify` compares (engine::cut): the
 entries still in some shards' ledger streams and the states of some counters, while the

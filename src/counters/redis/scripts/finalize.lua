@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 finalize.lua: the commit point of a consume across Redis Cluster slots (engine::crossslot),
 at home: the intent opened with the home charges becomes `committed`, and the consume's

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 giveback.lua: gives units back to the counters of one charge (a refund, or the settlement,
 release or expiry of a hold) atomically with its bookkeeping. The Rust twin is memory.rs.

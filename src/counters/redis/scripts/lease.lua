@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 lease.lua: takes a lease, or extends it for its holder (the janitor's, engine::janitor).
 

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 record.lua: reads a record (a hold's, a refunded total) unless its shard has no epoch.
 

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 release.lua: gives a lease up, if its holder asks (engine::janitor, at a graceful stop).
 

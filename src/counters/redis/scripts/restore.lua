@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
 restore.lua: writes part of one shard's state, as rebuilt from the ledger, while the shard is
 closed (it has no epoch) and the caller holds the shard's rebuild lock; and opens the shard.
