@@ -44,59 +44,97 @@ fn load(app: &Arc<TestApp>, stop: &Arc<AtomicBool>, paused: &Arc<AtomicBool>) ->
     answered
 }
 
+/// A primary, its replica and three sentinels that see them and each other.
+struct Watched {
+    primary: PrivateRedis,
+    replica: PrivateRedis,
+    sentinels: Vec<PrivateRedis>,
+}
+
+impl Watched {
+    async fn start() -> Self {
+        let primary = PrivateRedis::start().await;
+        let replica = PrivateRedis::start_with(
+            crate::helpers::free_port(),
+            &["--replicaof", "127.0.0.1", &primary.port().to_string()],
+        )
+        .await;
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            sentinels.push(PrivateRedis::start_sentinel(MASTER, primary.port()).await);
+        }
+        eventually(
+            Duration::from_secs(20),
+            "the sentinels see each other and the replica",
+            || async {
+                let seen = sentinels.iter().all(|s| {
+                    let master = s.cli(None, &["SENTINEL", "MASTER", MASTER]);
+                    let field = |name: &str| {
+                        let lines: Vec<&str> = master.lines().collect();
+                        lines
+                            .iter()
+                            .position(|l| l.trim() == name)
+                            .and_then(|i| lines.get(i + 1))
+                            .map(|v| v.trim().to_owned())
+                    };
+                    field("num-slaves").as_deref() == Some("1")
+                        && field("num-other-sentinels").as_deref() == Some("2")
+                });
+                seen.then_some(())
+            },
+        )
+        .await;
+        Self {
+            primary,
+            replica,
+            sentinels,
+        }
+    }
+
+    /// An app that finds the primary through the sentinels, with a day budget of a million
+    /// for `failover.send`; `min_replicas`: `QUOTA_REDIS_MIN_REPLICAS`.
+    async fn app(&self, policy: PolicyBackend, min_replicas: u32) -> Arc<TestApp> {
+        let mut settings = fresh_settings(policy, CounterBackend::Memory).await;
+        settings.redis_sentinel = Some(SentinelSettings {
+            sentinels: self
+                .sentinels
+                .iter()
+                .map(|s| format!("127.0.0.1:{}", s.port()))
+                .collect(),
+            master: MASTER.to_owned(),
+        });
+        settings.redis_timeout = Duration::from_millis(500);
+        settings.redis_min_replicas = min_replicas;
+        let app = Arc::new(spawn_with(settings).await);
+        app.must_create_policy(calendar_policy(
+            "failover-daily",
+            "failover.send",
+            1_000_000,
+            "day",
+            "UTC",
+        ))
+        .await;
+        app
+    }
+
+    /// When the sentinels name the replica as the primary.
+    async fn switched(&self) -> Instant {
+        eventually(
+            Duration::from_secs(30),
+            "the sentinels promote the replica",
+            || async {
+                (primary_port(&self.sentinels[0]) == Some(self.replica.port())).then(Instant::now)
+            },
+        )
+        .await
+    }
+}
+
 #[tokio::test]
 async fn the_service_follows_the_promoted_replica_and_never_decides_on_the_old_primary() {
-    let mut primary = PrivateRedis::start().await;
-    let old_port = primary.port();
-    let replica = PrivateRedis::start_with(
-        crate::helpers::free_port(),
-        &["--replicaof", "127.0.0.1", &old_port.to_string()],
-    )
-    .await;
-    let mut sentinels = Vec::new();
-    for _ in 0..3 {
-        sentinels.push(PrivateRedis::start_sentinel(MASTER, old_port).await);
-    }
-    eventually(
-        Duration::from_secs(20),
-        "the sentinels see each other and the replica",
-        || async {
-            let seen = sentinels.iter().all(|s| {
-                let master = s.cli(None, &["SENTINEL", "MASTER", MASTER]);
-                let field = |name: &str| {
-                    let lines: Vec<&str> = master.lines().collect();
-                    lines
-                        .iter()
-                        .position(|l| l.trim() == name)
-                        .and_then(|i| lines.get(i + 1))
-                        .map(|v| v.trim().to_owned())
-                };
-                field("num-slaves").as_deref() == Some("1")
-                    && field("num-other-sentinels").as_deref() == Some("2")
-            });
-            seen.then_some(())
-        },
-    )
-    .await;
-
-    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
-    settings.redis_sentinel = Some(SentinelSettings {
-        sentinels: sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect(),
-        master: MASTER.to_owned(),
-    });
-    settings.redis_timeout = Duration::from_millis(500);
-    let app = Arc::new(spawn_with(settings).await);
-    app.must_create_policy(calendar_policy(
-        "failover-daily",
-        "failover.send",
-        1_000_000,
-        "day",
-        "UTC",
-    ))
-    .await;
+    let mut watched = Watched::start().await;
+    let old_port = watched.primary.port();
+    let app = watched.app(PolicyBackend::Sqlite, 0).await;
     let (stop, paused) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
@@ -107,17 +145,12 @@ async fn the_service_follows_the_promoted_replica_and_never_decides_on_the_old_p
     // Everything answered so far reached the replica (WAIT), then the primary dies.
     paused.store(true, Ordering::Release);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let acked = primary.cli(None, &["WAIT", "1", "2000"]);
+    let acked = watched.primary.cli(None, &["WAIT", "1", "2000"]);
     assert_eq!(acked.trim(), "1", "the replica acknowledged");
-    primary.kill_9();
+    watched.primary.kill_9();
     paused.store(false, Ordering::Release);
 
-    let switched = eventually(
-        Duration::from_secs(30),
-        "the sentinels promote the replica",
-        || async { (primary_port(&sentinels[0]) == Some(replica.port())).then(Instant::now) },
-    )
-    .await;
+    let switched = watched.switched().await;
     let first_served = eventually(
         Duration::from_secs(10),
         "a consume served after the switch",
@@ -174,4 +207,83 @@ async fn the_service_follows_the_promoted_replica_and_never_decides_on_the_old_p
     );
     let verified = verify(&app).await;
     assert_eq!(verified["drift"], serde_json::json!([]), "{verified}");
+}
+
+#[tokio::test]
+async fn with_replicated_answers_a_sentinel_failover_loses_no_answered_charge() {
+    let mut watched = Watched::start().await;
+    let old_port = watched.primary.port();
+    let app = watched.app(PolicyBackend::Postgres, 1).await;
+    let answered: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for client in 0..8 {
+        let (app, answered, stop) = (app.clone(), answered.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Acquire) {
+                n += 1;
+                let key = format!("c{client}-{n}");
+                let body = serde_json::json!({"action": "failover.send", "subject": "u-1",
+                    "idempotency_key": key});
+                let answer = app.quota("/quota/consume", body).await;
+                if answer.status == 200 {
+                    let id = answer.body["consumption_id"].as_str().unwrap().to_owned();
+                    answered.lock().unwrap().push((key, id));
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The replica's link drops just before the primary dies under load.
+    watched.replica.pause();
+    let dropped = watched
+        .primary
+        .cli(None, &["CLIENT", "KILL", "TYPE", "replica"]);
+    assert_eq!(dropped.trim(), "1", "the replica's link was dropped");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    watched.primary.kill_9();
+    watched.replica.resume();
+    watched.switched().await;
+    // The old primary comes back, as a replica of the new one: with a replica to
+    // acknowledge, the service answers again, and its drain moves what waits.
+    let old = PrivateRedis::start_on(old_port).await;
+    eventually(
+        Duration::from_secs(30),
+        "a consume served again",
+        || async {
+            let served = answered.lock().unwrap().len();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            (answered.lock().unwrap().len() > served).then_some(())
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Release);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let answered = answered.lock().unwrap().clone();
+    for (key, id) in &answered {
+        let body = serde_json::json!({"action": "failover.send", "subject": "u-1",
+            "idempotency_key": key});
+        let retried = app.quota("/quota/consume", body).await;
+        assert_eq!(retried.status, 200, "{key}: {}", retried.body);
+        assert_eq!(
+            retried.body["replayed"], true,
+            "{key} was answered 200: {}",
+            retried.body
+        );
+        assert_eq!(retried.body["consumption_id"].as_str(), Some(id.as_str()));
+    }
+    eventually(
+        Duration::from_secs(30),
+        "every answered charge is in the ledger",
+        || async {
+            app.engine.drain_ledger_now().await;
+            let verified = verify(&app).await;
+            (verified["drift"] == serde_json::json!([])).then_some(())
+        },
+    )
+    .await;
+    drop(old);
 }
