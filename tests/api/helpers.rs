@@ -15,10 +15,12 @@ use std::time::{Duration, Instant};
 
 mod binary;
 mod certs;
+mod keyed_load;
 mod private_postgres;
 mod private_redis;
 pub use binary::{create_sms_policy, start_binary, start_binary_at, Service};
 pub use certs::TestCerts;
+pub use keyed_load::{keyed_consume, KeyedLoad};
 pub use private_postgres::{pg_dump, PrivatePostgres};
 pub use private_redis::PrivateRedis;
 

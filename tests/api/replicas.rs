@@ -4,13 +4,12 @@
 //! that stops acknowledging makes consumes 503 and leaves no charge.
 
 use crate::helpers::{
-    calendar_policy, eventually, fresh_settings, spawn_with, CounterBackend, PolicyBackend,
-    PrivateRedis, TestApp,
+    calendar_policy, eventually, fresh_settings, keyed_consume, spawn_with, CounterBackend,
+    KeyedLoad, PolicyBackend, PrivateRedis, TestApp,
 };
 use crate::integrity::verify;
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A primary with one replica that has caught up.
@@ -36,7 +35,8 @@ async fn app_on(redis: &PrivateRedis, policy: PolicyBackend) -> TestApp {
     let mut settings = fresh_settings(policy, CounterBackend::Memory).await;
     settings.redis_urls = vec![redis.url.clone()];
     settings.redis_min_replicas = 1;
-    settings.redis_timeout = Duration::from_millis(500);
+    // WAIT gets half of it: room for a busy machine to acknowledge.
+    settings.redis_timeout = Duration::from_millis(2_000);
     let app = spawn_with(settings).await;
     app.must_create_policy(calendar_policy(
         "repl-daily",
@@ -50,7 +50,7 @@ async fn app_on(redis: &PrivateRedis, policy: PolicyBackend) -> TestApp {
 }
 
 fn keyed(key: &str) -> serde_json::Value {
-    json!({"action": "repl.send", "subject": "u-1", "idempotency_key": key})
+    keyed_consume("repl.send", key)
 }
 
 #[tokio::test]
@@ -118,24 +118,7 @@ async fn with_too_few_replicas_readyz_is_503_naming_the_setting() {
 async fn a_failover_to_the_replica_loses_no_answered_charge() {
     let (mut primary, replica) = primary_and_replica().await;
     let app = Arc::new(app_on(&primary, PolicyBackend::Postgres).await);
-    let answered: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for client in 0..8 {
-        let (app, answered, stop) = (app.clone(), answered.clone(), stop.clone());
-        clients.push(tokio::spawn(async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Acquire) {
-                n += 1;
-                let key = format!("c{client}-{n}");
-                let answer = app.quota("/quota/consume", keyed(&key)).await;
-                if answer.status == 200 {
-                    let id = answer.body["consumption_id"].as_str().unwrap().to_owned();
-                    answered.lock().unwrap().push((key, id));
-                }
-            }
-        }));
-    }
+    let load = KeyedLoad::start(&app, "repl.send", 8);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // The replica's link drops (and it cannot reconnect), then the primary dies under load;
     // the replica is promoted.
@@ -146,10 +129,7 @@ async fn a_failover_to_the_replica_loses_no_answered_charge() {
     primary.kill_9();
     replica.resume();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Release);
-    for client in clients {
-        client.await.unwrap();
-    }
+    let answered = load.stop().await;
     let promoted = replica.cli(None, &["REPLICAOF", "NO", "ONE"]);
     assert!(promoted.contains("OK"), "{promoted}");
 
@@ -159,22 +139,12 @@ async fn a_failover_to_the_replica_loses_no_answered_charge() {
     settings.redis_min_replicas = 0;
     let after = spawn_with(settings).await;
     after.engine.drain_ledger_now().await;
-    let answered = answered.lock().unwrap().clone();
     assert!(
         answered.len() > 50,
         "the load was served: {}",
         answered.len()
     );
-    for (key, id) in &answered {
-        let retried = after.quota("/quota/consume", keyed(key)).await;
-        assert_eq!(retried.status, 200, "{key}: {}", retried.body);
-        assert_eq!(
-            retried.body["replayed"], true,
-            "{key} was answered 200: {}",
-            retried.body
-        );
-        assert_eq!(retried.body["consumption_id"].as_str(), Some(id.as_str()));
-    }
+    KeyedLoad::assert_replayed(&after, "repl.send", &answered).await;
     after.engine.drain_ledger_now().await;
     let mut recorded = std::collections::BTreeSet::new();
     let mut cursor = String::new();

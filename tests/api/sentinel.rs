@@ -3,7 +3,7 @@
 //! on the old primary once it is back (as a replica).
 
 use crate::helpers::{calendar_policy, fresh_settings, spawn_with, CounterBackend, PolicyBackend};
-use crate::helpers::{eventually, PrivateRedis, TestApp};
+use crate::helpers::{eventually, KeyedLoad, PrivateRedis, TestApp};
 use crate::integrity::verify;
 use quota_ledger::config::SentinelSettings;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -214,26 +214,7 @@ async fn with_replicated_answers_a_sentinel_failover_loses_no_answered_charge() 
     let mut watched = Watched::start().await;
     let old_port = watched.primary.port();
     let app = watched.app(PolicyBackend::Postgres, 1).await;
-    let answered: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for client in 0..8 {
-        let (app, answered, stop) = (app.clone(), answered.clone(), stop.clone());
-        clients.push(tokio::spawn(async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Acquire) {
-                n += 1;
-                let key = format!("c{client}-{n}");
-                let body = serde_json::json!({"action": "failover.send", "subject": "u-1",
-                    "idempotency_key": key});
-                let answer = app.quota("/quota/consume", body).await;
-                if answer.status == 200 {
-                    let id = answer.body["consumption_id"].as_str().unwrap().to_owned();
-                    answered.lock().unwrap().push((key, id));
-                }
-            }
-        }));
-    }
+    let load = KeyedLoad::start(&app, "failover.send", 8);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // The replica's link drops just before the primary dies under load.
     watched.replica.pause();
@@ -252,29 +233,14 @@ async fn with_replicated_answers_a_sentinel_failover_loses_no_answered_charge() 
         Duration::from_secs(30),
         "a consume served again",
         || async {
-            let served = answered.lock().unwrap().len();
+            let served = load.served();
             tokio::time::sleep(Duration::from_millis(200)).await;
-            (answered.lock().unwrap().len() > served).then_some(())
+            (load.served() > served).then_some(())
         },
     )
     .await;
-    stop.store(true, Ordering::Release);
-    for client in clients {
-        client.await.unwrap();
-    }
-    let answered = answered.lock().unwrap().clone();
-    for (key, id) in &answered {
-        let body = serde_json::json!({"action": "failover.send", "subject": "u-1",
-            "idempotency_key": key});
-        let retried = app.quota("/quota/consume", body).await;
-        assert_eq!(retried.status, 200, "{key}: {}", retried.body);
-        assert_eq!(
-            retried.body["replayed"], true,
-            "{key} was answered 200: {}",
-            retried.body
-        );
-        assert_eq!(retried.body["consumption_id"].as_str(), Some(id.as_str()));
-    }
+    let answered = load.stop().await;
+    KeyedLoad::assert_replayed(&app, "failover.send", &answered).await;
     eventually(
         Duration::from_secs(30),
         "every answered charge is in the ledger",

@@ -305,13 +305,10 @@ impl RedisCounterStore {
                         self.timeout.as_millis()
                     ))
                 })??;
-            let reply = match connection.clone() {
-                Connection::Standalone(mut c, _) => {
-                    bounded(self.timeout, run(script, &mut c, call)).await
-                }
-                Connection::Cluster(mut c) => {
-                    bounded(self.timeout, run(script, &mut c, call)).await
-                }
+            let mut connection = connection;
+            let reply = match &mut connection {
+                Connection::Standalone(c, _) => bounded(self.timeout, run(script, c, call)).await,
+                Connection::Cluster(c) => bounded(self.timeout, run(script, c, call)).await,
             };
             reply.map(|reply| (reply, connection))
         }
