@@ -21,7 +21,11 @@
 # BENCH_MEMORY_SUBJECTS, BENCH_MODES, BENCH_GRPC, BENCH_GRPC_CONNECTIONS, BENCH_NO_BUILD,
 # BENCH_BINARY, BENCH_NO_INSTALL, BENCH_OUT, BENCH_IDLE_SECONDS, BENCH_AUTH, BENCH_ALERTS,
 # BENCH_LIMITADOR, BENCH_LEDGER_ENTRIES, BENCH_POSTGRES (0: no private Postgres, started
-# otherwise through scripts/with-stores.sh for the Postgres ingest row).
+# otherwise through scripts/with-stores.sh for the Postgres ingest row), BENCH_DOCS.
+#
+# docs/benchmarks.md: a full run (none of the knobs that shape the measurement set) rewrites
+# it once the table is printed: a line naming the date and the machine, then the table.
+# BENCH_DOCS=1 rewrites it after any run, BENCH_DOCS=0 never.
 set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -44,6 +48,28 @@ fi
 
 harness=(python3 -B scripts/bench/bench.py "$@")
 case " $* " in *" --help "* | *" -h "*) exec "${harness[@]}" ;; esac
+
+# The results page (docs/benchmarks.md): after a run that printed its table, the harness
+# writes it (BENCH_DOCS_FILE) under the line naming the date and machine made here.
+docs=${BENCH_DOCS:-}
+if [[ -z $docs ]]; then
+	docs=1
+	for knob in BENCH_DURATION BENCH_WARMUP BENCH_CONNECTIONS BENCH_FLOOD_CONNECTIONS \
+		BENCH_THREADS BENCH_SUBJECTS BENCH_MEMORY_SUBJECTS BENCH_MODES BENCH_GRPC \
+		BENCH_GRPC_CONNECTIONS BENCH_AUTH BENCH_ALERTS BENCH_LIMITADOR BENCH_LEDGER_ENTRIES \
+		BENCH_POSTGRES BENCH_IDLE_SECONDS; do
+		[[ -z ${!knob+set} ]] || docs=0
+	done
+fi
+if [[ $docs == 1 ]]; then
+	cpu=$(sed -n '/^model name/{s/^[^:]*:[[:space:]]*//p;q;}' /proc/cpuinfo 2>/dev/null) || cpu=
+	cores=$(nproc 2>/dev/null) || cores='?'
+	export BENCH_DOCS_FILE=docs/benchmarks.md
+	export BENCH_DOCS_HEADER="Measured $(date -u +%F) (UTC) on ${cores} cores, ${cpu:-CPU model unknown}, $(uname -sr)."
+else
+	unset BENCH_DOCS_FILE BENCH_DOCS_HEADER
+fi
+
 if [[ ${BENCH_POSTGRES:-1} != 0 && -z ${QUOTA_TEST_DATABASE_URL:-} ]]; then
 	# The Postgres ingest row's private Postgres (no Redis Cluster; the harness starts its
 	# own Redis): scripts/with-stores.sh starts it, installing it when missing, forwards

@@ -10,6 +10,16 @@
 #   5. scripts/clients.sh: a Python and a TypeScript client generated from that
 #      document with no configuration, type-checked, run through the walkthrough
 #   6. scripts/console.sh: the operator console driven in headless Chromium
+#   7. scripts/examples.sh: every shell block of README.md and docs/examples.md, run
+#      in order against a fresh service, their answers checked
+#   8. scripts/container.sh: a container image of the binary, run against the stores,
+#      and the README's quickstart against it
+#
+#   scripts/test.sh --quick
+#      the fast path: fmt, clippy, the unit tests and the embedded mode's API tests
+#      (a standalone Redis only: no PostgreSQL, no Redis Cluster, no browser; the few
+#      in-memory tests whose ledger is Postgres are skipped), and the examples; it
+#      takes no extra arguments
 #
 # Extra arguments go to `cargo test`, e.g.  scripts/test.sh -- --nocapture
 # Exits non-zero as soon as a step fails. CI runs this via .ci/run.
@@ -18,6 +28,12 @@ set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
 
 banner() { printf '\n==> %s\n' "$*" >&2; }
+
+QUICK=0
+if [[ ${1:-} == --quick ]]; then
+	QUICK=1
+	shift
+fi
 
 # rustfmt / clippy are rustup components that a minimal toolchain may lack.
 for component in fmt:rustfmt clippy:clippy; do
@@ -36,6 +52,20 @@ cargo fmt --all --check
 
 banner "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+
+if ((QUICK)); then
+	banner "cargo test: unit tests and the embedded mode's API tests (a standalone Redis only)"
+	WITH_STORES_CLUSTER=0 WITH_STORES_POSTGRES=0 bash scripts/with-stores.sh bash -c '
+		cargo test --lib --bins -- --skip cluster &&
+		cargo test --test api -- on_memory on_sqlite docs:: \
+			--skip alerts::on_memory --skip backtest::on_memory --skip webhooks::on_memory \
+			--skip budgets::shared::on_memory --skip velocity::over_capture::on_memory'
+
+	banner "scripts/examples.sh (the README and docs/examples.md, run as a reader would)"
+	bash scripts/examples.sh target/debug/quota-ledger
+	banner "quick checks passed (scripts/test.sh runs everything)"
+	exit 0
+fi
 
 banner "scripts/previous-release.sh (the last release, for the mixed-version test)"
 QUOTA_PREVIOUS_RELEASE_BIN=$(bash scripts/previous-release.sh)
@@ -57,5 +87,11 @@ bash scripts/clients.sh target/debug/quota-ledger
 
 banner "scripts/console.sh (the operator console in headless Chromium)"
 bash scripts/console.sh target/debug/quota-ledger
+
+banner "scripts/examples.sh (the README and docs/examples.md, run as a reader would)"
+bash scripts/examples.sh target/debug/quota-ledger
+
+banner "scripts/container.sh (an image of the binary, against Redis and Postgres)"
+WITH_STORES_CLUSTER=0 bash scripts/with-stores.sh bash scripts/container.sh target/debug/quota-ledger
 
 banner "all checks passed"

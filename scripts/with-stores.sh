@@ -20,6 +20,8 @@
 #
 # Knobs (environment):
 #   WITH_STORES_CLUSTER=0    do not start the Redis Cluster (saves ~2-3 s)
+#   WITH_STORES_POSTGRES=0   do not start (or install) PostgreSQL; QUOTA_TEST_DATABASE_URL
+#                            stays unset
 #   WITH_STORES_NO_INSTALL=1 never apt-get install missing servers; fail instead
 #   WITH_STORES_TIMEOUT=N    seconds to wait for each server to be ready (20)
 #
@@ -235,9 +237,9 @@ ensure_servers() {
 	if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
 		need+=(redis-server redis-tools)
 	fi
-	PG_BIN=$(find_pg_bin)
-	if [[ -z $PG_BIN ]]; then
-		need+=(postgresql postgresql-client)
+	if [[ ${WITH_STORES_POSTGRES:-1} != 0 ]]; then
+		PG_BIN=$(find_pg_bin)
+		[[ -n $PG_BIN ]] || need+=(postgresql postgresql-client)
 	fi
 	# The TLS tests make their certificates with openssl; the clock tests skew one
 	# instance's clock with libfaketime.
@@ -250,6 +252,7 @@ ensure_servers() {
 	apt_get update -q
 	apt_get install -y -q --no-install-recommends "${need[@]}"
 	command -v redis-server >/dev/null || die "redis-server still not found after install"
+	[[ ${WITH_STORES_POSTGRES:-1} != 0 ]] || return 0
 	PG_BIN=$(find_pg_bin)
 	[[ -n $PG_BIN ]] || die "PostgreSQL server binaries still not found after install"
 }
@@ -459,7 +462,9 @@ if [[ ${WITH_STORES_CLUSTER:-1} != 0 ]]; then
 	start_redis_cluster
 fi
 
-start_postgres
+if [[ ${WITH_STORES_POSTGRES:-1} != 0 ]]; then
+	start_postgres
+fi
 
 log "running: $*"
 # CMD runs in the background and we `wait` for it, because bash defers traps

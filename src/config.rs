@@ -406,7 +406,8 @@ pub struct ConfigArgs {
     queue_wait_ms: u64,
     /// The most ledger entries waiting in the Redis streams (all shards) for SQL, e.g.
     /// while Postgres is down; past it consumes are answered 503 ledger-backlog-full (about
-    /// 200 bytes of Redis memory each: the default takes about 200 MB).
+    /// 170 bytes of Redis memory each for a one-policy consume, more with an idempotency key
+    /// or several policies: the default takes about 170 MB).
     #[arg(long, env = "QUOTA_LEDGER_BACKLOG_MAX", value_name = "N",
         default_value = DEFAULT_LEDGER_BACKLOG_MAX,
         value_parser = whole::<u64>(DEFAULT_LEDGER_BACKLOG_MAX, "QUOTA_LEDGER_BACKLOG_MAX", "entries", 1),

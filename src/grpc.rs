@@ -2,7 +2,7 @@
 //! ShouldRateLimit`, so that Envoy, Istio or any gateway with an RLS client enforces the
 //! policies, and the standard gRPC health service beside it.
 //!
-//! The mapping (the README shows it with an Envoy configuration):
+//! The mapping (docs/envoy.md shows it with an Envoy configuration):
 //! - `domain` is the action; an action without policies is `INVALID_ARGUMENT`, never `OK`.
 //! - Each descriptor is one consume: its entry keyed `subject` is the subject, the others
 //!   are attributes (so policies scoped or matched by `remote_address`, `generic_key`,

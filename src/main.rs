@@ -363,15 +363,10 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    /// Each `(variable, default)` of the README's configuration table; the default is `None`
-    /// where the table gives no literal value (`unset: …`, `text`).
+    /// Each `(variable, default)` of the configuration table in docs/configuration.md; the
+    /// default is `None` where the table gives no literal value (`unset: …`, `text`).
     fn documented_variables() -> Vec<(&'static str, Option<&'static str>)> {
-        let readme = include_str!("../README.md");
-        let (_, section) = readme
-            .split_once("\n## Configuration\n")
-            .expect("the README has a Configuration section");
-        let section = section.split("\n## ").next().unwrap_or(section);
-        section
+        include_str!("../docs/configuration.md")
             .lines()
             .filter_map(|row| {
                 let mut cells = row.strip_prefix("| `")?.split(" | ");
@@ -401,7 +396,7 @@ mod tests {
         ] {
             assert!(
                 variables.iter().any(|(documented, _)| *documented == name),
-                "the README table lists {name}: {variables:?}"
+                "docs/configuration.md lists {name}: {variables:?}"
             );
         }
         for args in [
@@ -436,7 +431,7 @@ mod tests {
     }
 
     #[test]
-    fn every_variable_the_binary_reads_is_documented_in_the_readme() {
+    fn every_variable_the_binary_reads_is_documented_in_the_configuration_page() {
         let documented: Vec<&str> = documented_variables().into_iter().map(|(n, _)| n).collect();
         let command = Cli::command();
         let read: Vec<String> = command
@@ -448,7 +443,7 @@ mod tests {
         for name in &read {
             assert!(
                 documented.contains(&name.as_str()),
-                "{name} is missing from the README's configuration table"
+                "{name} is missing from the table of docs/configuration.md"
             );
         }
     }

@@ -84,6 +84,10 @@ Knobs (environment):
   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
   BENCH_NO_INSTALL=1         never apt-get install; fail when a tool is missing
   BENCH_OUT=FILE             also write the table to FILE (relative to the repository)
+  BENCH_DOCS=1               rewrite docs/benchmarks.md after this run (0: never; unset:
+                             only after a full run, none of the knobs above set but
+                             BENCH_NO_BUILD, BENCH_BINARY, BENCH_NO_INSTALL and BENCH_OUT;
+                             scripts/bench.sh decides, and names the date and the machine)
   BENCH_IDLE_SECONDS=30      seconds the idle Redis load is counted over (0: not measured;
                              the janitor measures every stream every 15 s)
 """
@@ -163,6 +167,25 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
     return table(knobs, bench.results, bench.redis.version())
 
 
+RESULTS_PAGE = """# Benchmark results
+
+{header}
+
+Written by `scripts/bench.sh`: a full run (every knob at its default) rewrites this page.
+What the rows measure, how to reproduce them and how to read them:
+[Performance](performance.md).
+
+```text
+{table}```
+"""
+
+
+def write_results_page(path: Path, header: str, text: str) -> None:
+    """docs/benchmarks.md: HEADER (the date and the machine, from scripts/bench.sh), then the table."""
+    path.write_text(RESULTS_PAGE.format(header=header or "Machine and date not recorded.", table=text))
+    log(f"wrote {path}")
+
+
 def main(argv: List[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
@@ -199,6 +222,9 @@ def main(argv: List[str]) -> int:
         sys.stdout.flush()
         if knobs.out is not None:
             knobs.out.write_text(text)
+        docs = os.environ.get("BENCH_DOCS_FILE", "")
+        if docs:
+            write_results_page(ROOT / docs, os.environ.get("BENCH_DOCS_HEADER", ""), text)
     except Stop as stopped:
         log("stopping: a signal arrived")
         code = stopped.code

@@ -3,7 +3,7 @@ over the last 24 hours by examples/ledger_scale.rs (through the service's own st
 codec, in batches of 5,000 as the drain writes them), then what the API reads from it
 timed: the console's Today page (24 hourly rollups and the most-denied subjects) and the
 query API's filters. Postgres: run the example against a Postgres URL by hand (the bench
-starts no Postgres); docs/performance.md has its figures.
+starts no Postgres); docs/benchmarks.md has its figures.
 
 Then the Redis-loss row: another ledger of as many entries whose charges name the counter
 they charged (the calendar day, as a consume's do), a Redis-mode service started on it,

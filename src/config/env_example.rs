@@ -71,12 +71,12 @@ fn the_env_example_lists_every_variable_with_its_default() {
 }
 
 #[test]
-fn the_variables_read_elsewhere_are_in_the_readme_and_in_help() {
-    let readme = include_str!("../../README.md");
+fn the_variables_read_elsewhere_are_in_the_configuration_page_and_in_help() {
+    let page = include_str!("../../docs/configuration.md");
     for (name, _, _) in READ_ELSEWHERE {
         assert!(
-            readme.contains(&format!("| `{name}` |")),
-            "the README lists {name}"
+            page.contains(&format!("| `{name}` |")),
+            "docs/configuration.md lists {name}"
         );
         assert!(
             super::READ_ELSEWHERE_HELP.contains(name),

@@ -1,6 +1,6 @@
 //! The SQL ledger's readable columns: `policies` and `attributes` as JSON (`jsonb` on
 //! Postgres, JSON text on SQLite), so that psql, a BI tool or a reconciliation job reads
-//! the book of record without our code (README, "The ledger in SQL").
+//! the book of record without our code (docs/ledger-sql.md).
 //!
 //! `policies` holds one object per policy the entry concerns, in the entry's order:
 //! `{"policy": id, "amount": units, "scope": [key names], "budget": {key: value}}`. The

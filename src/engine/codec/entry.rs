@@ -2,7 +2,7 @@
 //! for the drain, and what a refund's idempotency record keeps.
 //!
 //! A Postgres outage makes every allowed consume wait in Redis memory as one stream entry,
-//! so its size is the outage budget (README, "Outage budget"): a single-policy consume
+//! so its size is the outage budget (docs/operations.md, "Outage budget"): a single-policy consume
 //! takes well under 200 bytes here, against about 550 as JSON. No JSON inside, no field
 //! names, ids as 22 characters of base 64, and the counter's key without the action and
 //! subject that the entry already names.

@@ -360,7 +360,7 @@ async fn kill_at(app: TestApp, point: &str, n: usize) -> TestApp {
 
 /// The consumes a `kill -9` cut short (keyed `kill-<n>`) that the ledger shows charged:
 /// those that got past the point, and (Redis) those Redis applied before the instance died,
-/// which stand, recorded (the README says so). One killed between its change and its
+/// which stand, recorded (docs/guarantees.md says so). One killed between its change and its
 /// ledger commit (the embedded store) must count nowhere.
 async fn killed_charges(url: &str) -> Vec<Consumption> {
     let sql = "SELECT consumption_id, amount FROM ledger_entries \
@@ -385,7 +385,7 @@ async fn killed_charges(url: &str) -> Vec<Consumption> {
 }
 
 /// Freezes `redis` while a consume waits (see [`Step::RedisStall`]), then settles the
-/// doubt at once: an instance killed before it voids leaves the charge (the README says
+/// doubt at once: an instance killed before it voids leaves the charge (docs/guarantees.md says
 /// so), which is not what these histories are about.
 async fn stall(app: &TestApp, redis: &PrivateRedis, ran: bool) -> Result<(), TestCaseError> {
     redis.pause();
