@@ -157,13 +157,14 @@ async fn the_example_queries_of_the_docs_answer_what_the_ledger_holds() {
             json!({"country": "US", "denials": 1})
         ]
     );
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let in_readme = sql_blocks(&readme, "### The ledger in SQL");
+    let payments =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/payments.md"))
+            .unwrap();
+    let in_payments = sql_blocks(&payments, "## The ledger in SQL");
     assert_eq!(
-        rows_of(&pool, &in_readme[0]).await,
+        rows_of(&pool, &in_payments[0]).await,
         denials,
-        "the README's query"
+        "docs/payments.md's query"
     );
 
     let reconciled = rows_of(&pool, &queries[3]).await;
