@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+
+mod engine_modules;
 use std::path::{Path, PathBuf};
 
 /// Each top-level module and the other top-level modules it names.

@@ -4,8 +4,8 @@
 
 use super::pipeline::backlog::Backlog;
 use super::pipeline::drain::Drainer;
-use super::recovery::shards::ShardStates;
 use super::recovery::snapshot::{SnapshotStore, Snapshots};
+use super::shards::ShardStates;
 use std::sync::Arc;
 
 /// The deployment: in process (the embedded default), or on Redis.

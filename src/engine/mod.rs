@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod load;
 pub mod pipeline;
 pub mod recovery;
+pub(crate) mod shards;
 pub(crate) mod state;
 pub mod store;
 
@@ -159,7 +160,7 @@ pub(crate) struct Ports {
     /// In process or on Redis, with what each needs beside the counter store.
     pub(crate) deployment: Deployment,
     /// A fresh in-process store to replay the ledger into (a shard's on Redis; all of it to verify).
-    pub(crate) scratch: recovery::shards::ScratchStore,
+    pub(crate) scratch: state::ScratchStore,
     /// Whether this instance sweeps after dead ones.
     pub(crate) janitor: Arc<janitor::Janitor>,
 }
@@ -189,7 +190,7 @@ pub struct Engine {
     load: Arc<load::Load>,
     /// In process or on Redis: chosen once, in `startup`.
     deployment: Deployment,
-    scratch: recovery::shards::ScratchStore,
+    scratch: state::ScratchStore,
     /// One rebuild of shards at a time in this instance.
     reopening: tokio::sync::Mutex<()>,
     /// Set when a decision found a shard without its epoch.

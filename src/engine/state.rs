@@ -6,6 +6,7 @@
 
 use super::store::{Charge, CounterStore, GiveBack, StoreError};
 use async_trait::async_trait;
+use std::sync::Arc;
 
 /// The state of one counter, one variant per algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,3 +127,6 @@ pub(crate) struct Rebuilt {
     /// Steps replayed.
     pub(crate) steps: usize,
 }
+
+/// A fresh, empty in-process store to replay a shard's ledger into.
+pub(crate) type ScratchStore = Arc<dyn Fn() -> Arc<dyn Replay> + Send + Sync>;

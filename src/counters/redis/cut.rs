@@ -4,7 +4,7 @@
 
 use super::call::bounded;
 use super::{Connection, RedisCounterStore};
-use crate::engine::recovery::cut::Cut;
+use crate::engine::shards::Cut;
 use crate::engine::state::{CounterState, StateItem};
 use crate::engine::store::StoreError;
 use crate::keys::{self, SHARDS};

@@ -3,8 +3,7 @@
 //! rebuilds a shard, and writing the rebuilt state through `scripts/restore.lua`.
 
 use super::RedisCounterStore;
-use crate::engine::recovery::cut::Cut;
-use crate::engine::recovery::shards::ShardStates;
+use crate::engine::shards::{Cut, ShardStates};
 use crate::engine::state::{CounterState, StateItem};
 use crate::engine::store::StoreError;
 use crate::keys::{self, SHARDS};

@@ -16,13 +16,13 @@
 //! | # | field | form |
 //! |---|---|---|
 //! | 0 | version | `3` |
-//! | 1 | id | [`b64`] |
+//! | 1 | id | `b64` |
 //! | 2 | at | Unix ms |
 //! | 3 | kind | one letter: `c`harge, `r`efund, `h`old, co`m`mit, re`l`ease, e`x`pire, `d`eny, `v`oid |
 //! | 4, 5 | action, subject | as is |
 //! | 6 | amount | decimal |
-//! | 7 | consumption id | [`b64`], or empty |
-//! | 8 | hold id | [`b64`] `.` shard, or empty |
+//! | 7 | consumption id | `b64`, or empty |
+//! | 8 | hold id | `b64` `.` shard, or empty |
 //! | 9 | idempotency key | as is, or empty |
 //! | 10 | policies | per policy: id `GS` amount (empty: the entry's amount), then `GS` and its scope's key names joined by `,` unless it is the default scope |
 //! | 11 | counters | per counter: policy `GS` key `GS` restore `GS` by-amount (`1`/`0`) `GS` charged (empty: its policy's amount) |
@@ -45,52 +45,22 @@
 //! entry's instant falls in), `t<period ms>,<limit>` or `z<period end ms>` (a zoned calendar,
 //! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
+use super::fields::{
+    b64, decode_attributes, decode_counters, decode_expiry_and_kept, decode_hold_id,
+    decode_policies, from_b64, instant, number, optional, write_counters, write_expiry_and_kept,
+    write_policies, GS, RS, US, WHAT,
+};
 use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy, KeptTerms};
 use super::row::EntryParts;
-use super::{field, CodecError};
-use crate::domain::{
-    Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry,
-    Measure, Mode, PolicyAmount, PolicyId, Restore, Scope,
-};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
-use chrono::{DateTime, Utc};
+use super::CodecError;
+use crate::domain::{ConsumptionId, EntryId, EntryKind, LedgerEntry, Measure, Mode};
 use std::fmt::Write as _;
 
 /// The first field of an entry's compact form.
 const VERSION: &str = "3";
-/// The first field of a `detail` column ([`encode_detail`]).
-pub(super) const DETAIL_VERSION: &str = "d1";
-/// The first field of a `policies` column ([`encode_policies`]).
-pub(super) const POLICIES_VERSION: &str = "p1";
-pub(super) const US: char = '\u{1f}';
-const RS: char = '\u{1e}';
-const GS: char = '\u{1d}';
-pub(super) const WHAT: &str = "ledger entry";
 
 /// The kinds' letters, in [`EntryKind::ALL`] order.
 const KIND_LETTERS: [char; 8] = ['c', 'r', 'h', 'm', 'l', 'x', 'd', 'v'];
-
-/// 128 bits as 22 characters of base 64 (URL alphabet, no padding), big-endian.
-fn b64(bits: u128) -> String {
-    URL_SAFE_NO_PAD.encode(bits.to_be_bytes())
-}
-
-/// Reads what [`b64`] wrote.
-fn from_b64(text: &str) -> Result<u128, CodecError> {
-    let bytes: Option<[u8; 16]> = URL_SAFE_NO_PAD
-        .decode(text)
-        .ok()
-        .and_then(|bytes| bytes.try_into().ok());
-    bytes
-        .map(u128::from_be_bytes)
-        .ok_or_else(|| CodecError::new(WHAT, format!("id '{text}'")))
-}
-
-/// The rolling bucket a charge at `at_ms` goes to (what the engine charges).
-fn current_bucket(at_ms: i64, bucket_ms: i64) -> Option<i64> {
-    (bucket_ms > 0).then(|| at_ms.div_euclid(bucket_ms))
-}
 
 fn kind_letter(kind: EntryKind) -> char {
     let index = EntryKind::ALL.iter().position(|&k| k == kind).unwrap_or(0);
@@ -137,98 +107,6 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
     }
     write_expiry_and_kept(&mut out, entry);
     out
-}
-
-/// Field 10: the entry's policies, their amounts relative to the entry's `amount`.
-pub(super) fn write_policies(out: &mut String, policies: &[PolicyAmount], amount: u64) {
-    for (i, p) in policies.iter().enumerate() {
-        if i > 0 {
-            out.push(RS);
-        }
-        let _ = write!(out, "{}{GS}", p.policy_id);
-        if p.amount != amount {
-            let _ = write!(out, "{}", p.amount);
-        }
-        if !p.scope.is_default() {
-            let _ = write!(out, "{GS}{}", p.scope.names());
-        }
-    }
-}
-
-/// Field 11: the entry's counters, their keys relative to `suffix` (`<action>|<subject>`).
-pub(super) fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str, at_ms: i64) {
-    for (i, c) in entry.counters.iter().enumerate() {
-        if i > 0 {
-            out.push(RS);
-        }
-        let policy = entry
-            .policies
-            .iter()
-            .position(|p| p.policy_id == c.policy_id);
-        match policy {
-            Some(index) if index == i => {}
-            Some(index) => {
-                let _ = write!(out, "{index}");
-            }
-            None => {
-                let _ = write!(out, "~{}", c.policy_id);
-            }
-        }
-        out.push(GS);
-        match c.key.strip_suffix(suffix) {
-            Some(head) => {
-                let _ = write!(out, "+{head}");
-            }
-            None => {
-                let _ = write!(out, "={}", c.key);
-            }
-        }
-        out.push(GS);
-        let _ = match c.restore {
-            Restore::Calendar { period_end_ms } => write!(out, "c{period_end_ms}"),
-            Restore::Rolling {
-                bucket,
-                bucket_ms,
-                buckets,
-            } if Some(bucket) == current_bucket(at_ms, bucket_ms) => {
-                write!(out, "r,{bucket_ms},{buckets}")
-            }
-            Restore::Rolling {
-                bucket,
-                bucket_ms,
-                buckets,
-            } => write!(out, "r{bucket},{bucket_ms},{buckets}"),
-            Restore::TokenBucket { period_ms, limit } => write!(out, "t{period_ms},{limit}"),
-            Restore::Lifetime => write!(out, "l"),
-            Restore::ZonedCalendar {
-                period_end_ms,
-                charged_at_ms,
-            } if charged_at_ms == at_ms => write!(out, "z{period_end_ms}"),
-            Restore::ZonedCalendar {
-                period_end_ms,
-                charged_at_ms,
-            } => write!(out, "z{period_end_ms},{charged_at_ms}"),
-        };
-        let _ = write!(out, "{GS}{}{GS}", u8::from(c.by_amount));
-        if Some(c.charged) != policy.map(|index| entry.policies[index].amount) {
-            let _ = write!(out, "{}", c.charged);
-        }
-    }
-}
-
-/// Fields 13 to 15, each with the separator before it: a hold's expiry and a kept answer
-/// (nothing when the entry has neither).
-pub(super) fn write_expiry_and_kept(out: &mut String, entry: &LedgerEntry) {
-    let hold_expiry = entry.hold_expires_at.map(|at| at.timestamp_millis());
-    if hold_expiry.is_some() || entry.kept_answer.is_some() {
-        out.push(US);
-        if let Some(ms) = hold_expiry {
-            let _ = write!(out, "{ms}");
-        }
-    }
-    if let Some(kept) = &entry.kept_answer {
-        let _ = write!(out, "{US}{}{US}{}", kept.expires_at_ms, kept.text);
-    }
 }
 
 /// The compact form of `entry` (a charge or hold whose answer is kept until
@@ -330,20 +208,6 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
     Ok(format!("{}\n{numbers}", encode_consume_record(&record)))
 }
 
-fn number<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, CodecError> {
-    text.parse()
-        .map_err(|_| CodecError::new(WHAT, format!("{what} '{text}' is not a number")))
-}
-
-fn instant(ms: i64) -> Result<DateTime<Utc>, CodecError> {
-    DateTime::<Utc>::from_timestamp_millis(ms)
-        .ok_or_else(|| CodecError::new(WHAT, format!("instant {ms} ms")))
-}
-
-fn optional(text: &str) -> Option<&str> {
-    (!text.is_empty()).then_some(text)
-}
-
 /// Reads what [`encode`] wrote.
 pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
     let mut fields: Vec<&str> = text
@@ -408,199 +272,9 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
     Ok(entry)
 }
 
-/// Reads what [`write_expiry_and_kept`] wrote, split at its separators: a hold's expiry,
-/// then a kept answer's expiry and text (each optional).
-pub(super) fn decode_expiry_and_kept(
-    fields: &[&str],
-) -> Result<(Option<DateTime<Utc>>, Option<KeptAnswer>), CodecError> {
-    let hold_expires_at = fields
-        .first()
-        .copied()
-        .and_then(optional)
-        .map(|ms| number("hold expiry", ms).and_then(instant))
-        .transpose()?;
-    let kept_answer = match (fields.get(1), fields.get(2)) {
-        (Some(ms), Some(text)) => Some(KeptAnswer {
-            expires_at_ms: number("kept answer's expiry", ms)?,
-            text: (*text).to_owned(),
-        }),
-        (None, None) => None,
-        _ => return Err(CodecError::new(WHAT, "a kept answer without its text")),
-    };
-    Ok((hold_expires_at, kept_answer))
-}
-
-fn decode_hold_id(text: &str) -> Result<HoldId, CodecError> {
-    let (uuid, shard) = text
-        .split_once('.')
-        .ok_or_else(|| CodecError::new(WHAT, format!("hold id '{text}'")))?;
-    Ok(HoldId::from_parts(from_b64(uuid)?, number("shard", shard)?))
-}
-
-fn items(text: &str) -> impl Iterator<Item = &str> {
-    text.split(RS).filter(|item| !item.is_empty())
-}
-
-fn decode_attributes(text: &str) -> Result<Attributes, CodecError> {
-    let pairs = items(text)
-        .map(|item| {
-            item.split_once(GS)
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .ok_or_else(|| CodecError::new(WHAT, "an attribute without its value"))
-        })
-        .collect::<Result<Vec<_>, CodecError>>()?;
-    field(WHAT, Attributes::parse("attributes", pairs))
-}
-
-pub(super) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmount>, CodecError> {
-    items(text)
-        .map(|item| {
-            let mut parts = item.splitn(3, GS);
-            let (Some(id), Some(policy_amount)) = (parts.next(), parts.next()) else {
-                return Err(CodecError::new(WHAT, "a policy without its amount"));
-            };
-            Ok(PolicyAmount {
-                policy_id: field(WHAT, PolicyId::parse("policy_id", id))?,
-                amount: match optional(policy_amount) {
-                    None => amount,
-                    Some(text) => number("policy amount", text)?,
-                },
-                scope: match parts.next() {
-                    None => Scope::default(),
-                    Some(names) => field(WHAT, Scope::from_names(names))?,
-                },
-            })
-        })
-        .collect()
-}
-
-pub(super) fn decode_counters(
-    text: &str,
-    policies: &[PolicyAmount],
-    suffix: &str,
-    at_ms: i64,
-) -> Result<Vec<CounterCharge>, CodecError> {
-    items(text)
-        .enumerate()
-        .map(|(i, item)| {
-            let parts: Vec<&str> = item.split(GS).collect();
-            let [policy, key, restore, by_amount, charged] = parts[..] else {
-                return Err(CodecError::new(WHAT, format!("counter '{item}'")));
-            };
-            let (policy_id, policy_amount, scope) = match policy.strip_prefix('~') {
-                Some(id) => (
-                    field(WHAT, PolicyId::parse("policy_id", id))?,
-                    None,
-                    Scope::default(),
-                ),
-                None => {
-                    let index = match optional(policy) {
-                        None => i,
-                        Some(index) => number::<usize>("policy index", index)?,
-                    };
-                    let policy = policies
-                        .get(index)
-                        .ok_or_else(|| CodecError::new(WHAT, format!("policy index {index}")))?;
-                    (
-                        policy.policy_id.clone(),
-                        Some(policy.amount),
-                        policy.scope.clone(),
-                    )
-                }
-            };
-            let key = match (key.strip_prefix('+'), key.strip_prefix('=')) {
-                (Some(head), _) => format!("{head}{suffix}"),
-                (None, Some(key)) => key.to_owned(),
-                _ => return Err(CodecError::new(WHAT, format!("counter key '{key}'"))),
-            };
-            Ok(CounterCharge {
-                policy_id,
-                key,
-                restore: decode_restore(restore, at_ms)?,
-                by_amount: match by_amount {
-                    "1" => true,
-                    "0" => false,
-                    other => return Err(CodecError::new(WHAT, format!("by-amount '{other}'"))),
-                },
-                charged: match (optional(charged), policy_amount) {
-                    (Some(text), _) => number("charged", text)?,
-                    (None, Some(amount)) => amount,
-                    (None, None) => return Err(CodecError::new(WHAT, "a charge without units")),
-                },
-                scope,
-            })
-        })
-        .collect()
-}
-
-fn decode_restore(text: &str, at_ms: i64) -> Result<Restore, CodecError> {
-    let bad = || CodecError::new(WHAT, format!("restore '{text}'"));
-    let mut chars = text.chars();
-    let kind = chars.next().ok_or_else(bad)?;
-    let numbers: Vec<&str> = chars.as_str().split(',').collect();
-    match (kind, &numbers[..]) {
-        ('l', [""]) => Ok(Restore::Lifetime),
-        ('c', [end]) => Ok(Restore::Calendar {
-            period_end_ms: number("period end", end)?,
-        }),
-        ('r', [bucket, bucket_ms, buckets]) => {
-            let (bucket_ms, buckets) =
-                (number("bucket ms", bucket_ms)?, number("buckets", buckets)?);
-            if bucket_ms <= 0 || buckets <= 0 {
-                return Err(bad());
-            }
-            let bucket = match optional(bucket) {
-                None => current_bucket(at_ms, bucket_ms).ok_or_else(bad)?,
-                Some(text) => number("bucket", text)?,
-            };
-            Ok(Restore::Rolling {
-                bucket,
-                bucket_ms,
-                buckets,
-            })
-        }
-        ('z', [end]) => Ok(Restore::ZonedCalendar {
-            period_end_ms: number("period end", end)?,
-            charged_at_ms: at_ms,
-        }),
-        ('z', [end, charged_at]) => Ok(Restore::ZonedCalendar {
-            period_end_ms: number("period end", end)?,
-            charged_at_ms: number("charged at", charged_at)?,
-        }),
-        ('t', [period_ms, limit]) => {
-            let period_ms = number("period ms", period_ms)?;
-            if period_ms <= 0 {
-                return Err(bad());
-            }
-            Ok(Restore::TokenBucket {
-                period_ms,
-                limit: number("limit", limit)?,
-            })
-        }
-        _ => Err(bad()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_in_base_64_read_back_and_malformed_ones_are_refused() {
-        for bits in [0, 1, u128::MAX, 0x0193_a3c4_0000_7000_8000_0000_0000_002a] {
-            let text = b64(bits);
-            assert_eq!(text.len(), 22);
-            assert_eq!(from_b64(&text), Ok(bits), "{text}");
-        }
-        for bad in [
-            "",
-            "AAAA",
-            "AAAAAAAAAAAAAAAAAAAAAB",
-            "AAAAAAAAAAAAAAAAAAAAA*",
-        ] {
-            assert!(from_b64(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn malformed_compact_entries_are_errors() {
@@ -611,9 +285,6 @@ mod tests {
             "3\u{1f}a\u{1f}b\u{1f}c\u{1f}d\u{1f}e\u{1f}f\u{1f}g\u{1f}h\u{1f}i\u{1f}j\u{1f}k",
         ] {
             assert!(decode(text).is_err(), "{text:?}");
-        }
-        for restore in ["", "c", "cx", "r1,0,5", "r1,5", "t0,5", "q1"] {
-            assert!(decode_restore(restore, 0).is_err(), "{restore:?}");
         }
     }
 }

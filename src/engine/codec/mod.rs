@@ -7,7 +7,7 @@
 //! | a hold's record | the counter store (`keys::hold_record`) | its state (`open`, `committed`, …), `\n`, then [`HoldRecord`] as JSON | `hold` |
 //! | an intent (a consume across Redis Cluster slots) | the counter store (`keys::intent`) | state, epoch and deadline lines, then [`IntentRecord`] as JSON | `intent` |
 //! | a ledger entry | the shard's Redis stream (field `e`); a refund's idempotency record | [`LedgerEntry`] in its compact form, version `3` | `stream`, `entry` |
-//! | an entry's row | the SQL ledger: its columns, `policies` (version `p1`) and `detail` (version `d1`) | [`EntryParts`], and fields of the compact form | `row`, `entry` |
+//! | an entry's row | the SQL ledger: its columns, `policies` (version `p1`) and `detail` (version `d1`) | [`EntryParts`], and fields of the compact form | `row`, `fields` |
 //! | the in-process counters | the `counter_snapshots` table | binary parts, [`SNAPSHOT_FORMAT`] | `snapshot` |
 //!
 //! The Lua scripts (`crate::counters`) and the memory store write the envelopes (the state
@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 mod columns;
 mod counter;
 mod entry;
+mod fields;
 mod hold;
 mod intent;
 mod replay;

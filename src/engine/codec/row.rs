@@ -1,12 +1,12 @@
 //! A ledger entry as the SQL ledger's row holds it: scalar columns ([`EntryParts`]), the
 //! `policies` column and the `detail` column (its internal part), both in the compact
-//! form of module `entry`, read back against the row's own columns.
+//! form of module `fields`, read back against the row's own columns.
 
-use super::entry::{
+use super::fields::{
     decode_counters, decode_expiry_and_kept, write_counters, write_expiry_and_kept, DETAIL_VERSION,
     POLICIES_VERSION, US, WHAT,
 };
-use super::{entry, field, CodecError};
+use super::{field, fields, CodecError};
 use crate::domain::{
     Action, Attributes, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
     KeptAnswer, LedgerEntry, PolicyAmount, Subject,
@@ -57,7 +57,7 @@ pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
 /// charge's takes about a third of its JSON.
 #[cfg(test)]
 pub(crate) fn encode_policies(policies: &[PolicyAmount], amount: u64) -> String {
-    use super::entry::write_policies;
+    use super::fields::write_policies;
     let mut out = String::with_capacity(8 + 24 * policies.len());
     out.push_str(POLICIES_VERSION);
     out.push(US);
@@ -76,7 +76,7 @@ pub(crate) fn decode_policies(text: &str, amount: u64) -> Result<Vec<PolicyAmoun
                 format!("not a version {POLICIES_VERSION} policies column"),
             )
         })?;
-    entry::decode_policies(rest, amount)
+    fields::decode_policies(rest, amount)
 }
 
 /// Reads what [`encode_detail`] wrote for the entry whose scalar fields are `parts`.

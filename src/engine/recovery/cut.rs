@@ -45,8 +45,8 @@
 
 use crate::domain::{Action, CounterCharge, LedgerEntry};
 use crate::engine::recovery::rebuild::Replayer;
-use crate::engine::recovery::shards::ShardStates;
 use crate::engine::recovery::verify::{Known, Verified, VerifyError};
+use crate::engine::shards::{Cut, ShardStates};
 use crate::engine::state::Replay;
 use crate::engine::state::StateItem;
 use crate::engine::{codec, Engine, EngineError};
@@ -64,29 +64,6 @@ const SETTLE_TRIES: u64 = 5;
 /// How many times a shard is read again when its stream names counters the read missed
 /// (created by consumes after the counters were listed).
 const REREADS: usize = 3;
-
-/// Some shards' streams and counters, read at one instant.
-#[derive(Debug, Default)]
-pub(crate) struct Cut {
-    /// The streams' entries (stream id, encoded entries), in stream order.
-    pub(crate) entries: Vec<(String, String)>,
-    /// The counters' states (absent counters have none).
-    pub(crate) items: Vec<StateItem>,
-    /// The records of the shards' intents (consumes across Redis Cluster slots).
-    pub(crate) intents: Vec<String>,
-}
-
-impl Cut {
-    /// The counters charged by consumes still in flight across slots: an open intent has
-    /// charged its home counters, and its entry comes with its finalize.
-    fn in_flight(&self) -> impl Iterator<Item = String> + '_ {
-        self.intents
-            .iter()
-            .filter_map(|text| codec::decode_intent(text).ok())
-            .filter(|(state, _)| state == "open")
-            .flat_map(|(_, record)| record.home.into_iter().map(|counter| counter.key))
-    }
-}
 
 /// One replay of the ledger to compare live counters with: a scratch store and how far
 /// its replay went.
@@ -124,7 +101,7 @@ impl Engine {
     pub(in crate::engine) async fn verify_streamed(
         &self,
         shards: &Arc<dyn ShardStates>,
-        scratch: &crate::engine::recovery::shards::ScratchStore,
+        scratch: &crate::engine::state::ScratchStore,
         action: Option<&Action>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,

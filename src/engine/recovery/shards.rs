@@ -26,12 +26,11 @@
 
 use crate::domain::{Action, LedgerEntry};
 use crate::engine::decision::crossslot::{ATTEMPT_MS, SKEW_MS};
-use crate::engine::state::Replay;
-use crate::engine::state::StateItem;
+use crate::engine::shards::ShardStates;
+use crate::engine::state::{Replay, StateItem};
 use crate::engine::store::StoreError;
 use crate::engine::{Engine, EngineError};
 use crate::keys;
-use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,68 +56,6 @@ const WRITES_AT_ONCE: usize = 4;
 
 /// How often a rebuilding instance extends its locks while it replays the ledger.
 const LOCK_KEEP_EVERY: Duration = Duration::from_secs(10);
-
-/// A fresh, empty in-process store to replay a shard's ledger into.
-pub(crate) type ScratchStore = Arc<dyn Fn() -> Arc<dyn Replay> + Send + Sync>;
-
-/// The counter store's shards, as a rebuild and a verify see them (Redis).
-#[async_trait]
-pub(crate) trait ShardStates: Send + Sync {
-    /// The shards without an epoch.
-    async fn closed_shards(&self) -> Result<Vec<u16>, StoreError>;
-
-    /// Takes `shard`'s rebuild lock as `token` for `ttl_ms`; false when another holds it.
-    async fn lock_shard(&self, shard: u16, token: &str, ttl_ms: u64) -> Result<bool, StoreError>;
-
-    /// Deletes the epochs of `shards`: their next decisions wait for a rebuild.
-    async fn close_shards(&self, shards: &[u16]) -> Result<(), StoreError>;
-
-    /// Deletes `shard`'s index of open holds (it is written anew), if the shard is still
-    /// closed and locked by `token`; false otherwise.
-    async fn clear_holds_index(
-        &self,
-        shard: u16,
-        token: &str,
-        lock_ttl_ms: u64,
-    ) -> Result<bool, StoreError>;
-
-    /// Writes `items` (absolute values, as of `now_ms`) into `shard` while it is closed and
-    /// locked by `token`, extending the lock; opens the shard after the last if `open`.
-    /// False when refused: the lock was lost, or the shard is open already.
-    async fn write_shard(
-        &self,
-        shard: u16,
-        token: &str,
-        lock_ttl_ms: u64,
-        now_ms: i64,
-        items: &[StateItem],
-        open: bool,
-    ) -> Result<bool, StoreError>;
-
-    /// Every counter key the store holds, by shard (what a verify compares).
-    async fn counter_keys(&self) -> Result<BTreeMap<u16, Vec<String>>, StoreError>;
-
-    /// Holds deletions from every shard's ledger stream for `ttl_ms`, as `token`: drained
-    /// entries are acknowledged but stay in their streams until [`Self::release_deletes`].
-    async fn hold_deletes(&self, token: &str, ttl_ms: u64) -> Result<(), StoreError>;
-
-    /// Lets deletions go on (if `token` still holds them) and deletes what was held.
-    async fn release_deletes(&self, token: &str) -> Result<(), StoreError>;
-
-    /// At one instant, the entries in `shards`' streams and the states of `counters` (all
-    /// in one slot on a cluster); `None` when `token` no longer holds their deletions.
-    async fn read_cut(
-        &self,
-        token: &str,
-        shards: &[u16],
-        counters: &[String],
-        now_ms: i64,
-    ) -> Result<Option<crate::engine::recovery::cut::Cut>, StoreError>;
-
-    /// Each of `shards`' version of steps across Redis Cluster slots, with its epoch: equal
-    /// twice, no such step changed its counters in between (`keys::cross_slot_version`).
-    async fn cross_slot_versions(&self, shards: &[u16]) -> Result<Vec<String>, StoreError>;
-}
 
 /// What a rebuild of shards did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -166,7 +166,7 @@ impl Engine {
     async fn verify_embedded(
         &self,
         snapshots: &crate::engine::recovery::snapshot::Snapshots,
-        scratch: &crate::engine::recovery::shards::ScratchStore,
+        scratch: &crate::engine::state::ScratchStore,
         action: Option<&Action>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,

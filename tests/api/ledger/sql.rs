@@ -158,8 +158,7 @@ async fn the_example_queries_of_the_docs_answer_what_the_ledger_holds() {
         ]
     );
     let payments =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/payments.md"))
-            .unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/payments.md")).unwrap();
     let in_payments = sql_blocks(&payments, "## The ledger in SQL");
     assert_eq!(
         rows_of(&pool, &in_payments[0]).await,
