@@ -11,6 +11,7 @@
 //! | a hold | `<p>{<s>}#h<hold id>` |
 //! | a consumption's refunded total | `<p>{<s>}#rf<consumption id>` |
 //! | the shard's epoch: set once its state was rebuilt from the ledger | `<p>{<s>}#epoch` |
+//! | the shard's write generation: what changed it last, against the ledger's floor | `<p>{<s>}#gen` |
 //! | the lock of the shard's rebuild | `<p>{<s>}#rebuild` |
 //! | an idempotency record whose answer was replayed; a voided charge's once-marker | `<p>{<s>}#o<scope><length>:<idempotency key><action>\|<subject>`, `<p>{<s>}#vo<consumption id>` |
 //! | while a `counters verify` reads the shard: its token, and the entries acknowledged meanwhile | `<p>{<s>}#vh`, `<p>{<s>}#vd` |
@@ -207,6 +208,13 @@ pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
 /// lost its data, or has never been rebuilt.
 pub fn epoch(prefix: &str, shard: u16) -> String {
     format!("{}#epoch", shard_prefix(prefix, shard))
+}
+
+/// The shard's write generation: incremented by every script that changes the shard, in
+/// the same atomic step (`counters::redis::generations`). The scripts name it from the
+/// epoch's key, whose `#epoch` becomes `#gen`.
+pub(crate) fn generation(prefix: &str, shard: u16) -> String {
+    format!("{}#gen", shard_prefix(prefix, shard))
 }
 
 /// The epoch of the shard `key` (any key of [`SubjectKeys`] or of a shard) lives in.

@@ -79,6 +79,10 @@ pub(super) const POSTGRES: Files = &[
         "20261230100000_index_ledger_kinds.sql",
         include_str!("../../migrations/postgres/20261230100000_index_ledger_kinds.sql"),
     ),
+    (
+        "20261231090000_create_redis_generations.sql",
+        include_str!("../../migrations/postgres/20261231090000_create_redis_generations.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -146,6 +150,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261230100000_index_ledger_kinds.sql",
         include_str!("../../migrations/sqlite/20261230100000_index_ledger_kinds.sql"),
+    ),
+    (
+        "20261231090000_create_redis_generations.sql",
+        include_str!("../../migrations/sqlite/20261231090000_create_redis_generations.sql"),
     ),
 ];
 

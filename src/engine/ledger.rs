@@ -157,6 +157,16 @@ pub trait LedgerStore: Send + Sync + 'static {
     fn appends_in_parallel(&self) -> bool {
         false
     }
+    /// Raises the floors of the Redis shards' write generations (under `prefix`) to
+    /// `generations`, each read after the drain moved a batch of its shard's stream into
+    /// SQL (`counters::redis::generations`); a floor never goes down.
+    async fn record_generations(
+        &self,
+        prefix: &str,
+        generations: &[(u16, u64)],
+    ) -> Result<(), LedgerError>;
+    /// The floors of the Redis shards' write generations under `prefix`.
+    async fn generations(&self, prefix: &str) -> Result<Vec<(u16, u64)>, LedgerError>;
     /// Deletes at most `batch` entries older than `cutoff`; returns how many went.
     async fn delete_older_than(
         &self,

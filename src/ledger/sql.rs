@@ -69,6 +69,11 @@ pub(super) const ROWS_PER_INSERT: usize = 500;
 pub(crate) const RETENTION_DELETE: &str = "DELETE FROM ledger_entries WHERE seq IN \
      (SELECT seq FROM ledger_entries WHERE at < $1 ORDER BY at LIMIT $2)";
 
+/// Raises one shard's write generation floor, never lowers it (Postgres and SQLite alike).
+const RECORD_GENERATION: &str = "INSERT INTO redis_generations (prefix, shard, generation) \
+     VALUES ($1, $2, $3) ON CONFLICT (prefix, shard) DO UPDATE SET generation = excluded.generation \
+     WHERE excluded.generation > redis_generations.generation";
+
 /// The columns of `ledger_entries` that hold an entry, in the order inserts bind them.
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
      idempotency_key, policies, detail, attributes";
@@ -501,6 +506,43 @@ where
 
     fn appends_in_parallel(&self) -> bool {
         self.postgres().is_some()
+    }
+
+    async fn record_generations(
+        &self,
+        prefix: &str,
+        generations: &[(u16, u64)],
+    ) -> Result<(), LedgerError> {
+        for &(shard, generation) in generations {
+            let generation = i64::try_from(generation)
+                .map_err(|_| corrupt("a write generation", "above the largest BIGINT"))?;
+            sqlx::query(RECORD_GENERATION)
+                .bind(prefix)
+                .bind(i64::from(shard))
+                .bind(generation)
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        }
+        Ok(())
+    }
+
+    async fn generations(&self, prefix: &str) -> Result<Vec<(u16, u64)>, LedgerError> {
+        let rows = sqlx::query("SELECT shard, generation FROM redis_generations WHERE prefix = $1")
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                let shard: i64 = row.try_get("shard").map_err(db_error)?;
+                let generation: i64 = row.try_get("generation").map_err(db_error)?;
+                match (u16::try_from(shard), u64::try_from(generation)) {
+                    (Ok(shard), Ok(generation)) => Ok((shard, generation)),
+                    _ => Err(corrupt("a write generation", "out of range")),
+                }
+            })
+            .collect()
     }
 
     async fn delete_older_than(

@@ -51,6 +51,8 @@ impl BackgroundTasks {
         janitor.keep().await;
         self.0.push(janitor.clone().spawn());
         if let Some(drain) = counters.deployment.drain() {
+            // Before the first request: the scripts check the shards against them.
+            drain.read_floors().await;
             self.0.push(drain.clone().spawn(janitor.clone()));
         }
         janitor

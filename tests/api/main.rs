@@ -27,6 +27,7 @@ mod keys;
 mod ledger;
 mod mixed_version;
 mod observability;
+mod older_redis;
 mod openapi;
 mod outages;
 mod overload;

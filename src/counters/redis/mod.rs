@@ -21,6 +21,7 @@
 mod call;
 mod connection;
 mod cut;
+mod generations;
 mod info;
 mod replicas;
 mod script;
@@ -79,9 +80,11 @@ pub struct RedisCounterStore {
     record: Script,
     /// The prefix of every key (`QUOTA_REDIS_PREFIX`): shards' epochs and locks.
     prefix: String,
-    /// Whether every script checks its shard's epoch (always, but in the counting
-    /// conformance suite, whose keys belong to no shard).
-    epochs: bool,
+    /// The floors of the shards' write generations (`generations.rs`), shared by clones
+    /// and raised by the drain; with them, every script checks its shards' epochs and
+    /// generations. `None` only in the counting conformance suite, whose keys belong to no
+    /// shard.
+    floors: Option<Arc<generations::Floors>>,
     /// Upper bound for one call, connection set-up included.
     timeout: Duration,
     /// The instance's load signal, if the breaker is to hear of it.
@@ -161,7 +164,7 @@ impl RedisCounterStore {
             restore: Script::new(shards::RESTORE_LUA),
             record: Script::new(include_str!("scripts/record.lua")),
             prefix: String::new(),
-            epochs: true,
+            floors: Some(Arc::default()),
             timeout,
             load: None,
             allow_eviction: false,
@@ -192,7 +195,7 @@ impl RedisCounterStore {
     /// The store without the shards' epochs, for the counting conformance suite.
     #[cfg(test)]
     pub(crate) fn without_epochs(mut self) -> Self {
-        self.epochs = false;
+        self.floors = None;
         self
     }
 
@@ -268,7 +271,7 @@ impl CounterStore for RedisCounterStore {
             charges,
             commit,
             effects,
-            (self.epochs, deadline),
+            (self.floors.as_deref(), deadline),
         );
         let reply = self
             .exec_on(&self.script, &call)
@@ -285,7 +288,7 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
-        let call = script::giveback_cmd(&self.giveback, now_ms, request, self.epochs);
+        let call = script::giveback_cmd(&self.giveback, now_ms, request, self.floors.as_deref());
         let reply = self.exec(&self.giveback, &call).await;
         self.may_have_appended(request.ledger.as_ref().map(|(stream, _)| stream.as_str()));
         script::parse_given_back(reply?, &request.control_key)
@@ -334,9 +337,9 @@ impl CounterStore for RedisCounterStore {
     async fn record(&self, record_key: &str, _now_ms: i64) -> Result<Option<String>, StoreError> {
         let mut call = redis::cmd("EVALSHA");
         call.arg(self.record.get_hash())
-            .arg(1 + usize::from(self.epochs))
+            .arg(1 + usize::from(self.floors.is_some()))
             .arg(record_key);
-        if self.epochs {
+        if self.floors.is_some() {
             call.arg(crate::keys::epoch_of(record_key));
         }
         match self.exec(&self.record, &call).await? {
@@ -360,7 +363,7 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
-        let call = script::finalize_cmd(&self.finalize, now_ms, request, self.epochs);
+        let call = script::finalize_cmd(&self.finalize, now_ms, request, self.floors.as_deref());
         let reply = self.exec(&self.finalize, &call).await;
         let appended = request.effects.ledger.as_ref();
         self.may_have_appended(appended.map(|l| l.stream.as_str()));

@@ -3,6 +3,7 @@
 //! `scripts/consume.lua`, `scripts/giveback.lua` and `scripts/finalize.lua` document their
 //! KEYS, ARGV and replies in their headers; this file is their Rust side.
 
+use super::generations::Floors;
 use crate::engine::codec;
 use crate::engine::store::{
     signed, Algorithm, Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack,
@@ -81,7 +82,7 @@ pub(super) fn consume_cmd(
     charges: &[Charge],
     commit: bool,
     effects: &Effects,
-    (epochs, deadline_ms): (bool, Option<i64>),
+    (floors, deadline_ms): (Option<&Floors>, Option<i64>),
 ) -> Cmd {
     let keys: usize = charges.iter().map(|c| c.key.as_str().len()).sum();
     let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
@@ -108,12 +109,12 @@ pub(super) fn consume_cmd(
         .or(effects.hold.as_ref().map(|h| h.record_key.as_str()))
         .or(effects.intent.as_ref().map(|i| i.key.as_str()))
         .or(effects.reservation.as_ref().map(|r| r.key.as_str()));
-    let epoch_keys = match epochs {
-        true => epochs_of(
+    let epoch_keys = match floors {
+        Some(_) => epochs_of(
             home.into_iter()
                 .chain(charges.iter().map(|c| c.key.as_str())),
         ),
-        false => Vec::new(),
+        None => Vec::new(),
     };
     call.arg("EVALSHA")
         .arg(script.get_hash())
@@ -190,7 +191,16 @@ pub(super) fn consume_cmd(
         None => call.arg(""),
     };
     call.arg(on_crossing_arg(effects));
+    call.arg(floors_arg(floors, &epoch_keys));
     call
+}
+
+/// The scripts' last argument: the floors of the write generations of `epochs`' shards
+/// (`generations.rs`), or nothing without epochs.
+fn floors_arg(floors: Option<&Floors>, epochs: &[String]) -> String {
+    floors.map_or_else(String::new, |floors| {
+        floors.argument(epochs.iter().map(String::as_str))
+    })
 }
 
 /// What tells the script the alert levels of an entry that keeps its answer only when a
@@ -222,20 +232,29 @@ fn on_crossing_arg(effects: &Effects) -> String {
 }
 
 /// The EVALSHA call of the finalize script.
-pub(super) fn finalize_cmd(script: &Script, now_ms: i64, request: &Finalize, epochs: bool) -> Cmd {
+pub(super) fn finalize_cmd(
+    script: &Script,
+    now_ms: i64,
+    request: &Finalize,
+    floors: Option<&Floors>,
+) -> Cmd {
     let effects = &request.effects;
     let mut call = Cmd::with_capacity(24, 1024);
     let keys = 2
         + usize::from(effects.idempotency.is_some())
         + usize::from(effects.ledger.is_some())
         + 2 * usize::from(effects.hold.is_some())
-        + usize::from(epochs);
+        + usize::from(floors.is_some());
     call.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     call.arg(request.intent.key.as_str())
         .arg(request.intent.index_key.as_str());
     push_effect_keys(&mut call, effects);
-    if epochs {
-        call.arg(keys::epoch_of(&request.intent.key));
+    let epoch_keys: Vec<String> = floors
+        .map(|_| keys::epoch_of(&request.intent.key))
+        .into_iter()
+        .collect();
+    for epoch in &epoch_keys {
+        call.arg(epoch.as_str());
     }
     let flag = |on: bool| if on { '1' } else { '0' };
     let flags: String = [
@@ -253,6 +272,7 @@ pub(super) fn finalize_cmd(script: &Script, now_ms: i64, request: &Finalize, epo
     call.arg(effects.ledger.as_ref().map_or("", |l| l.allowed.as_str()))
         .arg(request.numbers.as_str());
     push_hold_args(&mut call, effects);
+    call.arg(floors_arg(floors, &epoch_keys));
     call
 }
 
@@ -283,18 +303,23 @@ pub(super) fn parse_finalized(reply: Value, intent_key: &str) -> Result<Finalize
     clippy::too_many_lines,
     reason = "the script's arguments in the order its header documents them, into one buffer"
 )]
-pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epochs: bool) -> Cmd {
+pub(super) fn giveback_cmd(
+    script: &Script,
+    now_ms: i64,
+    request: &GiveBack,
+    floors: Option<&Floors>,
+) -> Cmd {
     let mut call = Cmd::with_capacity(24 + 7 * request.counters.len(), 1024);
     let extra_keys = usize::from(request.hold_index.is_some())
         + usize::from(request.ledger.is_some())
         + usize::from(request.idempotency.is_some())
         + 2 * usize::from(request.pending.is_some());
-    let epoch_keys = match epochs {
-        true => epochs_of(
+    let epoch_keys = match floors {
+        Some(_) => epochs_of(
             std::iter::once(request.control_key.as_str())
                 .chain(request.counters.iter().map(|c| c.key.as_str())),
         ),
-        false => Vec::new(),
+        None => Vec::new(),
     };
     call.arg("EVALSHA")
         .arg(script.get_hash())
@@ -403,6 +428,7 @@ pub(super) fn giveback_cmd(script: &Script, now_ms: i64, request: &GiveBack, epo
             .arg(pending.record.as_str()),
         None => call.arg(0).arg("").arg("").arg(""),
     };
+    call.arg(floors_arg(floors, &epoch_keys));
     call
 }
 

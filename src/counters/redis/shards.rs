@@ -155,7 +155,13 @@ impl ShardStates for RedisCounterStore {
     ) -> Result<bool, StoreError> {
         // A few hundred items per call: each call blocks Redis while it runs.
         const PER_CALL: usize = 256;
-        let writes: Vec<Write<'_>> = items.iter().filter_map(|i| write_of(i, now_ms)).collect();
+        // Opened, the shard's write generation is at least its floor: the ledger's state.
+        let generation = keys::generation(&self.prefix, shard);
+        let mut writes: Vec<Write<'_>> = items.iter().filter_map(|i| write_of(i, now_ms)).collect();
+        if open {
+            let floor = self.floors.as_ref().map_or(0, |floors| floors.of(shard));
+            writes.push((&generation, 'g', 0, floor.to_string()));
+        }
         let mut chunks: Vec<&[Write<'_>]> = writes.chunks(PER_CALL).collect();
         if chunks.is_empty() {
             chunks.push(&[]);

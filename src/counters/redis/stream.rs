@@ -201,4 +201,21 @@ impl LedgerStream for RedisCounterStore {
         let _: Value = self.query(&ack).await?;
         Ok(())
     }
+
+    async fn generation(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let Some(shard) = crate::keys::shard_of(stream) else {
+            return Ok(None);
+        };
+        let mut call = redis::cmd("GET");
+        call.arg(crate::keys::generation(&self.prefix, shard));
+        self.query::<Option<u64>>(&call).await
+    }
+
+    fn raise_floors(&self, floors: &[(u16, u64)]) {
+        if let Some(known) = &self.floors {
+            for &(shard, generation) in floors {
+                known.raise(shard, generation);
+            }
+        }
+    }
 }

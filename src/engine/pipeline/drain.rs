@@ -72,6 +72,10 @@ const BUSY_PAUSE: Duration = Duration::from_millis(100);
 /// The wait after a pass that found nothing.
 const IDLE_PAUSE: Duration = Duration::from_millis(200);
 
+/// How often the drain reads the floors of the shards' write generations every instance's
+/// drain recorded, for this instance's scripts to check (`LedgerStream::raise_floors`).
+pub(crate) const FLOORS_EVERY: Duration = Duration::from_secs(1);
+
 /// The drain of one instance.
 pub struct Drainer {
     streams: Arc<dyn LedgerStream>,
@@ -229,6 +233,12 @@ impl Drainer {
         while let Some((stream, source)) = cursor.work.get(cursor.next) {
             let batch = self.read(stream, *source, &cursor.after).await?;
             let more = batch.len() == BATCH;
+            // Read after the batch: at least the generation of every entry in it.
+            if !batch.is_empty() {
+                if let Some(generation) = self.streams.generation(stream).await? {
+                    pass.generations.push((stream.clone(), generation));
+                }
+            }
             // Pending entries stay pending until flushed: page through them by id.
             if let Some((last, _)) = batch.last() {
                 cursor.after.clone_from(last);
@@ -298,6 +308,19 @@ impl Drainer {
                 acks[*stream].push(origin.1);
             }
         }
+        // In SQL now: the shards' floors rise to the generations read after the batches,
+        // before the entries leave the streams (a failure leaves them pending, read again).
+        let floors: Vec<(u16, u64)> = pass
+            .generations
+            .iter()
+            .filter_map(|(stream, generation)| Some((crate::keys::shard_of(stream)?, *generation)))
+            .collect();
+        if !floors.is_empty() {
+            self.ledger
+                .record_generations(&self.prefix, &floors)
+                .await?;
+            self.streams.raise_floors(&floors);
+        }
         if crate::engine::faults::fault!(self, "drain.ack") {
             anyhow::bail!("failpoint drain.ack: acknowledging the drained entries failed");
         }
@@ -360,7 +383,12 @@ impl Drainer {
             let sweep_every = self.sweep_every();
             let mut swept: Option<Instant> = None;
             self.drain_once().await;
+            let mut floors_read = Instant::now();
             loop {
+                if floors_read.elapsed() >= FLOORS_EVERY {
+                    floors_read = Instant::now();
+                    self.read_floors().await;
+                }
                 let sweep_in = swept.map_or(Duration::ZERO, |at| {
                     sweep_every.saturating_sub(at.elapsed())
                 });
@@ -370,7 +398,7 @@ impl Drainer {
                 };
                 tokio::select! {
                     () = self.appends.wake.notified() => {}
-                    () = tokio::time::sleep(wait) => {}
+                    () = tokio::time::sleep(wait.min(FLOORS_EVERY)) => {}
                 }
                 let mut shards = self.appends.take();
                 let mut claim = 0;
@@ -393,6 +421,21 @@ impl Drainer {
                 tokio::time::sleep(pause).await;
             }
         })
+    }
+
+    /// Raises this instance's floors of the shards' write generations to what every
+    /// instance's drain recorded in SQL (at start, then every [`FLOORS_EVERY`]); a failure
+    /// is logged, and the floors stay as they are until the next read.
+    pub(crate) async fn read_floors(&self) {
+        match self.ledger.generations(&self.prefix).await {
+            Ok(floors) => self.streams.raise_floors(&floors),
+            Err(error) => {
+                static SITE: Throttle = Throttle::per_minute();
+                if let Some(count) = SITE.event() {
+                    tracing::warn!(error = %error, count, "reading the floors of the shards' write generations failed; will try again");
+                }
+            }
+        }
     }
 
     /// How often the janitor measures every stream: half the claim timeout, within
@@ -436,6 +479,8 @@ struct Pass {
     /// For each of `entries`, its stream (an index into `streams`) and its id there.
     origins: Vec<(usize, String)>,
     streams: Vec<String>,
+    /// The write generation of a stream's shard read after each batch of it.
+    generations: Vec<(String, u64)>,
 }
 
 /// Where a pass is in its reading: the streams and sources it reads, in order, and the

@@ -65,4 +65,12 @@ pub trait LedgerStream: Send + Sync + 'static {
 
     /// Acknowledges and deletes entries that are safely in SQL.
     async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), StoreError>;
+
+    /// The write generation of `stream`'s shard now (`None` when it has none yet): read
+    /// after a batch of it, at least that of every entry in the batch.
+    async fn generation(&self, stream: &str) -> Result<Option<u64>, StoreError>;
+
+    /// Raises the floors of the shards' write generations that the store's scripts check
+    /// to `floors` (`(shard, generation)`, as the ledger recorded them).
+    fn raise_floors(&self, floors: &[(u16, u64)]);
 }

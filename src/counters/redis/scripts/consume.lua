@@ -51,7 +51,10 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
                appended to it, only when usage of charge i goes from below level (usage
                after less cost) to at or above it for some listed pair (there may be none:
                a limit of 0 has no level above 0); otherwise the entry is appended as given
-so n = (#ARGV - 16) / 6.
+and last, the floors of the write generations of the shards whose epochs are given, in
+their order, comma-separated ('' without epochs): a shard whose generation (its epoch's key
+with `#gen` for `#epoch`) is below its floor is older than the ledger (redis/generations.rs);
+so n = (#ARGV - 17) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
 <record>`, and the idempotency record is only checked: it, the allowed ledger entry and the
@@ -62,7 +65,10 @@ up to its last `#`, then `#xv`), which a verify reads.
 
 When the call runs past its call deadline, nothing is read or decided and the reply is { -4 }.
 When a shard's epoch is missing (Redis lost its data, or the shard was never rebuilt
-from the ledger), nothing is read or decided and the reply is { -2 }.
+from the ledger), nothing is read or decided and the reply is { -2 }; so too when a shard's
+generation is below its floor (Redis came back older than the ledger), whose epoch is then
+deleted, so that the shard is rebuilt. A call that may change its shards (not a peek)
+increments each one's generation.
 When the idempotency record exists already, nothing is decided and the reply is
   { -1, record .. "\n" .. the original reply numbers, comma-separated }; a committing call
   also marks the record's outcome as given (the record's key with '}#o' for '}#i', kept as
@@ -100,7 +106,7 @@ local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
-local n = (#ARGV - 16) / 6
+local n = (#ARGV - 17) / 6
 local e = 3 + 6 * n
 
 if ARGV[e + 12] ~= '' then
@@ -125,11 +131,25 @@ if has_intent then intent_key = KEYS[k]; intents_key = KEYS[k + 1]; k = k + 2 en
 if has_reservation then reservation_key = KEYS[k]; k = k + 1 end
 
 local effect_keys = k - n - 1
+local first_epoch = n + effect_keys + 1
 local epoch_now = ''
-for i = n + effect_keys + 1, #KEYS do
+local floors = {}
+for floor in string.gmatch(ARGV[#ARGV], '%d+') do floors[#floors + 1] = tonumber(floor) end
+for i = first_epoch, #KEYS do
   local epoch = redis.call('GET', KEYS[i])
   if not epoch then return { -2 } end
-  if i == n + effect_keys + 1 then epoch_now = epoch end
+  if i == first_epoch then epoch_now = epoch end
+  local floor = floors[i - first_epoch + 1]
+  if floor and floor > 0 then
+    local generation = redis.call('GET', string.sub(KEYS[i], 1, -6) .. 'gen')
+    if generation and tonumber(generation) < floor then
+      redis.call('DEL', KEYS[i])
+      return { -2 }
+    end
+  end
+end
+if commit then
+  for i = first_epoch, #KEYS do redis.call('INCR', string.sub(KEYS[i], 1, -6) .. 'gen') end
 end
 
 if has_reservation then

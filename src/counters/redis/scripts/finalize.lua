@@ -16,6 +16,9 @@ ARGV[6]  the ledger entry; with an idempotency record the reply numbers are appe
 ARGV[7]  the reply numbers, as consume.lua formats them
 ARGV[8]  hold id    ARGV[9] its expiry (the index score)    ARGV[10] hold record
 ARGV[11] hold ttl
+ARGV[#ARGV] the floor of the shard's write generation, as consume.lua takes it (a shard
+         older than the ledger is refused, { -2 }, and its epoch deleted); a call past the
+         epoch's check increments the generation
 
 Returns { 1 } committed, { 0 } aborted (the intent is not open: abandoned, gone, or its
 deadline has passed; nothing done), { -1, kept } the idempotency key was used by a retry
@@ -33,8 +36,17 @@ local idem_key, stream_key, hold_key, holds_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end
 if has_ledger then stream_key = KEYS[k]; k = k + 1 end
 if has_hold then hold_key = KEYS[k]; holds_key = KEYS[k + 1]; k = k + 2 end
+local floor = tonumber(string.match(ARGV[#ARGV], '^%d+'))
 for i = k, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then return { -2 } end
+  if floor and floor > 0 then
+    local generation = redis.call('GET', string.sub(KEYS[i], 1, -6) .. 'gen')
+    if generation and tonumber(generation) < floor then
+      redis.call('DEL', KEYS[i])
+      return { -2 }
+    end
+  end
+  redis.call('INCR', string.sub(KEYS[i], 1, -6) .. 'gen')
 end
 
 if has_idem then

@@ -49,6 +49,9 @@ KEYS[next + 1] its record and the index of intents; then its member, deadline an
   by_amount  1: gets the amount back; 0 (count policy): gets its charge back only when
              the whole charge is given back
   charged    what the charge put on this counter
+and last, ARGV[#ARGV]: the floors of the given epochs' write generations, as consume.lua
+takes them (a shard older than the ledger is refused, 5, and its epoch deleted); every
+call past the epochs' check increments their generations.
 
 Returns { status, value }: 1 done (value: refunded total after a refund, else 0; and the
 usage report when asked),
@@ -82,9 +85,20 @@ if ARGV[p] == '1' then pending_key = KEYS[k]; pendings_key = KEYS[k + 1] end
 
 local flagged = (ARGV[12] == '1' and 1 or 0) + (ARGV[13] == '1' and 1 or 0) + (ARGV[14] == '1' and 1 or 0)
   + (ARGV[p] == '1' and 2 or 0)
+local floors = {}
+for floor in string.gmatch(ARGV[#ARGV], '%d+') do floors[#floors + 1] = tonumber(floor) end
 for i = n + 2 + flagged, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then return { 5, 0 } end
+  local floor = floors[i - n - 1 - flagged]
+  if floor and floor > 0 then
+    local generation = redis.call('GET', string.sub(KEYS[i], 1, -6) .. 'gen')
+    if generation and tonumber(generation) < floor then
+      redis.call('DEL', KEYS[i])
+      return { 5, 0 }
+    end
+  end
 end
+for i = n + 2 + flagged, #KEYS do redis.call('INCR', string.sub(KEYS[i], 1, -6) .. 'gen') end
 
 local voids = op == 'v' or op == 'w'
 if idem_key and not voids then

@@ -15,6 +15,8 @@ then three values per item i, at ARGV[4 + 3 * (i - 1)]:
          'h': a rolling counter's hash, fields "index:units,index:units,...", kept ttl ms
          'z': a member (value) of a sorted set (the shard's index of open holds), score ttl
          'd': the key is deleted (before a sorted set is written anew)
+         'g': a number the key is raised to, kept for ever (the shard's write generation:
+              at least its floor, redis/generations.rs)
   ttl    ms to keep the key ('s', 'h'; 0 for ever: a lifetime counter); the member's score
          ('z'); unused ('d')
   value  the string; the hash's fields; the member; unused ('d')
@@ -46,6 +48,8 @@ for i = 1, n do
       redis.call('HSET', key, unpack(fields))
       redis.call('PEXPIRE', key, ttl)
     end
+  elseif kind == 'g' then
+    if tonumber(redis.call('GET', key) or '0') < tonumber(value) then redis.call('SET', key, value) end
   elseif kind == 'z' then
     redis.call('ZADD', key, ttl, value)
   else

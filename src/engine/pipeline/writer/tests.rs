@@ -68,6 +68,18 @@ impl LedgerStore for FakeStore {
         Ok(None)
     }
 
+    async fn record_generations(
+        &self,
+        _prefix: &str,
+        _generations: &[(u16, u64)],
+    ) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
+    async fn generations(&self, _prefix: &str) -> Result<Vec<(u16, u64)>, LedgerError> {
+        Ok(Vec::new())
+    }
+
     async fn seqs_of(
         &self,
         _ids: &[String],
