@@ -66,6 +66,8 @@ impl PrivateRedis {
         .collect();
         if cluster {
             let nodes = std::env::temp_dir().join(format!("quota-ledger-nodes-{port}.conf"));
+            // A server once on this port may have left its slots there: start afresh.
+            let _ = std::fs::remove_file(&nodes);
             args.extend(
                 [
                     "--cluster-enabled",
