@@ -54,6 +54,8 @@ TOKEN="console-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 
 # shellcheck source=scripts/lib/service.sh
 . "$ROOT/scripts/lib/service.sh"
+# shellcheck source=scripts/lib/packages.sh
+. "$ROOT/scripts/lib/packages.sh"
 
 cleanup() {
 	local rc=$?
@@ -74,18 +76,9 @@ trap 'exit 143' TERM
 # 1. The browser and Selenium
 # ---------------------------------------------------------------------------
 install_packages() {
-	local missing=() pkg
-	for pkg in "${PACKAGES[@]}"; do
-		dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
-			missing+=("$pkg")
-	done
-	if ((${#missing[@]})); then
-		command -v apt-get >/dev/null || die "missing ${missing[*]}, and no apt-get to install them"
-		log "apt-get install ${missing[*]}"
-		apt-get update -qq >&2 || die "apt-get update failed"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			"${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
-	fi
+	local missing
+	mapfile -t missing < <(not_installed "${PACKAGES[@]}")
+	apt_install "${missing[@]}"
 	[[ -x /usr/bin/chromium ]] || die "no /usr/bin/chromium"
 	[[ -x /usr/bin/chromedriver ]] || die "no /usr/bin/chromedriver"
 	"$PYTHON" -c 'import selenium' 2>/dev/null || die "$PYTHON cannot import selenium"

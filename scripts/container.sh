@@ -37,6 +37,8 @@ set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
 readonly ROOT=$PWD
+# shellcheck source=scripts/lib/packages.sh
+. "$ROOT/scripts/lib/packages.sh"
 if [[ $# -ne 1 ]]; then
 	printf 'usage: %s BINARY\n' "${0##*/}" >&2
 	exit 2
@@ -111,22 +113,12 @@ trap 'exit 143' TERM
 # 1. Packages
 # ---------------------------------------------------------------------------
 install_packages() {
-	local missing=() pkg
-	for pkg in "${PACKAGES[@]}"; do
-		dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
-			missing+=("$pkg")
-	done
-	if [[ -f $ROOT/scripts/run-examples.py ]]; then # the runner, and what the examples use
-		command -v python3 >/dev/null || missing+=(python3)
-		command -v jq >/dev/null || missing+=(jq)
-	fi
-	if ((${#missing[@]})); then
-		command -v apt-get >/dev/null || die "missing ${missing[*]}, and no apt-get to install them"
-		log "apt-get install ${missing[*]}"
-		apt-get update -qq >&2 || die "apt-get update failed"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			"${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
-	fi
+	local missing
+	mapfile -t missing < <(not_installed "${PACKAGES[@]}")
+	# The examples' runner, and what the examples use.
+	command -v python3 >/dev/null || missing+=(python3)
+	command -v jq >/dev/null || missing+=(jq)
+	apt_install "${missing[@]}"
 }
 
 # ---------------------------------------------------------------------------

@@ -18,16 +18,12 @@ die() {
 [[ $# -eq 1 ]] || die "usage: scripts/examples.sh BINARY"
 [[ -x $1 ]] || die "$1 is not an executable"
 
+# shellcheck source=scripts/lib/packages.sh
+. scripts/lib/packages.sh
 missing=()
 for tool in curl jq python3; do
 	command -v "$tool" >/dev/null || missing+=("$tool")
 done
-if ((${#missing[@]})); then
-	command -v apt-get >/dev/null || die "missing ${missing[*]}, and no apt-get to install them"
-	log "apt-get install ${missing[*]}"
-	apt-get update -qq >&2 || die "apt-get update failed"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		"${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
-fi
+apt_install "${missing[@]}"
 
 exec python3 scripts/run-examples.py --bin "$1" README.md docs/examples.md
