@@ -37,7 +37,9 @@ On this machine, all on loopback, in one run:
      back to back against the same row alone; and a backtest on the embedded ledger
      (scripts/bench/backtest.py): seconds per million entries replayed;
   8. the alert rows (scripts/bench/alerts.py): consumes with alert thresholds and a webhook
-     against none, and the time from a crossing to its delivery under that load;
+     against none, and the time from a crossing to its delivery under that load; the
+     settings rows (scripts/bench/settings.py): checkpoints at their default interval
+     against none, and QUOTA_REDIS_MIN_REPLICAS=1 against 0 with one replica;
   9. the Limitador rows (scripts/bench/limitador.py): Limitador's own library behind
      actix-web, as limitador-server serves it (scripts/bench/limitador/, a cargo project that
      only the bench builds), its POST /check_and_report with wrk as the calendar-day rows,
@@ -72,6 +74,8 @@ Knobs (environment):
   BENCH_AUTH=0               no API key rows (a consume with a key against open endpoints)
   BENCH_ALERTS=0             no alert rows (thresholds and a webhook against none, and the
                              time from a crossing to its delivery; scripts/bench/alerts.py)
+  BENCH_SETTINGS=0           no settings rows (checkpoints at the default interval against
+                             none, QUOTA_REDIS_MIN_REPLICAS=1 against 0; scripts/bench/settings.py)
   BENCH_LEDGER_ENTRIES=10000000  the ledger-at-scale rows' entries (0: none; scripts/bench/scale.py)
   BENCH_POSTGRES=0           no private Postgres (scripts/bench.sh starts one through
                              scripts/with-stores.sh), hence no Postgres ingest row
@@ -110,6 +114,7 @@ from alerts import measure_alert_rows  # noqa: E402
 from backtest import measure_backtest  # noqa: E402
 from ingest import measure_postgres_ingest  # noqa: E402
 from scale import measure_ledger_scale, measure_redis_loss  # noqa: E402
+from settings import measure_settings_rows  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from limitador import measure_exactness, measure_peer_rows, prepare_peer  # noqa: E402
 from measurements import (  # noqa: E402
@@ -146,6 +151,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
         if mode == "redis":
             measure_memory(bench)
             measure_outage_budget(bench)
+            if knobs.settings:
+                measure_settings_rows(bench)
             if knobs.postgres:
                 measure_postgres_ingest(bench)
             measure_verify(bench, "redis", service.db)

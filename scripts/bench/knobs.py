@@ -65,6 +65,7 @@ class Knobs:
     grpc_connections: int  # BENCH_GRPC_CONNECTIONS: HTTP/2 connections the streams share
     auth: bool  # BENCH_AUTH (anything but 0): the API key rows (a key against open endpoints)
     alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
+    settings: bool  # BENCH_SETTINGS (anything but 0): the settings rows (checkpoints, replicas)
     limitador: bool  # BENCH_LIMITADOR (anything but 0): the Limitador peer's rows and its build
     ledger_entries: int  # BENCH_LEDGER_ENTRIES: the ledger-at-scale rows' entries (0: none)
     postgres: bool  # BENCH_POSTGRES (anything but 0): the Postgres ingest row
@@ -100,6 +101,7 @@ class Knobs:
             grpc_connections=_int(env, "BENCH_GRPC_CONNECTIONS", 2),
             auth=_text(env, "BENCH_AUTH", "1") != "0",
             alerts=_text(env, "BENCH_ALERTS", "1") != "0",
+            settings=_text(env, "BENCH_SETTINGS", "1") != "0",
             limitador=_text(env, "BENCH_LIMITADOR", "1") != "0",
             ledger_entries=_int(env, "BENCH_LEDGER_ENTRIES", 10000000),
             postgres=_text(env, "BENCH_POSTGRES", "1") != "0",

@@ -166,6 +166,7 @@ class Results:
     grpc: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # (mode, subjects)
     auth: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, none|key): per round
     alerts: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, off|on): per round
+    settings: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (row, variant): per round
     deliveries: Dict[str, List[float]] = field(default_factory=dict)  # mode: crossing-to-delivery s
     alert_events: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)  # mode: (delivered, recorded)
     backtest: Dict[str, Tuple[int, int, float]] = field(default_factory=dict)  # mode: (entries, requests, s)

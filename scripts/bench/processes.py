@@ -269,9 +269,10 @@ class Redis:
     """The private Redis: started on a free port with no persistence, talked to over one
     RESP connection (no client library: the standard library only)."""
 
-    def __init__(self, processes: Processes, tmp: Path) -> None:
+    def __init__(self, processes: Processes, tmp: Path, extra: Sequence[str] = ()) -> None:
         self.processes = processes
         self.dir = tmp / "redis"
+        self.extra = list(extra)  # more redis-server arguments
         self.port = 0
         self.process: Optional[subprocess.Popen[bytes]] = None
         self._sock: Optional[socket.socket] = None
@@ -291,7 +292,7 @@ class Redis:
         self.process = self.processes.start(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--protected-mode", "yes",
              "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-             "--logfile", str(self.dir / "redis.log")]
+             "--logfile", str(self.dir / "redis.log"), *self.extra]
         )  # fmt: skip
         for _ in range(100):
             try:

@@ -9,6 +9,7 @@ import os
 from typing import List, Optional
 
 from alerts import ALERT_SUBJECTS, alert_targets
+from settings import settings_targets
 from backtest import backtest_targets
 from ingest import ingest_targets
 from scale import redis_loss_targets, scale_targets
@@ -229,6 +230,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     out += _grpc_vs_http(k, results)
     out += _auth(k, results)
     out += alert_targets(k.modes, results, target, ratio, at_least)
+    out += settings_targets(results, target, at_least)
     out += backtest_targets(results, target, at_most)
     out += scale_targets(results, target, at_most)
     out += redis_loss_targets(results, target, at_most)

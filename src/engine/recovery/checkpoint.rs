@@ -5,7 +5,7 @@
 //! holds, kept answers, refunded totals), saved in the snapshot table
 //! (`counter_snapshots`, the embedded default's snapshots, same format and same rules of
 //! use): it is derived from SQL alone, the book of record, never read from Redis. The
-//! janitor keeps it when `QUOTA_CHECKPOINT_EVERY_S` is set: that often, it replays the
+//! janitor keeps it every `QUOTA_CHECKPOINT_EVERY_S` (10 s by default): it replays the
 //! entries committed since the last checkpoint into the state it keeps in memory (loaded
 //! from the table when it has none, or another instance saved a newer one), up to the last
 //! entry that was committed [`SETTLE`] earlier, and saves the new state. Appends may run
@@ -145,9 +145,11 @@ impl Engine {
         let rebuilt = self
             .replay_ledger(store.as_ref(), covered, Some(until), &|_| true)
             .await?;
+        let replayed = started.elapsed();
         let taken_at = self.now();
         let items = store.dump(taken_at.timestamp_millis()).await;
         let parts = codec::encode_snapshot(&items);
+        let encoded = started.elapsed();
         let saved = Saved {
             covered_seq: until,
             items: items.len(),
@@ -170,6 +172,8 @@ impl Engine {
             entries = rebuilt.entries,
             items = saved.items,
             bytes = saved.bytes,
+            replay_ms = replayed.as_millis(),
+            encode_ms = (encoded - replayed).as_millis(),
             millis = started.elapsed().as_millis(),
             "saved a checkpoint of the ledger's replay"
         );
