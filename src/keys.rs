@@ -241,6 +241,15 @@ pub(crate) fn replication_fence(prefix: &str) -> String {
     format!("{prefix}fence")
 }
 
+/// [`replication_fence`] on a Redis Cluster: in the slot of `stream`, so that the write
+/// and the `WAIT` after it go to the node the drain read the stream from.
+pub(crate) fn replication_fence_of(prefix: &str, stream: &str) -> String {
+    match shard_of(stream) {
+        Some(shard) => format!("{}#fence", shard_prefix(prefix, shard)),
+        None => replication_fence(prefix),
+    }
+}
+
 /// The lock one instance holds while it rebuilds the shard.
 pub fn rebuild_lock(prefix: &str, shard: u16) -> String {
     format!("{}#rebuild", shard_prefix(prefix, shard))

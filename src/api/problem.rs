@@ -250,7 +250,7 @@ impl From<EngineError> for ApiError {
             }
             EngineError::Store(StoreError::Misconfigured(why)) => Self::Unavailable(why),
             EngineError::Store(StoreError::Unreplicated(why)) => {
-                Self::Unavailable(format!("{why}; the charge is given back; retry shortly"))
+                Self::Unavailable(format!("{why}; retry shortly"))
             }
             EngineError::Store(StoreError::Rebuilding { shard }) => Self::Unavailable(format!(
                 "the counters of this subject (shard {shard}) are being rebuilt from the \

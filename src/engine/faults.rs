@@ -28,6 +28,10 @@ pub const POINTS: [&str; 5] = [
 /// stores never reach them).
 pub const CLUSTER_POINTS: [&str; 2] = ["crossslot.finalize", "crossslot.events"];
 
+/// The failpoints of the Redis ledger streams' drain before its SQL insert (not among
+/// [`POINTS`]: the embedded default has no streams).
+pub const STREAM_POINTS: [&str; 1] = ["drain.insert"];
+
 /// What an armed point does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -64,7 +68,9 @@ impl Faults {
     /// Makes `point` do `fault` every time it is reached, until [`Faults::clear`].
     pub fn arm_with(&self, point: &str, fault: Fault) {
         assert!(
-            POINTS.contains(&point) || CLUSTER_POINTS.contains(&point),
+            POINTS.contains(&point)
+                || CLUSTER_POINTS.contains(&point)
+                || STREAM_POINTS.contains(&point),
             "no failpoint named {point}"
         );
         self.armed().insert(point.to_owned(), fault);

@@ -163,6 +163,22 @@ async fn a_refund_with_a_key_is_applied_once(counters: CounterBackend) {
     )
     .await
     .assert_problem(409);
+
+    // A refund of the rest (no amount), retried with its key after it stood (its answer
+    // lost, say): the same refund replayed, not "refunded in full already".
+    let rest = json!({"consumption_id": id, "idempotency_key": "r2"});
+    let first = app.quota("/quota/refund", rest.clone()).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(first.body["entry"]["amount"], 500);
+    let again = app.quota("/quota/refund", rest).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["replayed"], true);
+    assert_eq!(again.body["entry"], first.body["entry"]);
+    assert_eq!(used(&app.usage("transfer", "u").await, "dollars"), 0);
+    // Without a key, a refund of the rest after it stood is still a conflict.
+    app.quota("/quota/refund", json!({"consumption_id": id}))
+        .await
+        .assert_problem(409);
 }
 
 async fn a_refund_after_the_period_ended_is_recorded_but_changes_no_usage(
@@ -376,4 +392,33 @@ async fn a_corrupt_hold_record_is_an_error_and_keeps_the_hold() {
         .await
         .unwrap();
     assert!(member.is_some(), "the hold stays indexed, for an operator");
+}
+
+/// A refund of a charge whose entry waits in a ledger stream that cannot be moved into
+/// SQL (the insert fails) is 503, not "no consumption": the charge exists, in Redis. Once
+/// the drain works again, the refund is served.
+#[tokio::test]
+async fn a_refund_whose_charge_waits_in_a_stream_that_cannot_be_drained_is_503() {
+    let app = app_with(CounterBackend::Redis, &[dollars(1000)]).await;
+    app.engine.faults().arm("drain.insert");
+    let charged = app.consume("transfer", "u", 300).await;
+    assert_eq!(charged.status, StatusCode::OK, "{}", charged.body);
+    let id = charged.body["consumption_id"].clone();
+
+    let refused = app
+        .quota("/quota/refund", json!({"consumption_id": id}))
+        .await;
+    let problem = refused.assert_problem(503);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("ledger store"),
+        "{problem}"
+    );
+    assert_eq!(used(&app.usage("transfer", "u").await, "dollars"), 300);
+
+    app.engine.faults().clear();
+    let refunded = app
+        .quota("/quota/refund", json!({"consumption_id": id}))
+        .await;
+    assert_eq!(refunded.status, StatusCode::OK, "{}", refunded.body);
+    assert_eq!(used(&app.usage("transfer", "u").await, "dollars"), 0);
 }

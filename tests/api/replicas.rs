@@ -1,7 +1,8 @@
 //! Replicated answers (`QUOTA_REDIS_MIN_REPLICAS`): a consume that charged is answered 200
 //! only once a replica acknowledged it, so a failover to that replica loses no answered
 //! charge, even when the replica's link stalled just before the primary died; a replica
-//! that stops acknowledging makes consumes 503 and leaves no charge.
+//! that stops acknowledging makes consumes 503 and leaves no charge, and refunds 503 in
+//! doubt.
 
 use crate::helpers::{
     calendar_policy, eventually, fresh_settings, keyed_consume, spawn_with, CounterBackend,
@@ -88,6 +89,43 @@ async fn a_replica_that_stops_acknowledging_makes_consumes_503_and_leaves_no_cha
     );
 }
 
+/// A refund is answered once the replicas hold it too: while the replica stalls it is 503,
+/// in doubt as after a timeout, and its retry with the same idempotency key gives exactly
+/// one refund whether it had stood or not.
+#[tokio::test]
+async fn a_refund_the_replica_does_not_acknowledge_is_503_and_its_retry_refunds_once() {
+    let (primary, replica) = primary_and_replica().await;
+    let app = app_on(&primary, PolicyBackend::Sqlite).await;
+    let charged = app.quota("/quota/consume", keyed("k-1")).await;
+    assert_eq!(charged.status, 200, "{}", charged.body);
+    let consumption_id = charged.body["consumption_id"].as_str().unwrap().to_owned();
+    let refund = json!({"consumption_id": consumption_id, "idempotency_key": "r-1"});
+    // The charge in SQL: the refund finds it without the drain, which waits for the
+    // replica too.
+    app.engine.drain_ledger_now().await;
+
+    replica.pause();
+    let refused = app.quota("/quota/refund", refund.clone()).await;
+    let problem = refused.assert_problem(503);
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("QUOTA_REDIS_MIN_REPLICAS") && detail.contains("refund"),
+        "{problem}"
+    );
+    replica.resume();
+
+    let retried = app.quota("/quota/refund", refund).await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert_eq!(
+        app.usage("repl.send", "u-1").await.body["policies"][0]["used"],
+        0,
+        "refunded once"
+    );
+    app.engine.drain_ledger_now().await;
+    let verified = verify(&app).await;
+    assert_eq!(verified["drift"], json!([]), "{verified}");
+}
+
 #[tokio::test]
 async fn with_too_few_replicas_readyz_is_503_naming_the_setting() {
     let primary = PrivateRedis::start().await;
@@ -168,5 +206,57 @@ async fn a_failover_to_the_replica_loses_no_answered_charge() {
         assert!(recorded.contains(id), "{key}'s charge is in the ledger");
     }
     let verified = verify(&after).await;
+    assert_eq!(verified["drift"], json!([]), "{verified}");
+}
+
+/// On a Redis Cluster the `WAIT` goes to the primary of the decision's slot: a cluster
+/// primary with one replica serves consumes and refunds while the replica acknowledges,
+/// answers 503 and leaves no charge while it stalls, and serves again once it is back.
+#[tokio::test]
+async fn on_a_cluster_a_replica_that_stops_acknowledging_makes_consumes_503() {
+    let primary = PrivateRedis::start_cluster().await;
+    let replica = PrivateRedis::start_cluster_replica(&primary).await;
+    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Memory).await;
+    settings.redis_urls = vec![primary.url.clone()];
+    settings.redis_cluster = true;
+    settings.redis_min_replicas = 1;
+    settings.redis_timeout = Duration::from_millis(2_000);
+    let app = spawn_with(settings).await;
+    app.must_create_policy(calendar_policy(
+        "repl-daily",
+        "repl.send",
+        1_000_000,
+        "day",
+        "UTC",
+    ))
+    .await;
+    let ready = app
+        .send(app.client.get(format!("{}/readyz", app.address)))
+        .await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    let charged = app.quota("/quota/consume", keyed("k-1")).await;
+    assert_eq!(charged.status, 200, "{}", charged.body);
+
+    replica.pause();
+    let refused = app.quota("/quota/consume", keyed("k-2")).await;
+    let problem = refused.assert_problem(503);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("QUOTA_REDIS_MIN_REPLICAS"),
+        "{problem}"
+    );
+    app.engine.void_settled(true).await;
+    replica.resume();
+    assert_eq!(
+        app.usage("repl.send", "u-1").await.body["policies"][0]["used"],
+        1
+    );
+    let retried = app.quota("/quota/consume", keyed("k-2")).await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert_eq!(retried.body["replayed"], false);
+    app.engine.drain_ledger_now().await;
+    let verified = verify(&app).await;
     assert_eq!(verified["drift"], json!([]), "{verified}");
 }

@@ -64,8 +64,9 @@ impl Refusal {
 pub(super) enum Connection {
     /// One server (or a proxy in front of several), with the `WAIT`s sent on it.
     Standalone(ConnectionManager, Arc<super::replicas::Waits>),
-    /// Redis Cluster: commands are routed by the hash slot of their first key.
-    Cluster(ClusterConnection),
+    /// Redis Cluster: commands are routed by the hash slot of their first key; the
+    /// `WAIT`s sent for each shard.
+    Cluster(ClusterConnection, Arc<super::replicas::ClusterWaits>),
 }
 
 impl RedisCounterStore {
@@ -100,7 +101,10 @@ impl RedisCounterStore {
     ) -> Result<Connection, redis::RedisError> {
         if self.cluster {
             let client = self.target.cluster_client(self.timeout, response)?;
-            Ok(Connection::Cluster(client.get_async_connection().await?))
+            Ok(Connection::Cluster(
+                client.get_async_connection().await?,
+                Arc::default(),
+            ))
         } else {
             let client = self.target.standalone_client().await?;
             let config = ConnectionManagerConfig::new()
@@ -215,7 +219,7 @@ impl RedisCounterStore {
         info.arg("memory");
         let reply: Result<Value, StoreError> = match connection {
             Connection::Standalone(c, _) => bounded(self.timeout, info.query_async(c)).await,
-            Connection::Cluster(c) => bounded(self.timeout, info.query_async(c)).await,
+            Connection::Cluster(c, _) => bounded(self.timeout, info.query_async(c)).await,
         };
         let reply = match reply {
             Ok(reply) => reply,
@@ -308,7 +312,7 @@ impl RedisCounterStore {
             let mut connection = connection;
             let reply = match &mut connection {
                 Connection::Standalone(c, _) => bounded(self.timeout, run(script, c, call)).await,
-                Connection::Cluster(c) => bounded(self.timeout, run(script, c, call)).await,
+                Connection::Cluster(c, _) => bounded(self.timeout, run(script, c, call)).await,
             };
             reply.map(|reply| (reply, connection))
         }
@@ -352,7 +356,9 @@ impl RedisCounterStore {
                 Connection::Standalone(mut c, _) => {
                     bounded(self.timeout, call.query_async(&mut c)).await
                 }
-                Connection::Cluster(mut c) => bounded(self.timeout, call.query_async(&mut c)).await,
+                Connection::Cluster(mut c, _) => {
+                    bounded(self.timeout, call.query_async(&mut c)).await
+                }
             }
         }
         .instrument(redis_span("redis command"))

@@ -117,7 +117,7 @@ impl RedisCounterStore {
     async fn on_node_of(&self, key: &str, call: Cmd) -> Result<Value, StoreError> {
         match self.slow_connection(SLOW_CALL).await? {
             Connection::Standalone(mut c, _) => bounded(SLOW_CALL, call.query_async(&mut c)).await,
-            Connection::Cluster(mut c) => {
+            Connection::Cluster(mut c, _) => {
                 let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 bounded(SLOW_CALL, c.route_command(call, routing)).await

@@ -32,8 +32,35 @@ pub(super) fn eviction_policies(reply: &Value) -> Vec<String> {
     info_fields(reply, "maxmemory_policy")
 }
 
+/// The fewest replicas online (`slaveN:…,state=online,…`) of the primaries whose
+/// `INFO replication` texts `reply` holds (one, or one per primary in Redis Cluster); 0
+/// when it holds none.
+pub(super) fn fewest_online_replicas(reply: &Value) -> usize {
+    node_texts(reply)
+        .iter()
+        .map(|text| {
+            text.lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .count()
+        })
+        .min()
+        .unwrap_or(0)
+}
+
 /// The values of the field `name` in every node's `INFO` text of `reply`.
 fn info_fields(reply: &Value, name: &str) -> Vec<String> {
+    node_texts(reply)
+        .iter()
+        .flat_map(|text| text.lines())
+        .filter_map(|line| {
+            let (field, value) = line.trim().split_once(':')?;
+            (field == name).then(|| value.to_owned())
+        })
+        .collect()
+}
+
+/// Every node's `INFO` text in `reply`.
+fn node_texts(reply: &Value) -> Vec<String> {
     let mut texts = Vec::new();
     let mut pending = vec![reply];
     while let Some(value) = pending.pop() {
@@ -47,18 +74,38 @@ fn info_fields(reply: &Value, name: &str) -> Vec<String> {
         }
     }
     texts
-        .iter()
-        .flat_map(|text| text.lines())
-        .filter_map(|line| {
-            let (field, value) = line.trim().split_once(':')?;
-            (field == name).then(|| value.to_owned())
-        })
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fewest_online_replicas_of_the_primaries_are_read_from_info() {
+        let node =
+            |lines: &str| Value::BulkString(format!("# Replication\r\n{lines}").into_bytes());
+        let two = node("connected_slaves:2\r\nslave0:ip=a,port=1,state=online,offset=1\r\nslave1:ip=b,port=2,state=online,offset=1\r\n");
+        let syncing =
+            node("connected_slaves:1\r\nslave0:ip=a,port=1,state=wait_bgsave,offset=0\r\n");
+        assert_eq!(fewest_online_replicas(&two), 2);
+        assert_eq!(
+            fewest_online_replicas(&syncing),
+            0,
+            "a syncing replica is not online"
+        );
+        let cluster = Value::Map(vec![
+            (Value::SimpleString("n1".into()), two),
+            (
+                Value::SimpleString("n2".into()),
+                node("slave0:ip=c,port=3,state=online,offset=5\r\n"),
+            ),
+        ]);
+        assert_eq!(
+            fewest_online_replicas(&cluster),
+            1,
+            "the primary with the fewest"
+        );
+    }
 
     #[test]
     fn the_eviction_policy_of_every_node_is_read_from_info() {

@@ -51,6 +51,10 @@ use crate::engine::store::{
     GiveBack, GivenBack, StoreError, StoreMemory,
 };
 
+/// What becomes of a refund, settlement or expiry that the replicas did not acknowledge.
+const GIVE_BACK_IN_DOUBT: &str = "the refund or settlement may or may not stand, as after a \
+     timeout: retry it (a refund with its idempotency key)";
+
 /// Takes the lease, or extends it for its holder; its header documents KEYS, ARGV and the reply.
 const LEASE_LUA: &str = include_str!("scripts/lease.lua");
 
@@ -282,16 +286,34 @@ impl CounterStore for RedisCounterStore {
         let decided = script::parse_decided(reply, charges)?;
         let charged = matches!(&decided, Decided::Fresh(evaluation) if evaluation.allowed);
         if commit && charged && self.min_replicas > 0 {
-            self.replicated(connection).await?;
+            let key = match (charges.first(), &effects.ledger) {
+                (Some(charge), _) => charge.key.as_str(),
+                (None, Some(ledger)) => ledger.stream.as_str(),
+                (None, None) => "",
+            };
+            self.replicated(connection, key, "the charge is given back")
+                .await?;
         }
         Ok(decided)
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
         let call = script::giveback_cmd(&self.giveback, now_ms, request, self.floors.as_deref());
-        let reply = self.exec(&self.giveback, &call).await;
+        let reply = self
+            .exec_on(&self.giveback, &call)
+            .instrument(connection::redis_span("redis EVALSHA"))
+            .await;
         self.may_have_appended(request.ledger.as_ref().map(|(stream, _)| stream.as_str()));
-        script::parse_given_back(reply?, &request.control_key)
+        let (reply, connection) = reply?;
+        let given = script::parse_given_back(reply, &request.control_key)?;
+        // A refund or a settlement is answered once the replicas hold it, as a charge is:
+        // when they do not in time, it is in doubt like a call that timed out (a retry
+        // with its idempotency key replays it, or applies it once on a promoted replica).
+        if matches!(given, GivenBack::Done { .. }) && self.min_replicas > 0 {
+            self.replicated(connection, &request.control_key, GIVE_BACK_IN_DOUBT)
+                .await?;
+        }
+        Ok(given)
     }
 
     async fn expired_holds(

@@ -104,7 +104,7 @@ impl LedgerStream for RedisCounterStore {
             })
             .unwrap_or_default();
         if !read.is_empty() {
-            self.entries_replicated().await?;
+            self.entries_replicated(stream).await?;
         }
         Ok(read)
     }
@@ -138,7 +138,7 @@ impl LedgerStream for RedisCounterStore {
             _ => Vec::new(),
         };
         if !claimed.is_empty() {
-            self.entries_replicated().await?;
+            self.entries_replicated(stream).await?;
         }
         Ok(claimed)
     }

@@ -153,9 +153,9 @@ impl Engine {
         let total = charge.amount;
         let amount = amount.map_or(total.saturating_sub(refunded), Quantity::get);
         if amount == 0 {
-            return Err(EngineError::Conflict(format!(
-                "consumption '{consumption_id}' has been refunded in full already"
-            )));
+            return self
+                .refunded_already(&keys, consumption_id, idempotency_key.as_ref(), now)
+                .await;
         }
         let mut entry = LedgerEntry {
             id: EntryId::new(),
@@ -216,6 +216,32 @@ impl Engine {
                 "no consumption '{consumption_id}'"
             ))),
         }
+    }
+
+    /// The answer to a refund of the rest of `consumption_id` when nothing is left: the
+    /// refund kept under `idempotency_key` replayed (a retry of a refund of the rest that
+    /// stood), or a conflict.
+    async fn refunded_already(
+        &self,
+        keys: &SubjectKeys,
+        consumption_id: ConsumptionId,
+        idempotency_key: Option<&IdempotencyKey>,
+        now: DateTime<Utc>,
+    ) -> Result<Settled, EngineError> {
+        if let Some(key) = idempotency_key {
+            let record_key = keys.idempotency('r', &format!("{consumption_id}:{key}"));
+            let kept = self
+                .counters
+                .record(&record_key, now.timestamp_millis())
+                .await?;
+            if let Some(kept) = kept {
+                let earlier = codec::decode_refund_record(&kept).map_err(StoreError::from)?;
+                return Ok(self.settled(earlier, true).await);
+            }
+        }
+        Err(EngineError::Conflict(format!(
+            "consumption '{consumption_id}' has been refunded in full already"
+        )))
     }
 
     /// The store's request for the refund `entry` of `charge`, `refunded` having been
@@ -279,7 +305,7 @@ impl Engine {
         if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
             return Ok(Some(entry));
         }
-        if self.settle_streams().await {
+        if self.settle_streams().await? {
             return Ok(self.ledger.charge_of(consumption_id).await?);
         }
         Ok(None)

@@ -141,6 +141,14 @@ impl Drainer {
     /// One pass over every shard, until each is empty; returns how many entries were moved.
     /// Claims idle entries too, if it has not for half the claim timeout.
     pub async fn drain_once(&self) -> usize {
+        self.drain_once_checked()
+            .await
+            .unwrap_or_else(|(moved, _)| moved)
+    }
+
+    /// [`Drainer::drain_once`], with the pass's failure (what it moved, and why it
+    /// stopped): the entries it had not moved yet wait in the streams.
+    pub(crate) async fn drain_once_checked(&self) -> Result<usize, (usize, String)> {
         let claim = {
             let mut last_claim = self.pass.lock().await;
             let claim = last_claim.elapsed() >= self.claim_idle / 2;
@@ -149,7 +157,8 @@ impl Drainer {
             }
             claim
         };
-        self.drain_shards(ALL, if claim { ALL } else { 0 }).await
+        self.drain_shards_checked(ALL, if claim { ALL } else { 0 })
+            .await
     }
 
     /// One pass over the streams of `shards` (bits), until each is empty, claiming idle
@@ -158,19 +167,30 @@ impl Drainer {
     /// Entries from all shards share transactions of up to [`FLUSH_AT`] entries: one
     /// commit (and one fsync) per few thousand entries rather than per shard and batch.
     async fn drain_shards(&self, shards: u64, claim: u64) -> usize {
+        self.drain_shards_checked(shards, claim)
+            .await
+            .unwrap_or_else(|(moved, _)| moved)
+    }
+
+    /// [`Drainer::drain_shards`], with the pass's failure (what it moved, and why).
+    async fn drain_shards_checked(
+        &self,
+        shards: u64,
+        claim: u64,
+    ) -> Result<usize, (usize, String)> {
         let _one_at_a_time = self.pass.lock().await;
         let retry = self.retry.swap(0, Ordering::AcqRel);
         let shards = shards | retry | claim;
         let mut moved = 0;
         match self.run_pass(shards, retry, claim, &mut moved).await {
-            Ok(()) => moved,
+            Ok(()) => Ok(moved),
             Err(error) => {
                 static SITE: Throttle = Throttle::new();
                 if let Some(count) = SITE.event() {
                     tracing::warn!(error = %error, count, "draining the ledger streams failed; will retry");
                 }
                 self.retry.fetch_or(shards, Ordering::AcqRel);
-                moved
+                Err((moved, format!("{error:#}")))
             }
         }
     }
@@ -233,17 +253,22 @@ impl Drainer {
         while let Some((stream, source)) = cursor.work.get(cursor.next) {
             let batch = self.read(stream, *source, &cursor.after).await?;
             let more = batch.len() == BATCH;
-            // Read after the batch: at least the generation of every entry in it.
-            if !batch.is_empty() {
-                if let Some(generation) = self.streams.generation(stream).await? {
-                    pass.generations.push((stream.clone(), generation));
-                }
-            }
             // Pending entries stay pending until flushed: page through them by id.
             if let Some((last, _)) = batch.last() {
                 cursor.after.clone_from(last);
             }
+            let read = pass.entries.len();
             pass.add(stream, batch);
+            // Read after the batch: at least the generation of every shard its entries
+            // changed, this stream's and those of budgets shared across shards.
+            if pass.entries.len() > read {
+                for shard in shards_charged(stream, &pass.entries[read..]) {
+                    let stream = ledger_stream(&self.prefix, shard);
+                    if let Some(generation) = self.streams.generation(&stream).await? {
+                        pass.generations.push((stream, generation));
+                    }
+                }
+            }
             if !more {
                 cursor.next += 1;
                 cursor.after = String::from("0");
@@ -287,6 +312,9 @@ impl Drainer {
         if pass.entries.is_empty() {
             return Ok(0);
         }
+        if crate::engine::faults::fault!(self, "drain.insert") {
+            anyhow::bail!("failpoint drain.insert: inserting the drained entries failed");
+        }
         let refused = match self.ledger.append(&pass.entries).await {
             Ok(_) => {
                 self.lag
@@ -310,11 +338,16 @@ impl Drainer {
         }
         // In SQL now: the shards' floors rise to the generations read after the batches,
         // before the entries leave the streams (a failure leaves them pending, read again).
-        let floors: Vec<(u16, u64)> = pass
-            .generations
-            .iter()
-            .filter_map(|(stream, generation)| Some((crate::keys::shard_of(stream)?, *generation)))
-            .collect();
+        // Each shard once, at the highest generation read (a shared budget's shard is read
+        // after the batches of several streams).
+        let mut highest = std::collections::BTreeMap::<u16, u64>::new();
+        for (stream, generation) in &pass.generations {
+            if let Some(shard) = crate::keys::shard_of(stream) {
+                let floor = highest.entry(shard).or_default();
+                *floor = (*floor).max(*generation);
+            }
+        }
+        let floors: Vec<(u16, u64)> = highest.into_iter().collect();
         if !floors.is_empty() {
             self.ledger
                 .record_generations(&self.prefix, &floors)
@@ -548,6 +581,20 @@ impl Pass {
             }
         }
     }
+}
+
+/// The shards the `entries` read from `stream` changed: the stream's own, then those of
+/// the counters they charged elsewhere (a budget shared by subjects of several shards),
+/// each once.
+fn shards_charged(stream: &str, entries: &[LedgerEntry]) -> Vec<u16> {
+    let mut shards: Vec<u16> = crate::keys::shard_of(stream).into_iter().collect();
+    let counters = entries.iter().flat_map(|entry| &entry.counters);
+    for shard in counters.filter_map(|counter| crate::keys::shard_of(&counter.key)) {
+        if !shards.contains(&shard) {
+            shards.push(shard);
+        }
+    }
+    shards
 }
 
 /// A stream id, `<ms>-<seq>`, as numbers (in the order Redis gives ids).

@@ -13,6 +13,7 @@
 
 use crate::domain::LedgerEntry;
 use crate::engine::codec;
+use crate::engine::ledger::LedgerError;
 use crate::engine::pipeline::writer::Rollback;
 use crate::engine::store::{LedgerAppend, Undo};
 use crate::engine::{Engine, EngineError};
@@ -135,13 +136,19 @@ impl Engine {
 
     /// Moves what the ledger streams hold into SQL now, so that a charge just made is
     /// found there; false when nothing streams (every entry is in SQL before its answer).
-    pub(in crate::engine) async fn settle_streams(&self) -> bool {
+    /// A drain that could not move everything is an error: what was asked for may be
+    /// waiting in a stream, not unknown.
+    pub(in crate::engine) async fn settle_streams(&self) -> Result<bool, EngineError> {
         match self.deployment.drain() {
-            Some(drain) => {
-                drain.drain_once().await;
-                true
-            }
-            None => false,
+            Some(drain) => match drain.drain_once_checked().await {
+                Ok(_) => Ok(true),
+                Err((_, why)) => Err(EngineError::Ledger(LedgerError::unavailable(
+                    std::io::Error::other(format!(
+                        "the ledger streams could not be moved into SQL: {why}"
+                    )),
+                ))),
+            },
+            None => Ok(false),
         }
     }
 }

@@ -191,6 +191,55 @@ impl PrivateRedis {
         redis
     }
 
+    /// A replica of `primary`, a one-node cluster of [`PrivateRedis::start_cluster`]: a
+    /// cluster node of its own that meets the primary and replicates it, once online.
+    pub async fn start_cluster_replica(primary: &PrivateRedis) -> Self {
+        let port = free_port();
+        let nodes = std::env::temp_dir().join(format!("quota-ledger-nodes-{port}.conf"));
+        let _ = std::fs::remove_file(&nodes);
+        let nodes = nodes.to_string_lossy().into_owned();
+        let replica = Self::start_with(
+            port,
+            &["--cluster-enabled", "yes", "--cluster-config-file", &nodes],
+        )
+        .await;
+        let primary_id = primary.cli(None, &["CLUSTER", "MYID"]).trim().to_owned();
+        let met = replica.cli(
+            None,
+            &["CLUSTER", "MEET", "127.0.0.1", &primary.port().to_string()],
+        );
+        assert!(met.contains("OK"), "CLUSTER MEET: {met}");
+        eventually(
+            Duration::from_secs(10),
+            "the replica knows the primary",
+            || async {
+                let known = replica.cli(None, &["CLUSTER", "NODES"]);
+                known.contains(&primary_id).then_some(())
+            },
+        )
+        .await;
+        eventually(
+            Duration::from_secs(10),
+            "the replica replicates the primary",
+            || async {
+                let answer = replica.cli(None, &["CLUSTER", "REPLICATE", &primary_id]);
+                answer.contains("OK").then_some(())
+            },
+        )
+        .await;
+        eventually(
+            Duration::from_secs(20),
+            "the cluster replica is online",
+            || async {
+                let info = primary.cli(None, &["INFO", "replication"]);
+                info.contains("state=online").then_some(())
+            },
+        )
+        .await;
+        let _ = std::fs::remove_file(&nodes);
+        replica
+    }
+
     /// Kills the server at once (SIGKILL), as a crash would.
     pub fn kill_9(&mut self) {
         let _ = self.child.kill();
