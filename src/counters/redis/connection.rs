@@ -351,8 +351,18 @@ impl RedisCounterStore {
         &self,
         call: &Cmd,
     ) -> Result<T, StoreError> {
+        let connection = self.connection().await?;
+        self.plain_on(&connection, call).await
+    }
+
+    /// [`Self::plain`] on `connection` (a `WAIT` after it must go there too).
+    pub(super) async fn plain_on<T: redis::FromRedisValue>(
+        &self,
+        connection: &Connection,
+        call: &Cmd,
+    ) -> Result<T, StoreError> {
         async {
-            match self.connection().await? {
+            match connection.clone() {
                 Connection::Standalone(mut c, _) => {
                     bounded(self.timeout, call.query_async(&mut c)).await
                 }

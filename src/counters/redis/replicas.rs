@@ -180,8 +180,11 @@ impl RedisCounterStore {
         };
         let mut incr = redis::cmd("INCR");
         incr.arg(&fence);
-        let _: i64 = self.plain(&incr).await?;
-        self.replicated(self.connection().await?, &fence, "the drain retries")
+        // One connection for both: WAIT covers what its own connection wrote (the task
+        // may resume on another thread, with another thread's connection, between them).
+        let connection = self.connection().await?;
+        let _: i64 = self.plain_on(&connection, &incr).await?;
+        self.replicated(connection, &fence, "the drain retries")
             .await
     }
 
