@@ -3,24 +3,19 @@
 //! (where they still count), checks and updates the bookkeeping, and appends the ledger entry.
 
 use crate::domain::{
-    ActionSet, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey,
-    LedgerEntry, PolicyAmount, Quantity,
+    ActionSet, CounterCharge, EntryId, EntryKind, HoldId, LedgerEntry, PolicyAmount, Quantity,
 };
 use crate::engine::codec::{self, HoldRecord};
-use crate::engine::store::{
-    signed, GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError, Undo,
-};
+use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, StoreError, Undo};
 use crate::engine::{Decision, Engine, EngineError};
-use crate::keys::{self, SubjectKeys};
+use crate::keys;
 use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 pub(super) mod alerts;
+mod refund;
 use alerts::{give_back_kept, with_usage};
-
-/// Refund idempotency records are kept a day.
-const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 
 /// When the first hold known to this instance falls due, per shard: the holds it opened,
 /// and those the janitor's look found. Only shards with a hold due are swept.
@@ -128,189 +123,6 @@ fn charged_to(counters: &[CounterCharge]) -> Vec<PolicyAmount> {
 }
 
 impl Engine {
-    /// Gives back `amount` (default: all not yet refunded) of the consume `consumption_id`.
-    /// A consumption of an action outside `visible` is unknown to the caller: not found,
-    /// and nothing changes.
-    pub(crate) async fn refund(
-        &self,
-        consumption_id: ConsumptionId,
-        amount: Option<Quantity>,
-        idempotency_key: Option<IdempotencyKey>,
-        visible: &ActionSet,
-    ) -> Result<Settled, EngineError> {
-        let charge = self
-            .find_charge(consumption_id)
-            .await?
-            .filter(|charge| visible.contains(&charge.action))
-            .ok_or_else(|| EngineError::NotFound(format!("no consumption '{consumption_id}'")))?;
-        let keys = SubjectKeys::new(&self.prefix, &charge.action, &charge.subject);
-        let now = self.now();
-        let control_key =
-            keys::refunded_total(&self.prefix, keys.shard, &consumption_id.to_string());
-        let refunded = self
-            .refunded_so_far(&control_key, consumption_id, now)
-            .await?;
-        let total = charge.amount;
-        let amount = amount.map_or(total.saturating_sub(refunded), Quantity::get);
-        if amount == 0 {
-            return self
-                .refunded_already(&keys, consumption_id, idempotency_key.as_ref(), now)
-                .await;
-        }
-        let mut entry = LedgerEntry {
-            id: EntryId::new(),
-            at: now,
-            kind: EntryKind::Refund,
-            action: charge.action.clone(),
-            subject: charge.subject.clone(),
-            amount,
-            consumption_id: Some(consumption_id),
-            hold_id: None,
-            idempotency_key,
-            policies: given(&charge.counters, amount, refunded + amount == total),
-            attributes: charge.attributes.clone(),
-            counters: Vec::new(),
-            hold_expires_at: None,
-            kept_answer: None,
-        };
-        let reports_usage = self.keep_alerts(&mut entry, &charge.counters, keys.shard);
-        let mut request = self.refund_give_back(&charge, &entry, refunded);
-        request.reports_usage = reports_usage;
-        let foreign = self.foreign_share(keys.shard, &mut request);
-        let foreign_alerts = self.foreign_alerts(&entry, &foreign);
-        request.pending = self.pending_share(keys.shard, &entry, &foreign, &foreign_alerts);
-        // Until the entry is committed: a snapshot must see both or neither.
-        let _cut = self.cut.read().await;
-        match self
-            .counters
-            .give_back(now.timestamp_millis(), &request)
-            .await?
-        {
-            GivenBack::Done {
-                refunded: after,
-                restored,
-                usage,
-            } => {
-                let entry = with_usage(entry, &usage);
-                let share = (after == total, signed(amount));
-                self.share_foreign(keys.shard, &entry, foreign, share, foreign_alerts)
-                    .await;
-                self.record_unless_streamed(&entry, &request, (after, restored))
-                    .await?;
-                Ok(self.settled(entry, false).await)
-            }
-            GivenBack::Conflict(before) => Err(EngineError::Conflict(format!(
-                "refunding {amount} would exceed the charge of {total}: {before} refunded already"
-            ))),
-            GivenBack::Replayed(kept) => {
-                let earlier = codec::decode_refund_record(&kept).map_err(StoreError::from)?;
-                if earlier.amount != amount {
-                    return Err(EngineError::Conflict(format!(
-                        "idempotency key was used for a refund of {}, not {amount}",
-                        earlier.amount
-                    )));
-                }
-                Ok(self.settled(earlier, true).await)
-            }
-            GivenBack::Unknown => Err(EngineError::NotFound(format!(
-                "no consumption '{consumption_id}'"
-            ))),
-        }
-    }
-
-    /// The answer to a refund of the rest of `consumption_id` when nothing is left: the
-    /// refund kept under `idempotency_key` replayed (a retry of a refund of the rest that
-    /// stood), or a conflict.
-    async fn refunded_already(
-        &self,
-        keys: &SubjectKeys,
-        consumption_id: ConsumptionId,
-        idempotency_key: Option<&IdempotencyKey>,
-        now: DateTime<Utc>,
-    ) -> Result<Settled, EngineError> {
-        if let Some(key) = idempotency_key {
-            let record_key = keys.idempotency('r', &format!("{consumption_id}:{key}"));
-            let kept = self
-                .counters
-                .record(&record_key, now.timestamp_millis())
-                .await?;
-            if let Some(kept) = kept {
-                let earlier = codec::decode_refund_record(&kept).map_err(StoreError::from)?;
-                return Ok(self.settled(earlier, true).await);
-            }
-        }
-        Err(EngineError::Conflict(format!(
-            "consumption '{consumption_id}' has been refunded in full already"
-        )))
-    }
-
-    /// The store's request for the refund `entry` of `charge`, `refunded` having been
-    /// refunded before it (per the ledger: the store's running total wins if it has one).
-    pub(in crate::engine) fn refund_give_back(
-        &self,
-        charge: &LedgerEntry,
-        entry: &LedgerEntry,
-        refunded: u64,
-    ) -> GiveBack {
-        let keys = SubjectKeys::new(&self.prefix, &charge.action, &charge.subject);
-        let consumption_id = entry
-            .consumption_id
-            .map(|id| id.to_string())
-            .unwrap_or_default();
-        GiveBack {
-            kind: GiveBackKind::Refund {
-                amount: entry.amount,
-                total: charge.amount,
-                refunded,
-            },
-            pending: None,
-            reports_usage: false,
-            control_key: keys::refunded_total(&self.prefix, keys.shard, &consumption_id),
-            hold_index: None,
-            counters: charge.counters.clone(),
-            ledger: self.stream_entry(keys.shard, entry),
-            idempotency: entry.idempotency_key.as_ref().map(|key| IdempotencyRecord {
-                key: keys.idempotency('r', &format!("{consumption_id}:{key}")),
-                ttl_ms: REFUND_IDEMPOTENCY_MS,
-                record: codec::encode_entry(entry),
-                pending: false,
-            }),
-        }
-    }
-
-    /// What was refunded of a consumption before now. The store's running total is
-    /// current; the ledger may lag it (Redis drains later) but outlives it. The script
-    /// checks again, atomically, so this only sets defaults.
-    async fn refunded_so_far(
-        &self,
-        control_key: &str,
-        consumption_id: ConsumptionId,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EngineError> {
-        let kept = self
-            .counters
-            .record(control_key, now.timestamp_millis())
-            .await?;
-        match kept.and_then(|t| t.parse::<u64>().ok()) {
-            Some(total) => Ok(total),
-            None => Ok(self.ledger.refunded(consumption_id).await?),
-        }
-    }
-
-    /// The charge entry of a consumption; drains the Redis streams first if it is not in SQL.
-    async fn find_charge(
-        &self,
-        consumption_id: ConsumptionId,
-    ) -> Result<Option<LedgerEntry>, EngineError> {
-        if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
-            return Ok(Some(entry));
-        }
-        if self.settle_streams().await? {
-            return Ok(self.ledger.charge_of(consumption_id).await?);
-        }
-        Ok(None)
-    }
-
     /// Commits or releases the hold `hold_id`. A hold of an action outside `visible` is
     /// unknown to the caller: not found, and nothing changes.
     pub(crate) async fn settle(
