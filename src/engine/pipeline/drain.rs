@@ -14,7 +14,6 @@
 //! the drains of every instance together cost Redis 64 `XLEN` per half claim timeout.
 
 use crate::domain::LedgerEntry;
-use crate::engine::codec;
 use crate::engine::janitor::Janitor;
 use crate::engine::ledger::{LedgerError, LedgerStore};
 use crate::engine::pipeline::lag::Lag;
@@ -25,6 +24,9 @@ use crate::logs::Throttle;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod pass;
+use pass::{shards_charged, Cursor, Pass, Source};
 
 /// The shards whose streams this instance appended to since its drain last looked, and
 /// the wake-up of the drain. The counter store reports every call that may have appended
@@ -492,109 +494,6 @@ impl Drainer {
         }
         Some(shards)
     }
-}
-
-/// Where a pass reads a stream's entries from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    /// This consumer's entries left unacknowledged by a failed pass.
-    Pending,
-    /// Entries never delivered.
-    New,
-    /// Entries another (dead) consumer left idle for `claim_idle`.
-    Idle,
-}
-
-/// What a pass has read and not yet moved: one transaction's worth at most.
-#[derive(Default)]
-struct Pass {
-    entries: Vec<LedgerEntry>,
-    /// For each of `entries`, its stream (an index into `streams`) and its id there.
-    origins: Vec<(usize, String)>,
-    streams: Vec<String>,
-    /// The write generation of a stream's shard read after each batch of it.
-    generations: Vec<(String, u64)>,
-}
-
-/// Where a pass is in its reading: the streams and sources it reads, in order, and the
-/// position in the current one.
-struct Cursor {
-    /// Each stream to read, with where from: per shard, its pending entries (after a
-    /// failed pass), its new ones, and the idle ones of dead consumers (when claiming).
-    work: Vec<(String, Source)>,
-    /// The one being read.
-    next: usize,
-    /// Pending entries are paged by id: the last one read.
-    after: String,
-}
-
-impl Cursor {
-    fn over(prefix: &str, shards: u64, retry: u64, claim: u64) -> Self {
-        let mut work = Vec::new();
-        for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
-            let stream = ledger_stream(prefix, shard);
-            let bit = 1u64 << shard;
-            let sources = [
-                (retry & bit != 0).then_some(Source::Pending),
-                Some(Source::New),
-                (claim & bit != 0).then_some(Source::Idle),
-            ];
-            for source in sources.into_iter().flatten() {
-                work.push((stream.clone(), source));
-            }
-        }
-        Self {
-            work,
-            next: 0,
-            after: String::from("0"),
-        }
-    }
-
-    /// Whether every stream has been read to its end.
-    fn is_done(&self) -> bool {
-        self.next >= self.work.len()
-    }
-}
-
-impl Pass {
-    fn add(&mut self, stream: &str, batch: Vec<StreamEntry>) {
-        if self.streams.last().map(String::as_str) != Some(stream) {
-            self.streams.push(stream.to_owned());
-        }
-        let at = self.streams.len() - 1;
-        for (id, text) in batch {
-            match codec::decode_entries(&text) {
-                Ok(entries) => {
-                    for entry in entries {
-                        self.entries.push(entry);
-                        self.origins.push((at, id.clone()));
-                    }
-                }
-                // Written by our own script from our own JSON: a bug. Keep it in Redis,
-                // pending, for an operator, rather than losing it.
-                Err(error) => {
-                    static SITE: Throttle = Throttle::new();
-                    if let Some(count) = SITE.event() {
-                        tracing::error!(error = %error, stream, id, count, "unreadable ledger entry left pending");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The shards the `entries` read from `stream` changed: the stream's own, then those of
-/// the counters they charged elsewhere (a budget shared by subjects of several shards),
-/// each once.
-fn shards_charged(stream: &str, entries: &[LedgerEntry]) -> Vec<u16> {
-    let mut shards: Vec<u16> = crate::keys::shard_of(stream).into_iter().collect();
-    let counters = entries.iter().flat_map(|entry| &entry.counters);
-    for shard in counters.filter_map(|counter| crate::keys::shard_of(&counter.key)) {
-        if !shards.contains(&shard) {
-            shards.push(shard);
-        }
-    }
-    shards
 }
 
 /// A stream id, `<ms>-<seq>`, as numbers (in the order Redis gives ids).
