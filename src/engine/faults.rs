@@ -40,6 +40,9 @@ pub enum Fault {
     /// The step never ends: the work waits there until its instance is killed (a test
     /// kills it at that step).
     Pause,
+    /// The work waits there until the point is disarmed, then goes on unharmed (a test
+    /// changes the world at that step).
+    Hold,
 }
 
 /// The failpoints armed in one engine.
@@ -83,7 +86,7 @@ impl Faults {
         self.any.store(false, std::sync::atomic::Ordering::Release);
     }
 
-    /// How many times work reached a paused point (and waits there).
+    /// How many times work reached a paused or held point (and waited there).
     pub fn paused(&self) -> usize {
         self.paused.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -101,6 +104,14 @@ impl Faults {
                 self.paused
                     .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 std::future::pending().await
+            }
+            Some(Fault::Hold) => {
+                self.paused
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                while self.armed().contains_key(point) {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                false
             }
             None => false,
         }

@@ -235,3 +235,59 @@ async fn on_a_cluster_a_replica_that_stops_acknowledging_makes_consumes_503() {
     assert_eq!(ready.status, 200, "{}", ready.body);
     a_stalled_replica_refuses_and_the_retry_is_decided_afresh(&app, &replica).await;
 }
+
+/// A consume across Redis Cluster slots (a budget shared by subjects) commits at its home
+/// slot's finalize, after its reservations elsewhere were acknowledged: when the replica
+/// stalls just then, the finalize's `WAIT` fails, the consume is 503 (never 200 because
+/// its intent is found committed), and its charges in every slot are voided.
+#[tokio::test]
+async fn on_a_cluster_a_finalize_the_replica_does_not_acknowledge_is_503_and_voided() {
+    let primary = PrivateRedis::start_cluster().await;
+    let replica = PrivateRedis::start_cluster_replica(&primary).await;
+    let app = Arc::new(app_on_deployment(&primary, PolicyBackend::Sqlite, true).await);
+    let mut shared = calendar_policy("repl-global", "repl.send", 1_000_000, "day", "UTC");
+    shared["scope"] = json!([]);
+    app.must_create_policy(shared).await;
+    assert_eq!(app.quota("/quota/consume", keyed("k-1")).await.status, 200);
+
+    // Held after every reservation was acknowledged, before the home commit.
+    app.engine.faults().arm_with(
+        "crossslot.finalize",
+        quota_ledger::engine::faults::Fault::Hold,
+    );
+    let consume = {
+        let app = app.clone();
+        tokio::spawn(async move { app.quota("/quota/consume", keyed("k-2")).await })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the consume reaches its finalize",
+        || async { (app.engine.faults().paused() == 1).then_some(()) },
+    )
+    .await;
+    replica.pause();
+    app.engine.faults().clear();
+    let refused = consume.await.expect("the consume ends");
+    let problem = refused.assert_problem(503);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("QUOTA_REDIS_MIN_REPLICAS"),
+        "{problem}"
+    );
+    // Acknowledged again: the void's share in the other slot is given at once too.
+    replica.resume();
+    app.engine.void_settled(true).await;
+    let usage = app.usage("repl.send", "u-1").await;
+    let used: Vec<_> = usage.body["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["used"].clone())
+        .collect();
+    assert_eq!(used, [json!(1), json!(1)], "{}", usage.body);
+    app.engine.drain_ledger_now().await;
+    let verified = verify(&app).await;
+    assert_eq!(verified["drift"], json!([]), "{verified}");
+}

@@ -386,10 +386,21 @@ impl CounterStore for RedisCounterStore {
 
     async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
         let call = script::finalize_cmd(&self.finalize, now_ms, request, self.floors.as_deref());
-        let reply = self.exec(&self.finalize, &call).await;
+        let reply = self
+            .exec_on(&self.finalize, &call)
+            .instrument(connection::redis_span("redis EVALSHA"))
+            .await;
         let appended = request.effects.ledger.as_ref();
         self.may_have_appended(appended.map(|l| l.stream.as_str()));
-        script::parse_finalized(reply?, &request.intent.key)
+        let (reply, connection) = reply?;
+        let finalized = script::parse_finalized(reply, &request.intent.key)?;
+        // The consume is answered once its home commit is on the replicas; when it is not,
+        // the committed intent is in doubt, voided like any consume answered 503.
+        if finalized == Finalized::Committed && self.min_replicas > 0 {
+            self.replicated(connection, &request.intent.key, "the charge is given back")
+                .await?;
+        }
+        Ok(finalized)
     }
 
     fn circuit_open(&self) -> bool {

@@ -244,6 +244,9 @@ impl Engine {
                     "the consume's deadline passed before it committed".into(),
                 ))
             }
+            // Committed, but too few replicas acknowledged it: in doubt, voided (never
+            // answered 200 because the abandon finds it committed).
+            Err(error @ StoreError::Unreplicated(_)) => Err(error),
             // The outcome is unknown: an intent that committed refuses the abandon.
             Err(error) => match self.abandon(home, &member, &record, None).await {
                 Ok(true) => Ok(Decided::Fresh(evaluation)),
