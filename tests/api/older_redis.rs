@@ -97,3 +97,68 @@ async fn restarted_from_an_older_snapshot(policy: serde_json::Value) {
     let verified = verify(&app).await;
     assert_eq!(verified["drift"], json!([]), "{verified}");
 }
+
+/// A refund to a budget shared by every subject gives back in the budget's shard, though
+/// its entry is in the subject's stream: the drain raises the budget shard's floor for
+/// refunds too, so that a Redis that came back without the refunds is caught and rebuilt
+/// rather than counting them as still used.
+#[tokio::test]
+async fn refunds_to_a_shared_budget_lost_with_an_older_redis_are_caught() {
+    let mut redis = PrivateRedis::start().await;
+    let mut settings = fresh_settings(PolicyBackend::Postgres, CounterBackend::Memory).await;
+    settings.redis_urls = vec![redis.url.clone()];
+    let app = spawn_with(settings).await;
+    let mut policy = calendar_policy("snap-global", "snap.send", 1_000_000, "day", "UTC");
+    policy["scope"] = json!([]);
+    app.must_create_policy(policy).await;
+
+    let mut charged = Vec::new();
+    for n in 0..20 {
+        let key = format!("c-{n}");
+        let answer = app
+            .quota(
+                "/quota/consume",
+                crate::helpers::keyed_consume("snap.send", &key),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        charged.push(answer.body["consumption_id"].as_str().unwrap().to_owned());
+    }
+    app.engine.drain_ledger_now().await;
+    // The snapshot Redis will come back to holds the charges, not the refunds.
+    assert!(redis.cli(None, &["SAVE"]).contains("OK"));
+    for (n, consumption_id) in charged.iter().take(10).enumerate() {
+        let refund = json!({"consumption_id": consumption_id, "idempotency_key": format!("r-{n}")});
+        let answer = app.quota("/quota/refund", refund).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    app.engine.drain_ledger_now().await;
+
+    redis.kill_9();
+    let _restarted = PrivateRedis::start_on(redis.port()).await;
+    let served = eventually(
+        Duration::from_secs(30),
+        "the shards are rebuilt",
+        || async {
+            let answer = app
+                .quota(
+                    "/quota/consume",
+                    crate::helpers::keyed_consume("snap.send", "after"),
+                )
+                .await;
+            (answer.status == 200).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(served.body["replayed"], false, "{}", served.body);
+    let usage = app.usage("snap.send", "u-1").await;
+    assert_eq!(
+        usage.body["policies"][0]["used"],
+        json!(11),
+        "20 charged, 10 refunded, 1 after: {}",
+        usage.body
+    );
+    app.engine.drain_ledger_now().await;
+    let verified = verify(&app).await;
+    assert_eq!(verified["drift"], json!([]), "{verified}");
+}

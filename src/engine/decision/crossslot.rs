@@ -488,6 +488,7 @@ impl Engine {
     ) -> Result<(), StoreError> {
         let now_ms = self.now().timestamp_millis();
         let mut events = Vec::new();
+        let shards: Vec<u16> = foreign.keys().copied().collect();
         for (shard, counters) in foreign {
             let told = alerts.iter().find(|(s, _)| *s == shard).map(|(_, e)| e);
             let request = GiveBack {
@@ -517,6 +518,11 @@ impl Engine {
             self.ledger.add_events(&events).await.map_err(|error| {
                 StoreError::Unavailable(format!("recording alert events: {error}"))
             })?;
+        }
+        // The shards' floors cover the share before its pending record goes, so that a
+        // node that comes back without it is caught (its entry is at home).
+        if let Some(drain) = self.deployment.drain() {
+            drain.raise_floors_now(&shards).await?;
         }
         let resolved = resolved(&self.prefix, home, id);
         self.counters.give_back(now_ms, &resolved).await?;

@@ -473,6 +473,31 @@ impl Drainer {
         }
     }
 
+    /// Raises the floors of `shards` to their write generations now, in SQL and here: a
+    /// change made there without an entry of their own streams (a refund's share in a
+    /// shared budget's slot of a Redis Cluster, given after its entry was appended at
+    /// home, perhaps after the drain read it) is then covered too.
+    pub(crate) async fn raise_floors_now(&self, shards: &[u16]) -> Result<(), StoreError> {
+        let mut floors = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            let stream = ledger_stream(&self.prefix, shard);
+            if let Some(generation) = self.streams.generation(&stream).await? {
+                floors.push((shard, generation));
+            }
+        }
+        if floors.is_empty() {
+            return Ok(());
+        }
+        self.ledger
+            .record_generations(&self.prefix, &floors)
+            .await
+            .map_err(|error| {
+                StoreError::Unavailable(format!("recording the shards' write generations: {error}"))
+            })?;
+        self.streams.raise_floors(&floors);
+        Ok(())
+    }
+
     /// How often the janitor measures every stream: half the claim timeout, within
     /// 250 ms and 15 s.
     fn sweep_every(&self) -> Duration {

@@ -97,14 +97,25 @@ impl Pass {
 }
 
 /// The shards the `entries` read from `stream` changed: the stream's own, then those of
-/// the counters they charged elsewhere (a budget shared by subjects of several shards),
-/// each once.
+/// the budgets shared by subjects they charged or gave back to (a charge names its
+/// counters; a refund, void or settlement names its policies' scopes), each once.
 pub(super) fn shards_charged(stream: &str, entries: &[LedgerEntry]) -> Vec<u16> {
     let mut shards: Vec<u16> = crate::keys::shard_of(stream).into_iter().collect();
-    let counters = entries.iter().flat_map(|entry| &entry.counters);
-    for shard in counters.filter_map(|counter| crate::keys::shard_of(&counter.key)) {
+    let mut note = |shard: u16| {
         if !shards.contains(&shard) {
             shards.push(shard);
+        }
+    };
+    for entry in entries {
+        for counter in &entry.counters {
+            if let Some(shard) = crate::keys::shard_of(&counter.key) {
+                note(shard);
+            }
+        }
+        let shared = entry.policies.iter().filter(|p| !p.scope.has_subject());
+        for policy in shared {
+            let budget = entry.budget(&policy.scope);
+            note(crate::keys::budget_shard(entry.action.as_str(), &budget));
         }
     }
     shards
