@@ -4,8 +4,8 @@
 //! for the clock, and the offset shows in the metric, the log and `/readyz`.
 
 use crate::helpers::{
-    calendar_policy, eventually, free_port, fresh_settings, CounterBackend, PolicyBackend, Service,
-    ADMIN_TOKEN,
+    calendar_policy, eventually, free_port, fresh_settings, CounterBackend, PolicyBackend,
+    PrivateRedis, Service, ADMIN_TOKEN,
 };
 use quota_ledger::config::Settings;
 use serde_json::{json, Value};
@@ -18,6 +18,17 @@ async fn start(
     skew: Option<&str>,
     log: &std::path::Path,
     client: &reqwest::Client,
+) -> (Service, String) {
+    start_on(settings, skew, log, client, false).await
+}
+
+/// [`start`], on a Redis Cluster with `cluster`.
+async fn start_on(
+    settings: &Settings,
+    skew: Option<&str>,
+    log: &std::path::Path,
+    client: &reqwest::Client,
+    cluster: bool,
 ) -> (Service, String) {
     let binary = env!("CARGO_BIN_EXE_quota-ledger");
     let mut command = match skew {
@@ -34,6 +45,7 @@ async fn start(
         .env("QUOTA_LISTEN", format!("127.0.0.1:{port}"))
         .env("DATABASE_URL", &settings.database_url)
         .env("REDIS_URL", &settings.redis_urls[0])
+        .env("REDIS_CLUSTER", cluster.to_string())
         .env("QUOTA_REDIS_PREFIX", &settings.redis_prefix)
         .env("QUOTA_REDIS_TIMEOUT_MS", "2000")
         .env("QUOTA_ADMIN_TOKEN", ADMIN_TOKEN)
@@ -206,4 +218,68 @@ async fn an_instance_300_s_ahead_decides_by_redis_time() {
 #[tokio::test]
 async fn an_instance_300_s_behind_decides_by_redis_time() {
     two_instances_one_skewed("-300s", 300.0).await;
+}
+
+/// On a Redis Cluster each primary keeps its own clock: with one of two primaries 300 s
+/// ahead (`clock_shift.c`), the call deadlines its scripts check are computed from that
+/// node's own offset, so consumes on its slots are decided rather than refused as late, and
+/// the counters equal the ledger.
+#[tokio::test]
+async fn on_a_cluster_a_primary_whose_clock_is_ahead_decides_on_time() {
+    // Shard 0 (hash tag `0`, slot 13907) is on the second node, whose clock the engine
+    // follows; the first node's clock runs ahead of it, so that a deadline computed from
+    // the engine's clock has passed on that node before the call arrives.
+    let nodes = PrivateRedis::start_cluster_of(&[Some(300), None]).await;
+    let mut settings = fresh_settings(PolicyBackend::Postgres, CounterBackend::Memory).await;
+    settings.redis_urls = vec![nodes[0].url.clone()];
+    let client = reqwest::Client::new();
+    let log = std::env::temp_dir().join(format!(
+        "quota-ledger-node-clock-{}.log",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let (_service, base) = start_on(&settings, None, &log, &client, true).await;
+    let policy = calendar_policy("node-day", "node.send", 1_000, "day", "UTC");
+    let created = client
+        .post(format!("{base}/admin/policies"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    // Every node's offset is measured within a second or two of the start.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut refused = Vec::new();
+    for n in 0..40 {
+        let body = json!({"action": "node.send", "subject": format!("s-{n}")});
+        let answer = client
+            .post(format!("{base}/quota/consume"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = json(answer).await;
+        if status != 200 {
+            refused.push(format!("s-{n}: {status} {body}"));
+        }
+    }
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    let skewed = nodes[0].cli(None, &["DBSIZE"]);
+    assert_ne!(skewed.trim(), "0", "some subjects live on the skewed node");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("primaries differ by more than QUOTA_MAX_CLOCK_OFFSET_MS"),
+        "the skew is logged: {logged}"
+    );
+    let (status, verified) = json(
+        client
+            .get(format!("{base}/admin/counters/verify"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["drift"], json!([]), "{verified}");
 }

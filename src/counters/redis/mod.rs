@@ -105,6 +105,9 @@ pub struct RedisCounterStore {
     slow: Arc<std::sync::Mutex<(u64, connection::Slot)>>,
     /// Redis's time as this instance measures it (`time.rs`); `None`: this machine's clock.
     time: Option<Arc<crate::clock::OffsetClock>>,
+    /// On a cluster, the offset of each shard's primary (`time.rs`): the call deadlines its
+    /// scripts check on their own node's clock.
+    node_offsets: Option<Arc<time::NodeOffsets>>,
     /// Replicas that must acknowledge a decision that charged before it is answered
     /// (`QUOTA_REDIS_MIN_REPLICAS`, `replicas.rs`).
     min_replicas: u32,
@@ -176,6 +179,7 @@ impl RedisCounterStore {
             appends: None,
             slow: Arc::default(),
             time: None,
+            node_offsets: None,
             min_replicas: 0,
         };
         store.target.follow();
@@ -268,7 +272,12 @@ impl CounterStore for RedisCounterStore {
         // A call that changes state carries the moment this instance stops waiting for it:
         // Redis refuses to run it later than that (plus the clocks' skew), so that an
         // attempt answered 503 is settled, applied or not, soon after (`engine::recovery::void`).
-        let deadline = commit.then(|| self.redis_now_ms() + duration_ms(self.timeout));
+        let node = match (charges.first(), &effects.ledger) {
+            (Some(charge), _) => charge.key.as_str(),
+            (None, Some(ledger)) => ledger.stream.as_str(),
+            (None, None) => "",
+        };
+        let deadline = commit.then(|| self.node_now_ms(node) + duration_ms(self.timeout));
         let call = script::consume_cmd(
             &self.script,
             now_ms,
@@ -286,12 +295,7 @@ impl CounterStore for RedisCounterStore {
         let decided = script::parse_decided(reply, charges)?;
         let charged = matches!(&decided, Decided::Fresh(evaluation) if evaluation.allowed);
         if commit && charged && self.min_replicas > 0 {
-            let key = match (charges.first(), &effects.ledger) {
-                (Some(charge), _) => charge.key.as_str(),
-                (None, Some(ledger)) => ledger.stream.as_str(),
-                (None, None) => "",
-            };
-            self.replicated(connection, key, "the charge is given back")
+            self.replicated(connection, node, "the charge is given back")
                 .await?;
         }
         Ok(decided)

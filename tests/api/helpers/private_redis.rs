@@ -101,11 +101,22 @@ impl PrivateRedis {
 
     /// Runs `redis-server` without persistence with `args`, and waits until `port` accepts.
     async fn spawn(port: u16, url: String, args: &[String]) -> Self {
+        Self::spawn_skewed(port, url, args, None).await
+    }
+
+    /// [`Self::spawn`], its wall clock moved by `skew_s` seconds when given
+    /// (`clock_shift.c`, preloaded).
+    async fn spawn_skewed(port: u16, url: String, args: &[String], skew_s: Option<i64>) -> Self {
         // A directory of its own: a replica's full sync writes an RDB file there, which a
         // server started later in the same directory would load.
         let dir = std::env::temp_dir().join(format!("quota-ledger-redis-{port}"));
         std::fs::create_dir_all(&dir).expect("creating the Redis dir");
         let mut command = std::process::Command::new("redis-server");
+        if let Some(skew_s) = skew_s {
+            command
+                .env("LD_PRELOAD", clock_shift())
+                .env("CLOCK_SHIFT_S", skew_s.to_string());
+        }
         command.current_dir(&dir);
         // A sentinel's config file comes first, and a sentinel takes no persistence options.
         match args.iter().any(|a| a == "--sentinel") {
@@ -156,6 +167,63 @@ impl PrivateRedis {
         }
         let output = command.args(args).output().expect("running redis-cli");
         String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// A Redis Cluster of the test's own, one primary per entry of `skews` (its wall clock
+    /// moved by that many seconds when given), the slots split evenly between them in order.
+    pub async fn start_cluster_of(skews: &[Option<i64>]) -> Vec<Self> {
+        let mut nodes = Vec::new();
+        for skew in skews {
+            let port = free_port();
+            let config = std::env::temp_dir().join(format!("quota-ledger-nodes-{port}.conf"));
+            let _ = std::fs::remove_file(&config);
+            let args: Vec<String> = [
+                "--port",
+                &port.to_string(),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &config.to_string_lossy(),
+            ]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+            let url = format!("redis://127.0.0.1:{port}/");
+            nodes.push(Self::spawn_skewed(port, url, &args, *skew).await);
+        }
+        let share = 16_384 / nodes.len();
+        for (i, node) in nodes.iter().enumerate() {
+            let first = i * share;
+            let last = if i + 1 == nodes.len() {
+                16_383
+            } else {
+                first + share - 1
+            };
+            let added = node.cli(
+                None,
+                &[
+                    "CLUSTER",
+                    "ADDSLOTSRANGE",
+                    &first.to_string(),
+                    &last.to_string(),
+                ],
+            );
+            assert!(added.contains("OK"), "CLUSTER ADDSLOTSRANGE: {added}");
+            if i > 0 {
+                let port = nodes[0].port().to_string();
+                let met = node.cli(None, &["CLUSTER", "MEET", "127.0.0.1", &port]);
+                assert!(met.contains("OK"), "CLUSTER MEET: {met}");
+            }
+        }
+        for node in &nodes {
+            eventually(Duration::from_secs(20), "the cluster is up", || async {
+                let info = node.cli(None, &["CLUSTER", "INFO"]);
+                let known = format!("cluster_known_nodes:{}", skews.len());
+                (info.contains("cluster_state:ok") && info.contains(&known)).then_some(())
+            })
+            .await;
+        }
+        nodes
     }
 
     /// A one-node Redis Cluster of the test's own (every slot on one primary), so that a test
@@ -281,4 +349,29 @@ impl Drop for PrivateRedis {
         let dir = std::env::temp_dir().join(format!("quota-ledger-redis-{}", self.port));
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// The clock shift library (`clock_shift.c`), compiled once per test run.
+fn clock_shift() -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let source = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/api/helpers/clock_shift.c"
+            );
+            let library = std::env::temp_dir().join(format!(
+                "quota-ledger-clock-shift-{}.so",
+                std::process::id()
+            ));
+            let built = std::process::Command::new("cc")
+                .args(["-shared", "-fPIC", "-O2", "-o"])
+                .arg(&library)
+                .arg(source)
+                .status()
+                .expect("running cc");
+            assert!(built.success(), "compiling {source}");
+            library
+        })
+        .clone()
 }
