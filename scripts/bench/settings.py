@@ -14,18 +14,26 @@ connections. The ratio printed is the median of the rounds' ratios (with / witho
 - TLS: a Redis of the row's own that listens both in plaintext and with TLS (a CA and a
   server certificate for `localhost` made with openssl), `rediss://localhost` with
   `QUOTA_REDIS_CA_FILE` against `redis://127.0.0.1`, in TLS_ROUNDS rounds.
+- TLS to Postgres: the private Postgres of scripts/with-stores.sh, its `ssl` turned on for
+  the row (the same certificates) and off again after, each round on a fresh database of
+  its own: `sslmode=verify-full` with `sslrootcert` to `localhost` against
+  `sslmode=disable`, in TLS_ROUNDS rounds, for the Redis mode (the drain's batches) and for
+  the embedded default (every group commit). Skipped without that Postgres.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import statistics
 import subprocess
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from pathlib import Path
 
+from ingest import _psql, postgres_url
 from measurements import Bench, Line, run_wrk
 from processes import Failure, Redis, free_port, log
 
@@ -39,22 +47,28 @@ ACTION = "sms"
 # (row, variant) -> one Line per round, in round order.
 Rows = Dict[Tuple[str, str], List[Line]]
 
+# A variant's environment, or what makes it for a round (its number).
+Env = Union[Dict[str, str], Callable[[int], Dict[str, str]]]
 
-def _round(bench: Bench, row: str, variant: str, env: Dict[str, str], rows: Rows, number: int, rounds: int) -> None:
+
+def _round(bench: Bench, row: str, variant: str, env: Env, rows: Rows, number: int, rounds: int, mode: str) -> None:
     (getattr(bench, "settings_redis", None) or bench.redis).flushall()
-    service = bench.service("redis", env=env).start()
+    env = env(number) if callable(env) else env
+    service = bench.service(mode, env=env).start(tries=600)
     service.create_policies()
-    log(f"redis: calendar day, {SETTINGS_SUBJECTS} subjects, {row} {variant} (round {number + 1} of {rounds})")
+    log(f"{mode}: calendar day, {SETTINGS_SUBJECTS} subjects, {row} {variant} (round {number + 1} of {rounds})")
     line = run_wrk(bench, service, ACTION, SETTINGS_SUBJECTS)
     rows.setdefault((row, variant), []).append(line)
     service.stop()
 
 
-def _alternating(bench: Bench, row: str, variants: Dict[str, Dict[str, str]], rounds: int, rows: Rows) -> None:
+def _alternating(
+    bench: Bench, row: str, variants: Dict[str, Env], rounds: int, rows: Rows, mode: str = "redis"
+) -> None:
     names = list(variants)
     for number in range(rounds):
         for variant in names if number % 2 == 0 else list(reversed(names)):
-            _round(bench, row, variant, variants[variant], rows, number, rounds)
+            _round(bench, row, variant, variants[variant], rows, number, rounds, mode)
 
 
 class Replica:
@@ -100,6 +114,7 @@ def measure_settings_rows(bench: Bench) -> None:
     finally:
         replica.stop()
     measure_tls_row(bench, rows)
+    measure_postgres_tls_rows(bench, rows)
     bench.results.settings = rows
 
 
@@ -151,6 +166,66 @@ def measure_tls_row(bench: Bench, rows: Rows) -> None:
         redis.stop()
 
 
+def measure_postgres_tls_rows(bench: Bench, rows: Rows) -> None:
+    """The TLS to Postgres rows (see the module doc)."""
+    admin = postgres_url()
+    if admin is None or shutil.which("psql") is None:
+        log("TLS to Postgres: no private Postgres (run through scripts/bench.sh); rows skipped")
+        return
+    certs = bench.tmp / "certs"
+    if not (certs / "server.pem").exists():
+        make_certs(certs)
+    # The server reads its key only if it owns it and no one else may read it.
+    key = certs / "server.key"
+    os.chmod(key, 0o600)
+    if os.getuid() == 0:
+        shutil.chown(key, "postgres")
+        shutil.chown(certs / "server.pem", "postgres")
+        os.chmod(certs, 0o755)
+        os.chmod(bench.tmp, 0o755)
+    for sql in (f"ALTER SYSTEM SET ssl_cert_file = '{certs / 'server.pem'}'",
+                f"ALTER SYSTEM SET ssl_key_file = '{key}'",
+                "ALTER SYSTEM SET ssl = on",
+                "SELECT pg_reload_conf()"):  # fmt: skip
+        _psql(admin, sql)
+    base = admin.rsplit("/", 1)[0]
+    host_port = base.rsplit("@", 1)[1]
+    port = host_port.rsplit(":", 1)[1]
+    created: List[str] = []
+
+    def database(variant: str) -> Callable[[int], Dict[str, str]]:
+        def make(number: int) -> Dict[str, str]:
+            name = f"bench_pgtls_{os.getpid()}_{len(created)}"
+            _psql(admin, f"CREATE DATABASE {name}")
+            created.append(name)
+            if variant == "tls":
+                url = f"postgres://postgres@localhost:{port}/{name}?sslmode=verify-full&sslrootcert={certs / 'ca.pem'}"
+            else:
+                url = f"{base}/{name}?sslmode=disable"
+            return {"DATABASE_URL": url}
+
+        return make
+
+    try:
+        tls = f"postgres://postgres@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={certs / 'ca.pem'}"
+        deadline = time.monotonic() + 10
+        while _psql(admin, "SHOW ssl") != "on" or subprocess.run(
+            ["psql", "-X", "-q", "-A", "-t", tls, "-c", "SELECT 1"], capture_output=True, check=False
+        ).returncode != 0:
+            if time.monotonic() > deadline:
+                raise Failure("the private Postgres did not serve TLS within 10 s")
+            time.sleep(0.2)
+        for mode in ("redis", "embedded"):
+            variants: Dict[str, Env] = {"plaintext": database("plaintext"), "tls": database("tls")}
+            _alternating(bench, f"postgres tls {mode}", variants, TLS_ROUNDS, rows, mode)
+    finally:
+        for sql in ("ALTER SYSTEM RESET ssl", "ALTER SYSTEM RESET ssl_cert_file",
+                    "ALTER SYSTEM RESET ssl_key_file", "SELECT pg_reload_conf()"):  # fmt: skip
+            _psql(admin, sql)
+        for name in created:
+            _psql(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def _ratios(rows: Rows, row: str, without: str, with_: str) -> List[Tuple[float, float]]:
     return [(a.f("rps"), b.f("rps")) for a, b in zip(rows.get((row, with_), []), rows.get((row, without), []))]
 
@@ -165,6 +240,8 @@ def settings_targets(results, target, at_least) -> List[str]:  # type: ignore[no
         ("checkpoints", "off", "default", "redis: checkpoints at the default interval vs none", 0.95),
         ("min replicas", "0", "1", "redis: QUOTA_REDIS_MIN_REPLICAS=1 vs 0 (one replica)", 0.8),
         ("tls", "plaintext", "tls", "redis: TLS to Redis (rediss://) vs plaintext", None),
+        ("postgres tls redis", "plaintext", "tls", "redis: TLS to a Postgres ledger (verify-full) vs plaintext", None),
+        ("postgres tls embedded", "plaintext", "tls", "embedded: TLS to a Postgres ledger (verify-full) vs plaintext", None),
     ):
         pairs = _ratios(rows, row, without, with_)
         if not pairs:
