@@ -75,7 +75,8 @@ Knobs (environment):
   BENCH_ALERTS=0             no alert rows (thresholds and a webhook against none, and the
                              time from a crossing to its delivery; scripts/bench/alerts.py)
   BENCH_SETTINGS=0           no settings rows (checkpoints at the default interval against
-                             none, QUOTA_REDIS_MIN_REPLICAS=1 against 0; scripts/bench/settings.py)
+                             none, QUOTA_REDIS_MIN_REPLICAS=1 against 0, TLS to Redis and to
+                             Postgres against plaintext; scripts/bench/settings.py)
   BENCH_LEDGER_ENTRIES=10000000  the ledger-at-scale rows' entries (0: none; scripts/bench/scale.py)
   BENCH_POSTGRES=0           no private Postgres (scripts/bench.sh starts one through
                              scripts/with-stores.sh), hence no Postgres ingest row

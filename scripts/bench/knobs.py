@@ -65,7 +65,7 @@ class Knobs:
     grpc_connections: int  # BENCH_GRPC_CONNECTIONS: HTTP/2 connections the streams share
     auth: bool  # BENCH_AUTH (anything but 0): the API key rows (a key against open endpoints)
     alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
-    settings: bool  # BENCH_SETTINGS (anything but 0): the settings rows (checkpoints, replicas)
+    settings: bool  # BENCH_SETTINGS (anything but 0): the settings rows (checkpoints, replicas, TLS)
     limitador: bool  # BENCH_LIMITADOR (anything but 0): the Limitador peer's rows and its build
     ledger_entries: int  # BENCH_LEDGER_ENTRIES: the ledger-at-scale rows' entries (0: none)
     postgres: bool  # BENCH_POSTGRES (anything but 0): the Postgres ingest row
