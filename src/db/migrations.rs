@@ -83,6 +83,10 @@ pub(super) const POSTGRES: Files = &[
         "20261231090000_create_redis_generations.sql",
         include_str!("../../migrations/postgres/20261231090000_create_redis_generations.sql"),
     ),
+    (
+        "20270105090000_create_counter_snapshot_deltas.sql",
+        include_str!("../../migrations/postgres/20270105090000_create_counter_snapshot_deltas.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -154,6 +158,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20261231090000_create_redis_generations.sql",
         include_str!("../../migrations/sqlite/20261231090000_create_redis_generations.sql"),
+    ),
+    (
+        "20270105090000_create_counter_snapshot_deltas.sql",
+        include_str!("../../migrations/sqlite/20270105090000_create_counter_snapshot_deltas.sql"),
     ),
 ];
 

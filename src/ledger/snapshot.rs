@@ -4,12 +4,15 @@
 //!
 //! A snapshot is a few rows, one per encoded part, each repeating the header; saving
 //! deletes every older row in the same transaction, so at most one snapshot is kept, and
-//! a crash while saving leaves the previous one whole.
+//! a crash while saving leaves the previous one whole. The checkpoints saved after it that
+//! hold only what changed (`counter_snapshot_deltas`) are rows of the same shape, each
+//! naming the snapshot it starts from and the checkpoint it follows; a full snapshot
+//! deletes them.
 
 use super::sql::{db_error, SqlLedgerStore};
 use crate::db::ColumnType;
 use crate::engine::ledger::LedgerError;
-use crate::engine::recovery::snapshot::{SnapshotStore, StoredSnapshot};
+use crate::engine::recovery::snapshot::{SnapshotStore, StoredDelta, StoredSnapshot};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, Row, Type};
@@ -32,6 +35,16 @@ const INSERT: &str = "INSERT INTO counter_snapshots \
 /// Every part of every snapshot kept, newest snapshot first, each in part order.
 const SELECT: &str = "SELECT covered_seq, part, parts, format, covered_id, prefix, taken_at, \
      data FROM counter_snapshots ORDER BY covered_seq DESC, part";
+
+/// Inserts one part of a delta.
+const INSERT_DELTA: &str = "INSERT INTO counter_snapshot_deltas \
+     (base_seq, after_seq, covered_seq, part, parts, format, covered_id, prefix, taken_at, data) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// Every part of the deltas of one snapshot (`$1`), in the order they were saved.
+const SELECT_DELTAS: &str = "SELECT base_seq, after_seq, covered_seq, part, parts, format, \
+     covered_id, prefix, taken_at, data FROM counter_snapshot_deltas WHERE base_seq = $1 \
+     ORDER BY covered_seq, part";
 
 /// One row: the snapshot's header and one part.
 struct PartRow {
@@ -110,6 +123,52 @@ where
     })
 }
 
+/// Puts delta rows (by `covered_seq`, then part) together, up to the first that does not
+/// add up.
+fn assemble_deltas(rows: Vec<(i64, i64, PartRow)>) -> Vec<StoredDelta> {
+    let mut deltas: Vec<StoredDelta> = Vec::new();
+    let mut open: Option<(StoredDelta, i32)> = None;
+    for (base_seq, after_seq, row) in rows {
+        if let Some((delta, parts)) = open.take() {
+            if delta.snapshot.covered_seq == row.header.covered_seq {
+                let expected = i32::try_from(delta.snapshot.parts.len()).unwrap_or(i32::MAX);
+                let same = row.parts == parts
+                    && row.part == expected
+                    && row.header == snapshot_header(&delta.snapshot)
+                    && (base_seq, after_seq) == (delta.base_seq, delta.after_seq);
+                if !same {
+                    return deltas;
+                }
+                let mut delta = delta;
+                delta.snapshot.parts.push(row.data);
+                open = Some((delta, parts));
+                continue;
+            }
+            if delta.snapshot.parts.len() != usize::try_from(parts).unwrap_or(0) {
+                return deltas;
+            }
+            deltas.push(delta);
+        }
+        if row.part != 0 {
+            return deltas;
+        }
+        let mut snapshot = row.header;
+        snapshot.parts.push(row.data);
+        let delta = StoredDelta {
+            base_seq,
+            after_seq,
+            snapshot,
+        };
+        open = Some((delta, row.parts));
+    }
+    if let Some((delta, parts)) = open {
+        if delta.snapshot.parts.len() == usize::try_from(parts).unwrap_or(0) {
+            deltas.push(delta);
+        }
+    }
+    deltas
+}
+
 #[async_trait]
 impl<DB> SnapshotStore for SqlLedgerStore<DB>
 where
@@ -132,10 +191,12 @@ where
         let parts = i32::try_from(snapshot.parts.len())
             .map_err(|_| LedgerError::Corrupt("a snapshot of too many parts".into()))?;
         let mut tx = self.pool.begin().await.map_err(db_error)?;
-        sqlx::query("DELETE FROM counter_snapshots")
-            .execute(&mut *tx)
-            .await
-            .map_err(db_error)?;
+        for table in ["counter_snapshots", "counter_snapshot_deltas"] {
+            sqlx::query(&format!("DELETE FROM {table}"))
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        }
         for (part, data) in (0..parts).zip(&snapshot.parts) {
             sqlx::query(INSERT)
                 .bind(snapshot.covered_seq)
@@ -153,6 +214,65 @@ where
         tx.commit().await.map_err(db_error)
     }
 
+    async fn save_delta(&self, delta: &StoredDelta) -> Result<bool, LedgerError> {
+        let snapshot = &delta.snapshot;
+        let parts = i32::try_from(snapshot.parts.len())
+            .map_err(|_| LedgerError::Corrupt("a delta of too many parts".into()))?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let base: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(covered_seq) FROM counter_snapshots")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        let head: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(covered_seq) FROM counter_snapshot_deltas WHERE base_seq = $1",
+        )
+        .bind(delta.base_seq)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        if base != Some(delta.base_seq) || head.unwrap_or(delta.base_seq) != delta.after_seq {
+            return Ok(false);
+        }
+        for (part, data) in (0..parts).zip(&snapshot.parts) {
+            sqlx::query(INSERT_DELTA)
+                .bind(delta.base_seq)
+                .bind(delta.after_seq)
+                .bind(snapshot.covered_seq)
+                .bind(part)
+                .bind(parts)
+                .bind(snapshot.format)
+                .bind(snapshot.covered_id.as_deref())
+                .bind(snapshot.prefix.as_str())
+                .bind(snapshot.taken_at)
+                .bind(data.as_slice())
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(true)
+    }
+
+    async fn deltas(&self, base_seq: i64) -> Result<Vec<StoredDelta>, LedgerError> {
+        let rows = sqlx::query(SELECT_DELTAS)
+            .bind(base_seq)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        let rows = rows
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("base_seq").map_err(db_error)?,
+                    row.try_get("after_seq").map_err(db_error)?,
+                    part_row::<DB>(row)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, LedgerError>>()?;
+        Ok(assemble_deltas(rows))
+    }
+
     async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError> {
         let rows = sqlx::query(SELECT)
             .fetch_all(&self.pool)
@@ -162,18 +282,33 @@ where
     }
 
     async fn latest_covered(&self) -> Result<Option<i64>, LedgerError> {
-        sqlx::query_scalar("SELECT MAX(covered_seq) FROM counter_snapshots")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db_error)
+        let base: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(covered_seq) FROM counter_snapshots")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(db_error)?;
+        let Some(base) = base else {
+            return Ok(None);
+        };
+        let head: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(covered_seq) FROM counter_snapshot_deltas WHERE base_seq = $1",
+        )
+        .bind(base)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(Some(head.unwrap_or(base).max(base)))
     }
 
     async fn delete_all(&self) -> Result<(), LedgerError> {
-        sqlx::query("DELETE FROM counter_snapshots")
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
-        Ok(())
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        for table in ["counter_snapshots", "counter_snapshot_deltas"] {
+            sqlx::query(&format!("DELETE FROM {table}"))
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)
     }
 
     async fn last_entry(&self) -> Result<Option<(i64, String)>, LedgerError> {
@@ -212,6 +347,97 @@ mod tests {
             taken_at: DateTime::from_timestamp_millis(1_800_000_000_123).expect("in range"),
             parts: parts.iter().map(|p| p.to_vec()).collect(),
         }
+    }
+
+    fn delta(base_seq: i64, after_seq: i64, covered_seq: i64, parts: &[&[u8]]) -> StoredDelta {
+        StoredDelta {
+            base_seq,
+            after_seq,
+            snapshot: snapshot(covered_seq, parts),
+        }
+    }
+
+    #[tokio::test]
+    async fn deltas_follow_the_newest_checkpoint_only_and_a_full_snapshot_drops_them() {
+        let file = std::env::temp_dir().join(format!(
+            "quota-ledger-deltas-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let url = format!("sqlite://{}", file.display());
+        crate::db::migrate_url(&url).await.expect("migrating");
+        let store = connect(&url).await.expect("opening");
+        assert!(
+            !store
+                .save_delta(&delta(9, 9, 12, &[b"d"]))
+                .await
+                .expect("answers"),
+            "no snapshot to follow"
+        );
+        store.save(&snapshot(9, &[b"full"])).await.expect("saves");
+        let first = delta(9, 9, 12, &[b"one", b"two"]);
+        assert!(store.save_delta(&first).await.expect("saves"));
+        assert!(
+            !store
+                .save_delta(&delta(9, 9, 14, &[b"fork"]))
+                .await
+                .expect("answers"),
+            "12 is the newest: a delta after 9 is refused"
+        );
+        assert!(
+            !store
+                .save_delta(&delta(8, 12, 14, &[b"x"]))
+                .await
+                .expect("answers"),
+            "not the kept snapshot's chain"
+        );
+        let second = delta(9, 12, 15, &[b"three"]);
+        assert!(store.save_delta(&second).await.expect("saves"));
+        assert_eq!(store.deltas(9).await.expect("reads"), vec![first, second]);
+        assert_eq!(store.latest_covered().await.expect("reads"), Some(15));
+        assert_eq!(
+            store.latest().await.expect("reads"),
+            Some(snapshot(9, &[b"full"]))
+        );
+
+        store.save(&snapshot(20, &[b"again"])).await.expect("saves");
+        assert_eq!(store.deltas(9).await.expect("reads"), vec![]);
+        assert_eq!(store.latest_covered().await.expect("reads"), Some(20));
+        assert!(store
+            .save_delta(&delta(20, 20, 21, &[b"d"]))
+            .await
+            .expect("saves"));
+        store.delete_all().await.expect("deletes");
+        assert_eq!(store.deltas(20).await.expect("reads"), vec![]);
+        assert_eq!(store.latest_covered().await.expect("reads"), None);
+        let _ = std::fs::remove_file(&file);
+    }
+
+    #[test]
+    fn deltas_are_read_up_to_the_first_whose_parts_do_not_add_up() {
+        let row = |covered_seq: i64, part: i32, parts: i32| {
+            let header = snapshot(covered_seq, &[]);
+            (
+                1,
+                covered_seq - 1,
+                PartRow {
+                    part,
+                    parts,
+                    header,
+                    data: vec![u8::try_from(part).expect("a small part number")],
+                },
+            )
+        };
+        let whole = assemble_deltas(vec![row(2, 0, 2), row(2, 1, 2), row(3, 0, 1)]);
+        assert_eq!(whole.len(), 2);
+        assert_eq!(whole[0].snapshot.parts, vec![vec![0], vec![1]]);
+        let torn = assemble_deltas(vec![row(2, 0, 2), row(3, 0, 1)]);
+        assert_eq!(
+            torn,
+            vec![],
+            "the first lacks a part: nothing after it either"
+        );
+        let tail = assemble_deltas(vec![row(2, 0, 1), row(3, 0, 2)]);
+        assert_eq!(tail.len(), 1, "the last lacks a part");
     }
 
     #[tokio::test]

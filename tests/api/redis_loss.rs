@@ -207,6 +207,110 @@ async fn a_rebuild_replays_only_the_entries_after_the_checkpoint(counters: Count
     comes_back_from_the_ledger(&app, &charged).await;
 }
 
+/// `sql` (one number) on the SQLite ledger of `app`.
+async fn sql_number(app: &TestApp, sql: &str) -> i64 {
+    let pool = sqlx::SqlitePool::connect(&app.settings.database_url)
+        .await
+        .expect("opening the ledger");
+    let number: Option<i64> = sqlx::query_scalar(sql)
+        .fetch_one(&pool)
+        .await
+        .expect("reading the ledger");
+    pool.close().await;
+    number.unwrap_or(0)
+}
+
+/// The janitor's checkpoints save the whole state once, then only what changed: after a
+/// snapshot, deltas follow (a hold released, new counters); a rebuild loads the snapshot
+/// and its deltas and reads no entry after them, and every budget, hold and kept answer
+/// comes back as the ledger says.
+#[tokio::test]
+async fn checkpoints_after_the_first_save_only_what_changed_and_a_rebuild_applies_them() {
+    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
+    settings.checkpoint_every = Some(Duration::from_secs(1));
+    let app = spawn_with(settings).await;
+    let charged = charge(&app).await;
+    let released = app
+        .quota(
+            "/quota/holds",
+            json!({"action": "transfer", "subject": "u7", "amount": 100, "ttl_seconds": 600}),
+        )
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.body);
+    app.engine.drain_ledger_now().await;
+    let covers_the_ledger = |table: &'static str| {
+        let app = &app;
+        async move {
+            let last = sql_number(app, "SELECT MAX(seq) FROM ledger_entries").await;
+            let covered = sql_number(app, &format!("SELECT MAX(covered_seq) FROM {table}")).await;
+            (covered == last).then_some(())
+        }
+    };
+    eventually(Duration::from_secs(20), "a full checkpoint", || {
+        covers_the_ledger("counter_snapshots")
+    })
+    .await;
+    let full_bytes = sql_number(&app, "SELECT SUM(LENGTH(data)) FROM counter_snapshots").await;
+
+    let hold_id = released.body["hold_id"].as_str().unwrap();
+    let release = app
+        .quota(&format!("/quota/holds/{hold_id}/release"), json!({}))
+        .await;
+    assert_eq!(release.status, StatusCode::OK, "{}", release.body);
+    for _ in 0..2 {
+        assert_eq!(app.consume("sms", "u9", 1).await.status, StatusCode::OK);
+    }
+    app.engine.drain_ledger_now().await;
+    eventually(Duration::from_secs(20), "a delta", || {
+        covers_the_ledger("counter_snapshot_deltas")
+    })
+    .await;
+    assert_eq!(app.consume("sms", "u8", 1).await.status, StatusCode::OK);
+    app.engine.drain_ledger_now().await;
+    eventually(Duration::from_secs(20), "a second delta", || {
+        covers_the_ledger("counter_snapshot_deltas")
+    })
+    .await;
+    let deltas = sql_number(
+        &app,
+        "SELECT COUNT(DISTINCT covered_seq) FROM counter_snapshot_deltas",
+    )
+    .await;
+    assert!(deltas >= 2, "{deltas} deltas");
+    let last_delta = sql_number(
+        &app,
+        "SELECT LENGTH(data) FROM counter_snapshot_deltas ORDER BY covered_seq DESC LIMIT 1",
+    )
+    .await;
+    assert!(
+        last_delta < full_bytes,
+        "the last delta ({last_delta} bytes) holds u8's counter, not the state ({full_bytes})"
+    );
+
+    eventually(WITHIN, "the janitor's lease is taken", || async {
+        app.engine.janitor().held().then_some(())
+    })
+    .await;
+    lose_keys(&app, &app.settings.redis_urls.clone()).await;
+    let reopened = app.engine.rebuild_counters(None).await.expect("rebuilding");
+    assert_eq!(
+        reopened.entries, 0,
+        "every entry is in the checkpoint's deltas"
+    );
+    assert_eq!(app.usage("sms", "u9").await.body["policies"][0]["used"], 2);
+    assert_eq!(app.usage("sms", "u8").await.body["policies"][0]["used"], 1);
+    assert_eq!(
+        app.usage("transfer", "u7").await.body["policies"][0]["used"],
+        0,
+        "the released hold stays released"
+    );
+    let again = app
+        .quota(&format!("/quota/holds/{hold_id}/release"), json!({}))
+        .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    comes_back_from_the_ledger(&app, &charged).await;
+}
+
 #[tokio::test]
 async fn a_rebuild_replays_only_the_entries_after_the_checkpoint_on_redis() {
     a_rebuild_replays_only_the_entries_after_the_checkpoint(CounterBackend::Redis).await;

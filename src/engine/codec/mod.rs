@@ -44,7 +44,10 @@ pub(crate) use replay::{
     ConsumeRecord, KeptPolicy, KeptTerms,
 };
 pub(crate) use row::{decode_detail, decode_policies, encode_detail, entry_from_parts, EntryParts};
-pub(crate) use snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_FORMAT};
+pub(crate) use snapshot::{
+    decode_delta, decode_snapshot, encode_delta, encode_snapshot, item_bytes, DELTA_FORMAT,
+    SNAPSHOT_FORMAT,
+};
 pub use stream::encode_entry;
 pub(crate) use stream::{
     decode_entries, decode_entry, decode_refund_record, encode_entries, encode_entry_keeping,

@@ -13,16 +13,23 @@
 //! | 3 | token bucket | key, expiry, `s`, `t` |
 //! | 4 | record | key, expiry, text |
 //! | 5 | open hold in an index | index key, expiry (its score), hold id |
+//! | 6 | a key that went (deltas only) | key, 0 |
 //!
 //! The format's version is [`SNAPSHOT_FORMAT`], kept beside the parts: a change of this
 //! layout is a new version, and a snapshot of another version is not read (the start
-//! replays the ledger instead).
+//! replays the ledger instead). A delta (a checkpoint that holds only what changed,
+//! [`encode_delta`]) is the items of the keys that changed, every item of each (every open
+//! hold of an index that changed), then the keys that went; its version is
+//! [`DELTA_FORMAT`].
 
 use super::CodecError;
 use crate::engine::state::{CounterState, StateItem};
 
 /// The version of this encoding, stored with every snapshot.
 pub(crate) const SNAPSHOT_FORMAT: i32 = 1;
+
+/// The version of a delta's encoding, stored with every delta.
+pub(crate) const DELTA_FORMAT: i32 = 1;
 
 /// A part is closed once it holds this many bytes (plus at most one item).
 const PART_BYTES: usize = 4 << 20;
@@ -33,18 +40,40 @@ const WHAT: &str = "counter snapshot";
 /// Encodes `items` into parts of about [`PART_BYTES`], in order; at least one part (empty
 /// for an empty store), so that a snapshot of nothing is still a snapshot.
 pub(crate) fn encode_snapshot(items: &[StateItem]) -> Vec<Vec<u8>> {
+    encode_delta(items, &[])
+}
+
+/// Encodes a delta: the `changed` items, then the keys `gone`, into parts as
+/// [`encode_snapshot`] does.
+pub(crate) fn encode_delta(changed: &[StateItem], gone: &[String]) -> Vec<Vec<u8>> {
     let mut parts = Vec::new();
-    let mut part = Vec::with_capacity(PART_BYTES);
-    for item in items {
-        encode_item(&mut part, item);
+    let mut part = Vec::new();
+    let mut close = |part: &mut Vec<u8>| {
         if part.len() >= PART_BYTES {
-            parts.push(std::mem::replace(&mut part, Vec::with_capacity(PART_BYTES)));
+            parts.push(std::mem::take(part));
         }
+    };
+    for item in changed {
+        encode_item(&mut part, item);
+        close(&mut part);
+    }
+    for key in gone {
+        part.push(6);
+        put_text(&mut part, key);
+        part.extend_from_slice(&0i64.to_le_bytes());
+        close(&mut part);
     }
     if !part.is_empty() || parts.is_empty() {
         parts.push(part);
     }
     parts
+}
+
+/// The bytes [`encode_snapshot`] writes for `item` (to tell a changed item from one that
+/// stayed the same).
+pub(crate) fn item_bytes(item: &StateItem, out: &mut Vec<u8>) {
+    out.clear();
+    encode_item(out, item);
 }
 
 fn encode_item(out: &mut Vec<u8>, item: &StateItem) {
@@ -114,14 +143,33 @@ fn put_text(out: &mut Vec<u8>, text: &str) {
 
 /// Decodes every part, in order, into the items [`encode_snapshot`] was given.
 pub(crate) fn decode_snapshot(parts: &[Vec<u8>]) -> Result<Vec<StateItem>, CodecError> {
-    let mut items = Vec::new();
+    match decode_delta(parts)? {
+        (items, gone) if gone.is_empty() => Ok(items),
+        _ => Err(CodecError::new(WHAT, "a key that went, in a full snapshot")),
+    }
+}
+
+/// Decodes a delta into the items and the keys gone [`encode_delta`] was given.
+pub(crate) fn decode_delta(parts: &[Vec<u8>]) -> Result<(Vec<StateItem>, Vec<String>), CodecError> {
+    let (mut items, mut gone) = (Vec::new(), Vec::new());
     for part in parts {
         let mut reader = Reader { rest: part };
         while !reader.rest.is_empty() {
-            items.push(reader.item()?);
+            match reader.item()? {
+                Read::Item(item) => items.push(item),
+                Read::Gone(key) => gone.push(key),
+            }
         }
     }
-    Ok(items)
+    Ok((items, gone))
+}
+
+/// What one item of a part says.
+enum Read {
+    /// A state item.
+    Item(StateItem),
+    /// A key that went (a delta).
+    Gone(String),
 }
 
 /// Reads items off the front of a part.
@@ -130,7 +178,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn item(&mut self) -> Result<StateItem, CodecError> {
+    fn item(&mut self) -> Result<Read, CodecError> {
         let tag = self.take(1)?[0];
         let key = self.text()?;
         let expires_at_ms = self.i64()?;
@@ -139,7 +187,10 @@ impl<'a> Reader<'a> {
             expires_at_ms,
             state,
         };
-        Ok(match tag {
+        if tag == 6 {
+            return Ok(Read::Gone(key));
+        }
+        Ok(Read::Item(match tag {
             1 => counter(CounterState::Calendar { used: self.u64()? }),
             2 => {
                 let count = self.len()?;
@@ -165,7 +216,7 @@ impl<'a> Reader<'a> {
                 expires_at_ms,
             },
             other => return Err(CodecError::new(WHAT, format!("unknown item tag {other}"))),
-        })
+        }))
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
@@ -252,6 +303,21 @@ mod tests {
         assert_eq!(parts.len(), 1);
         assert_eq!(decode_snapshot(&parts), Ok(items()));
         assert_eq!(decode_snapshot(&[]), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn a_delta_decodes_to_its_items_and_the_keys_gone_and_is_no_full_snapshot() {
+        let gone = vec!["ql:{7}#rf:y".to_owned(), "ql:{transfer|u-2}:abc".to_owned()];
+        let parts = encode_delta(&items(), &gone);
+        assert_eq!(decode_delta(&parts), Ok((items(), gone)));
+        assert!(
+            decode_snapshot(&parts).is_err(),
+            "a key that went means nothing to a full snapshot"
+        );
+        assert_eq!(
+            decode_delta(&encode_snapshot(&items())),
+            Ok((items(), vec![]))
+        );
     }
 
     #[test]

@@ -14,7 +14,15 @@
 //! settled_seq`: no append in flight holds a lower one), so the entries up to it are a
 //! prefix that no later commit changes.
 //!
-//! A rebuild (`shards`) loads the checkpoint into its scratch store and replays only the
+//! A checkpoint saves only what changed since the one before it ([`delta`]), after a first
+//! full snapshot: each key whose items changed, and the keys that went. The deltas follow
+//! the snapshot in `counter_snapshot_deltas`; after [`delta::MAX_DELTAS`] of them, or once
+//! they weigh as much as the snapshot, the next checkpoint saves the whole state again
+//! (which deletes them). An instance that did not save the newest checkpoint (another one
+//! did, or it just became the janitor) saves a full one.
+//!
+//! A rebuild (`shards`) loads the checkpoint (the snapshot, then its deltas in order) into
+//! its scratch store and replays only the
 //! entries after it. The entries after it are replayed by the time they were made, as a
 //! full replay does, but not before those the checkpoint covers: an entry inserted more
 //! than [`SETTLE`] after it was made (its drain failed or its instance died) and made
@@ -22,10 +30,13 @@
 //! entries inserted more than `REORDER` apart. Counts by period, bucket or lifetime come
 //! out the same; a token bucket may count it a little later (a little more used).
 
-use super::snapshot::{Saved, SnapshotStore, StoredSnapshot};
+pub(in crate::engine) mod delta;
+
+use super::snapshot::{Saved, SnapshotStore, StoredDelta, StoredSnapshot};
 use crate::engine::codec;
-use crate::engine::state::Replay;
+use crate::engine::state::{Replay, StateItem};
 use crate::engine::{Engine, EngineError};
+use delta::Chain;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +59,8 @@ pub(crate) struct Checkpoints {
     /// The ledger's last entry (`seq`, id) as seen at each look, oldest first, for
     /// [`SETTLE`].
     seen: VecDeque<(Instant, i64, String)>,
+    /// What this instance saved last, which a delta may follow.
+    chain: Option<Chain>,
 }
 
 impl Checkpoints {
@@ -122,12 +135,18 @@ impl Engine {
             }
             // Another instance saved a newer one, or this one has none yet.
             _ => {
+                checkpoints.chain = None;
                 let store = (self.scratch)();
                 let loaded = self.load_usable(store.as_ref(), table).await?;
                 let covered = loaded.map(|(covered, _)| covered);
                 (store, covered)
             }
         };
+        // A delta follows the newest checkpoint kept, which must be the one this instance
+        // saved (the state it goes on from).
+        if saved_seq != checkpoints.chain.as_ref().map(|c| c.head_seq) {
+            checkpoints.chain = None;
+        }
         if covered.is_some_and(|covered| covered >= until) {
             checkpoints.state = covered.map(|covered| (store, covered));
             return Ok(None);
@@ -148,37 +167,77 @@ impl Engine {
         let replayed = started.elapsed();
         let taken_at = self.now();
         let items = store.dump(taken_at.timestamp_millis()).await;
-        let parts = codec::encode_snapshot(&items);
-        let encoded = started.elapsed();
-        let saved = Saved {
-            covered_seq: until,
-            items: items.len(),
-            bytes: parts.iter().map(Vec::len).sum(),
-            paused: Duration::ZERO,
-        };
-        drop(items);
-        let snapshot = StoredSnapshot {
+        let header = StoredSnapshot {
             format: codec::SNAPSHOT_FORMAT,
             covered_seq: until,
             covered_id: Some(until_id),
             prefix: self.prefix.clone(),
             taken_at,
-            parts,
+            parts: Vec::new(),
         };
-        table.save(&snapshot).await?;
+        let saved = save(checkpoints, table, &items, covered, header).await?;
+        drop(items);
         checkpoints.state = Some((store, until));
         tracing::info!(
             covered_seq = until,
             entries = rebuilt.entries,
             items = saved.items,
             bytes = saved.bytes,
+            delta = saved.delta,
             replay_ms = replayed.as_millis(),
-            encode_ms = (encoded - replayed).as_millis(),
             millis = started.elapsed().as_millis(),
             "saved a checkpoint of the ledger's replay"
         );
         Ok(Some(saved))
     }
+}
+
+/// Saves the state `items` a replay gave from `covered` on, as `header` says: a delta
+/// when it follows the newest checkpoint this instance saved (and that one is still the
+/// newest kept), else the whole state, which starts a new chain.
+async fn save(
+    checkpoints: &mut Checkpoints,
+    table: &dyn SnapshotStore,
+    items: &[StateItem],
+    covered: Option<i64>,
+    mut header: StoredSnapshot,
+) -> Result<Saved, EngineError> {
+    let until = header.covered_seq;
+    let prints = delta::prints(items);
+    if let Some(chain) = checkpoints.chain.as_mut().filter(|c| c.extends(covered)) {
+        let (changed, gone) = chain.diff(items, &prints);
+        let delta = StoredDelta {
+            base_seq: chain.base_seq,
+            after_seq: chain.head_seq,
+            snapshot: StoredSnapshot {
+                format: codec::DELTA_FORMAT,
+                parts: codec::encode_delta(&changed, &gone),
+                ..header.clone()
+            },
+        };
+        let bytes = delta.snapshot.parts.iter().map(Vec::len).sum();
+        if table.save_delta(&delta).await? {
+            chain.extended(until, bytes, prints);
+            return Ok(Saved {
+                covered_seq: until,
+                items: changed.len() + gone.len(),
+                bytes,
+                paused: Duration::ZERO,
+                delta: true,
+            });
+        }
+    }
+    header.parts = codec::encode_snapshot(items);
+    let bytes = header.parts.iter().map(Vec::len).sum();
+    table.save(&header).await?;
+    checkpoints.chain = Some(Chain::started(until, bytes, prints));
+    Ok(Saved {
+        covered_seq: until,
+        items: items.len(),
+        bytes,
+        paused: Duration::ZERO,
+        delta: false,
+    })
 }
 
 #[cfg(test)]

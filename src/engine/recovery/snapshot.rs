@@ -63,17 +63,37 @@ pub(crate) struct StoredSnapshot {
     pub(crate) parts: Vec<Vec<u8>>,
 }
 
+/// A checkpoint that holds only what changed since the one before it (`checkpoint`): the
+/// state items of the keys that changed, and the keys that went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredDelta {
+    /// The `covered_seq` of the full snapshot its chain starts from.
+    pub(crate) base_seq: i64,
+    /// The `covered_seq` of the checkpoint it follows (the snapshot's, or a delta's).
+    pub(crate) after_seq: i64,
+    /// Its header and parts (`codec::encode_delta`; `format` is `codec::DELTA_FORMAT`).
+    pub(crate) snapshot: StoredSnapshot,
+}
+
 /// Where snapshots are kept: a table of the ledger's database (the SQL ledger adapter).
 #[async_trait]
 pub(crate) trait SnapshotStore: Send + Sync {
-    /// Saves `snapshot` and deletes every older one, in one transaction.
+    /// Saves `snapshot` and deletes every older one and every delta, in one transaction.
     async fn save(&self, snapshot: &StoredSnapshot) -> Result<(), LedgerError>;
+    /// Saves `delta` after the checkpoint it follows, in one transaction; `false`, saving
+    /// nothing, when that is not the newest one kept (the kept snapshot is not its base,
+    /// or the newest delta of that base is not `after_seq`).
+    async fn save_delta(&self, delta: &StoredDelta) -> Result<bool, LedgerError>;
+    /// The deltas saved after the snapshot covering `base_seq`, in the order they were
+    /// saved (by `covered_seq`); those after a delta whose parts do not add up are left out.
+    async fn deltas(&self, base_seq: i64) -> Result<Vec<StoredDelta>, LedgerError>;
     /// The snapshot kept, if any. Parts that do not form one whole snapshot (a part
     /// missing, headers that differ) are [`LedgerError::Corrupt`].
     async fn latest(&self) -> Result<Option<StoredSnapshot>, LedgerError>;
-    /// The `seq` the kept snapshot covers, without reading its parts.
+    /// The `seq` the newest checkpoint kept covers (the kept snapshot's, or its newest
+    /// delta's), without reading its parts.
     async fn latest_covered(&self) -> Result<Option<i64>, LedgerError>;
-    /// Deletes every snapshot.
+    /// Deletes every snapshot and delta.
     async fn delete_all(&self) -> Result<(), LedgerError>;
     /// The ledger's highest `seq` and the id of its entry; `None` for an empty ledger.
     async fn last_entry(&self) -> Result<Option<(i64, String)>, LedgerError>;
@@ -119,4 +139,7 @@ pub struct Saved {
     /// How long changes to the counters were held back: from waiting for the cut lock
     /// (the changes under way committing) to the end of the copy.
     pub paused: std::time::Duration,
+    /// Whether only what changed since the checkpoint before was saved (a delta): then
+    /// `items` and `bytes` are the delta's.
+    pub delta: bool,
 }

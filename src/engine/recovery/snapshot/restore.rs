@@ -4,6 +4,7 @@
 use super::{Restored, Saved, SnapshotStore, StateItem, StoredSnapshot};
 use crate::engine::codec;
 use crate::engine::ledger::LedgerError;
+use crate::engine::recovery::checkpoint::delta::apply as apply_delta;
 use crate::engine::recovery::rebuild::horizon;
 use crate::engine::state::Replay;
 use crate::engine::{Engine, EngineError};
@@ -125,6 +126,7 @@ impl Engine {
             items: items.len(),
             bytes: parts.iter().map(Vec::len).sum(),
             paused,
+            delta: false,
         };
         drop(items);
         if crate::engine::faults::fault!(self, "snapshot.save") {
@@ -180,10 +182,10 @@ impl Engine {
     ) -> Result<Option<(i64, usize)>, EngineError> {
         let usable = match store.latest().await {
             Ok(None) => return Ok(None),
-            Ok(Some(snapshot)) => self.usable(&snapshot, store).await?.map(|items| {
-                let covered = snapshot.covered_seq;
-                (covered, snapshot.taken_at, items)
-            }),
+            Ok(Some(snapshot)) => match self.usable(&snapshot, store).await? {
+                Ok(items) => Ok(self.with_deltas(&snapshot, items, store).await?),
+                Err(why) => Err(why),
+            },
             Err(LedgerError::Corrupt(why)) => Err(Unusable::Corrupt(why)),
             Err(error) => return Err(error.into()),
         };
@@ -202,6 +204,76 @@ impl Engine {
                 Ok(None)
             }
         }
+    }
+
+    /// `items`, those of the usable `snapshot`, with the deltas saved after it applied in
+    /// order (`checkpoint`), as far as each is usable as the snapshot is: the `seq` the
+    /// state then covers, when it was taken, and its items. A delta that is not (another
+    /// format or prefix, beyond the ledger, from the future, unreadable) ends the chain
+    /// there, logged: the replay reads the ledger after the last one applied.
+    async fn with_deltas(
+        &self,
+        snapshot: &StoredSnapshot,
+        mut items: Vec<StateItem>,
+        store: &dyn SnapshotStore,
+    ) -> Result<(i64, DateTime<Utc>, Vec<StateItem>), EngineError> {
+        let (mut covered, mut taken_at) = (snapshot.covered_seq, snapshot.taken_at);
+        let deltas = store.deltas(covered).await?;
+        if deltas.is_empty() {
+            return Ok((covered, taken_at, items));
+        }
+        let now = self.now();
+        let last = store.last_entry().await?.map_or(0, |(seq, _)| seq);
+        for delta in deltas {
+            // Another chain's (two instances saved after the same checkpoint): not ours.
+            if delta.after_seq != covered {
+                continue;
+            }
+            let header = &delta.snapshot;
+            let unusable = if header.format != codec::DELTA_FORMAT {
+                Some(Unusable::UnknownFormat(header.format))
+            } else if header.prefix != self.prefix {
+                Some(Unusable::OtherPrefix(header.prefix.clone()))
+            } else if header.taken_at > now || header.taken_at < taken_at {
+                Some(Unusable::FromTheFuture(header.taken_at))
+            } else if header.covered_seq > last {
+                Some(Unusable::BeyondLedger {
+                    covered: header.covered_seq,
+                    last,
+                })
+            } else {
+                None
+            };
+            let unusable = match (unusable, &header.covered_id) {
+                (None, Some(id)) => store
+                    .entry_id_at(header.covered_seq)
+                    .await?
+                    .filter(|found| found != id)
+                    .map(|_| Unusable::OtherLedger(header.covered_seq)),
+                (unusable, _) => unusable,
+            };
+            let decoded = match unusable {
+                Some(why) => Err(why),
+                None => codec::decode_delta(&header.parts)
+                    .map_err(|error| Unusable::Corrupt(error.to_string())),
+            };
+            match decoded {
+                Ok(delta) => {
+                    items = apply_delta(items, delta);
+                    (covered, taken_at) = (header.covered_seq, header.taken_at);
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        reason = %why,
+                        covered_seq = covered,
+                        "a delta of the ledger's checkpoint is unusable: the replay reads the \
+                         ledger after the last checkpoint applied"
+                    );
+                    break;
+                }
+            }
+        }
+        Ok((covered, taken_at, items))
     }
 
     /// The items of `snapshot` if it may be loaded, else why not.
