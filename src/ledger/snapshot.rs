@@ -10,7 +10,7 @@
 //! deletes them.
 
 use super::sql::{db_error, SqlLedgerStore};
-use crate::db::ColumnType;
+use crate::db::{ColumnType, Sql};
 use crate::engine::ledger::LedgerError;
 use crate::engine::recovery::snapshot::{SnapshotStore, StoredDelta, StoredSnapshot};
 use async_trait::async_trait;
@@ -40,6 +40,15 @@ const SELECT: &str = "SELECT covered_seq, part, parts, format, covered_id, prefi
 const INSERT_DELTA: &str = "INSERT INTO counter_snapshot_deltas \
      (base_seq, after_seq, covered_seq, part, parts, format, covered_id, prefix, taken_at, data) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// Inserts the first part of a delta only if it follows the newest checkpoint kept: the
+/// snapshot covering `$1` is the one kept, and `$2` is the newest checkpoint of its chain.
+/// A write first, so that SQLite takes its write lock (waiting for it) before it reads.
+const INSERT_DELTA_IF_NEWEST: &str = "INSERT INTO counter_snapshot_deltas \
+     (base_seq, after_seq, covered_seq, part, parts, format, covered_id, prefix, taken_at, data) \
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 \
+     WHERE (SELECT MAX(covered_seq) FROM counter_snapshots) = $1 \
+     AND COALESCE((SELECT MAX(covered_seq) FROM counter_snapshot_deltas WHERE base_seq = $1), $1) = $2";
 
 /// Every part of the deltas of one snapshot (`$1`), in the order they were saved.
 const SELECT_DELTAS: &str = "SELECT base_seq, after_seq, covered_seq, part, parts, format, \
@@ -172,7 +181,7 @@ fn assemble_deltas(rows: Vec<(i64, i64, PartRow)>) -> Vec<StoredDelta> {
 #[async_trait]
 impl<DB> SnapshotStore for SqlLedgerStore<DB>
 where
-    DB: Database,
+    DB: Sql,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB> + ColumnIndex<DB::Row>,
@@ -219,23 +228,12 @@ where
         let parts = i32::try_from(snapshot.parts.len())
             .map_err(|_| LedgerError::Corrupt("a delta of too many parts".into()))?;
         let mut tx = self.pool.begin().await.map_err(db_error)?;
-        let base: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(covered_seq) FROM counter_snapshots")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_error)?;
-        let head: Option<i64> = sqlx::query_scalar(
-            "SELECT MAX(covered_seq) FROM counter_snapshot_deltas WHERE base_seq = $1",
-        )
-        .bind(delta.base_seq)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db_error)?;
-        if base != Some(delta.base_seq) || head.unwrap_or(delta.base_seq) != delta.after_seq {
-            return Ok(false);
-        }
         for (part, data) in (0..parts).zip(&snapshot.parts) {
-            sqlx::query(INSERT_DELTA)
+            let insert = match part {
+                0 => INSERT_DELTA_IF_NEWEST,
+                _ => INSERT_DELTA,
+            };
+            let inserted = sqlx::query(insert)
                 .bind(delta.base_seq)
                 .bind(delta.after_seq)
                 .bind(snapshot.covered_seq)
@@ -249,6 +247,10 @@ where
                 .execute(&mut *tx)
                 .await
                 .map_err(db_error)?;
+            // Not after the newest checkpoint: nothing saved (the transaction rolls back).
+            if DB::rows_affected(&inserted) == 0 {
+                return Ok(false);
+            }
         }
         tx.commit().await.map_err(db_error)?;
         Ok(true)

@@ -207,16 +207,24 @@ async fn a_rebuild_replays_only_the_entries_after_the_checkpoint(counters: Count
     comes_back_from_the_ledger(&app, &charged).await;
 }
 
-/// `sql` (one number) on the SQLite ledger of `app`.
+/// `sql` (one number) on the ledger of `app`, Postgres or SQLite.
 async fn sql_number(app: &TestApp, sql: &str) -> i64 {
-    let pool = sqlx::SqlitePool::connect(&app.settings.database_url)
-        .await
-        .expect("opening the ledger");
-    let number: Option<i64> = sqlx::query_scalar(sql)
-        .fetch_one(&pool)
-        .await
-        .expect("reading the ledger");
-    pool.close().await;
+    let url = &app.settings.database_url;
+    let number: Option<i64> = if url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(url)
+            .await
+            .expect("opening the ledger");
+        let number = sqlx::query_scalar(sql).fetch_one(&pool).await;
+        pool.close().await;
+        number.expect("reading the ledger")
+    } else {
+        let pool = sqlx::SqlitePool::connect(url)
+            .await
+            .expect("opening the ledger");
+        let number = sqlx::query_scalar(sql).fetch_one(&pool).await;
+        pool.close().await;
+        number.expect("reading the ledger")
+    };
     number.unwrap_or(0)
 }
 
@@ -226,7 +234,16 @@ async fn sql_number(app: &TestApp, sql: &str) -> i64 {
 /// comes back as the ledger says.
 #[tokio::test]
 async fn checkpoints_after_the_first_save_only_what_changed_and_a_rebuild_applies_them() {
-    let mut settings = fresh_settings(PolicyBackend::Sqlite, CounterBackend::Redis).await;
+    checkpoints_save_what_changed(PolicyBackend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn checkpoints_save_only_what_changed_on_postgres_too() {
+    checkpoints_save_what_changed(PolicyBackend::Postgres).await;
+}
+
+async fn checkpoints_save_what_changed(ledger: PolicyBackend) {
+    let mut settings = fresh_settings(ledger, CounterBackend::Redis).await;
     settings.checkpoint_every = Some(Duration::from_secs(1));
     let app = spawn_with(settings).await;
     let charged = charge(&app).await;
@@ -250,7 +267,11 @@ async fn checkpoints_after_the_first_save_only_what_changed_and_a_rebuild_applie
         covers_the_ledger("counter_snapshots")
     })
     .await;
-    let full_bytes = sql_number(&app, "SELECT SUM(LENGTH(data)) FROM counter_snapshots").await;
+    let full_bytes = sql_number(
+        &app,
+        "SELECT CAST(SUM(LENGTH(data)) AS BIGINT) FROM counter_snapshots",
+    )
+    .await;
 
     let hold_id = released.body["hold_id"].as_str().unwrap();
     let release = app
@@ -279,7 +300,7 @@ async fn checkpoints_after_the_first_save_only_what_changed_and_a_rebuild_applie
     assert!(deltas >= 2, "{deltas} deltas");
     let last_delta = sql_number(
         &app,
-        "SELECT LENGTH(data) FROM counter_snapshot_deltas ORDER BY covered_seq DESC LIMIT 1",
+        "SELECT CAST(LENGTH(data) AS BIGINT) FROM counter_snapshot_deltas ORDER BY covered_seq DESC LIMIT 1",
     )
     .await;
     assert!(
