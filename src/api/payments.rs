@@ -12,6 +12,7 @@ use super::AppState;
 use crate::domain::{ConsumptionId, FieldErrors, HoldId, Quantity};
 use crate::engine::decision::giveback::Settle;
 use crate::engine::Settled;
+use crate::policy::Gate;
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -245,7 +246,7 @@ pub(crate) async fn commit_hold(
     if input.over_capture {
         // 0.1.0 would take an over-captured commit for a give-back: not while it runs.
         let now = state.engine.now();
-        state.policies.ensure_every_instance_current(now).await?;
+        state.policies.ensure_open(Gate::OverCapture, now).await?;
     }
     let settled = state
         .engine

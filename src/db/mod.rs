@@ -5,33 +5,17 @@
 
 pub(crate) mod appends;
 mod dialect;
+pub mod formats;
 mod migrations;
 
 pub(crate) use dialect::{ColumnType, Dialect, Sql};
+pub use formats::FORMATS;
 
 use anyhow::Context;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use std::str::FromStr;
 use std::time::Duration;
-
-/// The newest version of the persisted formats (ledger rows, stream entries, counter-store
-/// records, snapshots, and the tables every instance must read alike) this build reads. A
-/// build that changes one bumps it, reads the formats of the version before, and writes
-/// its own only once every live instance reads it (`service_instances`, announced by
-/// `crate::ledger::instances`).
-///
-/// - 1: the formats of 0.1.0.
-/// - 2: API keys (`api_keys`): a build that reads only 1 would not enforce them, so none
-///   is created while such an instance is live.
-/// - 3: a partitioned ledger (Postgres): inserts name no conflict target and create a
-///   missing day's partition, so the ledger is partitioned only once every live instance
-///   reads 3 (`crate::ledger::partitions`).
-pub const FORMATS: i64 = 3;
-
-/// An instance not seen in `service_instances` for this long is gone (a dozen missed
-/// announcements).
-pub(crate) const LIVE_FOR: chrono::Duration = chrono::Duration::seconds(60);
 
 /// A connection pool of either kind; the stores pick their implementation from it.
 #[derive(Debug, Clone)]

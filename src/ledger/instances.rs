@@ -3,8 +3,9 @@
 //! formats it reads, when it started, when it was last seen) every [`ANNOUNCE_EVERY`],
 //! in the ledger's database, which every deployment shares. It is how a rolling upgrade
 //! is finalized, as CockroachDB finalizes a cluster version: a build that writes a new
-//! format writes it only once [`readable_formats`] says every live instance reads it, and
-//! writes the previous one meanwhile. Operators see in the same table who runs what.
+//! format writes it only once every live instance reads it (`crate::db::formats`, the one
+//! reader of the table), and writes the previous one meanwhile. Operators see in the same
+//! table who runs what.
 
 use super::sql::db_error;
 use crate::clock::Clock;
@@ -43,16 +44,6 @@ pub(crate) fn spawn(pool: Pool, clock: Arc<dyn Clock>) -> tokio::task::JoinHandl
     })
 }
 
-/// The newest format version every instance seen within [`LIVE_FOR`] of `now` reads
-/// ([`FORMATS`] when none is): what a build may write.
-pub async fn readable_formats(pool: &Pool, now: DateTime<Utc>) -> Result<i64, LedgerError> {
-    let oldest = match pool {
-        Pool::Postgres(pool) => oldest_reader(pool, now - crate::db::LIVE_FOR).await,
-        Pool::Sqlite(pool) => oldest_reader(pool, now - crate::db::LIVE_FOR).await,
-    }?;
-    Ok(oldest.unwrap_or(FORMATS).min(FORMATS))
-}
-
 /// Upserts this instance's row.
 async fn announce<DB>(
     pool: &sqlx::Pool<DB>,
@@ -82,26 +73,4 @@ where
     .await
     .map_err(db_error)?;
     Ok(())
-}
-
-/// The oldest format version read by an instance seen since `since`.
-async fn oldest_reader<DB>(
-    pool: &sqlx::Pool<DB>,
-    since: DateTime<Utc>,
-) -> Result<Option<i64>, LedgerError>
-where
-    DB: Sql,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    Option<i64>: ColumnType<DB>,
-    DateTime<Utc>: ColumnType<DB>,
-    (Option<i64>,): for<'r> sqlx::FromRow<'r, DB::Row>,
-{
-    let (oldest,): (Option<i64>,) =
-        sqlx::query_as("SELECT MIN(formats) FROM service_instances WHERE seen_at >= $1")
-            .bind(since)
-            .fetch_one(pool)
-            .await
-            .map_err(db_error)?;
-    Ok(oldest)
 }

@@ -7,7 +7,7 @@
 //! `ON CONFLICT (id)`: a partitioned table cannot keep `UNIQUE (id)` (a unique key must
 //! hold the partition key), so such an insert would fail on it. The table is therefore
 //! converted by the instances themselves, once every live instance writes with no
-//! conflict target ([`PARTITIONED_FORMAT`] in `service_instances`), and never by a
+//! conflict target ([`Gate::PartitionedLedger`] in `service_instances`), and never by a
 //! migration. One instance converts, holding an advisory lock; the others wait for it.
 //!
 //! The conversion moves no row. Online, while the drains go on:
@@ -31,6 +31,7 @@
 //! ([`ensure_days`]).
 
 use super::sql::db_error;
+use crate::db::formats::Gate;
 use crate::engine::ledger::LedgerError;
 use chrono::{DateTime, Days, NaiveDate, Utc};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -44,10 +45,6 @@ pub const AHEAD_DAYS: u64 = 7;
 /// The old table's bound, in days after the conversion's: the rows inserted while the
 /// conversion runs (up to that midnight) still go to the old table.
 pub const BOUND_DAYS: u64 = 7;
-
-/// The format version ([`crate::db::FORMATS`]) from which builds write to a partitioned
-/// ledger: their inserts name no conflict target, and create a missing day's partition.
-pub const PARTITIONED_FORMAT: i64 = 3;
 
 /// How often an instance looks at the partitions (converting, creating the days ahead).
 pub const LOOK_EVERY: Duration = Duration::from_secs(300);
@@ -161,9 +158,9 @@ fn midnight(day: NaiveDate) -> String {
 /// ledger when every live instance can write to a partitioned one, and creates the days
 /// ahead of `now`'s.
 pub async fn look(pool: &PgPool, now: DateTime<Utc>) -> Result<Look, LedgerError> {
-    let oldest =
-        crate::ledger::instances::readable_formats(&crate::db::Pool::Postgres(pool.clone()), now)
-            .await?;
+    let oldest = crate::db::formats::readable(&crate::db::Pool::Postgres(pool.clone()), now)
+        .await
+        .map_err(db_error)?;
     let mut conn = pool.acquire().await.map_err(db_error)?.detach();
     let look = look_on(&mut conn, now, oldest).await;
     let _ = conn.close().await;
@@ -232,7 +229,7 @@ async fn look_on(
         let created = create_days(conn, ahead).await?;
         return Ok(Look::Partitioned { created });
     }
-    if oldest < PARTITIONED_FORMAT {
+    if oldest < Gate::PartitionedLedger.needs() {
         return Ok(Look::Waiting { oldest });
     }
     convert(conn, today).await?;

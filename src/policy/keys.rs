@@ -7,6 +7,7 @@
 use super::sql::SqlPolicyStore;
 use super::{PolicyStoreError, StoreResult};
 use crate::access::{KeyRecord, Operation, Operations};
+use crate::db::formats::{self, Gate, Oldest};
 use crate::db::{ColumnType, Sql};
 use crate::domain::{ActionGlob, CalendarPeriod, Policy, Window};
 use chrono::{DateTime, Utc};
@@ -17,10 +18,6 @@ use sqlx::{ColumnIndex, Encode, Executor, IntoArguments, Row, Type};
 /// The columns of `api_keys`, in the order [`SqlPolicyStore::insert_key_row`] binds them.
 const KEY_COLUMNS: &str = "id, name, prefix, secret_hash, actions, operations, expires_at, \
      created_at, revoked_at, last_used_at";
-
-/// The format version ([`crate::db::FORMATS`]) from which builds read and enforce API keys,
-/// and read calendar windows with anchors or a `year` period.
-const KEYS_FORMAT: i64 = 2;
 
 fn corrupt(what: &str, error: impl std::fmt::Display) -> PolicyStoreError {
     PolicyStoreError::Corrupt(format!("api_keys.{what}: {error}"))
@@ -41,6 +38,7 @@ where
     String: ColumnType<DB>,
     i64: ColumnType<DB>,
     (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (i64, String): for<'r> sqlx::FromRow<'r, DB::Row>,
     Json<Value>: ColumnType<DB>,
     DateTime<Utc>: ColumnType<DB>,
     Option<DateTime<Utc>>: ColumnType<DB>,
@@ -108,28 +106,34 @@ where
         Ok(())
     }
 
-    /// The version of an instance seen since `since` that reads formats older than those
-    /// of API keys and anchored windows: it would not enforce a key, nor read such a
-    /// policy, so neither may be created while it runs.
-    pub(super) async fn outdated_instance(
+    /// The version of the live instance (seen within [`crate::db::formats::LIVE_FOR`] of `now`)
+    /// that keeps `gate` closed, if any; read on `conn`, inside the change it guards.
+    pub(super) async fn closed_by(
         conn: &mut DB::Connection,
-        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+        gate: Gate,
     ) -> sqlx::Result<Option<String>> {
-        let row: Option<(String,)> = sqlx::query_as(
-            "SELECT version FROM service_instances WHERE seen_at >= $1 AND formats < $2 \
-             ORDER BY seen_at DESC LIMIT 1",
-        )
-        .bind(since)
-        .bind(KEYS_FORMAT)
-        .fetch_optional(conn)
-        .await?;
-        Ok(row.map(|(version,)| version))
+        let oldest = formats::oldest_live::<DB>(conn, now).await?;
+        Ok(Oldest::blocking(oldest.as_ref(), gate).map(str::to_owned))
     }
 
-    /// [`PolicyStoreError::Outdated`] when `p` uses what an instance still live cannot read:
-    /// a calendar window with anchors or a `year` period, a `request` or `lifetime` window, or a
-    /// `match_not` (which it would ignore, applying the policy to requests it excludes), or
-    /// alert thresholds (which it would not report). Run inside a change.
+    /// [`PolicyStoreError::Outdated`] while an instance still live keeps `gate` closed.
+    pub(super) async fn ensure_open(
+        conn: &mut DB::Connection,
+        now: DateTime<Utc>,
+        gate: Gate,
+    ) -> StoreResult<()> {
+        match Self::closed_by(conn, now, gate).await? {
+            Some(version) => Err(PolicyStoreError::Outdated { version }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`PolicyStoreError::Outdated`] when `p` has a shape an instance still live cannot
+    /// read ([`Gate::PolicyShapes`]): a calendar window with anchors or a `year` period, a
+    /// `request` or `lifetime` window, a `match_not` (which it would ignore, applying the
+    /// policy to requests it excludes), or alert thresholds (which it would not report).
+    /// Run inside a change.
     pub(super) async fn ensure_readable(conn: &mut DB::Connection, p: &Policy) -> StoreResult<()> {
         let new_window = match p.spec.window {
             Window::Calendar {
@@ -141,11 +145,7 @@ where
         if !new_window && p.spec.exclusions.is_empty() && p.spec.alert_thresholds.is_empty() {
             return Ok(());
         }
-        let since = p.updated_at - crate::db::LIVE_FOR;
-        match Self::outdated_instance(conn, since).await? {
-            Some(version) => Err(PolicyStoreError::Outdated { version }),
-            None => Ok(()),
-        }
+        Self::ensure_open(conn, p.updated_at, Gate::PolicyShapes).await
     }
 
     /// Sets `revoked_at` of key `id` to `at` unless it is set already; false if no key

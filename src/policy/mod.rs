@@ -28,6 +28,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
+pub use crate::db::formats::Gate;
+
 /// The most policies one action may have: each consume evaluates all of them in one script.
 pub(crate) const MAX_POLICIES_PER_ACTION: usize = 32;
 
@@ -121,7 +123,7 @@ pub(crate) trait PolicyStore: Send + Sync + 'static {
     async fn list_keys(&self) -> StoreResult<Vec<KeyRecord>>;
     /// Creates an API key: a change, like a policy's. [`PolicyStoreError::Conflict`] if
     /// its id or its hash is taken, [`PolicyStoreError::Outdated`] while an instance that
-    /// would not enforce it was seen within [`crate::db::LIVE_FOR`] of its `created_at`.
+    /// would not enforce it was seen within [`crate::db::formats::LIVE_FOR`] of its `created_at`.
     async fn insert_key(&self, key: &KeyRecord) -> StoreResult<()>;
     /// Revokes key `id` at `at` (a change), unless it was revoked before; the key as it
     /// stands afterwards and whether this call revoked it, `None` if there is no such key.
@@ -133,9 +135,8 @@ pub(crate) trait PolicyStore: Send + Sync + 'static {
     /// Writes down when keys were last used. Not a change: no instance reloads for it.
     async fn note_key_uses(&self, uses: &[(String, DateTime<Utc>)]) -> StoreResult<()>;
     /// [`PolicyStoreError::Outdated`] while an instance seen within
-    /// [`crate::db::LIVE_FOR`] of `now` reads only older formats (0.1.0 would take an
-    /// over-captured commit for a give-back).
-    async fn ensure_every_instance_current(&self, now: DateTime<Utc>) -> StoreResult<()>;
+    /// [`crate::db::formats::LIVE_FOR`] of `now` keeps `gate` closed (`crate::db::formats`).
+    async fn ensure_open(&self, gate: Gate, now: DateTime<Utc>) -> StoreResult<()>;
 }
 
 /// What a reload fills: the engine's policy cache, and the API keys.

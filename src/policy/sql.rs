@@ -8,7 +8,7 @@
 
 use super::codec::{match_from_column, scope_from_column, window_from_json};
 use super::notify::Announce;
-use super::{ChangeFeed, PolicyStore, PolicyStoreError, StoreResult};
+use super::{ChangeFeed, Gate, PolicyStore, PolicyStoreError, StoreResult};
 use crate::access::KeyRecord;
 use crate::db::ColumnType;
 use crate::domain::{
@@ -168,6 +168,7 @@ where
     Option<DateTime<Utc>>: ColumnType<DB>,
     Json<Value>: ColumnType<DB>,
     (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (i64, String): for<'r> sqlx::FromRow<'r, DB::Row>,
 {
     async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
@@ -306,23 +307,18 @@ where
     #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy insert_key", otel.kind = "client", db.system = DB::DIALECT.system()))]
     async fn insert_key(&self, key: &KeyRecord) -> StoreResult<()> {
         let mut change = self.begin_change().await?;
-        let since = key.created_at - crate::db::LIVE_FOR;
-        if let Some(version) = Self::outdated_instance(&mut change.tx, since).await? {
+        if let Err(error) = Self::ensure_open(&mut change.tx, key.created_at, Gate::ApiKeys).await {
             change.roll_back().await?;
-            return Err(PolicyStoreError::Outdated { version });
+            return Err(error);
         }
         Self::insert_key_row(&mut change.tx, key).await?;
         Self::commit_change(change).await?;
         Ok(())
     }
 
-    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy ensure_every_instance_current", otel.kind = "client", db.system = DB::DIALECT.system()))]
-    async fn ensure_every_instance_current(&self, now: DateTime<Utc>) -> StoreResult<()> {
-        let mut conn = self.pool.acquire().await?;
-        match Self::outdated_instance(&mut conn, now - crate::db::LIVE_FOR).await? {
-            Some(version) => Err(PolicyStoreError::Outdated { version }),
-            None => Ok(()),
-        }
+    #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy ensure_open", otel.kind = "client", db.system = DB::DIALECT.system()))]
+    async fn ensure_open(&self, gate: Gate, now: DateTime<Utc>) -> StoreResult<()> {
+        Self::ensure_open(&mut *self.pool.acquire().await?, now, gate).await
     }
 
     #[tracing::instrument(level = "trace", name = "sql", skip_all, fields(otel.name = "sql policy revoke_key", otel.kind = "client", db.system = DB::DIALECT.system()))]
