@@ -1,4 +1,4 @@
-//! The in-process counter store: the same counting as `redis/scripts/consume.lua`, in Rust.
+//! The in-process counter store: the same counting as `redis/script/consume.lua`, in Rust.
 //!
 //! It is a production backend (the default when no Redis is configured), not a test double:
 //! state is sharded so that unrelated subjects do not contend, entries expire exactly like the
@@ -23,8 +23,8 @@ use async_trait::async_trait;
 
 use crate::engine::codec;
 use crate::engine::store::{
-    check_charges, Charge, CounterStore, Decided, Effects, Evaluation, GiveBack, GivenBack,
-    StoreError, Undo,
+    check_charges, Charge, Consume, CounterStore, Decided, Effects, Evaluation, GiveBack,
+    GivenBack, StoreError, Undo,
 };
 use crate::keys::hash_tag;
 use counting::Entry;
@@ -232,13 +232,13 @@ impl CounterStore for MemoryCounterStore {
         self.with_keys(&keys, |shard| evaluate_in(shard, now_ms, charges, commit))
     }
 
-    async fn decide(
-        &self,
-        now_ms: i64,
-        charges: &[Charge],
-        commit: bool,
-        effects: &Effects,
-    ) -> Result<Decided, StoreError> {
+    async fn decide(&self, call: &Consume<'_>) -> Result<Decided, StoreError> {
+        let &Consume {
+            now_ms,
+            charges,
+            commit,
+            effects,
+        } = call;
         check_charges(now_ms, charges, true)?;
         let mut keys: Vec<&str> = charges.iter().map(|c| c.key.as_str()).collect();
         keys.extend(effects.idempotency.as_ref().map(|i| i.key.as_str()));

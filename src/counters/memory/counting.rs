@@ -1,5 +1,5 @@
 //! The three counting algorithms of the in-process store, line for line the arithmetic of
-//! `redis/scripts/consume.lua` (see its header and `mod.rs` for the semantics).
+//! `redis/script/consume.lua` (see its header and `mod.rs` for the semantics).
 //!
 //! A decision runs in two passes: [`read`] decides one charge from the current state and
 //! prepares its [`Write`] without touching anything; [`apply`] performs the write once every

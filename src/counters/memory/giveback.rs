@@ -1,5 +1,5 @@
 //! Give-backs in the in-process store (refunds, settlements, expiries, voids, and the
-//! steps across slots), as `redis/scripts/giveback.lua` applies them.
+//! steps across slots), as `redis/script/giveback.lua` applies them.
 
 use std::collections::HashMap;
 

@@ -154,7 +154,7 @@ impl MemoryCounterStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::store::{Algorithm, Effects};
+    use crate::engine::store::{Algorithm, Consume, Effects};
 
     const T0: i64 = 1_800_000_000_000;
 
@@ -199,7 +199,12 @@ mod tests {
         let store = MemoryCounterStore::new();
         let charges = three_charges([7, 5, 3]);
         store
-            .decide(T0, &charges, true, &Effects::default())
+            .decide(&Consume {
+                now_ms: T0,
+                charges: &charges,
+                commit: true,
+                effects: &Effects::default(),
+            })
             .await
             .expect("decides");
         let ops = vec![

@@ -1,6 +1,6 @@
 //! The Redis side of `counters verify` (`engine::cut`): which counters Redis holds, holding
 //! back deletions from the ledger streams while a verify reads, and reading some shards'
-//! streams and counters at one instant through `scripts/cut.lua`.
+//! streams and counters at one instant through `script/cut.lua`.
 
 use super::call::bounded;
 use super::{Connection, RedisCounterStore};
@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Reads one instant of some shards; its header documents KEYS, ARGV and the reply.
-const CUT_LUA: &str = include_str!("scripts/cut.lua");
+const CUT_LUA: &str = include_str!("script/cut.lua");
 
 /// Lets deletions go on again and deletes what was held, if still the caller's hold.
 const UNHOLD_LUA: &str = r"

@@ -1,4 +1,4 @@
-//! The Redis counter store: one `scripts/consume.lua` call (EVALSHA) per decision.
+//! The Redis counter store: one `script/consume.lua` call (EVALSHA) per decision.
 //!
 //! The script reads every counter of the decision, decides, and writes all of them or none,
 //! atomically, in one round trip: EVALSHA with the SHA1 that `redis::Script` computed once;
@@ -47,8 +47,8 @@ use super::circuit::CircuitBreaker;
 use crate::engine::load::Load;
 use crate::engine::pipeline::drain::Appends;
 use crate::engine::store::{
-    check_charges, Charge, CounterStore, Decided, Effects, Evaluation, Finalize, Finalized,
-    GiveBack, GivenBack, StoreError, StoreMemory,
+    check_charges, Charge, Consume, CounterStore, Decided, Effects, Evaluation, Finalize,
+    Finalized, GiveBack, GivenBack, StoreError, StoreMemory,
 };
 
 /// What becomes of a refund, settlement or expiry that the replicas did not acknowledge.
@@ -56,10 +56,10 @@ const GIVE_BACK_IN_DOUBT: &str = "the refund or settlement may or may not stand,
      timeout: retry it (a refund with its idempotency key)";
 
 /// Takes the lease, or extends it for its holder; its header documents KEYS, ARGV and the reply.
-const LEASE_LUA: &str = include_str!("scripts/lease.lua");
+const LEASE_LUA: &str = include_str!("script/lease.lua");
 
 /// Gives a lease up if its holder asks; its header documents KEYS, ARGV and the reply.
-const RELEASE_LUA: &str = include_str!("scripts/release.lua");
+const RELEASE_LUA: &str = include_str!("script/release.lua");
 
 /// Counters in Redis (standalone or cluster), one script call per decision.
 #[derive(Clone)]
@@ -165,11 +165,11 @@ impl RedisCounterStore {
             cluster: target.is_cluster(),
             target,
             breaker: std::sync::Arc::default(),
-            script: Script::new(script::CONSUME_LUA),
-            giveback: Script::new(script::GIVEBACK_LUA),
-            finalize: Script::new(script::FINALIZE_LUA),
+            script: Script::new(script::consume::LUA),
+            giveback: Script::new(script::giveback::LUA),
+            finalize: Script::new(script::finalize::LUA),
             restore: Script::new(shards::RESTORE_LUA),
-            record: Script::new(include_str!("scripts/record.lua")),
+            record: Script::new(include_str!("script/record.lua")),
             prefix: String::new(),
             floors: Some(Arc::default()),
             timeout,
@@ -244,7 +244,12 @@ impl CounterStore for RedisCounterStore {
         commit: bool,
     ) -> Result<Evaluation, StoreError> {
         match self
-            .decide(now_ms, charges, commit, &Effects::default())
+            .decide(&Consume {
+                now_ms,
+                charges,
+                commit,
+                effects: &Effects::default(),
+            })
             .await?
         {
             Decided::Fresh(evaluation) => Ok(evaluation),
@@ -255,13 +260,13 @@ impl CounterStore for RedisCounterStore {
         }
     }
 
-    async fn decide(
-        &self,
-        now_ms: i64,
-        charges: &[Charge],
-        commit: bool,
-        effects: &Effects,
-    ) -> Result<Decided, StoreError> {
+    async fn decide(&self, call: &Consume<'_>) -> Result<Decided, StoreError> {
+        let &Consume {
+            now_ms,
+            charges,
+            commit,
+            effects,
+        } = call;
         check_charges(now_ms, charges, !self.cluster)?;
         if charges.is_empty() && effects.hold.is_none() && effects.intent.is_none() {
             return Ok(Decided::Fresh(Evaluation {
@@ -278,21 +283,15 @@ impl CounterStore for RedisCounterStore {
             (None, None) => "",
         };
         let deadline = commit.then(|| self.node_now_ms(node) + duration_ms(self.timeout));
-        let call = script::consume_cmd(
-            &self.script,
-            now_ms,
-            charges,
-            commit,
-            effects,
-            (self.floors.as_deref(), deadline),
-        );
+        let command =
+            script::consume::command(&self.script, call, (self.floors.as_deref(), deadline));
         let reply = self
-            .exec_on(&self.script, &call)
+            .exec_on(&self.script, &command)
             .instrument(connection::redis_span("redis EVALSHA"))
             .await;
         self.may_have_appended(effects.ledger.as_ref().map(|l| l.stream.as_str()));
         let (reply, connection) = reply?;
-        let decided = script::parse_decided(reply, charges)?;
+        let decided = script::consume::decided(reply, charges)?;
         let charged = matches!(&decided, Decided::Fresh(evaluation) if evaluation.allowed);
         if commit && charged && self.min_replicas > 0 {
             self.replicated(connection, node, "the charge is given back")
@@ -302,14 +301,15 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError> {
-        let call = script::giveback_cmd(&self.giveback, now_ms, request, self.floors.as_deref());
+        let call =
+            script::giveback::command(&self.giveback, now_ms, request, self.floors.as_deref());
         let reply = self
             .exec_on(&self.giveback, &call)
             .instrument(connection::redis_span("redis EVALSHA"))
             .await;
         self.may_have_appended(request.ledger.as_ref().map(|(stream, _)| stream.as_str()));
         let (reply, connection) = reply?;
-        let given = script::parse_given_back(reply, &request.control_key)?;
+        let given = script::giveback::given_back(reply, &request.control_key)?;
         // A refund or a settlement is answered once the replicas hold it, as a charge is:
         // when they do not in time, it is in doubt like a call that timed out (a retry
         // with its idempotency key replays it, or applies it once on a promoted replica).
@@ -389,7 +389,8 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
-        let call = script::finalize_cmd(&self.finalize, now_ms, request, self.floors.as_deref());
+        let call =
+            script::finalize::command(&self.finalize, now_ms, request, self.floors.as_deref());
         let reply = self
             .exec_on(&self.finalize, &call)
             .instrument(connection::redis_span("redis EVALSHA"))
@@ -397,7 +398,7 @@ impl CounterStore for RedisCounterStore {
         let appended = request.effects.ledger.as_ref();
         self.may_have_appended(appended.map(|l| l.stream.as_str()));
         let (reply, connection) = reply?;
-        let finalized = script::parse_finalized(reply, &request.intent.key)?;
+        let finalized = script::finalize::finalized(reply, &request.intent.key)?;
         // The consume is answered once its home commit is on the replicas; when it is not,
         // the committed intent is in doubt, voided like any consume answered 503.
         if finalized == Finalized::Committed && self.min_replicas > 0 {

@@ -1,6 +1,6 @@
 //! The Redis side of rebuilding shards from the ledger: which shards have no epoch (Redis
 //! lost their data, or they were never rebuilt), the lock one instance holds while it
-//! rebuilds a shard, and writing the rebuilt state through `scripts/restore.lua`.
+//! rebuilds a shard, and writing the rebuilt state through `script/restore.lua`.
 
 use super::RedisCounterStore;
 use crate::engine::shards::{Cut, ShardStates};
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// The restore script; its header documents KEYS, ARGV and the reply.
-pub(super) const RESTORE_LUA: &str = include_str!("scripts/restore.lua");
+pub(super) const RESTORE_LUA: &str = include_str!("script/restore.lua");
 
 /// One item as the restore script takes it: key, kind, ttl (or score), value.
 type Write<'a> = (&'a str, char, i64, String);

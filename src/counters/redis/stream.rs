@@ -12,7 +12,7 @@ pub(crate) const GROUP: &str = "ledger";
 
 /// Acknowledges and deletes drained entries in one atomic step; its header documents KEYS,
 /// ARGV and the reply.
-const ACK_LUA: &str = include_str!("scripts/ack.lua");
+const ACK_LUA: &str = include_str!("script/ack.lua");
 
 fn text(value: &Value) -> Option<String> {
     match value {

@@ -5,7 +5,7 @@ use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, Ledge
 use crate::engine::codec::{self, ConsumeRecord, HoldRecord, KeptPolicy};
 use crate::engine::decision::plan::{replayed_decision, Plan};
 use crate::engine::store::{
-    Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing,
+    Consume, Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing,
     StoreError, Undo,
 };
 use crate::engine::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
@@ -377,7 +377,12 @@ impl Engine {
         loop {
             let decided = self
                 .counters
-                .decide(plan.now_ms(), &plan.store_charges(), true, effects)
+                .decide(&Consume {
+                    now_ms: plan.now_ms(),
+                    charges: &plan.store_charges(),
+                    commit: true,
+                    effects,
+                })
                 .await;
             if !matches!(decided, Ok(Decided::InFlight)) || started.elapsed() >= IN_FLIGHT_WAIT {
                 return decided;

@@ -32,8 +32,8 @@ use crate::engine::codec::{self, IntentRecord};
 use crate::engine::decision::giveback::alerts::with_usage;
 use crate::engine::decision::plan::Plan;
 use crate::engine::store::{
-    Charge, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind, GivenBack,
-    IntentOpen, LedgerAppend, Outcome, ReservationOpen, StoreError,
+    Charge, Consume, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind,
+    GivenBack, IntentOpen, LedgerAppend, Outcome, ReservationOpen, StoreError,
 };
 use crate::engine::Engine;
 use crate::keys;
@@ -138,7 +138,12 @@ impl Engine {
         };
         let opened = self
             .counters
-            .decide(plan.now_ms(), &charges_of(&home_charges), true, &open)
+            .decide(&Consume {
+                now_ms: plan.now_ms(),
+                charges: &charges_of(&home_charges),
+                commit: true,
+                effects: &open,
+            })
             .await;
         match opened {
             Ok(Decided::Fresh(evaluation)) => {
@@ -168,12 +173,12 @@ impl Engine {
             };
             let reserved = self
                 .counters
-                .decide(
-                    plan.now_ms(),
-                    &charges_of(&group.charges),
-                    true,
-                    &reservation,
-                )
+                .decide(&Consume {
+                    now_ms: plan.now_ms(),
+                    charges: &charges_of(&group.charges),
+                    commit: true,
+                    effects: &reservation,
+                })
                 .await;
             let failure = match reserved {
                 Ok(Decided::Fresh(evaluation)) if evaluation.allowed => {

@@ -85,6 +85,20 @@ pub struct Charge {
     pub enforce: bool,
 }
 
+/// One call of the decision script (`consume.lua` on Redis, its twin in process): the
+/// charges of one decision and the effects applied with them in the same atomic step.
+#[derive(Debug, Clone, Copy)]
+pub struct Consume<'a> {
+    /// The decision's instant, Unix ms.
+    pub(crate) now_ms: i64,
+    /// One charge per policy, in the order the answer reports them.
+    pub(crate) charges: &'a [Charge],
+    /// Apply the charges when the decision is allowed; false only looks (a peek).
+    pub(crate) commit: bool,
+    /// What is done with the charges besides counting.
+    pub(crate) effects: &'a Effects,
+}
+
 /// An amount beside signed ones (a give-back below zero charges more): amounts are at
 /// most 2^53 - 1, so every one fits.
 pub(crate) fn signed(amount: u64) -> i64 {
@@ -350,13 +364,7 @@ pub trait CounterStore: Send + Sync + 'static {
     ) -> Result<Evaluation, StoreError>;
 
     /// Like [`CounterStore::evaluate`], with the [`Effects`] of a consume in the same atomic step.
-    async fn decide(
-        &self,
-        now_ms: i64,
-        charges: &[Charge],
-        commit: bool,
-        effects: &Effects,
-    ) -> Result<Decided, StoreError>;
+    async fn decide(&self, call: &Consume<'_>) -> Result<Decided, StoreError>;
 
     /// Gives units back (refund, hold settlement), atomically with its bookkeeping.
     async fn give_back(&self, now_ms: i64, request: &GiveBack) -> Result<GivenBack, StoreError>;

@@ -1,5 +1,5 @@
 //! Giving units back to a counter that still counts them, and undoing that: the arithmetic
-//! of `redis/scripts/giveback.lua`.
+//! of `redis/script/giveback.lua`.
 
 use super::*;
 

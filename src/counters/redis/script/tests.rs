@@ -1,4 +1,7 @@
-use super::*;
+use super::consume::parse_reply;
+use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, StoreError};
+use crate::keys;
+use redis::Value;
 
 /// One calendar charge of 1 against a limit of 5.
 pub(in crate::counters::redis) fn one_charge() -> Vec<Charge> {

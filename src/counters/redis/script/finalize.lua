@@ -5,12 +5,13 @@ at home: the intent opened with the home charges becomes `committed`, and the co
 effects are applied, all or nothing.
 
 KEYS[1]  the intent               KEYS[2]  the index of intents
-then, when flagged, the idempotency record, the ledger stream, the hold record and the
-index of holds, in that order; last the shard's epoch, when given.
+then, when present, the idempotency record, the ledger stream, the hold record and the
+index of holds, in that order; last the shard's epoch, when given. An effect is present
+when its value is not empty: ARGV[5] the idempotency record, ARGV[6] the ledger entry,
+ARGV[8] the hold id (script/finalize.rs writes them).
 ARGV[1]  now_ms                   ARGV[2]  the attempt (the index's member)
-ARGV[3]  flags, four characters '0'/'1': idempotency record, ledger stream, hold, and
-         whether the ledger entry keeps the answer without an idempotency record (the
-         reply numbers are appended to it then too)
+ARGV[3]  '1' when the ledger entry keeps the answer without an idempotency record (the
+         reply numbers are appended to it then too); '' otherwise
 ARGV[4]  idem ttl                 ARGV[5]  idem record (the reply numbers are appended)
 ARGV[6]  the ledger entry; with an idempotency record the reply numbers are appended to it
 ARGV[7]  the reply numbers, as consume.lua formats them
@@ -26,11 +27,10 @@ that committed first (nothing done), { -2 } the shard has no epoch.
 ]]
 
 local now = tonumber(ARGV[1])
-local flags = ARGV[3]
-local has_idem = string.sub(flags, 1, 1) == '1'
-local has_ledger = string.sub(flags, 2, 2) == '1'
-local has_hold = string.sub(flags, 3, 3) == '1'
-local keeps_answer = string.sub(flags, 4, 4) == '1'
+local has_idem = ARGV[5] ~= ''
+local has_ledger = ARGV[6] ~= ''
+local has_hold = ARGV[8] ~= ''
+local keeps_answer = ARGV[3] == '1'
 local k = 3
 local idem_key, stream_key, hold_key, holds_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end

@@ -20,12 +20,15 @@ then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
   cost     0 ..= 2^53 - 1
   enforce  1 = enforce, 0 = shadow (counted and reported, never denies)
 
-then twelve values for the consume's effects, always present (empty strings when unused), at
-ARGV[e .. e + 11] with e = 3 + 6 * n:
-  flags        six characters '0'/'1': idempotency record, ledger stream, hold, intent,
-               reservation, and whether the allowed entry keeps the answer without an
-               idempotency record (a policy alerts): the reply numbers are appended to it
-  idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when flagged)
+then fourteen values for the consume's effects, always present (empty strings when
+unused), at ARGV[e .. e + 13] with e = 3 + 6 * n, read into the locals of their names
+(script/consume.rs writes them in this order). An effect is present when its value is
+not empty: the idempotency record (`idem record`), the ledger (`allowed` or `denied`), the
+hold (`hold id`), the intent (`intent`) and the reservation (`attempt` without an
+`intent`); its keys, in this order, follow the charges' keys.
+  keeps        '1' when the allowed entry keeps the answer without an idempotency record
+               (a policy alerts): the reply numbers are appended to it; '' otherwise
+  idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when present)
   idem record  what to keep with the reply numbers
   allowed      ledger entry appended when the decision is applied (KEYS[next]: the stream);
                with an idempotency record, the reply numbers (as kept with the record) are
@@ -39,8 +42,8 @@ ARGV[e .. e + 11] with e = 3 + 6 * n:
                member of the index of intents (with a reservation: the caller's clock now)
   deadline     after it (ms), the attempt can no longer commit, nor reserve
   intent       the intent's record           (KEYS[next]: the intent, KEYS[next + 1]: the
-               index of intents, when the intent is flagged; KEYS[next]: the reservation,
-               when the reservation is flagged)
+               index of intents, with an intent; KEYS[next]: the reservation, with a
+               reservation)
   call deadline  when the caller stops waiting for this call, on its wall clock (Unix ms;
                '' for none): a call that Redis runs later than that plus CLOCK_SKEW (by
                Redis's own clock, TIME) does nothing and replies { -4 }, so that a caller
@@ -109,19 +112,22 @@ local commit = ARGV[2] == '1'
 local n = (#ARGV - 17) / 6
 local e = 3 + 6 * n
 
-if ARGV[e + 12] ~= '' then
+local keeps, idem_ttl, idem_record, allowed_entry, denied_entry, hold_id, hold_expiry,
+  hold_record, hold_ttl, attempt, deadline, intent_record, call_deadline, on_crossing =
+  unpack(ARGV, e, e + 13)
+
+if call_deadline ~= '' then
   local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) > tonumber(ARGV[e + 12]) + CLOCK_SKEW then
+  if tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000) > tonumber(call_deadline) + CLOCK_SKEW then
     return { -4 }
   end
 end
-local flags = ARGV[e]
-local has_idem = string.sub(flags, 1, 1) == '1'
-local has_ledger = string.sub(flags, 2, 2) == '1'
-local has_hold = string.sub(flags, 3, 3) == '1'
-local has_intent = string.sub(flags, 4, 4) == '1'
-local has_reservation = string.sub(flags, 5, 5) == '1'
-local keeps_answer = string.sub(flags, 6, 6) == '1'
+local has_idem = idem_record ~= ''
+local has_ledger = allowed_entry ~= '' or denied_entry ~= ''
+local has_hold = hold_id ~= ''
+local has_intent = intent_record ~= ''
+local has_reservation = attempt ~= '' and not has_intent
+local keeps_answer = keeps == '1'
 local k = n + 1 -- next extra key
 local idem_key, stream_key, hold_key, index_key, intent_key, intents_key, reservation_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end
@@ -153,7 +159,7 @@ if commit then
 end
 
 if has_reservation then
-  if redis.call('EXISTS', reservation_key) == 1 or tonumber(ARGV[e + 9]) > tonumber(ARGV[e + 10]) then
+  if redis.call('EXISTS', reservation_key) == 1 or tonumber(attempt) > tonumber(deadline) then
     return { -3 }
   end
 end
@@ -164,7 +170,7 @@ if has_idem then
     -- The outcome is now the caller's: an attempt answered 503 that Redis decided all the
     -- same is never voided once a retry was answered with it (keys.rs: outcome_given).
     -- A retry that asks for another amount is answered 409, not with the outcome.
-    local asked = string.match(ARGV[e + 2], '"amount":(%d+)')
+    local asked = string.match(idem_record, '"amount":(%d+)')
     if commit and asked == string.match(kept, '"amount":(%d+)') then
       local given = string.gsub(idem_key, '}#i', '}#o', 1)
       redis.call('SET', given, '1', 'PX', math.max(redis.call('PTTL', idem_key), 1))
@@ -382,17 +388,16 @@ end
 
 -- Effects, in the same atomic step as the charges.
 if commit and out[1] == 1 and has_intent then
-  redis.call('SET', intent_key, 'open\n' .. epoch_now .. '\n' .. ARGV[e + 10] .. '\n' .. ARGV[e + 11],
+  redis.call('SET', intent_key, 'open\n' .. epoch_now .. '\n' .. deadline .. '\n' .. intent_record,
     'PX', 600000)
-  redis.call('ZADD', intents_key, ARGV[e + 10], ARGV[e + 9])
+  redis.call('ZADD', intents_key, deadline, attempt)
   redis.call('INCR', string.match(intent_key, '^(.*)#') .. '#xv')
 elseif commit and out[1] == 1 and has_reservation then
   redis.call('SET', reservation_key, 'open\n' .. epoch_now, 'PX', 60000)
   redis.call('INCR', string.match(reservation_key, '^(.*)#') .. '#xv')
 elseif commit and out[1] == 1 then
   local numbers = ''
-  local allowed = ARGV[e + 3]
-  local on_crossing = ARGV[e + 13]
+  local allowed = allowed_entry
   if keeps_answer and not has_idem and on_crossing ~= '' then
     -- The answer is kept only to tell an alert: only when usage crossed a threshold.
     keeps_answer = false
@@ -415,15 +420,15 @@ elseif commit and out[1] == 1 then
     numbers = table.concat(nums, ',')
   end
   if has_idem then
-    redis.call('SET', idem_key, ARGV[e + 2] .. '\n' .. numbers, 'PX', ARGV[e + 1])
+    redis.call('SET', idem_key, idem_record .. '\n' .. numbers, 'PX', idem_ttl)
   end
   if has_ledger then redis.call('XADD', stream_key, '*', 'e', allowed .. numbers) end
   if has_hold then
-    redis.call('SET', hold_key, 'open\n' .. ARGV[e + 7], 'PX', ARGV[e + 8])
-    redis.call('ZADD', index_key, ARGV[e + 6], ARGV[e + 5])
+    redis.call('SET', hold_key, 'open\n' .. hold_record, 'PX', hold_ttl)
+    redis.call('ZADD', index_key, hold_expiry, hold_id)
   end
-elseif commit and has_ledger and ARGV[e + 4] ~= '' then
-  redis.call('XADD', stream_key, '*', 'e', ARGV[e + 4])
+elseif commit and has_ledger and denied_entry ~= '' then
+  redis.call('XADD', stream_key, '*', 'e', denied_entry)
 end
 
 return out
