@@ -122,6 +122,25 @@ fn charged_to(counters: &[CounterCharge]) -> Vec<PolicyAmount> {
         .collect()
 }
 
+/// What a give-back of `kind` gives back to the counters of other Redis Cluster slots:
+/// `(full, by_amount)` (count policies their charge when `full`; amount policies
+/// `by_amount`, below zero what an over-capture charges more). `refunded` is the refunded
+/// total after a refund: the last one gives count policies theirs back.
+fn share_of(kind: GiveBackKind, refunded: u64) -> (bool, i64) {
+    match kind {
+        GiveBackKind::Refund { amount, total, .. } => (refunded == total, signed(amount)),
+        GiveBackKind::Commit { settle, total, .. } => (false, signed(total) - signed(settle)),
+        GiveBackKind::Release { total, .. }
+        | GiveBackKind::Expire { total, .. }
+        | GiveBackKind::Void { total }
+        | GiveBackKind::VoidHold { total, .. } => (true, signed(total)),
+        GiveBackKind::Abandon
+        | GiveBackKind::Undo
+        | GiveBackKind::Resolved
+        | GiveBackKind::RestoreOnce { .. } => (false, 0),
+    }
+}
+
 impl Engine {
     /// Commits or releases the hold `hold_id`. A hold of an action outside `visible` is
     /// unknown to the caller: not found, and nothing changes.
@@ -276,41 +295,58 @@ impl Engine {
         record: &HoldRecord,
         how: Option<Settle>,
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
-        let now = self.now();
-        let (mut entry, mut request) = self.hold_give_back(hold_id, record, how, now)?;
-        request.reports_usage = self.keep_alerts(&mut entry, &record.counters, hold_id.shard());
-        request.ledger = self.stream_entry(hold_id.shard(), &entry);
-        let foreign = self.foreign_share(hold_id.shard(), &mut request);
-        let foreign_alerts = self.foreign_alerts(&entry, &foreign);
-        request.pending = self.pending_share(hold_id.shard(), &entry, &foreign, &foreign_alerts);
+        let (entry, request) = self.hold_give_back(hold_id, record, how, self.now())?;
+        let alerting = Some(record.counters.as_slice());
+        self.give_back_unit(hold_id.shard(), entry, alerting, |entry| GiveBack {
+            ledger: self.stream_entry(hold_id.shard(), entry),
+            ..request
+        })
+        .await
+    }
+
+    /// Every give-back (a refund, a hold's settlement or expiry, a void) as one unit of
+    /// work, `entry` at `home`: the entry keeps what tells the alert thresholds its
+    /// `alerting` counters cross (none for a void), `request_for` the entry so made is the
+    /// store's request, the share of other Redis Cluster slots is kept pending at home,
+    /// the store applies it under the cut, the share goes to the other slots, and the
+    /// entry is committed (or the give-back undone). Returns the entry and the store's
+    /// answer; nothing but a [`GivenBack::Done`] changed anything.
+    pub(in crate::engine) async fn give_back_unit(
+        &self,
+        home: u16,
+        mut entry: LedgerEntry,
+        alerting: Option<&[CounterCharge]>,
+        request_for: impl FnOnce(&LedgerEntry) -> GiveBack,
+    ) -> Result<(LedgerEntry, GivenBack), EngineError> {
+        let reports_usage = alerting.is_some_and(|c| self.keep_alerts(&mut entry, c, home));
+        let mut request = request_for(&entry);
+        request.reports_usage = reports_usage;
+        let foreign = self.foreign_share(home, &mut request);
+        let foreign_alerts = match alerting {
+            Some(_) => self.foreign_alerts(&entry, &foreign),
+            None => Vec::new(),
+        };
+        request.pending = self.pending_share(home, &entry, &foreign, &foreign_alerts);
         // Until the entry is committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
-        let done = self
+        let given = self
             .counters
-            .give_back(now.timestamp_millis(), &request)
+            .give_back(entry.at.timestamp_millis(), &request)
             .await?;
         if let GivenBack::Done {
-            restored, usage, ..
-        } = &done
+            refunded,
+            restored,
+            usage,
+        } = &given
         {
             entry = with_usage(entry, usage);
-            let (full, by_amount) = match request.kind {
-                // Below zero for an over-capture: its excess is charged.
-                GiveBackKind::Commit { settle, total, .. } => {
-                    (false, signed(total) - signed(settle))
-                }
-                GiveBackKind::Release { total, .. } | GiveBackKind::Expire { total, .. } => {
-                    (true, signed(total))
-                }
-                _ => (false, 0),
-            };
-            let share = (full, by_amount);
-            self.share_foreign(hold_id.shard(), &entry, foreign, share, foreign_alerts)
+            let share = share_of(request.kind, *refunded);
+            self.share_foreign(home, &entry, foreign, share, foreign_alerts)
                 .await;
-            self.record_unless_streamed(&entry, &request, (0, restored.clone()))
+            self.record_unless_streamed(&entry, &request, (*refunded, restored.clone()))
                 .await?;
         }
-        Ok((entry, done))
+        Ok((entry, given))
     }
 
     /// The entry and the store's request that settle (`how`) or expire (`None`) a hold at

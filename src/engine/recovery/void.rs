@@ -232,19 +232,12 @@ impl Engine {
     /// Voids `doubt`'s charge or hold, which Redis applied: at home in one script, then
     /// its share in other Redis Cluster slots (kept pending at home until given).
     async fn void(&self, doubt: &Doubt) -> Result<Voided, EngineError> {
-        let (void, mut request) = self.void_request(doubt)?;
+        let (void, request) = self.void_request(doubt)?;
         let home = keys::shard(void.action.as_str(), void.subject.as_str());
-        let foreign = self.foreign_share(home, &mut request);
         // A void tells no alert (its charge was answered 503).
-        request.pending = self.pending_share(home, &void, &foreign, &[]);
-        let now_ms = self.now().timestamp_millis();
-        Ok(match self.counters.give_back(now_ms, &request).await? {
-            GivenBack::Done { .. } => {
-                let share = (true, crate::engine::store::signed(void.amount));
-                self.share_foreign(home, &void, foreign, share, Vec::new())
-                    .await;
-                Voided::Voided
-            }
+        let (_, given) = self.give_back_unit(home, void, None, |_| request).await?;
+        Ok(match given {
+            GivenBack::Done { .. } => Voided::Voided,
             GivenBack::Conflict(why) => Voided::Kept(why),
             GivenBack::Unknown => Voided::Kept("the hold is gone".to_owned()),
             GivenBack::Replayed(_) => Voided::Kept("replayed".to_owned()),

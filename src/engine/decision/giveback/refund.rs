@@ -1,15 +1,12 @@
 //! Refunds of consumes: all or part of a charge given back to exactly the counters it
 //! went to, at most once per idempotency key, never more than was charged.
 
-use super::alerts::with_usage;
 use super::{given, Settled};
 use crate::domain::{
     ActionSet, ConsumptionId, EntryId, EntryKind, IdempotencyKey, LedgerEntry, Quantity,
 };
 use crate::engine::codec;
-use crate::engine::store::{
-    signed, GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError,
-};
+use crate::engine::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
 use crate::engine::{Engine, EngineError};
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Utc};
@@ -47,7 +44,7 @@ impl Engine {
                 .refunded_already(&keys, consumption_id, idempotency_key.as_ref(), now)
                 .await;
         }
-        let mut entry = LedgerEntry {
+        let entry = LedgerEntry {
             id: EntryId::new(),
             at: now,
             kind: EntryKind::Refund,
@@ -63,36 +60,17 @@ impl Engine {
             hold_expires_at: None,
             kept_answer: None,
         };
-        let reports_usage = self.keep_alerts(&mut entry, &charge.counters, keys.shard);
-        let mut request = self.refund_give_back(&charge, &entry, refunded);
-        request.reports_usage = reports_usage;
-        let foreign = self.foreign_share(keys.shard, &mut request);
-        let foreign_alerts = self.foreign_alerts(&entry, &foreign);
-        request.pending = self.pending_share(keys.shard, &entry, &foreign, &foreign_alerts);
-        // Until the entry is committed: a snapshot must see both or neither.
-        let _cut = self.cut.read().await;
+        let alerting = Some(charge.counters.as_slice());
+        let request_for = |entry: &LedgerEntry| self.refund_give_back(&charge, entry, refunded);
         match self
-            .counters
-            .give_back(now.timestamp_millis(), &request)
+            .give_back_unit(keys.shard, entry, alerting, request_for)
             .await?
         {
-            GivenBack::Done {
-                refunded: after,
-                restored,
-                usage,
-            } => {
-                let entry = with_usage(entry, &usage);
-                let share = (after == total, signed(amount));
-                self.share_foreign(keys.shard, &entry, foreign, share, foreign_alerts)
-                    .await;
-                self.record_unless_streamed(&entry, &request, (after, restored))
-                    .await?;
-                Ok(self.settled(entry, false).await)
-            }
-            GivenBack::Conflict(before) => Err(EngineError::Conflict(format!(
+            (entry, GivenBack::Done { .. }) => Ok(self.settled(entry, false).await),
+            (_, GivenBack::Conflict(before)) => Err(EngineError::Conflict(format!(
                 "refunding {amount} would exceed the charge of {total}: {before} refunded already"
             ))),
-            GivenBack::Replayed(kept) => {
+            (_, GivenBack::Replayed(kept)) => {
                 let earlier = codec::decode_refund_record(&kept).map_err(StoreError::from)?;
                 if earlier.amount != amount {
                     return Err(EngineError::Conflict(format!(
@@ -102,7 +80,7 @@ impl Engine {
                 }
                 Ok(self.settled(earlier, true).await)
             }
-            GivenBack::Unknown => Err(EngineError::NotFound(format!(
+            (_, GivenBack::Unknown) => Err(EngineError::NotFound(format!(
                 "no consumption '{consumption_id}'"
             ))),
         }
