@@ -28,9 +28,6 @@ pub(crate) struct Streamed {
     pub(crate) backlog: Backlog,
     /// The shards' epochs and locks, for rebuilding them from the ledger.
     pub(crate) shards: Arc<dyn ShardStates>,
-    /// A Redis Cluster: one script call reaches one slot, so consumes across slots take
-    /// the cross-slot protocol (`engine::crossslot`).
-    pub(crate) cluster: bool,
     /// Where checkpoints of the ledger's replay are kept (`recovery::checkpoint`).
     pub(crate) checkpoints: Arc<dyn SnapshotStore>,
 }
@@ -76,10 +73,5 @@ impl Deployment {
     /// degraded allows, and an attempt answered 503 may have been applied.
     pub(crate) fn streams_ledger(&self) -> bool {
         self.streamed().is_some()
-    }
-
-    /// Whether one store call reaches only one shard's slot (a Redis Cluster).
-    pub(crate) fn cluster(&self) -> bool {
-        self.streamed().is_some_and(|s| s.cluster)
     }
 }

@@ -89,7 +89,6 @@ pub(super) async fn counter_store(
             drain,
             backlog: Backlog::new(settings.ledger_backlog_max),
             shards: store,
-            cluster: settings.redis_cluster,
             checkpoints: crate::ledger::snapshot::connect(&settings.database_url).await?,
         }),
         embedded: None,

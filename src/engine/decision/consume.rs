@@ -321,15 +321,11 @@ impl Engine {
                 self.appended(evaluation.allowed || !denied.is_empty());
                 match evaluation.allowed {
                     true => {
-                        let mut entries = allowed;
-                        // The first and only entry, or the last of requests decided together.
-                        if let Some(last) = entries.last_mut() {
-                            last.kept_answer =
-                                self.entry_answer(plan, effects, attempts, &evaluation);
-                        }
+                        let answer = || self.entry_answer(plan, effects, attempts, &evaluation);
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
                         let undo = || undo_charge(attempted, effects);
-                        self.commit_or_undo(entries, plan.now_ms(), undo).await?;
+                        self.commit_answered_or_undo(allowed, plan.now_ms(), answer, undo)
+                            .await?;
                     }
                     // A denial changed nothing: its entries (if kept) are only recorded.
                     false => self.record_denied(denied).await?,
@@ -416,9 +412,10 @@ impl Engine {
         let (idempotency, kept_policies) = keyed.unzip();
         // An entry whose policies alert keeps its answer too, already expired (no retry
         // replays it): it tells which thresholds the decision crossed (`engine::alerts`).
-        // Only a streamed entry is written before the decision (in process, the entry
-        // keeps an answer only once a crossing is known: `kept_answer`).
-        let alerting = idempotency.is_none() && self.deployment.streams_ledger() && plan.alerts();
+        // It matters only to an entry the store streams (`ledger_append`), written before
+        // the decision; one this instance writes keeps an answer only once a crossing is
+        // known (`entry_answer`).
+        let alerting = idempotency.is_none() && plan.alerts();
         // A keyed consume's entry carries the answer kept for its retries (the script
         // appends the numbers), so that a Redis that lost its data gets it back.
         // Only a decision that crosses a threshold keeps its answer for alerts: the store
@@ -481,7 +478,7 @@ impl Engine {
 
 impl Engine {
     /// The answer the entry of `attempts` (one attempt) keeps, when this instance writes
-    /// it (in process): the store keeps it in the streamed entry already (Redis).
+    /// it ([`Engine::commit_answered_or_undo`]); a streamed entry got it from the store.
     fn entry_answer(
         &self,
         plan: &Plan,
@@ -489,9 +486,6 @@ impl Engine {
         attempts: &[Attempt],
         evaluation: &Evaluation,
     ) -> Option<KeptAnswer> {
-        if self.deployment.streams_ledger() {
-            return None;
-        }
         match attempts {
             [attempt] => kept_answer(plan, effects, attempt, evaluation),
             // Requests decided together: the plan is their combined one.

@@ -74,9 +74,15 @@ struct Group {
 }
 
 impl Engine {
+    /// Whether one counter-store call reaches only one slot (a Redis Cluster): then a
+    /// change across shards takes the protocol of this module.
+    pub(in crate::engine) fn one_slot_per_call(&self) -> bool {
+        !self.counters.atomic_across_tags()
+    }
+
     /// Whether `plan` charges several shards on a store that takes one per call.
     pub(in crate::engine) fn across_slots(&self, plan: &Plan) -> bool {
-        self.deployment.cluster()
+        self.one_slot_per_call()
             && plan
                 .charges
                 .iter()
@@ -369,7 +375,7 @@ impl Engine {
     /// instance's), on every shard; returns how many were resolved. Only on a store that
     /// decides one slot per call, and only while some policy has shared budgets.
     pub(crate) async fn resolve_attempts(&self) -> usize {
-        if !self.deployment.cluster() || !self.cache.has_shared_budgets() {
+        if !self.one_slot_per_call() || !self.cache.has_shared_budgets() {
             return 0;
         }
         let due = self.now().timestamp_millis() - SKEW_MS;
@@ -427,7 +433,7 @@ impl Engine {
         request: &mut GiveBack,
     ) -> BTreeMap<u16, Vec<CounterCharge>> {
         let mut foreign: BTreeMap<u16, Vec<CounterCharge>> = BTreeMap::new();
-        if !self.deployment.cluster() {
+        if !self.one_slot_per_call() {
             return foreign;
         }
         request
@@ -445,7 +451,7 @@ impl Engine {
     /// Whether `counter` is given back with its charge's home shard: always, but on a store
     /// that takes one slot per call (a Redis Cluster) for a counter in another slot.
     pub(in crate::engine) fn at_home(&self, home: u16, counter: &CounterCharge) -> bool {
-        !self.deployment.cluster() || keys::shard_of(&counter.key).is_none_or(|s| s == home)
+        !self.one_slot_per_call() || keys::shard_of(&counter.key).is_none_or(|s| s == home)
     }
 
     /// The record kept at home with a give-back whose share of other slots is given next
@@ -526,9 +532,7 @@ impl Engine {
         }
         // The shards' floors cover the share before its pending record goes, so that a
         // node that comes back without it is caught (its entry is at home).
-        if let Some(drain) = self.deployment.drain() {
-            drain.raise_floors_now(&shards).await?;
-        }
+        self.raise_floors_now(&shards).await?;
         let resolved = resolved(&self.prefix, home, id);
         self.counters.give_back(now_ms, &resolved).await?;
         Ok(())

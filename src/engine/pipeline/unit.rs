@@ -15,7 +15,7 @@ use crate::domain::LedgerEntry;
 use crate::engine::codec;
 use crate::engine::ledger::LedgerError;
 use crate::engine::pipeline::writer::Rollback;
-use crate::engine::store::{LedgerAppend, Undo};
+use crate::engine::store::{LedgerAppend, StoreError, Undo};
 use crate::engine::{Engine, EngineError};
 use crate::keys;
 use crate::logs::Throttle;
@@ -66,6 +66,25 @@ impl Engine {
 }
 
 impl Engine {
+    /// [`Engine::commit_or_undo`] of a decision's `entries`, the last (the first and only
+    /// one, or the last of requests decided together) keeping `answer`: only when this
+    /// instance writes them; a store that streams them kept the answer in its own copy.
+    pub(in crate::engine) async fn commit_answered_or_undo(
+        &self,
+        mut entries: Vec<LedgerEntry>,
+        now_ms: i64,
+        answer: impl FnOnce() -> Option<crate::domain::KeptAnswer>,
+        undo: impl FnOnce() -> Undo,
+    ) -> Result<(), EngineError> {
+        if self.deployment.streams_ledger() {
+            return Ok(());
+        }
+        if let Some(last) = entries.last_mut() {
+            last.kept_answer = answer();
+        }
+        self.commit_or_undo(entries, now_ms, undo).await
+    }
+
     /// Whether a consume may charge now: not while the ledger backlog waiting in the Redis
     /// streams is full (`engine::backlog`; nothing waits in process).
     pub(in crate::engine) fn admit(&self) -> Result<(), EngineError> {
@@ -132,6 +151,18 @@ impl Engine {
     /// where the entry commits after the change ([`Engine::commit_or_undo`]).
     pub(in crate::engine) fn records_pending(&self) -> bool {
         !self.deployment.streams_ledger()
+    }
+
+    /// Records at once that `shards` were written to, so that a Redis node that comes back
+    /// without the write is caught (`drain/floors.rs`); nothing to do where nothing streams.
+    pub(in crate::engine) async fn raise_floors_now(
+        &self,
+        shards: &[u16],
+    ) -> Result<(), StoreError> {
+        match self.deployment.drain() {
+            Some(drain) => drain.raise_floors_now(shards).await,
+            None => Ok(()),
+        }
     }
 
     /// Moves what the ledger streams hold into SQL now, so that a charge just made is

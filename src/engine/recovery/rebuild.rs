@@ -240,7 +240,7 @@ impl Engine {
     /// home (`engine::crossslot`): the replay gives that share back, so a share the sweeper
     /// would redo after the rebuild must find it given.
     fn share_markers(&self, entry: &LedgerEntry, ops: &[ReplayOp]) -> Vec<ReplayOp> {
-        if !self.deployment.cluster() {
+        if !self.one_slot_per_call() {
             return Vec::new();
         }
         let home = keys::shard(entry.action.as_str(), entry.subject.as_str());

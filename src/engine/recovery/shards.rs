@@ -205,7 +205,7 @@ impl Engine {
         // shared by subjects, an entry that charged these shards may wait in any shard's
         // stream: then every stream is drained.
         let shared = self.cache.has_shared_budgets();
-        if shared && self.deployment.cluster() {
+        if shared && self.one_slot_per_call() {
             // On a cluster, an attempt across slots that reserved in these shards before
             // they closed commits (or can no longer) within its deadline and the skew:
             // its entry is then in a stream, drained below.
