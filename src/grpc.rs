@@ -277,7 +277,9 @@ fn status_of(domain: &str, error: &EngineError) -> Status {
             Status::unavailable(error.to_string())
         }
         EngineError::Ledger(_) => Status::unavailable(format!("the ledger failed: {error}")),
-        EngineError::NotFound(_) | EngineError::Conflict(_) => Status::internal(error.to_string()),
+        EngineError::NotFound(_) | EngineError::Conflict(_) | EngineError::Broken(_) => {
+            Status::internal(error.to_string())
+        }
     }
 }
 

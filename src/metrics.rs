@@ -286,7 +286,7 @@ impl Metrics {
                 | StoreError::Unreplicated(_)
                 | StoreError::Rebuilding { .. },
             )) => (action, RequestResult::Unavailable, &[][..]),
-            Err(EngineError::Store(StoreError::Protocol(_))) => {
+            Err(EngineError::Store(StoreError::Protocol(_)) | EngineError::Broken(_)) => {
                 (action, RequestResult::Error, &[][..])
             }
             Err(EngineError::Conflict(_) | EngineError::NotFound(_) | EngineError::Invalid(_)) => {
@@ -337,6 +337,7 @@ impl Metrics {
                 | EngineError::Invalid(_)
                 | EngineError::Conflict(_)
                 | EngineError::Ledger(_)
+                | EngineError::Broken(_)
                 | EngineError::Overloaded
                 | EngineError::BacklogFull { .. },
             ) => return,

@@ -280,6 +280,7 @@ impl From<EngineError> for ApiError {
                 ))
             }
             EngineError::Ledger(error) => error.into(),
+            EngineError::Broken(why) => Self::Internal(anyhow::anyhow!(why)),
         }
     }
 }

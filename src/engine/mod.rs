@@ -130,6 +130,10 @@ pub(crate) enum EngineError {
     /// The ledger could not be read or written.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// An invariant of a unit of work does not hold (`decision::invariants`): a bug. The
+    /// unit stopped before the store was called; nothing changed.
+    #[error("an invariant does not hold: {0}")]
+    Broken(String),
 }
 
 /// What to do with a consume when the counter store cannot be reached.

@@ -31,7 +31,7 @@ mod row;
 mod snapshot;
 mod stream;
 #[cfg(test)]
-mod tests;
+pub(in crate::engine) mod tests;
 
 pub(crate) use columns::{
     attributes_column, attributes_from_column, policies_column, policies_from_column,

@@ -207,7 +207,7 @@ fn read_detail(entry: &LedgerEntry, detail: Option<&str>) -> Result<Detail, Code
 
 /// A charge of three budgets (the subject's, its country's, the action's), as the
 /// benchmark's consumes write them.
-fn three_budget_charge() -> LedgerEntry {
+pub(in crate::engine) fn three_budget_charge() -> LedgerEntry {
     let scopes = [
         Scope::default(),
         Scope::parse("scope", &["country"]).expect("a scope"),

@@ -287,6 +287,8 @@ impl Engine {
             return Ok(Charged::Uncharged);
         }
         self.admit()?;
+        let charges = plan.charges.iter().map(|p| &p.charge);
+        super::invariants::charged_as_planned(charges, &allowed)?;
         let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
         let denied: Vec<LedgerEntry> = denied.collect();
         // Until the entries are committed: a snapshot must see both or neither.

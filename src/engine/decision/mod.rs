@@ -10,6 +10,7 @@
 pub(crate) mod consume;
 pub(crate) mod crossslot;
 pub(crate) mod giveback;
+mod invariants;
 pub(crate) mod plan;
 pub(crate) mod policies;
 pub mod window;
