@@ -233,13 +233,8 @@ impl CounterStore for MemoryCounterStore {
     }
 
     async fn decide(&self, call: &Consume<'_>) -> Result<Decided, StoreError> {
-        let &Consume {
-            now_ms,
-            charges,
-            commit,
-            effects,
-        } = call;
-        check_charges(now_ms, charges, true)?;
+        let (charges, effects) = (call.charges, call.effects);
+        check_charges(call.now_ms, charges, true)?;
         let mut keys: Vec<&str> = charges.iter().map(|c| c.key.as_str()).collect();
         keys.extend(effects.idempotency.as_ref().map(|i| i.key.as_str()));
         if let Some(hold) = &effects.hold {
@@ -252,7 +247,7 @@ impl CounterStore for MemoryCounterStore {
             }));
         }
         self.with_keys(&keys, |shard| {
-            decide_in(shard, now_ms, charges, commit, effects)
+            decide_in(shard, call.now_ms, charges, call.commit, effects)
         })
     }
 

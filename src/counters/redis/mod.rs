@@ -261,13 +261,8 @@ impl CounterStore for RedisCounterStore {
     }
 
     async fn decide(&self, call: &Consume<'_>) -> Result<Decided, StoreError> {
-        let &Consume {
-            now_ms,
-            charges,
-            commit,
-            effects,
-        } = call;
-        check_charges(now_ms, charges, !self.cluster)?;
+        let (charges, effects, commit) = (call.charges, call.effects, call.commit);
+        check_charges(call.now_ms, charges, !self.cluster)?;
         if charges.is_empty() && effects.hold.is_none() && effects.intent.is_none() {
             return Ok(Decided::Fresh(Evaluation {
                 allowed: true,

@@ -27,12 +27,7 @@ pub(in crate::counters::redis) fn command(
     call: &Consume<'_>,
     (floors, deadline_ms): (Option<&Floors>, Option<i64>),
 ) -> Cmd {
-    let &Consume {
-        now_ms,
-        charges,
-        commit,
-        effects,
-    } = call;
+    let (charges, effects) = (call.charges, call.effects);
     let keys: usize = charges.iter().map(|c| c.key.as_str().len()).sum();
     let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
         + effects
@@ -83,7 +78,7 @@ pub(in crate::counters::redis) fn command(
         cmd.arg(epoch.as_str());
     }
     // ARGV layout (see the script's header): now, commit, six values per charge, effects.
-    cmd.arg(now_ms).arg(u8::from(commit));
+    cmd.arg(call.now_ms).arg(u8::from(call.commit));
     for charge in charges {
         let (kind, p1, p2) = match charge.algorithm {
             Algorithm::Calendar { period_end_ms } => (1, period_end_ms, 0),
