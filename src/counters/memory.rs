@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use crate::engine::codec;
 use crate::engine::store::{
     check_charges, Charge, Consume, CounterStore, Decided, Effects, Evaluation, GiveBack,
-    GivenBack, StoreError, Undo,
+    GivenBack, StoreError, Undo, Undoable,
 };
 use crate::keys::hash_tag;
 use counting::Entry;
@@ -285,7 +285,9 @@ impl CounterStore for MemoryCounterStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
 
+impl Undoable for MemoryCounterStore {
     fn confirm(&self, now_ms: i64, change: &Undo) {
         if let Undo::Charge {
             idempotency: Some(key),

@@ -6,6 +6,7 @@ use super::pipeline::backlog::Backlog;
 use super::pipeline::drain::Drainer;
 use super::recovery::snapshot::{SnapshotStore, Snapshots};
 use super::shards::ShardStates;
+use super::store::Undoable;
 use std::sync::Arc;
 
 /// The deployment: in process (the embedded default), or on Redis.
@@ -13,10 +14,19 @@ pub(crate) enum Deployment {
     /// The in-process store: each change commits its entries through the group-commit
     /// writer before the answer (and is undone if they cannot be); snapshots bound what a
     /// start replays.
-    Embedded(Snapshots),
+    Embedded(Embedded),
     /// Redis: each script appends its change's entries to a ledger stream in the same
     /// atomic step; the drain moves them into SQL.
     Streamed(Streamed),
+}
+
+/// What the embedded deployment has beside its counter store.
+pub(crate) struct Embedded {
+    /// The in-process store and its snapshot table.
+    pub(crate) snapshots: Snapshots,
+    /// The same store, undoing a change whose entry could not be committed
+    /// (`pipeline::unit`).
+    pub(crate) undo: Arc<dyn Undoable>,
 }
 
 /// What a Redis deployment runs beside its counter store.
@@ -64,7 +74,7 @@ impl Deployment {
     /// The in-process store and its snapshot table (embedded only).
     pub(crate) fn snapshots(&self) -> Option<&Snapshots> {
         match self {
-            Self::Embedded(snapshots) => Some(snapshots),
+            Self::Embedded(embedded) => Some(&embedded.snapshots),
             Self::Streamed(_) => None,
         }
     }

@@ -45,10 +45,14 @@ pub(super) async fn counter_store(
     if !settings.uses_redis() {
         let store = Arc::new(MemoryCounterStore::new());
         let snapshots = crate::ledger::snapshot::connect(&settings.database_url).await?;
+        let undo = store.clone();
         let embedded = embedded::Embedded { store, snapshots };
         return Ok(Counters {
             store: embedded.store.clone(),
-            deployment: Deployment::Embedded(embedded.ports()),
+            deployment: Deployment::Embedded(crate::engine::deployment::Embedded {
+                snapshots: embedded.ports(),
+                undo,
+            }),
             embedded: Some(embedded),
         });
     }

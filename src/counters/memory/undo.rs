@@ -1,6 +1,6 @@
 //! Undoing and confirming a change of the in-process store whose ledger entry could not
-//! be, or was, committed (`engine::unit`): the store's side of `CounterStore::undo` and
-//! `CounterStore::confirm`.
+//! be, or was, committed (`engine::unit`): the store's side of `Undoable::undo` and
+//! `Undoable::confirm`.
 
 use std::collections::HashMap;
 

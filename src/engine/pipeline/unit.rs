@@ -13,6 +13,7 @@
 
 use crate::domain::LedgerEntry;
 use crate::engine::codec;
+use crate::engine::deployment::Deployment;
 use crate::engine::ledger::LedgerError;
 use crate::engine::pipeline::writer::Rollback;
 use crate::engine::store::{LedgerAppend, StoreError, Undo};
@@ -30,13 +31,14 @@ impl Engine {
         now_ms: i64,
         undo: impl FnOnce() -> Undo,
     ) -> Result<(), EngineError> {
-        if self.deployment.streams_ledger() {
-            return Ok(());
-        }
+        let counters = match &self.deployment {
+            Deployment::Embedded(embedded) => embedded.undo.clone(),
+            Deployment::Streamed(_) => return Ok(()),
+        };
         let change = std::sync::Arc::new(undo());
-        let (counters, undone) = (self.counters.clone(), change.clone());
+        let undone = change.clone();
         let confirm = {
-            let counters = self.counters.clone();
+            let counters = counters.clone();
             move || counters.confirm(now_ms, &change)
         };
         let rollback = Rollback::new(

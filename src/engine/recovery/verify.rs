@@ -10,7 +10,7 @@
 //! it never shows as drift.
 
 use crate::domain::{Action, Budget, LedgerEntry, PolicyId, Restore};
-use crate::engine::deployment::Deployment;
+use crate::engine::deployment::{Deployment, Embedded};
 use crate::engine::state::Replay;
 use crate::engine::state::{CounterState, StateItem};
 use crate::engine::{Engine, EngineError};
@@ -147,7 +147,7 @@ impl Engine {
         let learn = |entry: &LedgerEntry| learn(&known, entry);
         let scratch = &self.scratch;
         let verified = match &self.deployment {
-            Deployment::Embedded(snapshots) => {
+            Deployment::Embedded(Embedded { snapshots, .. }) => {
                 self.verify_embedded(snapshots, scratch, action, &learn, &known)
                     .await?
             }

@@ -82,9 +82,10 @@ pub(crate) struct IdempotencyRecord {
     pub(crate) ttl_ms: i64,
     /// What to keep (opaque to the store); replayed with the evaluation that was applied.
     pub(crate) record: String,
-    /// Kept as in flight until [`CounterStore::confirm`] (the in-process store, whose
-    /// entry commits after the decision): a retry meanwhile is told to wait
-    /// ([`Decided::InFlight`]), never replayed an answer that may yet be undone.
+    /// Kept as in flight until [`Undoable::confirm`](super::Undoable::confirm) (the
+    /// in-process store, whose entry commits after the decision): a retry meanwhile is
+    /// told to wait ([`Decided::InFlight`]), never replayed an answer that may yet be
+    /// undone.
     pub(crate) pending: bool,
 }
 

@@ -395,20 +395,6 @@ pub trait CounterStore: Send + Sync + 'static {
     /// The text record kept at `record_key` at `now_ms`, if any: a hold, a refunded total.
     async fn record(&self, record_key: &str, now_ms: i64) -> Result<Option<String>, StoreError>;
 
-    /// Undoes a change whose ledger entry could not be committed (see [`Undo`]). Only a
-    /// store that does not stream the ledger (the in-process one) is asked;
-    /// it is synchronous so that it can run when a cancelled request's work is dropped.
-    fn undo(&self, _now_ms: i64, _undo: &Undo) -> Result<(), StoreError> {
-        Err(StoreError::Protocol(
-            "this store streams the ledger: a change is undone by voiding it".to_owned(),
-        ))
-    }
-
-    /// Confirms a change whose ledger entry was committed: what it kept as in flight
-    /// ([`IdempotencyRecord::pending`]) is kept for good. Only a store that does not
-    /// stream the ledger is asked; synchronous, like [`CounterStore::undo`].
-    fn confirm(&self, _now_ms: i64, _change: &Undo) {}
-
     /// Now on the store's clock as this instance measures it, Unix ms: the clock the store
     /// stamps its stream entries and checks call deadlines by (Redis's `TIME`, through the
     /// offset measured every second). This machine's wall clock for a store without one.
@@ -454,6 +440,21 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn memory(&self) -> Option<StoreMemory> {
         None
     }
+}
+
+/// What a store that does not stream the ledger (the in-process one) does beside
+/// deciding: a change it applied stands for good only once its entry is committed
+/// (`engine::pipeline::unit`). A store that streams the ledger appends the entry in the
+/// same atomic step, and has nothing to undo.
+pub trait Undoable: Send + Sync + 'static {
+    /// Undoes a change whose ledger entry could not be committed (see [`Undo`]);
+    /// synchronous so that it can run when a cancelled request's work is dropped.
+    fn undo(&self, now_ms: i64, undo: &Undo) -> Result<(), StoreError>;
+
+    /// Confirms a change whose ledger entry was committed: what it kept as in flight
+    /// ([`IdempotencyRecord::pending`]) is kept for good; synchronous, like
+    /// [`Undoable::undo`].
+    fn confirm(&self, now_ms: i64, change: &Undo);
 }
 
 /// A counter store's memory, as its servers report it (every node of a cluster, summed).
