@@ -28,6 +28,7 @@ pub(in crate::counters::redis) fn command(
     (floors, deadline_ms): (Option<&Floors>, Option<i64>),
 ) -> Cmd {
     let (charges, effects) = (call.charges, call.effects);
+    let ledger = ledger_of(effects, true);
     let keys: usize = charges.iter().map(|c| c.key.as_str().len()).sum();
     let extra = effects.ledger.as_ref().map_or(0, |l| l.allowed.len() + 64)
         + effects
@@ -40,7 +41,7 @@ pub(in crate::counters::redis) fn command(
         128 + keys + 64 * charges.len() + extra,
     );
     let extra_keys = usize::from(effects.idempotency.is_some())
-        + usize::from(ledger_of(effects, true).is_some())
+        + usize::from(ledger.is_some())
         + 2 * usize::from(effects.hold.is_some())
         + 2 * usize::from(effects.intent.is_some())
         + usize::from(effects.reservation.is_some());
@@ -66,7 +67,6 @@ pub(in crate::counters::redis) fn command(
     for charge in charges {
         cmd.arg(charge.key.as_str());
     }
-    let ledger = ledger_of(effects, true);
     push_effect_keys(&mut cmd, effects, ledger);
     if let Some(intent) = &effects.intent {
         cmd.arg(intent.key.as_str()).arg(intent.index_key.as_str());

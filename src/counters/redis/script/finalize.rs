@@ -21,16 +21,17 @@ pub(in crate::counters::redis) fn command(
     floors: Option<&Floors>,
 ) -> Cmd {
     let effects = &request.effects;
+    let ledger = ledger_of(effects, false);
     let mut call = Cmd::with_capacity(24, 1024);
     let keys = 2
         + usize::from(effects.idempotency.is_some())
-        + usize::from(ledger_of(effects, false).is_some())
+        + usize::from(ledger.is_some())
         + 2 * usize::from(effects.hold.is_some())
         + usize::from(floors.is_some());
     call.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     call.arg(request.intent.key.as_str())
         .arg(request.intent.index_key.as_str());
-    push_effect_keys(&mut call, effects, ledger_of(effects, false));
+    push_effect_keys(&mut call, effects, ledger);
     let epoch_keys: Vec<String> = floors
         .map(|_| keys::epoch_of(&request.intent.key))
         .into_iter()
@@ -44,7 +45,7 @@ pub(in crate::counters::redis) fn command(
         .arg(request.intent.member.as_str())
         .arg(if keeps_answer { "1" } else { "" });
     push_idempotency_args(&mut call, effects);
-    call.arg(ledger_of(effects, false).map_or("", |l| l.allowed.as_str()))
+    call.arg(ledger.map_or("", |l| l.allowed.as_str()))
         .arg(request.numbers.as_str());
     push_hold_args(&mut call, effects);
     call.arg(floors_arg(floors, &epoch_keys));
