@@ -110,7 +110,20 @@ pub(crate) struct Slot(Arc<Admission>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.release();
+        if !self.0.release() {
+            return;
+        }
+        // The freed slot was left to the next arrival; if none comes within [`ARRIVING`],
+        // the newest waiter gets it (never idle while requests wait for it).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let admission = self.0.clone();
+            runtime.spawn(async move {
+                tokio::time::sleep(ARRIVING).await;
+                while admission.hand_over() {
+                    tokio::time::sleep(ARRIVING).await;
+                }
+            });
+        }
     }
 }
 
@@ -296,25 +309,33 @@ impl Admission {
     }
 
     /// Frees a slot, and hands the free slots to the newest waiters: to any, once
-    /// requests stop arriving, else only to fresh ones (the next arrival takes the slot).
-    fn release(&self) {
+    /// requests stop arriving, else only to fresh ones (the next arrival takes the slot);
+    /// whether a free slot was left to arrivals while a waiter waits.
+    fn release(&self) -> bool {
+        self.lock().in_flight -= 1;
+        self.hand_over()
+    }
+
+    /// Hands the free slots to the newest waiters (see [`Admission::release`]); whether a
+    /// free slot was left to arrivals while a waiter waits.
+    fn hand_over(&self) -> bool {
         let now = Instant::now();
         let mut state = self.lock();
         let keeping_up = self.arrivals_keep_up(&state, now);
-        state.in_flight -= 1;
         while state.in_flight < self.limits.in_flight {
             let Some(newest) = state.waiting.back() else {
-                break;
+                return false;
             };
             let stale = now.saturating_duration_since(newest.since) > FRESH;
             if !newest.left() && stale && keeping_up {
-                break;
+                return true;
             }
             let newest = state.waiting.pop_back().expect("a waiter at the back");
             if newest.slot.send(()).is_ok() {
                 state.in_flight += 1;
             }
         }
+        false
     }
 }
 

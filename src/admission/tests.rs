@@ -161,6 +161,23 @@ async fn under_contention_no_more_than_the_limit_run_at_once_and_no_slot_is_lost
     assert_eq!(admission.shed(), 0);
 }
 
+#[tokio::test]
+async fn a_slot_left_for_arrivals_goes_to_a_waiter_when_none_arrives() {
+    let admission = admission(1, 8, 5_000);
+    let slot = admission.admit().await.expect("a free slot");
+    let started = Instant::now();
+    let stale = waiter(&admission);
+    tokio::time::sleep(FRESH * 3).await;
+    queued_now(&admission); // arrivals seemed to keep up: the slot is left to them
+    drop(slot);
+    let served = stale.await.expect("the waiter ran").expect("served");
+    let waited = served.duration_since(started);
+    assert!(
+        waited < Duration::from_secs(1),
+        "the freed slot sat idle for {waited:?} while a request waited for it"
+    );
+}
+
 /// Marks a request as having queued just now (the instance is saturated).
 fn queued_now(admission: &Admission) {
     admission.lock().last_queued = Some(Instant::now());
