@@ -363,7 +363,7 @@ fn engine_part(file: &Path) -> Option<String> {
     let first = parts.next()?;
     let nested = parts.next().is_some();
     match first.as_ref() {
-        "mod.rs" | "deployment.rs" => None,
+        "mod.rs" | "deployment.rs" | "deployment" => None,
         part @ ("decision" | "pipeline" | "recovery") if nested => Some(part.to_owned()),
         _ => Some("ports".to_owned()),
     }

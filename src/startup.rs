@@ -173,7 +173,7 @@ async fn start_engine(
         cache: caches.policies.clone(),
         clock,
         load: load.clone(),
-        deployment: counters.deployment,
+        durability: counters.durability,
         scratch: Arc::new(scratch_store) as ScratchStore,
         janitor,
     };

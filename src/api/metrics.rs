@@ -22,7 +22,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         circuit_open: state.engine.counters().circuit_open(),
         janitor: state.engine.janitor().held(),
         ledger_backlog: state.engine.measure_backlog().await,
-        ledger_backlog_max: state.engine.backlog().map(|b| b.max()),
+        ledger_backlog_max: state.engine.backlog_max(),
         store_memory: state.engine.counters().memory().await,
         in_flight: state.admission.in_flight(),
         max_in_flight: state.admission.limits().in_flight,

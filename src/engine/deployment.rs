@@ -1,87 +1,152 @@
-//! How this instance makes its counters durable, chosen once in `startup`: the one place
-//! that knows the two deployments apart. The decision path never asks which it runs in;
-//! it calls the ledger pipeline (`engine::unit`), which does what the deployment needs.
+//! How this instance makes its counters durable, chosen once in `startup`: one trait,
+//! [`Durability`], and its two implementations, the only code that knows the deployments
+//! apart. The embedded default ([`Embedded`]) commits each change's entries through the
+//! group-commit writer before the answer, undoing the change when they cannot be, and
+//! snapshots its store; on Redis ([`Streamed`]) each script appends its change's entries
+//! to a ledger stream in the same atomic step, a drain moves them into SQL, the backlog
+//! bounds what waits, and shards lost by Redis are rebuilt from the ledger, from the last
+//! checkpoint. The rest of the engine calls what it needs done; it never asks which.
 
-use super::pipeline::backlog::Backlog;
-use super::pipeline::drain::Drainer;
-use super::recovery::snapshot::{SnapshotStore, Snapshots};
-use super::shards::ShardStates;
-use super::store::Undoable;
-use std::sync::Arc;
+mod embedded;
+mod streamed;
 
-/// The deployment: in process (the embedded default), or on Redis.
-pub(crate) enum Deployment {
-    /// The in-process store: each change commits its entries through the group-commit
-    /// writer before the answer (and is undone if they cannot be); snapshots bound what a
-    /// start replays.
-    Embedded(Embedded),
-    /// Redis: each script appends its change's entries to a ledger stream in the same
-    /// atomic step; the drain moves them into SQL.
-    Streamed(Streamed),
+pub(crate) use embedded::Embedded;
+pub(crate) use streamed::Streamed;
+
+use super::faults::Faults;
+use super::janitor::Janitor;
+use super::pipeline::writer::LedgerWriter;
+use super::recovery::shards::Reopened;
+use super::recovery::snapshot::Saved;
+use super::recovery::verify::{Known, Verified, VerifyError};
+use super::store::{StoreError, Undo};
+use super::{Engine, EngineError, Readiness};
+use crate::domain::{Action, KeptAnswer, LedgerEntry};
+use async_trait::async_trait;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// A change already applied to the counter store, whose entries are to be recorded.
+pub(crate) struct Change<'a> {
+    /// Its ledger entries.
+    pub(crate) entries: Vec<LedgerEntry>,
+    /// When it was applied.
+    pub(crate) now_ms: i64,
+    /// The answer the last entry keeps (for a retry with the same key), when it keeps one.
+    pub(crate) answer: Option<&'a (dyn Fn() -> Option<KeptAnswer> + Sync)>,
+    /// What takes the change back.
+    pub(crate) undo: &'a (dyn Fn() -> Undo + Sync),
 }
 
-/// What the embedded deployment has beside its counter store.
-pub(crate) struct Embedded {
-    /// The in-process store and its snapshot table.
-    pub(crate) snapshots: Snapshots,
-    /// The same store, undoing a change whose entry could not be committed
-    /// (`pipeline::unit`).
-    pub(crate) undo: Arc<dyn Undoable>,
-}
+/// What a deployment does that the other does not, or does otherwise.
+#[async_trait]
+pub(crate) trait Durability: Send + Sync {
+    /// Whether a consume may charge now (not while the ledger backlog is full).
+    fn admit(&self) -> Result<(), EngineError>;
 
-/// What a Redis deployment runs beside its counter store.
-pub(crate) struct Streamed {
-    /// Moves streamed entries into SQL; refunds ask it to run at once when their charge
-    /// is not in SQL yet.
-    pub(crate) drain: Arc<Drainer>,
-    /// The bound on what waits in the streams.
-    pub(crate) backlog: Backlog,
-    /// The shards' epochs and locks, for rebuilding them from the ledger.
-    pub(crate) shards: Arc<dyn ShardStates>,
-    /// Where checkpoints of the ledger's replay are kept (`recovery::checkpoint`).
-    pub(crate) checkpoints: Arc<dyn SnapshotStore>,
-}
+    /// Counts a decided consume's stream entry, if it `appended` one.
+    fn appended(&self, appended: bool);
 
-impl Deployment {
-    /// The Redis side of the deployment (`None` in process).
-    pub(crate) fn streamed(&self) -> Option<&Streamed> {
-        match self {
-            Self::Streamed(streamed) => Some(streamed),
-            Self::Embedded(_) => None,
-        }
-    }
+    /// The stream a change of `shard` appends its entries to, in the script's atomic step;
+    /// `None` where this instance commits them itself.
+    fn ledger_stream(&self, shard: u16) -> Option<String>;
 
-    /// The drain (Redis only).
-    pub(crate) fn drain(&self) -> Option<&Arc<Drainer>> {
-        self.streamed().map(|s| &s.drain)
-    }
+    /// Whether a kept answer waits as in flight until its entry is committed (where the
+    /// entry commits after the change).
+    fn answers_wait_for_commit(&self) -> bool;
 
-    /// The backlog bound (Redis only).
-    pub(crate) fn backlog(&self) -> Option<&Backlog> {
-        self.streamed().map(|s| &s.backlog)
-    }
+    /// Records `change`; if it cannot be recorded, takes it back and answers the error.
+    async fn commit_or_undo(
+        &self,
+        writer: &LedgerWriter,
+        change: Change<'_>,
+    ) -> Result<(), EngineError>;
 
-    /// The shards' states (Redis only).
-    pub(crate) fn shards(&self) -> Option<&Arc<dyn ShardStates>> {
-        self.streamed().map(|s| &s.shards)
-    }
+    /// Records the entries of a denial, which changed nothing.
+    async fn record_denied(
+        &self,
+        writer: &LedgerWriter,
+        entries: Vec<LedgerEntry>,
+    ) -> Result<(), EngineError>;
 
-    /// The table of the ledger replay's checkpoints (Redis only).
-    pub(crate) fn checkpoints(&self) -> Option<&Arc<dyn SnapshotStore>> {
-        self.streamed().map(|s| &s.checkpoints)
-    }
+    /// Records at once that `shards` were written to, so that a Redis node that comes
+    /// back without the write is caught.
+    async fn raise_floors_now(&self, shards: &[u16]) -> Result<(), StoreError>;
 
-    /// The in-process store and its snapshot table (embedded only).
-    pub(crate) fn snapshots(&self) -> Option<&Snapshots> {
-        match self {
-            Self::Embedded(embedded) => Some(&embedded.snapshots),
-            Self::Streamed(_) => None,
-        }
-    }
+    /// Moves what waits outside SQL into it now; false when nothing can wait (every entry
+    /// is in SQL before its answer).
+    async fn settle_streams(&self) -> Result<bool, EngineError>;
 
-    /// Whether the ledger streams with each change (Redis): the writer then only takes
-    /// degraded allows, and an attempt answered 503 may have been applied.
-    pub(crate) fn streams_ledger(&self) -> bool {
-        self.streamed().is_some()
-    }
+    /// Drains until every entry the streams of `shards` held is in SQL (bounded); false if
+    /// they are not by then.
+    async fn drain_shards(&self, shards: &BTreeSet<u16>) -> bool;
+
+    /// Whether the entry `id` is in `stream` within `window` (ms): a call answered 503
+    /// may then have been applied.
+    async fn in_stream(
+        &self,
+        stream: &str,
+        window: (i64, i64),
+        id: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// The failpoints of this deployment (shared with its drain).
+    fn faults(&self) -> Arc<Faults>;
+
+    /// Moves everything waiting outside SQL into it now; how many entries moved.
+    async fn drain_now(&self) -> usize;
+
+    /// Counts the ledger entries waiting outside SQL now (`None` where none can wait, or
+    /// when the count failed).
+    async fn measure_backlog(&self) -> Option<u64>;
+
+    /// The bound of the ledger backlog (`QUOTA_LEDGER_BACKLOG_MAX`), where there is one.
+    fn backlog_max(&self) -> Option<u64>;
+
+    /// Why `engine` would answer consumes 503 now, and what is known of its store.
+    async fn readiness(&self, engine: &Engine) -> Readiness;
+
+    /// Starts moving entries into SQL, if this deployment does (before the first request).
+    async fn start_drain(&self, janitor: &Arc<Janitor>) -> Option<JoinHandle<()>>;
+
+    /// Starts the deployment's background work for `engine`: voids, the backlog watch,
+    /// checkpoints `checkpoint_every` so often.
+    async fn start_watches(
+        &self,
+        engine: &Arc<Engine>,
+        checkpoint_every: Option<Duration>,
+    ) -> Vec<JoinHandle<()>>;
+
+    /// Rebuilds the counters that lost their state from the ledger (with `action`, from
+    /// that action's entries only); nothing to do where every start rebuilds them.
+    async fn reopen(
+        &self,
+        engine: &Engine,
+        action: Option<&Action>,
+    ) -> Result<Reopened, EngineError>;
+
+    /// Closes every counter and rebuilds it from the ledger (`counters rebuild`).
+    async fn rebuild(&self, engine: &Engine, action: Option<&Action>) -> anyhow::Result<Reopened>;
+
+    /// Checkpoints the ledger's replay up to its last entry now.
+    async fn checkpoint_now(&self, engine: &Engine) -> anyhow::Result<Option<Saved>>;
+
+    /// Snapshots the counters, unless the ledger's last entry is still the one numbered
+    /// `covered`; `None` where there is nothing to snapshot.
+    async fn snapshot(&self, engine: &Engine, covered: Option<i64>) -> Option<Saved>;
+
+    /// How many ledger entries were committed after the one numbered `covered`, where
+    /// snapshots count them.
+    async fn entries_after(&self, covered: i64) -> Option<u64>;
+
+    /// Compares every live budget (of `action`, or all) with the ledger's usage.
+    async fn verify(
+        &self,
+        engine: &Engine,
+        action: Option<&Action>,
+        learn: &(dyn for<'e> Fn(&'e LedgerEntry) -> bool + Sync),
+        known: &Mutex<HashMap<String, Known>>,
+    ) -> Result<Verified, VerifyError>;
 }

@@ -28,7 +28,7 @@ use crate::domain::{
 };
 use chrono::{DateTime, TimeZone, Utc};
 use decision::policies::PolicyCache;
-use deployment::Deployment;
+use deployment::Durability;
 use ledger::{LedgerError, LedgerStore};
 use pipeline::writer::LedgerWriter;
 use std::sync::Arc;
@@ -162,7 +162,7 @@ pub(crate) struct Ports {
     /// Whether admission control is shedding load (a timeout is then ours, not Redis's).
     pub(crate) load: Arc<load::Load>,
     /// In process or on Redis, with what each needs beside the counter store.
-    pub(crate) deployment: Deployment,
+    pub(crate) durability: Arc<dyn Durability>,
     /// A fresh in-process store to replay the ledger into (a shard's on Redis; all of it to verify).
     pub(crate) scratch: state::ScratchStore,
     /// Whether this instance sweeps after dead ones.
@@ -193,7 +193,7 @@ pub struct Engine {
     writer: LedgerWriter,
     load: Arc<load::Load>,
     /// In process or on Redis: chosen once, in `startup`.
-    deployment: Deployment,
+    durability: Arc<dyn Durability>,
     scratch: state::ScratchStore,
     /// One rebuild of shards at a time in this instance.
     reopening: tokio::sync::Mutex<()>,
@@ -224,15 +224,13 @@ impl Engine {
             cache,
             clock,
             load,
-            deployment,
+            durability,
             scratch,
             janitor,
         } = ports;
-        let faults = deployment
-            .drain()
-            .map_or_else(Arc::default, |drain| drain.faults());
+        let faults = durability.faults();
         Self {
-            deployment,
+            durability,
             scratch,
             reopening: tokio::sync::Mutex::new(()),
             rebuild_wanted: std::sync::atomic::AtomicBool::new(false),
@@ -271,77 +269,73 @@ impl Engine {
 
     /// Moves everything the Redis ledger streams hold into SQL now; 0 without Redis.
     pub async fn drain_ledger_now(&self) -> usize {
-        match self.deployment.drain() {
-            Some(drain) => drain.drain_once().await,
-            None => 0,
-        }
+        self.durability.drain_now().await
     }
 
     /// Counts the ledger entries waiting in the Redis streams now, and bounds consumes by
     /// it (`None` without Redis, or when Redis did not answer). Runs every
     /// [`pipeline::backlog::MEASURE_EVERY`] in the background; tests call it to measure at once.
     pub async fn measure_backlog(&self) -> Option<u64> {
-        let streamed = self.deployment.streamed()?;
-        let (drain, backlog) = (&streamed.drain, &streamed.backlog);
-        let _one_at_a_time = backlog.measuring.lock().await;
-        let before = backlog.measure_starts();
-        let total = drain.backlog().await?;
-        backlog.measured(total, before);
-        Some(total)
+        self.durability.measure_backlog().await
     }
 
-    /// The backlog bound and what is known of the backlog (`None` without Redis).
-    pub(crate) fn backlog(&self) -> Option<&pipeline::backlog::Backlog> {
-        self.deployment.backlog()
+    /// The bound of the ledger backlog (`None` without Redis).
+    pub(crate) fn backlog_max(&self) -> Option<u64> {
+        self.durability.backlog_max()
     }
 
     /// Whether the counter store answers, and whether the ledger backlog is full.
     pub(crate) async fn readiness(&self) -> Readiness {
-        let Some(backlog) = self.deployment.backlog() else {
-            return Readiness {
-                store: None,
-                backlog_full: None,
-                reasons: Vec::new(),
-            };
-        };
-        let fails_open =
-            |error: &StoreError| error.is_transient() && self.on_store_error == OnStoreError::Allow;
-        let mut reasons = Vec::new();
-        let pinged = self.counters.ping().await;
-        match &pinged {
-            Err(error) if !fails_open(error) => reasons.push(error.to_string()),
-            Err(_) => {}
-            Ok(()) => {
-                let closed = match self.deployment.shards() {
-                    Some(shards) => shards.closed_shards().await.map(|c| c.len()),
-                    None => Ok(0),
-                };
-                match closed {
-                    Ok(0) => {}
-                    Ok(closed) => {
-                        let rebuilding = StoreError::Rebuilding { shard: 0 };
-                        if !fails_open(&rebuilding) {
-                            reasons.push(format!(
-                                "{closed} counter-store shards are being rebuilt from the ledger"
-                            ));
-                        }
-                    }
-                    Err(error) if !fails_open(&error) => reasons.push(error.to_string()),
-                    Err(_) => {}
-                }
-            }
-        }
-        let backlog_full = backlog.is_full();
-        if backlog_full {
-            reasons.push(
-                "the ledger backlog waiting in Redis is full (QUOTA_LEDGER_BACKLOG_MAX)".to_owned(),
-            );
-        }
-        Readiness {
-            store: Some(pinged.is_ok()),
-            backlog_full: Some(backlog_full),
-            reasons,
-        }
+        self.durability.readiness(self).await
+    }
+
+    /// Whether a store `error` is answered as a degraded allow (`QUOTA_ON_STORE_ERROR=allow`).
+    pub(crate) fn fails_open(&self, error: &StoreError) -> bool {
+        error.is_transient() && self.on_store_error == OnStoreError::Allow
+    }
+
+    /// Starts the deployment's background work (voids, the backlog watch, checkpoints
+    /// `checkpoint_every` so often, on Redis).
+    pub(crate) async fn start_watches(
+        self: &Arc<Self>,
+        checkpoint_every: Option<std::time::Duration>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        self.durability.start_watches(self, checkpoint_every).await
+    }
+
+    /// Closes every shard and rebuilds them from the ledger: `quota-ledger counters
+    /// rebuild` (Redis only: in process, every start rebuilds the counters). With
+    /// `action`, only that action's counters, holds, kept answers and refunded totals.
+    pub async fn rebuild_counters(
+        &self,
+        action: Option<&Action>,
+    ) -> anyhow::Result<recovery::shards::Reopened> {
+        self.durability.rebuild(self, action).await
+    }
+
+    /// Checkpoints every entry committed so far (tests, and an operator's rebuild); `None`
+    /// when nothing is new, or the counters are in process.
+    pub async fn checkpoint_now(&self) -> anyhow::Result<Option<Saved>> {
+        self.durability.checkpoint_now(self).await
+    }
+
+    /// Snapshots the in-process store (the embedded default), replacing the snapshot kept;
+    /// what was saved, `None` without an in-process store (see `recovery::snapshot`).
+    pub async fn snapshot_now(&self) -> Option<Saved> {
+        self.durability.snapshot(self, None).await
+    }
+
+    /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
+    /// `covered` (the snapshot kept covers it: the state it holds is the same).
+    pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
+        self.durability.snapshot(self, covered).await
+    }
+
+    /// How many ledger entries were committed after the one numbered `covered` (seqs
+    /// may skip numbers, so at most that many); `None` without an in-process store or
+    /// when the ledger does not answer.
+    pub async fn entries_after(&self, covered: i64) -> Option<u64> {
+        self.durability.entries_after(covered).await
     }
 
     /// The durable ledger (the ledger query API reads it).

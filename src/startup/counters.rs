@@ -6,7 +6,7 @@ use super::embedded;
 use crate::config::Settings;
 use crate::counters::memory::MemoryCounterStore;
 use crate::counters::redis::RedisCounterStore;
-use crate::engine::deployment::{Deployment, Streamed};
+use crate::engine::deployment::{Durability, Embedded, Streamed};
 use crate::engine::ledger::LedgerStore;
 use crate::engine::load::Load;
 use crate::engine::pipeline::backlog::Backlog;
@@ -21,7 +21,7 @@ use std::sync::Arc;
 pub(super) struct Counters {
     pub(super) store: Arc<dyn CounterStore>,
     /// In process, or Redis with its drain, backlog bound and shards.
-    pub(super) deployment: Deployment,
+    pub(super) durability: Arc<dyn Durability>,
     /// In-process: the same store, empty, for the snapshot and the ledger to be replayed
     /// into, and snapshotted from at shutdown.
     pub(super) embedded: Option<embedded::Embedded>,
@@ -49,10 +49,7 @@ pub(super) async fn counter_store(
         let embedded = embedded::Embedded { store, snapshots };
         return Ok(Counters {
             store: embedded.store.clone(),
-            deployment: Deployment::Embedded(crate::engine::deployment::Embedded {
-                snapshots: embedded.ports(),
-                undo,
-            }),
+            durability: Arc::new(Embedded::new(embedded.ports(), undo)),
             embedded: Some(embedded),
         });
     }
@@ -89,12 +86,13 @@ pub(super) async fn counter_store(
     );
     Ok(Counters {
         store: store.clone(),
-        deployment: Deployment::Streamed(Streamed {
+        durability: Arc::new(Streamed::new(
             drain,
-            backlog: Backlog::new(settings.ledger_backlog_max),
-            shards: store,
-            checkpoints: crate::ledger::snapshot::connect(&settings.database_url).await?,
-        }),
+            Backlog::new(settings.ledger_backlog_max),
+            store,
+            crate::ledger::snapshot::connect(&settings.database_url).await?,
+            settings.redis_prefix.clone(),
+        )),
         embedded: None,
     })
 }

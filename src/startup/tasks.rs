@@ -50,11 +50,8 @@ impl BackgroundTasks {
         // The janitor's first sweeps may start at once.
         janitor.keep().await;
         self.0.push(janitor.clone().spawn());
-        if let Some(drain) = counters.deployment.drain() {
-            // Before the first request: the scripts check the shards against them.
-            drain.read_floors().await;
-            self.0.push(drain.clone().spawn(janitor.clone()));
-        }
+        self.0
+            .extend(counters.durability.start_drain(&janitor).await);
         janitor
     }
 
@@ -96,22 +93,8 @@ impl BackgroundTasks {
                 async move { engine.verify_every(every).await },
             ));
         }
-        if state.engine.counters_stream_ledger() {
-            let engine = state.engine.clone();
-            self.0.push(tokio::spawn(async move {
-                engine
-                    .void_every(crate::engine::recovery::void::VOID_EVERY)
-                    .await;
-            }));
-        }
-        if state.engine.backlog().is_some() {
-            // Before the first request, so that a full backlog is known from the start.
-            state.engine.measure_backlog().await;
-            self.0.push(spawn_backlog_watch(state.clone()));
-            if let Some(every) = settings.checkpoint_every {
-                self.0.push(spawn_checkpoints(state.clone(), every));
-            }
-        }
+        let watches = state.engine.start_watches(settings.checkpoint_every).await;
+        self.0.extend(watches);
     }
 }
 
@@ -121,78 +104,6 @@ impl Drop for BackgroundTasks {
             task.abort();
         }
     }
-}
-
-/// Counts the ledger entries waiting in the Redis streams every
-/// [`MEASURE_EVERY`](crate::engine::pipeline::backlog::MEASURE_EVERY) while any may wait (this
-/// instance appended since the last count, or the last count found some), which bounds
-/// consumes by `QUOTA_LEDGER_BACKLOG_MAX`; looks at Redis's memory settings every
-/// [`MEMORY_LOOK_EVERY`](crate::engine::pipeline::backlog::MEMORY_LOOK_EVERY); and rebuilds the
-/// shards that lost their epoch, as soon as a decision finds one and (the janitor only)
-/// every [`SHARD_LOOK_EVERY`](crate::engine::recovery::shards::SHARD_LOOK_EVERY) (Redis only).
-pub(super) fn spawn_backlog_watch(state: web::Data<AppState>) -> tokio::task::JoinHandle<()> {
-    use crate::engine::pipeline::backlog::{MEASURE_EVERY, MEMORY_LOOK_EVERY};
-    use crate::engine::recovery::shards::SHARD_LOOK_EVERY;
-    tokio::spawn(async move {
-        let mut full = false;
-        let mut last_look = std::time::Instant::now();
-        let mut last_shard_look: Option<std::time::Instant> = None;
-        loop {
-            tokio::time::sleep(MEASURE_EVERY).await;
-            if state.engine.backlog().is_some_and(|b| b.may_wait()) {
-                state.engine.measure_backlog().await;
-            }
-            let janitor = state.engine.janitor().held();
-            let look = janitor && last_shard_look.is_none_or(|at| at.elapsed() >= SHARD_LOOK_EVERY);
-            if look {
-                last_shard_look = Some(std::time::Instant::now());
-            }
-            state.engine.reopen_if_wanted(look).await;
-            if last_look.elapsed() >= MEMORY_LOOK_EVERY {
-                last_look = std::time::Instant::now();
-                state.engine.counters().memory().await;
-            }
-            let now_full = state.engine.backlog().is_some_and(|b| b.is_full());
-            if now_full != full {
-                full = now_full;
-                match full {
-                    true => tracing::warn!("ledger backlog full: consumes are answered 503 until the drain moves entries into SQL"),
-                    false => tracing::info!("ledger backlog below its bound again: consumes are served"),
-                }
-            }
-        }
-    })
-}
-
-/// The janitor's checkpoints of the ledger's replay (Redis only), `every` so often
-/// (`QUOTA_CHECKPOINT_EVERY_S`): a shard whose Redis data was lost is then rebuilt from the
-/// entries after the last one.
-pub(super) fn spawn_checkpoints(
-    state: web::Data<AppState>,
-    every: std::time::Duration,
-) -> tokio::task::JoinHandle<()> {
-    use crate::engine::recovery::checkpoint::{Checkpoints, LOOK_EVERY};
-    tokio::spawn(async move {
-        let mut checkpoints = Checkpoints::default();
-        let mut last = tokio::time::Instant::now();
-        loop {
-            tokio::time::sleep(LOOK_EVERY).await;
-            if !state.engine.janitor().held() {
-                // Another instance keeps them: the replayed state is dropped.
-                checkpoints = Checkpoints::default();
-                continue;
-            }
-            let due = last.elapsed() >= every;
-            if due {
-                last = tokio::time::Instant::now();
-            }
-            let result = state.engine.checkpoint_settled(&mut checkpoints, due).await;
-            // Once per checkpoint due, not at every look (the ledger database may be down).
-            if let (true, Err(error)) = (due, result) {
-                tracing::warn!(error = %error, "checkpointing the ledger's replay failed; will retry");
-            }
-        }
-    })
 }
 
 /// How often the last use of each API key is written down: off the hot path, so that a

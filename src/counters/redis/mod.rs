@@ -47,8 +47,8 @@ use super::circuit::CircuitBreaker;
 use crate::engine::load::Load;
 use crate::engine::pipeline::drain::Appends;
 use crate::engine::store::{
-    check_charges, Charge, Consume, CounterStore, Decided, Effects, Evaluation, Finalize,
-    Finalized, GiveBack, GivenBack, StoreError, StoreMemory,
+    check_charges, AcrossSlots, Charge, Consume, CounterStore, Decided, Effects, Evaluation,
+    Finalize, Finalized, GiveBack, GivenBack, StoreError, StoreMemory,
 };
 
 /// What becomes of a refund, settlement or expiry that the replicas did not acknowledge.
@@ -232,6 +232,29 @@ impl RedisCounterStore {
 }
 
 #[async_trait]
+impl AcrossSlots for RedisCounterStore {
+    async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
+        let call =
+            script::finalize::command(&self.finalize, now_ms, request, self.floors.as_deref());
+        let reply = self
+            .exec_on(&self.finalize, &call)
+            .instrument(connection::redis_span("redis EVALSHA"))
+            .await;
+        let appended = request.effects.ledger.as_ref();
+        self.may_have_appended(appended.map(|l| l.stream.as_str()));
+        let (reply, connection) = reply?;
+        let finalized = script::finalize::finalized(reply, &request.intent.key)?;
+        // The consume is answered once its home commit is on the replicas; when it is not,
+        // the committed intent is in doubt, voided like any consume answered 503.
+        if finalized == Finalized::Committed && self.min_replicas > 0 {
+            self.replicated(connection, &request.intent.key, "the charge is given back")
+                .await?;
+        }
+        Ok(finalized)
+    }
+}
+
+#[async_trait]
 impl CounterStore for RedisCounterStore {
     fn store_now_ms(&self) -> i64 {
         self.redis_now_ms()
@@ -379,30 +402,9 @@ impl CounterStore for RedisCounterStore {
         self.timeout
     }
 
-    fn atomic_across_tags(&self) -> bool {
-        !self.cluster
+    fn across_slots(&self) -> Option<&dyn AcrossSlots> {
+        self.cluster.then_some(self as &dyn AcrossSlots)
     }
-
-    async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError> {
-        let call =
-            script::finalize::command(&self.finalize, now_ms, request, self.floors.as_deref());
-        let reply = self
-            .exec_on(&self.finalize, &call)
-            .instrument(connection::redis_span("redis EVALSHA"))
-            .await;
-        let appended = request.effects.ledger.as_ref();
-        self.may_have_appended(appended.map(|l| l.stream.as_str()));
-        let (reply, connection) = reply?;
-        let finalized = script::finalize::finalized(reply, &request.intent.key)?;
-        // The consume is answered once its home commit is on the replicas; when it is not,
-        // the committed intent is in doubt, voided like any consume answered 503.
-        if finalized == Finalized::Committed && self.min_replicas > 0 {
-            self.replicated(connection, &request.intent.key, "the charge is given back")
-                .await?;
-        }
-        Ok(finalized)
-    }
-
     fn circuit_open(&self) -> bool {
         self.breaker.is_open()
     }

@@ -293,7 +293,7 @@ impl Engine {
         let denied: Vec<LedgerEntry> = denied.collect();
         // Until the entries are committed: a snapshot must see both or neither.
         let _cut = self.cut.read().await;
-        let across = self.across_slots(plan);
+        let across = self.slots_of(plan);
         // The attempt across slots: its id names its intent; its counters are the plan's.
         let attempt = match allowed.as_slice() {
             [one] => one.clone(),
@@ -304,8 +304,8 @@ impl Engine {
             },
         };
         let decided = match across {
-            true => self.decide_across(plan, effects, &attempt).await,
-            false => self.decide_waiting(plan, effects).await,
+            Some(slots) => self.decide_across(slots, plan, effects, &attempt).await,
+            None => self.decide_waiting(plan, effects).await,
         };
         let decided = match decided {
             Ok(Decided::Fresh(_))
@@ -325,8 +325,8 @@ impl Engine {
                     true => {
                         let answer = || self.entry_answer(plan, effects, attempts, &evaluation);
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
-                        let undo = || undo_charge(attempted, effects);
-                        self.commit_answered_or_undo(allowed, plan.now_ms(), answer, undo)
+                        let undo = || undo_charge(attempted.clone(), effects);
+                        self.commit_answered_or_undo(allowed, plan.now_ms(), &answer, &undo)
                             .await?;
                     }
                     // A denial changed nothing: its entries (if kept) are only recorded.
@@ -351,7 +351,7 @@ impl Engine {
                         let key = effects.idempotency.as_ref().map(|i| i.key.clone());
                         let id = attempt.id.to_string();
                         let intent =
-                            across.then(|| keys::intent(&self.prefix, plan.keys.shard, &id));
+                            across.map(|_| keys::intent(&self.prefix, plan.keys.shard, &id));
                         for entry in &allowed {
                             self.doubt(entry, &ledger.stream, key.clone(), intent.clone());
                         }

@@ -32,8 +32,8 @@ use crate::engine::codec::{self, IntentRecord};
 use crate::engine::decision::giveback::alerts::with_usage;
 use crate::engine::decision::plan::Plan;
 use crate::engine::store::{
-    Charge, Consume, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack, GiveBackKind,
-    GivenBack, IntentOpen, LedgerAppend, Outcome, ReservationOpen, StoreError,
+    AcrossSlots, Charge, Consume, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack,
+    GiveBackKind, GivenBack, IntentOpen, LedgerAppend, Outcome, ReservationOpen, StoreError,
 };
 use crate::engine::Engine;
 use crate::keys;
@@ -82,11 +82,15 @@ impl Engine {
 
     /// Whether `plan` charges several shards on a store that takes one per call.
     pub(in crate::engine) fn across_slots(&self, plan: &Plan) -> bool {
-        self.one_slot_per_call()
-            && plan
-                .charges
-                .iter()
-                .any(|c| c.charge.key.shard() != plan.keys.shard)
+        self.slots_of(plan).is_some()
+    }
+
+    /// The store's cross-slot protocol when `plan` charges several shards on a store that
+    /// takes one per call.
+    pub(in crate::engine) fn slots_of(&self, plan: &Plan) -> Option<&dyn AcrossSlots> {
+        let home = plan.keys.shard;
+        let spread = plan.charges.iter().any(|c| c.charge.key.shard() != home);
+        self.counters.across_slots().filter(|_| spread)
     }
 
     /// Decides `plan` across slots: the answer the one-call path would give, or the error
@@ -97,6 +101,7 @@ impl Engine {
     )]
     pub(in crate::engine) async fn decide_across(
         &self,
+        slots: &dyn AcrossSlots,
         plan: &Plan,
         effects: &Effects,
         allowed: &LedgerEntry,
@@ -242,7 +247,7 @@ impl Engine {
             ));
         }
         let now_ms = self.now().timestamp_millis();
-        match self.counters.finalize(now_ms, &finalize).await {
+        match slots.finalize(now_ms, &finalize).await {
             Ok(Finalized::Committed) => Ok(Decided::Fresh(evaluation)),
             Ok(Finalized::Replayed(kept)) => {
                 // A concurrent retry with the same key committed first: undo this one.

@@ -478,9 +478,9 @@ impl Engine {
         let undo = || Undo::GiveBack {
             request: Box::new(request.clone()),
             refunded,
-            restored,
+            restored: restored.clone(),
         };
-        self.commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), undo)
+        self.commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), &undo)
             .await
     }
 

@@ -86,35 +86,33 @@ impl Engine {
     /// Notes the ledger's last entry (the janitor looks every [`LOOK_EVERY`]) and, when
     /// `due` (every `QUOTA_CHECKPOINT_EVERY_S`), checkpoints the ledger up to its last
     /// entry committed [`SETTLE`] ago (see the module doc); what was saved, `None` when
-    /// nothing was due or new, or this is not a Redis deployment.
+    /// nothing was due or new. `table` keeps them.
     pub(crate) async fn checkpoint_settled(
         &self,
+        table: &dyn SnapshotStore,
         checkpoints: &mut Checkpoints,
         due: bool,
     ) -> Result<Option<Saved>, EngineError> {
-        let Some(table) = self.deployment.checkpoints() else {
-            return Ok(None);
-        };
         let last = table.last_entry().await?;
         let settled = checkpoints.settled(Instant::now(), last);
         let (true, Some(until)) = (due, settled) else {
             return Ok(None);
         };
-        self.checkpoint_until(checkpoints, table.as_ref(), until)
-            .await
+        self.checkpoint_until(checkpoints, table, until).await
     }
 
-    /// Checkpoints every entry committed so far (tests, and an operator's rebuild).
-    pub async fn checkpoint_now(&self) -> anyhow::Result<Option<Saved>> {
-        let Some(table) = self.deployment.checkpoints() else {
-            return Ok(None);
-        };
+    /// Checkpoints every entry committed so far into `table` (tests, and an operator's
+    /// rebuild).
+    pub(crate) async fn checkpoint_now_in(
+        &self,
+        table: &dyn SnapshotStore,
+    ) -> anyhow::Result<Option<Saved>> {
         let Some(until) = table.last_entry().await.map_err(EngineError::from)? else {
             return Ok(None);
         };
         let mut checkpoints = Checkpoints::default();
         Ok(self
-            .checkpoint_until(&mut checkpoints, table.as_ref(), until)
+            .checkpoint_until(&mut checkpoints, table, until)
             .await?)
     }
 

@@ -98,22 +98,21 @@ fn shared_budget(counter: &CounterCharge) -> bool {
 
 impl Engine {
     /// `counters verify` of a store that streams the ledger (Redis): see the module doc.
-    pub(in crate::engine) async fn verify_streamed(
+    pub(crate) async fn verify_streamed(
         &self,
         shards: &Arc<dyn ShardStates>,
-        scratch: &crate::engine::state::ScratchStore,
         action: Option<&Action>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
     ) -> Result<Verified, VerifyError> {
         let listed = shards.counter_keys().await.map_err(EngineError::from)?;
         let mut own = Side {
-            target: scratch(),
+            target: (self.scratch)(),
             replayer: Replayer::after(None),
         };
         // Budgets shared by subjects get a replay of their own.
         let mut wide = self.cache.has_shared_budgets().then(|| Side {
-            target: scratch(),
+            target: (self.scratch)(),
             replayer: Replayer::after(None),
         });
         self.replay_settled(&mut own, wide.as_mut(), learn).await?;

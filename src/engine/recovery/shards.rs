@@ -26,6 +26,7 @@
 
 use crate::domain::{Action, LedgerEntry};
 use crate::engine::decision::crossslot::{ATTEMPT_MS, SKEW_MS};
+use crate::engine::recovery::snapshot::SnapshotStore;
 use crate::engine::shards::ShardStates;
 use crate::engine::state::{Replay, StateItem};
 use crate::engine::store::StoreError;
@@ -39,10 +40,6 @@ use std::time::Duration;
 /// [`LOCK_KEEP_EVERY`] meanwhile. An instance that dies mid-rebuild holds the shard closed
 /// this long at most.
 const LOCK_TTL_MS: u64 = 30_000;
-
-/// How long a rebuild waits for the streams of its shards to drain into SQL (entries
-/// another instance's drain is writing, or the ledger database being down).
-const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 /// How long `counters rebuild` waits for shards that other instances rebuild.
 const REBUILD_WAIT: Duration = Duration::from_secs(600);
@@ -141,15 +138,18 @@ impl Drop for LockKeeper {
 }
 
 impl Engine {
-    /// Closes every shard and rebuilds them from the ledger: `quota-ledger counters
-    /// rebuild`. Decisions meanwhile wait for it (503, or degraded under `allow`). With
-    /// `action`, only that action's counters, holds, kept answers and refunded totals are
-    /// replayed and written (its subjects spread over every shard, so every shard closes
-    /// for the time it takes); the other actions' keys are left as they are.
-    pub async fn rebuild_counters(&self, action: Option<&Action>) -> anyhow::Result<Reopened> {
-        let Some(shards) = self.deployment.shards() else {
-            anyhow::bail!("the counters are in process (no REDIS_URL): every start rebuilds them");
-        };
+    /// Closes every one of `shards` and rebuilds them from the ledger (`counters rebuild`),
+    /// from the last of `checkpoints` when there is one. Decisions meanwhile wait for it
+    /// (503, or degraded under `allow`). With `action`, only that action's counters, holds,
+    /// kept answers and refunded totals are replayed and written (its subjects spread over
+    /// every shard, so every shard closes for the time it takes); the other actions' keys
+    /// are left as they are.
+    pub(crate) async fn rebuild_shards(
+        &self,
+        shards: &Arc<dyn ShardStates>,
+        checkpoints: &dyn SnapshotStore,
+        action: Option<&Action>,
+    ) -> anyhow::Result<Reopened> {
         let all: Vec<u16> = (0..keys::SHARDS).collect();
         shards.close_shards(&all).await.map_err(EngineError::from)?;
         // Instances that serve may take some shards' locks first: wait for them too (a lock
@@ -157,7 +157,7 @@ impl Engine {
         let mut reopened = Reopened::default();
         let started = std::time::Instant::now();
         loop {
-            let more = self.reopen_shards(action).await?;
+            let more = self.reopen_shards(shards, checkpoints, action).await?;
             reopened.shards.extend(more.shards);
             reopened.entries += more.entries;
             reopened.items += more.items;
@@ -174,16 +174,15 @@ impl Engine {
         }
     }
 
-    /// Rebuilds the shards that have no epoch and that no other instance is rebuilding,
-    /// then opens them (with `action`, from that action's entries only). Nothing to do
-    /// without Redis, or when every shard is open.
+    /// Rebuilds the `shards` that have no epoch and that no other instance is rebuilding,
+    /// then opens them (with `action`, from that action's entries only; from the last of
+    /// `checkpoints` when there is one). Nothing to do when every shard is open.
     pub(crate) async fn reopen_shards(
         &self,
+        shards: &Arc<dyn ShardStates>,
+        checkpoints: &dyn SnapshotStore,
         action: Option<&Action>,
     ) -> Result<Reopened, EngineError> {
-        let (Some(shards), scratch) = (self.deployment.shards(), &self.scratch) else {
-            return Ok(Reopened::default());
-        };
         let _one_at_a_time = self.reopening.lock().await;
         let closed = shards.closed_shards().await?;
         if closed.is_empty() {
@@ -216,7 +215,7 @@ impl Engine {
             true => (0..keys::SHARDS).collect(),
             false => mine.clone(),
         };
-        if !self.drained(&to_drain).await {
+        if !self.durability.drain_shards(&to_drain).await {
             tracing::warn!(
                 shards = mine.len(),
                 "the ledger streams of shards to rebuild do not drain (is the ledger database down?); will retry"
@@ -225,10 +224,10 @@ impl Engine {
                 "the ledger streams of the shards to rebuild did not drain".to_owned(),
             )));
         }
-        let store = scratch();
+        let store = (self.scratch)();
         let started = std::time::Instant::now();
         let rebuilt = self
-            .replay_shards(store.as_ref(), action, shared, &mine)
+            .replay_shards(store.as_ref(), checkpoints, action, shared, &mine)
             .await?;
         let replay = started.elapsed();
         let now_ms = self.now().timestamp_millis();
@@ -256,17 +255,18 @@ impl Engine {
     async fn replay_shards(
         &self,
         store: &dyn Replay,
+        checkpoints: &dyn SnapshotStore,
         action: Option<&Action>,
         shared: bool,
         mine: &BTreeSet<u16>,
     ) -> Result<crate::engine::state::Rebuilt, EngineError> {
         // Not for one action's keys: the checkpoint holds every action's.
-        let after = match (action, self.deployment.checkpoints()) {
-            (None, Some(table)) => self
-                .load_usable(store, table.as_ref())
+        let after = match action {
+            None => self
+                .load_usable(store, checkpoints)
                 .await?
                 .map(|(covered, _)| covered),
-            _ => None,
+            Some(_) => None,
         };
         self.replay_ledger(store, after, None, &|entry: &LedgerEntry| {
             // A budget shared by subjects lives in a shard of its own, charged by entries
@@ -279,30 +279,6 @@ impl Engine {
         .await
     }
 
-    /// Drains until every entry the streams of `shards` held on the call is in SQL, for at
-    /// most [`DRAIN_WAIT`]; false if they are not by then. Entries appended meanwhile (by
-    /// open shards, when every stream is drained for budgets shared by subjects) are not
-    /// waited for: they cannot have charged the closed shards.
-    async fn drained(&self, shards: &BTreeSet<u16>) -> bool {
-        let Some(drain) = self.deployment.drain() else {
-            return true;
-        };
-        let started = std::time::Instant::now();
-        let Some(marks) = drain.marks(shards.iter().copied()).await else {
-            return false;
-        };
-        loop {
-            drain.drain_once().await;
-            if drain.drained_to(&marks).await == Some(true) {
-                return true;
-            }
-            if started.elapsed() > DRAIN_WAIT {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// Rebuilds the closed shards if a decision found one since the last call (or `always`).
     pub(crate) async fn reopen_if_wanted(&self, always: bool) {
         let wanted = self
@@ -311,7 +287,7 @@ impl Engine {
         if !(wanted || always) {
             return;
         }
-        match self.reopen_shards(None).await {
+        match self.durability.reopen(self, None).await {
             Ok(reopened) if !reopened.shards.is_empty() => tracing::info!(
                 shards = reopened.shards.len(),
                 entries = reopened.entries,

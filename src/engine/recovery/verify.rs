@@ -10,7 +10,6 @@
 //! it never shows as drift.
 
 use crate::domain::{Action, Budget, LedgerEntry, PolicyId, Restore};
-use crate::engine::deployment::{Deployment, Embedded};
 use crate::engine::state::Replay;
 use crate::engine::state::{CounterState, StateItem};
 use crate::engine::{Engine, EngineError};
@@ -104,7 +103,7 @@ impl DriftWatch {
 
 /// What the ledger says of one counter key.
 #[derive(Debug, Clone)]
-pub(in crate::engine) struct Known {
+pub(crate) struct Known {
     policy_id: PolicyId,
     action: Action,
     budget: Budget,
@@ -145,17 +144,7 @@ impl Engine {
     pub(crate) async fn verify(&self, action: Option<&Action>) -> Result<Verified, VerifyError> {
         let known: Mutex<HashMap<String, Known>> = Mutex::default();
         let learn = |entry: &LedgerEntry| learn(&known, entry);
-        let scratch = &self.scratch;
-        let verified = match &self.deployment {
-            Deployment::Embedded(Embedded { snapshots, .. }) => {
-                self.verify_embedded(snapshots, scratch, action, &learn, &known)
-                    .await?
-            }
-            Deployment::Streamed(streamed) => {
-                self.verify_streamed(&streamed.shards, scratch, action, &learn, &known)
-                    .await?
-            }
-        };
+        let verified = self.durability.verify(self, action, &learn, &known).await?;
         if action.is_none() {
             self.drift.saw(&verified);
         }
@@ -163,10 +152,9 @@ impl Engine {
     }
 
     /// `counters verify` of the embedded store: see the module doc.
-    async fn verify_embedded(
+    pub(crate) async fn verify_embedded(
         &self,
         snapshots: &crate::engine::recovery::snapshot::Snapshots,
-        scratch: &crate::engine::state::ScratchStore,
         action: Option<&Action>,
         learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
         known: &Mutex<HashMap<String, Known>>,
@@ -182,7 +170,7 @@ impl Engine {
             let now_ms = self.now().timestamp_millis();
             (snapshots.store.dump(now_ms).await, covered, now_ms)
         };
-        let replayed: std::sync::Arc<dyn Replay> = scratch();
+        let replayed: std::sync::Arc<dyn Replay> = (self.scratch)();
         if let Some((until, _)) = covered {
             self.replay_ledger(replayed.as_ref(), None, Some(until), learn)
                 .await?;

@@ -51,9 +51,6 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 /// How long a failed void waits before it is tried again, ms.
 const RETRY_MS: i64 = 2_000;
 
-/// Stream entries read per step of the search.
-const SEARCH_PAGE: usize = 1_000;
-
 /// One attempt answered 503 that Redis may have decided.
 #[derive(Debug, Clone)]
 struct Doubt {
@@ -185,11 +182,6 @@ impl Engine {
         found
     }
 
-    /// Whether the counter store streams the ledger (Redis): then attempts can be in doubt.
-    pub(crate) fn counters_stream_ledger(&self) -> bool {
-        self.deployment.streams_ledger()
-    }
-
     /// Voids settled doubts every `every`, until the task is aborted.
     pub(crate) async fn void_every(&self, every: Duration) {
         loop {
@@ -214,14 +206,10 @@ impl Engine {
             // Gone (its record outlived the settle time): the ledger tells.
         }
         let id = doubt.entry.id.to_string();
-        let in_stream = match self.deployment.drain() {
-            Some(drain) => {
-                drain
-                    .appended(&doubt.stream, doubt.window, &id, SEARCH_PAGE)
-                    .await?
-            }
-            None => false,
-        };
+        let in_stream = self
+            .durability
+            .in_stream(&doubt.stream, doubt.window, &id)
+            .await?;
         let applied = in_stream || !self.ledger.seqs_of(&[id]).await?.is_empty();
         if !applied {
             return Ok(Some(Voided::NeverRan));

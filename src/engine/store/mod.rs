@@ -410,18 +410,17 @@ pub trait CounterStore: Send + Sync + 'static {
         std::time::Duration::ZERO
     }
 
-    /// Whether one call may touch keys of several hash tags (shards) and still be atomic:
-    /// the in-process store and a standalone Redis, not a Redis Cluster (one slot per call).
-    fn atomic_across_tags(&self) -> bool {
-        true
+    /// The cross-slot protocol of a store whose calls reach one slot each (a Redis
+    /// Cluster, `engine::crossslot`); `None` for a store whose calls may touch keys of
+    /// several hash tags (shards) and stay atomic: the in-process store, a standalone Redis.
+    fn across_slots(&self) -> Option<&dyn AcrossSlots> {
+        None
     }
 
-    /// Commits a consume across Redis Cluster slots at home (`engine::crossslot`). Only a
-    /// store that is not [`CounterStore::atomic_across_tags`] is ever asked.
-    async fn finalize(&self, _now_ms: i64, _request: &Finalize) -> Result<Finalized, StoreError> {
-        Err(StoreError::Protocol(
-            "this store decides across shards atomically: nothing to finalize".to_owned(),
-        ))
+    /// Whether one call may touch keys of several hash tags (shards) and still be atomic
+    /// (no [`CounterStore::across_slots`]).
+    fn atomic_across_tags(&self) -> bool {
+        self.across_slots().is_none()
     }
 
     /// Checks that the store answers (for `/readyz`).
@@ -440,6 +439,14 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn memory(&self) -> Option<StoreMemory> {
         None
     }
+}
+
+/// What a store whose calls reach one slot each (a Redis Cluster) does beside deciding:
+/// a consume across slots reserves in each slot, then commits at home.
+#[async_trait]
+pub trait AcrossSlots: Send + Sync {
+    /// Commits a consume across Redis Cluster slots at home (`engine::crossslot`).
+    async fn finalize(&self, now_ms: i64, request: &Finalize) -> Result<Finalized, StoreError>;
 }
 
 /// What a store that does not stream the ledger (the in-process one) does beside

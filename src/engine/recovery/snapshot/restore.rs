@@ -42,32 +42,20 @@ pub(crate) enum Unusable {
 }
 
 impl Engine {
-    /// Snapshots the in-process store (the embedded default), replacing the snapshot
-    /// kept; returns what was saved, `None` without an in-process store.
+    /// Snapshots the in-process store of `snapshots` into its table, replacing the
+    /// snapshot kept, unless the ledger's last entry is still the one numbered `covered`
+    /// (the snapshot kept covers it: the state it holds is the same); what was saved.
     ///
     /// Safe while requests flow: it waits for the changes under way to commit their ledger
     /// entries and holds new ones back (the `cut` lock) while it copies the store, so the
     /// copy equals the replay of every entry up to the ledger's last. Encoding and saving
     /// happen after traffic resumed. A failure is logged, never fatal: the next start
     /// then replays from the previous snapshot, or the horizon.
-    pub async fn snapshot_now(&self) -> Option<Saved> {
-        self.snapshot_unless_covered(None).await
-    }
-
-    /// How many ledger entries were committed after the one numbered `covered` (seqs
-    /// may skip numbers, so at most that many); `None` without an in-process store or
-    /// when the ledger does not answer.
-    pub async fn entries_after(&self, covered: i64) -> Option<u64> {
-        let snapshots = self.deployment.snapshots()?;
-        let last = snapshots.table.last_entry().await.ok()?;
-        let last = last.map_or(0, |(seq, _)| seq);
-        Some(u64::try_from(last.saturating_sub(covered)).unwrap_or(0))
-    }
-
-    /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
-    /// `covered` (the snapshot kept covers it: the state it holds is the same).
-    pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
-        let snapshots = self.deployment.snapshots()?;
+    pub(crate) async fn snapshot_into(
+        &self,
+        snapshots: &super::Snapshots,
+        covered: Option<i64>,
+    ) -> Option<Saved> {
         let started = std::time::Instant::now();
         match self
             .save_snapshot(snapshots.store.as_ref(), snapshots.table.as_ref(), covered)
@@ -96,7 +84,7 @@ impl Engine {
         }
     }
 
-    /// Snapshots `source` into `store` (see [`Engine::snapshot_unless_covered`]).
+    /// Snapshots `source` into `store` (see [`Engine::snapshot_into`]).
     async fn save_snapshot(
         &self,
         source: &dyn Replay,
