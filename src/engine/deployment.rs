@@ -18,13 +18,13 @@ use super::janitor::Janitor;
 use super::pipeline::writer::LedgerWriter;
 use super::recovery::shards::Reopened;
 use super::recovery::snapshot::Saved;
-use super::recovery::verify::{Known, Verified, VerifyError};
+use super::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
 use super::store::{StoreError, Undo};
 use super::{Engine, EngineError, Readiness};
 use crate::domain::{Action, KeptAnswer, LedgerEntry};
 use async_trait::async_trait;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -146,7 +146,7 @@ pub(crate) trait Durability: Send + Sync {
         &self,
         engine: &Engine,
         action: Option<&Action>,
-        learn: &(dyn for<'e> Fn(&'e LedgerEntry) -> bool + Sync),
-        known: &Mutex<HashMap<String, Known>>,
+        learn: &Learn<'_>,
+        known: &KnownByKey,
     ) -> Result<Verified, VerifyError>;
 }

@@ -190,19 +190,14 @@ pub struct Engine {
     prefix: String,
     on_store_error: OnStoreError,
     ledger: Arc<dyn LedgerStore>,
-    writer: LedgerWriter,
     load: Arc<load::Load>,
-    /// In process or on Redis: chosen once, in `startup`.
-    durability: Arc<dyn Durability>,
+    /// Where a decided change becomes a committed entry, as the deployment does it.
+    pipeline: pipeline::Pipeline,
     scratch: state::ScratchStore,
     /// One rebuild of shards at a time in this instance.
     reopening: tokio::sync::Mutex<()>,
     /// Set when a decision found a shard without its epoch.
     rebuild_wanted: std::sync::atomic::AtomicBool,
-    /// Every change to the counter store holds it (shared) from the store call until its
-    /// ledger entry is committed; a snapshot holds it alone while it copies the store, so
-    /// the copy is exactly the replay of the entries committed by then (a consistent cut).
-    cut: tokio::sync::RwLock<()>,
     /// When the holds this instance knows of fall due, per shard.
     hold_dues: decision::giveback::HoldDues,
     janitor: Arc<janitor::Janitor>,
@@ -230,7 +225,7 @@ impl Engine {
         } = ports;
         let faults = durability.faults();
         Self {
-            durability,
+            pipeline: pipeline::Pipeline::new(durability, writer),
             scratch,
             reopening: tokio::sync::Mutex::new(()),
             rebuild_wanted: std::sync::atomic::AtomicBool::new(false),
@@ -240,9 +235,7 @@ impl Engine {
             prefix,
             on_store_error,
             ledger,
-            writer,
             load,
-            cut: tokio::sync::RwLock::new(()),
             hold_dues: decision::giveback::HoldDues::default(),
             janitor,
             drift: recovery::verify::DriftWatch::default(),
@@ -261,32 +254,26 @@ impl Engine {
         &self.janitor
     }
 
-    /// Writes ledger entries durably (group commit) before the caller answers; used when
-    /// the counter store does not stream them (the embedded default), and for degraded allows.
-    async fn record(&self, entries: Vec<crate::domain::LedgerEntry>) -> Result<(), EngineError> {
-        self.writer.append(entries).await.map_err(EngineError::from)
-    }
-
     /// Moves everything the Redis ledger streams hold into SQL now; 0 without Redis.
     pub async fn drain_ledger_now(&self) -> usize {
-        self.durability.drain_now().await
+        self.pipeline.durability().drain_now().await
     }
 
     /// Counts the ledger entries waiting in the Redis streams now, and bounds consumes by
     /// it (`None` without Redis, or when Redis did not answer). Runs every
     /// [`pipeline::backlog::MEASURE_EVERY`] in the background; tests call it to measure at once.
     pub async fn measure_backlog(&self) -> Option<u64> {
-        self.durability.measure_backlog().await
+        self.pipeline.durability().measure_backlog().await
     }
 
     /// The bound of the ledger backlog (`None` without Redis).
     pub(crate) fn backlog_max(&self) -> Option<u64> {
-        self.durability.backlog_max()
+        self.pipeline.durability().backlog_max()
     }
 
     /// Whether the counter store answers, and whether the ledger backlog is full.
     pub(crate) async fn readiness(&self) -> Readiness {
-        self.durability.readiness(self).await
+        self.pipeline.durability().readiness(self).await
     }
 
     /// Whether a store `error` is answered as a degraded allow (`QUOTA_ON_STORE_ERROR=allow`).
@@ -300,7 +287,10 @@ impl Engine {
         self: &Arc<Self>,
         checkpoint_every: Option<std::time::Duration>,
     ) -> Vec<tokio::task::JoinHandle<()>> {
-        self.durability.start_watches(self, checkpoint_every).await
+        self.pipeline
+            .durability()
+            .start_watches(self, checkpoint_every)
+            .await
     }
 
     /// Closes every shard and rebuilds them from the ledger: `quota-ledger counters
@@ -310,32 +300,32 @@ impl Engine {
         &self,
         action: Option<&Action>,
     ) -> anyhow::Result<recovery::shards::Reopened> {
-        self.durability.rebuild(self, action).await
+        self.pipeline.durability().rebuild(self, action).await
     }
 
     /// Checkpoints every entry committed so far (tests, and an operator's rebuild); `None`
     /// when nothing is new, or the counters are in process.
     pub async fn checkpoint_now(&self) -> anyhow::Result<Option<Saved>> {
-        self.durability.checkpoint_now(self).await
+        self.pipeline.durability().checkpoint_now(self).await
     }
 
     /// Snapshots the in-process store (the embedded default), replacing the snapshot kept;
     /// what was saved, `None` without an in-process store (see `recovery::snapshot`).
     pub async fn snapshot_now(&self) -> Option<Saved> {
-        self.durability.snapshot(self, None).await
+        self.pipeline.durability().snapshot(self, None).await
     }
 
     /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
     /// `covered` (the snapshot kept covers it: the state it holds is the same).
     pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
-        self.durability.snapshot(self, covered).await
+        self.pipeline.durability().snapshot(self, covered).await
     }
 
     /// How many ledger entries were committed after the one numbered `covered` (seqs
     /// may skip numbers, so at most that many); `None` without an in-process store or
     /// when the ledger does not answer.
     pub async fn entries_after(&self, covered: i64) -> Option<u64> {
-        self.durability.entries_after(covered).await
+        self.pipeline.durability().entries_after(covered).await
     }
 
     /// The durable ledger (the ledger query API reads it).

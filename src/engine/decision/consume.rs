@@ -256,7 +256,7 @@ impl Engine {
             plain_len: plain.len(),
             levels: plan.alert_levels(),
         });
-        let append = self.ledger_append(plan.keys.shard, || {
+        let append = self.pipeline.ledger_append(plan.keys.shard, || {
             let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
             let denied: Vec<_> = denied.collect();
             let kept = (!denied.is_empty()).then(|| codec::encode_entries(&denied));
@@ -283,16 +283,16 @@ impl Engine {
         // A hold goes to the store even when no policy applies: its record must exist, so
         // that it can be settled.
         if plan.charges.is_empty() && effects.hold.is_none() {
-            self.record(allowed).await?;
+            self.pipeline.record(allowed).await?;
             return Ok(Charged::Uncharged);
         }
-        self.admit()?;
+        self.pipeline.admit()?;
         let charges = plan.charges.iter().map(|p| &p.charge);
         super::invariants::charged_as_planned(charges, &allowed)?;
         let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
         let denied: Vec<LedgerEntry> = denied.collect();
         // Until the entries are committed: a snapshot must see both or neither.
-        let _cut = self.cut.read().await;
+        let _cut = self.pipeline.change().await;
         let across = self.slots_of(plan);
         // The attempt across slots: its id names its intent; its counters are the plan's.
         let attempt = match allowed.as_slice() {
@@ -320,17 +320,19 @@ impl Engine {
         };
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
-                self.appended(evaluation.allowed || !denied.is_empty());
+                self.pipeline
+                    .appended(evaluation.allowed || !denied.is_empty());
                 match evaluation.allowed {
                     true => {
                         let answer = || self.entry_answer(plan, effects, attempts, &evaluation);
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
                         let undo = || undo_charge(attempted.clone(), effects);
-                        self.commit_answered_or_undo(allowed, plan.now_ms(), &answer, &undo)
+                        self.pipeline
+                            .commit_answered_or_undo(allowed, plan.now_ms(), &answer, &undo)
                             .await?;
                     }
                     // A denial changed nothing: its entries (if kept) are only recorded.
-                    false => self.record_denied(denied).await?,
+                    false => self.pipeline.record_denied(denied).await?,
                 }
                 Ok(Charged::Fresh(evaluation))
             }
@@ -360,7 +362,7 @@ impl Engine {
                 }
                 // Failing open: accepted uncounted, but never unrecorded: with the ledger
                 // down too, it is answered 503.
-                self.record(allowed).await?;
+                self.pipeline.record(allowed).await?;
                 Ok(Charged::Degraded)
             }
         }
@@ -407,7 +409,7 @@ impl Engine {
                 key: plan.keys.idempotency(scope, key.as_str()),
                 ttl_ms: MIN_IDEMPOTENCY_MS.max(plan.longest_window_ms() + 3_600_000),
                 record: codec::encode_consume_record(&record),
-                pending: self.records_pending(),
+                pending: self.pipeline.records_pending(),
             };
             (idem, record.policies)
         });
@@ -439,7 +441,7 @@ impl Engine {
             }
             _ => codec::encode_entry(entry),
         };
-        let ledger = self.ledger_append(plan.keys.shard, || {
+        let ledger = self.pipeline.ledger_append(plan.keys.shard, || {
             let denied = attempt.denied_entry.as_ref().map(codec::encode_entry);
             (allowed(&attempt.allowed_entry), denied)
         });

@@ -537,7 +537,7 @@ impl Engine {
         }
         // The shards' floors cover the share before its pending record goes, so that a
         // node that comes back without it is caught (its entry is at home).
-        self.raise_floors_now(&shards).await?;
+        self.pipeline.raise_floors_now(&shards).await?;
         let resolved = resolved(&self.prefix, home, id);
         self.counters.give_back(now_ms, &resolved).await?;
         Ok(())

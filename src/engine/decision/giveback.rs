@@ -283,7 +283,7 @@ impl Engine {
             idempotency: None,
         };
         let now_ms = self.now().timestamp_millis();
-        let _cut = self.cut.read().await;
+        let _cut = self.pipeline.change().await;
         self.counters.give_back(now_ms, &request).await?;
         Ok(())
     }
@@ -298,7 +298,7 @@ impl Engine {
         let (entry, request) = self.hold_give_back(hold_id, record, how, self.now())?;
         let alerting = Some(record.counters.as_slice());
         self.give_back_unit(hold_id.shard(), entry, alerting, |entry| GiveBack {
-            ledger: self.stream_entry(hold_id.shard(), entry),
+            ledger: self.pipeline.stream_entry(hold_id.shard(), entry),
             ..request
         })
         .await
@@ -328,7 +328,7 @@ impl Engine {
         };
         request.pending = self.pending_share(home, &entry, &foreign, &foreign_alerts);
         // Until the entry is committed: a snapshot must see both or neither.
-        let _cut = self.cut.read().await;
+        let _cut = self.pipeline.change().await;
         let given = self
             .counters
             .give_back(entry.at.timestamp_millis(), &request)
@@ -431,7 +431,7 @@ impl Engine {
             control_key: keys::hold_record(&self.prefix, shard, &member),
             hold_index: Some((keys::holds_index(&self.prefix, shard), member)),
             counters: record.counters.clone(),
-            ledger: self.stream_entry(shard, &entry),
+            ledger: self.pipeline.stream_entry(shard, &entry),
             idempotency: None,
         };
         Ok((entry, request))
@@ -480,7 +480,8 @@ impl Engine {
             refunded,
             restored: restored.clone(),
         };
-        self.commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), &undo)
+        self.pipeline
+            .commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), &undo)
             .await
     }
 

@@ -18,13 +18,13 @@ use crate::engine::ledger::LedgerError;
 use crate::engine::pipeline::writer::{LedgerWriter, Rollback};
 use crate::engine::recovery::shards::Reopened;
 use crate::engine::recovery::snapshot::{Saved, Snapshots};
-use crate::engine::recovery::verify::{Known, Verified, VerifyError};
+use crate::engine::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
 use crate::engine::store::{StoreError, Undoable};
 use crate::engine::{Engine, EngineError, Readiness};
 use crate::logs::Throttle;
 use async_trait::async_trait;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -211,8 +211,8 @@ impl Durability for Embedded {
         &self,
         engine: &Engine,
         action: Option<&Action>,
-        learn: &(dyn for<'e> Fn(&'e LedgerEntry) -> bool + Sync),
-        known: &Mutex<HashMap<String, Known>>,
+        learn: &Learn<'_>,
+        known: &KnownByKey,
     ) -> Result<Verified, VerifyError> {
         engine
             .verify_embedded(&self.snapshots, action, learn, known)

@@ -15,15 +15,15 @@ use crate::engine::pipeline::writer::LedgerWriter;
 use crate::engine::recovery::checkpoint::{Checkpoints, LOOK_EVERY};
 use crate::engine::recovery::shards::{Reopened, SHARD_LOOK_EVERY};
 use crate::engine::recovery::snapshot::{Saved, SnapshotStore};
-use crate::engine::recovery::verify::{Known, Verified, VerifyError};
+use crate::engine::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
 use crate::engine::recovery::void::VOID_EVERY;
 use crate::engine::shards::ShardStates;
 use crate::engine::store::StoreError;
 use crate::engine::{Engine, EngineError, Readiness};
 use crate::keys;
 use async_trait::async_trait;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
@@ -264,8 +264,8 @@ impl Durability for Streamed {
         &self,
         engine: &Engine,
         action: Option<&Action>,
-        learn: &(dyn for<'e> Fn(&'e LedgerEntry) -> bool + Sync),
-        known: &Mutex<HashMap<String, Known>>,
+        learn: &Learn<'_>,
+        known: &KnownByKey,
     ) -> Result<Verified, VerifyError> {
         engine
             .verify_streamed(&self.shards, action, learn, known)

@@ -6,15 +6,65 @@
 
 use crate::domain::LedgerEntry;
 use crate::engine::codec;
-use crate::engine::deployment::Change;
+use crate::engine::deployment::{Change, Durability};
+use crate::engine::pipeline::writer::LedgerWriter;
 use crate::engine::store::{LedgerAppend, StoreError, Undo};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
+use std::sync::Arc;
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-impl Engine {
+/// The ledger pipeline: where a change decided by the counter store becomes a committed
+/// entry, as the deployment does it.
+pub(crate) struct Pipeline {
+    /// In process or on Redis: chosen once, in `startup`.
+    durability: Arc<dyn Durability>,
+    /// Writes entries to the ledger before the answer where the counter store does not
+    /// stream them (the embedded default), and degraded allows.
+    writer: LedgerWriter,
+    /// Every change to the counter store holds it (shared) from the store call until its
+    /// ledger entry is committed; a snapshot holds it alone while it copies the store, so
+    /// the copy is exactly the replay of the entries committed by then (a consistent cut).
+    cut: RwLock<()>,
+}
+
+impl Pipeline {
+    /// The pipeline of `durability`, writing through `writer`.
+    pub(crate) fn new(durability: Arc<dyn Durability>, writer: LedgerWriter) -> Self {
+        Self {
+            durability,
+            writer,
+            cut: RwLock::new(()),
+        }
+    }
+
+    /// The deployment.
+    pub(crate) fn durability(&self) -> &dyn Durability {
+        self.durability.as_ref()
+    }
+
+    /// Held (shared) by a change from its store call until its entry is committed.
+    pub(crate) async fn change(&self) -> RwLockReadGuard<'_, ()> {
+        self.cut.read().await
+    }
+
+    /// Holds changes back, once those under way committed their entries, and flushes the
+    /// writer: the store then equals the replay of every committed entry (a cut).
+    pub(crate) async fn pause(&self) -> Result<RwLockWriteGuard<'_, ()>, EngineError> {
+        let paused = self.cut.write().await;
+        self.writer.flush().await?;
+        Ok(paused)
+    }
+
+    /// Writes ledger entries durably (group commit) before the caller answers: where the
+    /// counter store does not stream them (the embedded default), and degraded allows.
+    pub(crate) async fn record(&self, entries: Vec<LedgerEntry>) -> Result<(), EngineError> {
+        self.writer.append(entries).await.map_err(EngineError::from)
+    }
+
     /// Commits `entries`, the record of a change already applied to the counter store at
     /// `now_ms`; if they cannot be committed, `undo` takes the change back and the error
     /// is returned. A store that streams the ledger recorded them itself: nothing to do.
-    pub(in crate::engine) async fn commit_or_undo(
+    pub(crate) async fn commit_or_undo(
         &self,
         entries: Vec<LedgerEntry>,
         now_ms: i64,
@@ -32,7 +82,7 @@ impl Engine {
     /// [`Engine::commit_or_undo`] of a decision's `entries`, the last (the first and only
     /// one, or the last of requests decided together) keeping `answer` where this
     /// instance writes them; a store that streams them kept the answer in its own copy.
-    pub(in crate::engine) async fn commit_answered_or_undo(
+    pub(crate) async fn commit_answered_or_undo(
         &self,
         entries: Vec<LedgerEntry>,
         now_ms: i64,
@@ -50,19 +100,19 @@ impl Engine {
 
     /// Whether a consume may charge now: not while the ledger backlog waiting in the Redis
     /// streams is full (`engine::backlog`; nothing waits in process).
-    pub(in crate::engine) fn admit(&self) -> Result<(), EngineError> {
+    pub(crate) fn admit(&self) -> Result<(), EngineError> {
         self.durability.admit()
     }
 
     /// Counts a decided consume's stream entry towards the backlog, if it `appended` one
     /// (Redis only).
-    pub(in crate::engine) fn appended(&self, appended: bool) {
+    pub(crate) fn appended(&self, appended: bool) {
         self.durability.appended(appended);
     }
 
     /// The stream entry a consume's script appends in `shard` if allowed, and if denied:
     /// `entries` encodes both. `None` when the ledger does not stream (in process).
-    pub(in crate::engine) fn ledger_append(
+    pub(crate) fn ledger_append(
         &self,
         shard: u16,
         entries: impl FnOnce() -> (String, Option<String>),
@@ -79,36 +129,26 @@ impl Engine {
     }
 
     /// `entry` as a give-back script appends it to `shard`'s stream (Redis only).
-    pub(in crate::engine) fn stream_entry(
-        &self,
-        shard: u16,
-        entry: &LedgerEntry,
-    ) -> Option<(String, String)> {
+    pub(crate) fn stream_entry(&self, shard: u16, entry: &LedgerEntry) -> Option<(String, String)> {
         let stream = self.durability.ledger_stream(shard)?;
         Some((stream, codec::encode_entry(entry)))
     }
 
     /// Records the entries of a denial, which changed nothing: the script streamed them on
     /// Redis; in process they are written like any entry.
-    pub(in crate::engine) async fn record_denied(
-        &self,
-        entries: Vec<LedgerEntry>,
-    ) -> Result<(), EngineError> {
+    pub(crate) async fn record_denied(&self, entries: Vec<LedgerEntry>) -> Result<(), EngineError> {
         self.durability.record_denied(&self.writer, entries).await
     }
 
     /// Whether a kept answer waits as in flight until its entry is committed: in process,
     /// where the entry commits after the change ([`Engine::commit_or_undo`]).
-    pub(in crate::engine) fn records_pending(&self) -> bool {
+    pub(crate) fn records_pending(&self) -> bool {
         self.durability.answers_wait_for_commit()
     }
 
     /// Records at once that `shards` were written to, so that a Redis node that comes back
     /// without the write is caught (`drain/floors.rs`); nothing to do where nothing streams.
-    pub(in crate::engine) async fn raise_floors_now(
-        &self,
-        shards: &[u16],
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn raise_floors_now(&self, shards: &[u16]) -> Result<(), StoreError> {
         self.durability.raise_floors_now(shards).await
     }
 
@@ -116,7 +156,7 @@ impl Engine {
     /// found there; false when nothing streams (every entry is in SQL before its answer).
     /// A drain that could not move everything is an error: what was asked for may be
     /// waiting in a stream, not unknown.
-    pub(in crate::engine) async fn settle_streams(&self) -> Result<bool, EngineError> {
+    pub(crate) async fn settle_streams(&self) -> Result<bool, EngineError> {
         self.durability.settle_streams().await
     }
 }

@@ -45,14 +45,14 @@
 
 use crate::domain::{Action, CounterCharge, LedgerEntry};
 use crate::engine::recovery::rebuild::Replayer;
-use crate::engine::recovery::verify::{Known, Verified, VerifyError};
+use crate::engine::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
 use crate::engine::shards::{Cut, ShardStates};
 use crate::engine::state::Replay;
 use crate::engine::state::StateItem;
 use crate::engine::{codec, Engine, EngineError};
 use crate::keys;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// How long a verify may hold deletions: its cut must be read by then, or it cannot tell.
 const HOLD_MS: u64 = 60_000;
@@ -102,8 +102,8 @@ impl Engine {
         &self,
         shards: &Arc<dyn ShardStates>,
         action: Option<&Action>,
-        learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
-        known: &Mutex<HashMap<String, Known>>,
+        learn: &Learn<'_>,
+        known: &KnownByKey,
     ) -> Result<Verified, VerifyError> {
         let listed = shards.counter_keys().await.map_err(EngineError::from)?;
         let mut own = Side {
@@ -180,8 +180,8 @@ impl Engine {
         token: &str,
         (own, mut wide): (&mut Side, Option<&mut Side>),
         mut listed: BTreeMap<u16, Vec<String>>,
-        learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
-        known: &Mutex<HashMap<String, Known>>,
+        learn: &Learn<'_>,
+        known: &KnownByKey,
     ) -> Result<Read, VerifyError> {
         self.replay_settled(own, wide.as_deref_mut(), learn).await?;
         let shared_known: BTreeSet<String> = known
@@ -354,7 +354,7 @@ impl Engine {
         &self,
         own: &mut Side,
         wide: Option<&mut Side>,
-        learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
+        learn: &Learn<'_>,
     ) -> Result<(), VerifyError> {
         let settled = self.ledger.settled_seq().await.map_err(EngineError::from)?;
         let until = Some(settled.unwrap_or(0));
@@ -368,7 +368,7 @@ impl Engine {
     }
 
     /// The counters of `group`'s shards the ledger knows of.
-    fn known_in(&self, known: &Mutex<HashMap<String, Known>>, group: &[u16]) -> Vec<String> {
+    fn known_in(&self, known: &KnownByKey, group: &[u16]) -> Vec<String> {
         known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

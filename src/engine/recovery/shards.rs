@@ -215,7 +215,7 @@ impl Engine {
             true => (0..keys::SHARDS).collect(),
             false => mine.clone(),
         };
-        if !self.durability.drain_shards(&to_drain).await {
+        if !self.pipeline.durability().drain_shards(&to_drain).await {
             tracing::warn!(
                 shards = mine.len(),
                 "the ledger streams of shards to rebuild do not drain (is the ledger database down?); will retry"
@@ -287,7 +287,7 @@ impl Engine {
         if !(wanted || always) {
             return;
         }
-        match self.durability.reopen(self, None).await {
+        match self.pipeline.durability().reopen(self, None).await {
             Ok(reopened) if !reopened.shards.is_empty() => tracing::info!(
                 shards = reopened.shards.len(),
                 entries = reopened.entries,

@@ -101,6 +101,12 @@ impl DriftWatch {
     }
 }
 
+/// What the ledger says of each counter key a verify met, by key.
+pub(crate) type KnownByKey = Mutex<HashMap<String, Known>>;
+
+/// Learns what an entry says of the keys it charged; whether the replay takes it.
+pub(crate) type Learn<'a> = dyn Fn(&LedgerEntry) -> bool + Sync + 'a;
+
 /// What the ledger says of one counter key.
 #[derive(Debug, Clone)]
 pub(crate) struct Known {
@@ -120,7 +126,7 @@ impl Known {
 }
 
 /// Notes in `known` what `entry` says of the counters it names; keeps every entry.
-fn learn(known: &Mutex<HashMap<String, Known>>, entry: &LedgerEntry) -> bool {
+fn learn(known: &KnownByKey, entry: &LedgerEntry) -> bool {
     let mut known = known
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -142,9 +148,13 @@ fn learn(known: &Mutex<HashMap<String, Known>>, entry: &LedgerEntry) -> bool {
 impl Engine {
     /// Compares every live budget (of `action`, or all) with the ledger's usage.
     pub(crate) async fn verify(&self, action: Option<&Action>) -> Result<Verified, VerifyError> {
-        let known: Mutex<HashMap<String, Known>> = Mutex::default();
+        let known = KnownByKey::default();
         let learn = |entry: &LedgerEntry| learn(&known, entry);
-        let verified = self.durability.verify(self, action, &learn, &known).await?;
+        let verified = self
+            .pipeline
+            .durability()
+            .verify(self, action, &learn, &known)
+            .await?;
         if action.is_none() {
             self.drift.saw(&verified);
         }
@@ -156,12 +166,11 @@ impl Engine {
         &self,
         snapshots: &crate::engine::recovery::snapshot::Snapshots,
         action: Option<&Action>,
-        learn: &(dyn Fn(&LedgerEntry) -> bool + Sync),
-        known: &Mutex<HashMap<String, Known>>,
+        learn: &Learn<'_>,
+        known: &KnownByKey,
     ) -> Result<Verified, VerifyError> {
         let (live, covered, now_ms) = {
-            let _paused = self.cut.write().await;
-            self.writer.flush().await.map_err(EngineError::from)?;
+            let _paused = self.pipeline.pause().await?;
             let covered = snapshots
                 .table
                 .last_entry()

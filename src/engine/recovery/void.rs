@@ -207,7 +207,8 @@ impl Engine {
         }
         let id = doubt.entry.id.to_string();
         let in_stream = self
-            .durability
+            .pipeline
+            .durability()
             .in_stream(&doubt.stream, doubt.window, &id)
             .await?;
         let applied = in_stream || !self.ledger.seqs_of(&[id]).await?.is_empty();
@@ -266,7 +267,7 @@ impl Engine {
                 total: entry.amount,
                 expires_at_ms: record.expires_at_ms,
             };
-            request.ledger = self.stream_entry(hold_id.shard(), &void);
+            request.ledger = self.pipeline.stream_entry(hold_id.shard(), &void);
             request.idempotency = idempotency;
             return Ok((void, request));
         }
@@ -283,7 +284,7 @@ impl Engine {
             control_key: keys::void_marker(&self.prefix, keys.shard, &consumption),
             hold_index: None,
             counters: entry.counters.clone(),
-            ledger: self.stream_entry(keys.shard, &void),
+            ledger: self.pipeline.stream_entry(keys.shard, &void),
             idempotency,
         };
         Ok((void, request))

@@ -136,7 +136,7 @@ impl Engine {
             control_key: keys::refunded_total(&self.prefix, keys.shard, &consumption_id),
             hold_index: None,
             counters: charge.counters.clone(),
-            ledger: self.stream_entry(keys.shard, entry),
+            ledger: self.pipeline.stream_entry(keys.shard, entry),
             idempotency: entry.idempotency_key.as_ref().map(|key| IdempotencyRecord {
                 key: keys.idempotency('r', &format!("{consumption_id}:{key}")),
                 ttl_ms: REFUND_IDEMPOTENCY_MS,
@@ -173,7 +173,7 @@ impl Engine {
         if let Some(entry) = self.ledger.charge_of(consumption_id).await? {
             return Ok(Some(entry));
         }
-        if self.settle_streams().await? {
+        if self.pipeline.settle_streams().await? {
             return Ok(self.ledger.charge_of(consumption_id).await?);
         }
         Ok(None)

@@ -92,8 +92,7 @@ impl Engine {
         unless_covered: Option<i64>,
     ) -> Result<Option<Saved>, EngineError> {
         let pause = std::time::Instant::now();
-        let paused = self.cut.write().await;
-        self.writer.flush().await?;
+        let paused = self.pipeline.pause().await?;
         let last = store.last_entry().await?;
         if let Some(covered) = unless_covered {
             if last.as_ref().map_or(0, |(seq, _)| *seq) == covered {
