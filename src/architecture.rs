@@ -346,13 +346,16 @@ fn a_file_belongs_to_the_top_level_module_it_sits_under() {
 }
 
 /// What each part of the engine may name (ARCHITECTURE.md, "The engine's three jobs"):
-/// the decision path and the ledger pipeline only the ports and shared types at the
-/// engine's root (`ports`: every file there but `mod.rs`, which holds the engine and its
-/// wiring, and `deployment.rs`, the mode chosen in startup); recovery replays with the
-/// decision path's arithmetic. The ports name no part.
+/// the ledger pipeline only the ports and shared types at the engine's root (`ports`: every
+/// file there but `mod.rs`, which holds the engine and its wiring, and `deployment`, the
+/// mode chosen in startup); the decision path also the pipeline it hands each decided
+/// change to (and reaches recovery only through the `followup` port); recovery replays
+/// with the decision path's arithmetic. The ports name no part. Each part is a type with
+/// private fields (`Decider`, `Pipeline`, `Followups`), so what this check reads by path the
+/// compiler holds by privacy.
 const ENGINE_PARTS: &[(&str, &str)] = &[
     ("ports", ""),
-    ("decision", ""),
+    ("decision", "pipeline"),
     ("pipeline", ""),
     ("recovery", "decision"),
 ];

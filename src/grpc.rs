@@ -128,7 +128,7 @@ impl RateLimitService for RateLimiter {
             )
         })?;
         let started = std::time::Instant::now();
-        let decided = self.engine.consume_together(&consumes).await;
+        let decided = self.engine.decider().consume_together(&consumes).await;
         self.metrics.observe_together(
             Endpoint::RateLimit,
             &request.domain,

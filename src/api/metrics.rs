@@ -69,7 +69,7 @@ pub(super) async fn check(
     request: &ConsumeRequest,
 ) -> Result<Decision, ApiError> {
     let started = Instant::now();
-    let outcome = state.engine.check(request).await;
+    let outcome = state.engine.decider().check(request).await;
     let elapsed = started.elapsed();
     state.metrics.observe(
         Endpoint::Check,
@@ -88,8 +88,8 @@ pub(super) async fn consume(
 ) -> Result<Consumed, ApiError> {
     let started = Instant::now();
     let outcome = match hold_ttl {
-        None => state.engine.consume(request).await,
-        Some(ttl) => state.engine.hold(request, ttl).await,
+        None => state.engine.decider().consume(request).await,
+        Some(ttl) => state.engine.decider().hold(request, ttl).await,
     };
     let elapsed = started.elapsed();
     state.metrics.observe(

@@ -155,6 +155,7 @@ pub(crate) async fn refund(
         .map_err(|_| ApiError::NotFound(format!("no consumption '{}'", input.consumption_id)))?;
     let settled = state
         .engine
+        .decider()
         .refund(consumption_id, amount, key, &access.actions)
         .await?;
     Ok(answer(settled))
@@ -250,6 +251,7 @@ pub(crate) async fn commit_hold(
     }
     let settled = state
         .engine
+        .decider()
         .settle(
             hold_id(&id)?,
             Settle::Commit {
@@ -282,6 +284,7 @@ pub(crate) async fn release_hold(
 ) -> Result<HttpResponse, ApiError> {
     let settled = state
         .engine
+        .decider()
         .settle(hold_id(&id)?, Settle::Release, &access.actions)
         .await?;
     Ok(answer(settled))

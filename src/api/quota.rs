@@ -441,7 +441,11 @@ pub(crate) async fn usage(
         return Err(errors.into());
     };
     access.require(&action)?;
-    let outcome = state.engine.usage(&action, &subject, &attributes).await;
+    let outcome = state
+        .engine
+        .decider()
+        .usage(&action, &subject, &attributes)
+        .await;
     state.metrics.observe_store(outcome.as_ref());
     let decision = outcome?;
     Ok(web::Json(UsageAnswer {

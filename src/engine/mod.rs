@@ -12,6 +12,7 @@ pub mod codec;
 pub mod decision;
 pub(crate) mod deployment;
 pub mod faults;
+pub(crate) mod followup;
 pub mod janitor;
 pub mod ledger;
 pub mod load;
@@ -184,27 +185,23 @@ pub(crate) struct Readiness {
 
 /// The quota engine; shared by every request.
 pub struct Engine {
+    /// The decision path.
+    decider: decision::Decider,
+    /// Where a decided change becomes a committed entry, as the deployment does it.
+    pipeline: Arc<pipeline::Pipeline>,
+    /// What recovery follows up for the decision path (doubts, shards to rebuild).
+    followups: Arc<recovery::Followups>,
     counters: Arc<dyn CounterStore>,
     cache: Arc<PolicyCache>,
     clock: Arc<dyn Clock>,
     prefix: String,
-    on_store_error: OnStoreError,
     ledger: Arc<dyn LedgerStore>,
-    load: Arc<load::Load>,
-    /// Where a decided change becomes a committed entry, as the deployment does it.
-    pipeline: pipeline::Pipeline,
     scratch: state::ScratchStore,
     /// One rebuild of shards at a time in this instance.
     reopening: tokio::sync::Mutex<()>,
-    /// Set when a decision found a shard without its epoch.
-    rebuild_wanted: std::sync::atomic::AtomicBool,
-    /// When the holds this instance knows of fall due, per shard.
-    hold_dues: decision::giveback::HoldDues,
     janitor: Arc<janitor::Janitor>,
     /// What the last verify found.
     drift: recovery::verify::DriftWatch,
-    /// Attempts answered 503 that Redis may have decided, until voided.
-    doubts: recovery::void::Doubts,
     /// The failpoints tests arm (shared with the drain).
     faults: Arc<faults::Faults>,
 }
@@ -224,24 +221,45 @@ impl Engine {
             janitor,
         } = ports;
         let faults = durability.faults();
+        let pipeline = Arc::new(pipeline::Pipeline::new(durability, writer));
+        let followups = Arc::new(recovery::Followups::new(counters.clone()));
+        let decider = decision::Decider::new(decision::DeciderPorts {
+            counters: counters.clone(),
+            cache: cache.clone(),
+            clock: clock.clone(),
+            prefix: prefix.clone(),
+            on_store_error,
+            ledger: ledger.clone(),
+            load,
+            pipeline: pipeline.clone(),
+            followup: followups.clone(),
+            faults: faults.clone(),
+        });
         Self {
-            pipeline: pipeline::Pipeline::new(durability, writer),
-            scratch,
-            reopening: tokio::sync::Mutex::new(()),
-            rebuild_wanted: std::sync::atomic::AtomicBool::new(false),
+            decider,
+            pipeline,
+            followups,
             counters,
             cache,
             clock,
             prefix,
-            on_store_error,
             ledger,
-            load,
-            hold_dues: decision::giveback::HoldDues::default(),
+            scratch,
+            reopening: tokio::sync::Mutex::new(()),
             janitor,
             drift: recovery::verify::DriftWatch::default(),
-            doubts: recovery::void::Doubts::default(),
             faults,
         }
+    }
+
+    /// The decision path: consumes, checks, holds and what gives quota back.
+    pub(crate) fn decider(&self) -> &decision::Decider {
+        &self.decider
+    }
+
+    /// Releases every expired hold of every shard; returns how many.
+    pub async fn expire_due_holds(&self) -> usize {
+        self.decider.expire_due_holds().await
     }
 
     /// The failpoints of this engine and its drain, for tests (`engine::faults`).
@@ -278,7 +296,7 @@ impl Engine {
 
     /// Whether a store `error` is answered as a degraded allow (`QUOTA_ON_STORE_ERROR=allow`).
     pub(crate) fn fails_open(&self, error: &StoreError) -> bool {
-        error.is_transient() && self.on_store_error == OnStoreError::Allow
+        self.decider.fails_open(error)
     }
 
     /// Starts the deployment's background work (voids, the backlog watch, checkpoints

@@ -146,9 +146,9 @@ impl Sweeper {
                 };
                 if janitor && since_look.is_none_or(|t| t >= HOLD_LOOK_TICKS) {
                     since_look = Some(0);
-                    state.engine.look_for_holds().await;
+                    state.engine.decider().look_for_holds().await;
                 }
-                let expired = state.engine.expire_scheduled_holds().await;
+                let expired = state.engine.decider().expire_scheduled_holds().await;
                 if expired > 0 {
                     tracing::info!(expired, "released expired holds");
                 }
@@ -156,7 +156,7 @@ impl Sweeper {
                 // Cluster with shared budgets only), well within the 60 s a crash's charges
                 // may last.
                 if janitor && ticks.is_multiple_of(ATTEMPT_SWEEP_TICKS) {
-                    let resolved = state.engine.resolve_attempts().await;
+                    let resolved = state.engine.decider().resolve_attempts().await;
                     if resolved > 0 {
                         tracing::info!(resolved, "abandoned consumes across slots left unfinished");
                     }

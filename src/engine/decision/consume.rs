@@ -4,11 +4,12 @@
 use crate::domain::{ConsumptionId, EntryId, EntryKind, HoldId, KeptAnswer, LedgerEntry};
 use crate::engine::codec::{self, ConsumeRecord, HoldRecord, KeptPolicy};
 use crate::engine::decision::plan::{replayed_decision, Plan};
+use crate::engine::decision::Decider;
 use crate::engine::store::{
     Consume, Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing,
     StoreError, Undo,
 };
-use crate::engine::{from_millis, ConsumeRequest, Decision, Engine, EngineError};
+use crate::engine::{from_millis, ConsumeRequest, Decision, EngineError};
 use crate::keys;
 use chrono::{DateTime, Utc};
 
@@ -136,7 +137,7 @@ impl Attempt {
     }
 }
 
-impl Engine {
+impl Decider {
     /// Charges `request` to every enabled policy of its action, atomically.
     pub(crate) async fn consume(&self, request: &ConsumeRequest) -> Result<Consumed, EngineError> {
         self.charge(request, None).await
@@ -355,7 +356,8 @@ impl Engine {
                         let intent =
                             across.map(|_| keys::intent(&self.prefix, plan.keys.shard, &id));
                         for entry in &allowed {
-                            self.doubt(entry, &ledger.stream, key.clone(), intent.clone());
+                            self.followup
+                                .doubt(entry, &ledger.stream, key.clone(), intent.clone());
                         }
                     }
                     return Err(answer);
@@ -480,9 +482,9 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Decider {
     /// The answer the entry of `attempts` (one attempt) keeps, when this instance writes
-    /// it ([`Engine::commit_answered_or_undo`]); a streamed entry got it from the store.
+    /// it ([`Pipeline::commit_answered_or_undo`](crate::engine::pipeline::Pipeline::commit_answered_or_undo)); a streamed entry got it from the store.
     fn entry_answer(
         &self,
         plan: &Plan,

@@ -16,7 +16,7 @@
 //!    undone once (a missing one becomes a tombstone for 60 s), then the attempt leaves the
 //!    index. An intent that committed refuses to be abandoned: the consume was charged.
 //!
-//! The sweeper ([`Engine::resolve_attempts`], every instance, every 2 s) abandons the
+//! The sweeper ([`Decider::resolve_attempts`], every instance, every 2 s) abandons the
 //! intents whose deadline passed [`SKEW_MS`] ago: what a crashed or stalled instance left.
 //! A refund or settlement across slots keeps a pending record in the same index (given
 //! back at home, with the other slots' share still to give): the sweeper gives that share. Records made
@@ -31,11 +31,11 @@ use crate::engine::alerts;
 use crate::engine::codec::{self, IntentRecord};
 use crate::engine::decision::giveback::alerts::with_usage;
 use crate::engine::decision::plan::Plan;
+use crate::engine::decision::Decider;
 use crate::engine::store::{
     AcrossSlots, Charge, Consume, Decided, Effects, Evaluation, Finalize, Finalized, GiveBack,
     GiveBackKind, GivenBack, IntentOpen, LedgerAppend, Outcome, ReservationOpen, StoreError,
 };
-use crate::engine::Engine;
 use crate::keys;
 use std::collections::BTreeMap;
 
@@ -73,7 +73,7 @@ struct Group {
     charges: Vec<usize>,
 }
 
-impl Engine {
+impl Decider {
     /// Whether one counter-store call reaches only one slot (a Redis Cluster): then a
     /// change across shards takes the protocol of this module.
     pub(in crate::engine) fn one_slot_per_call(&self) -> bool {

@@ -6,8 +6,9 @@ use crate::domain::{
     ActionSet, CounterCharge, EntryId, EntryKind, HoldId, LedgerEntry, PolicyAmount, Quantity,
 };
 use crate::engine::codec::{self, HoldRecord};
+use crate::engine::decision::Decider;
 use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, StoreError, Undo};
-use crate::engine::{Decision, Engine, EngineError};
+use crate::engine::{Decision, EngineError};
 use crate::keys;
 use crate::logs::Throttle;
 use chrono::{DateTime, Utc};
@@ -141,7 +142,7 @@ fn share_of(kind: GiveBackKind, refunded: u64) -> (bool, i64) {
     }
 }
 
-impl Engine {
+impl Decider {
     /// Commits or releases the hold `hold_id`. A hold of an action outside `visible` is
     /// unknown to the caller: not found, and nothing changes.
     pub(crate) async fn settle(
@@ -169,12 +170,12 @@ impl Engine {
     }
 
     /// Releases every expired hold of every shard; returns how many.
-    pub async fn expire_due_holds(&self) -> usize {
+    pub(crate) async fn expire_due_holds(&self) -> usize {
         self.expire_holds_of(0..keys::SHARDS).await
     }
 
     /// Releases the expired holds of the shards where one is known to be due (opened by
-    /// this instance, or seen by [`Engine::look_for_holds`]); then learns when each of
+    /// this instance, or seen by [`Decider::look_for_holds`]); then learns when each of
     /// those shards' next hold falls due. Runs every half second: with nothing due it
     /// costs the store nothing.
     pub(crate) async fn expire_scheduled_holds(&self) -> usize {
@@ -438,8 +439,8 @@ impl Engine {
     }
 
     /// Gives `entry`'s share back to the foreign shards of a Redis Cluster (see
-    /// [`Engine::restore_foreign`]): `(full, by_amount)`, with the shards' `alerts`
-    /// ([`Engine::foreign_alerts`]). The entry is recorded already, with a pending record
+    /// [`Decider::restore_foreign`]): `(full, by_amount)`, with the shards' `alerts`
+    /// ([`Decider::foreign_alerts`]). The entry is recorded already, with a pending record
     /// at `home`: a failure here is logged, the answer stands, and the sweeper gives the
     /// share back later.
     pub(in crate::engine) async fn share_foreign(

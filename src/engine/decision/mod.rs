@@ -15,13 +15,97 @@ pub(crate) mod plan;
 pub(crate) mod policies;
 pub mod window;
 
+use crate::clock::Clock;
 use crate::domain::{Action, Attributes, Quantity, Subject};
-use crate::engine::store::StoreError;
-use crate::engine::{ConsumeRequest, Decision, Engine, EngineError, OnStoreError};
+use crate::engine::faults::Faults;
+use crate::engine::followup::Followup;
+use crate::engine::ledger::LedgerStore;
+use crate::engine::load::Load;
+use crate::engine::pipeline::Pipeline;
+use crate::engine::store::{CounterStore, StoreError};
+use crate::engine::{ConsumeRequest, Decision, EngineError, OnStoreError};
 use crate::logs::Throttle;
+use chrono::{DateTime, Utc};
+use policies::PolicyCache;
+use std::sync::Arc;
 
-impl Engine {
-    /// Decides `request` without charging (a check). Consumes go through [`Engine::consume`].
+/// The decision path, a part of the engine of its own: it reaches the ledger pipeline
+/// through the [`Pipeline`] it is handed, and recovery only through the [`Followup`] port.
+pub(crate) struct Decider {
+    counters: Arc<dyn CounterStore>,
+    cache: Arc<PolicyCache>,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+    on_store_error: OnStoreError,
+    /// Read by refunds and holds.
+    ledger: Arc<dyn LedgerStore>,
+    /// Whether admission control is shedding load (a timeout is then ours, not Redis's).
+    load: Arc<Load>,
+    /// When the holds this instance knows of fall due, per shard.
+    hold_dues: giveback::HoldDues,
+    pipeline: Arc<Pipeline>,
+    followup: Arc<dyn Followup>,
+    /// The failpoints tests arm (shared with the drain).
+    faults: Arc<Faults>,
+}
+
+/// What the decision path decides with, wired by the engine's composition.
+pub(crate) struct DeciderPorts {
+    pub(crate) counters: Arc<dyn CounterStore>,
+    pub(crate) cache: Arc<PolicyCache>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) prefix: String,
+    pub(crate) on_store_error: OnStoreError,
+    pub(crate) ledger: Arc<dyn LedgerStore>,
+    pub(crate) load: Arc<Load>,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) followup: Arc<dyn Followup>,
+    pub(crate) faults: Arc<Faults>,
+}
+
+impl Decider {
+    /// The decision path over `ports`.
+    pub(crate) fn new(ports: DeciderPorts) -> Self {
+        let DeciderPorts {
+            counters,
+            cache,
+            clock,
+            prefix,
+            on_store_error,
+            ledger,
+            load,
+            pipeline,
+            followup,
+            faults,
+        } = ports;
+        Self {
+            counters,
+            cache,
+            clock,
+            prefix,
+            on_store_error,
+            ledger,
+            load,
+            hold_dues: giveback::HoldDues::default(),
+            pipeline,
+            followup,
+            faults,
+        }
+    }
+
+    /// The current time on the clock, to the millisecond (see `Engine::now`).
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        chrono::SubsecRound::trunc_subsecs(self.clock.now(), 3)
+    }
+
+    /// Whether a store `error` is answered as a degraded allow (`QUOTA_ON_STORE_ERROR=allow`).
+    pub(crate) fn fails_open(&self, error: &StoreError) -> bool {
+        error.is_transient() && self.on_store_error == OnStoreError::Allow
+    }
+}
+
+impl Decider {
+    /// Decides `request` without charging (a check). Consumes go through [`Decider::consume`].
     pub(crate) async fn check(&self, request: &ConsumeRequest) -> Result<Decision, EngineError> {
         let plan = self.plan(request)?;
         if plan.charges.is_empty() {
@@ -78,12 +162,12 @@ impl Engine {
         error: StoreError,
     ) -> Result<Decision, EngineError> {
         if matches!(error, StoreError::Rebuilding { .. }) {
-            self.want_rebuild();
+            self.followup.want_rebuild();
         }
         match error {
             // Never fail open while shedding: a flood must not switch the limits off.
             error if error.is_transient() && self.load.overloaded() => Err(EngineError::Overloaded),
-            error if error.is_transient() && self.on_store_error == OnStoreError::Allow => {
+            error if self.fails_open(&error) => {
                 static SITE: Throttle = Throttle::new();
                 if let Some(count) = SITE.event() {
                     tracing::warn!(error = %error, count, "counter store unavailable; allowing (degraded)");

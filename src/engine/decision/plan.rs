@@ -10,8 +10,8 @@ use crate::engine::codec::{KeptPolicy, KeptTerms};
 use crate::engine::decision::policies::{ActionPolicies, PolicyCache};
 use crate::engine::store::{Algorithm, Charge, Evaluation, Outcome, Restore};
 use crate::engine::{
-    decision::window, reset_time, seconds_until, ConsumeRequest, Decision, Engine, EngineError,
-    PolicyDecision,
+    decision::window, decision::Decider, reset_time, seconds_until, ConsumeRequest, Decision,
+    EngineError, PolicyDecision,
 };
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Utc};
@@ -44,7 +44,7 @@ pub(in crate::engine) struct Planned {
     pub(crate) window_seconds: u64,
 }
 
-impl Engine {
+impl Decider {
     /// The plan of `request` at the clock's `now`: the policies whose `match` admits it,
     /// each with its budget. A request lacking an attribute that the scope of an applying
     /// policy names is invalid (no budget is skipped silently).

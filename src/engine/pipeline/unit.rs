@@ -79,7 +79,7 @@ impl Pipeline {
         self.durability.commit_or_undo(&self.writer, change).await
     }
 
-    /// [`Engine::commit_or_undo`] of a decision's `entries`, the last (the first and only
+    /// [`Pipeline::commit_or_undo`] of a decision's `entries`, the last (the first and only
     /// one, or the last of requests decided together) keeping `answer` where this
     /// instance writes them; a store that streams them kept the answer in its own copy.
     pub(crate) async fn commit_answered_or_undo(
@@ -141,7 +141,7 @@ impl Pipeline {
     }
 
     /// Whether a kept answer waits as in flight until its entry is committed: in process,
-    /// where the entry commits after the change ([`Engine::commit_or_undo`]).
+    /// where the entry commits after the change ([`Pipeline::commit_or_undo`]).
     pub(crate) fn records_pending(&self) -> bool {
         self.durability.answers_wait_for_commit()
     }

@@ -304,7 +304,10 @@ impl Run<'_> {
         };
         charge.counters = plan.counter_charges();
         let refunded = self.refunded.get(&consumption_id).copied().unwrap_or(0);
-        let mut request = self.engine.refund_give_back(&charge, entry, refunded);
+        let mut request = self
+            .engine
+            .decider
+            .refund_give_back(&charge, entry, refunded);
         request.ledger = None;
         request.idempotency = None;
         self.store
@@ -326,6 +329,7 @@ impl Run<'_> {
         };
         let (_, mut request) = self
             .engine
+            .decider
             .hold_give_back(hold_id, &record, how, entry.at)?;
         request.ledger = None;
         self.store

@@ -222,7 +222,7 @@ impl Engine {
         self.replay_streamed(&mut own.replayer, own.target.as_ref(), streamed_own)
             .await?;
         if let Some(wide) = wide {
-            if self.one_slot_per_call() {
+            if self.decider.one_slot_per_call() {
                 match self
                     .settled_cut(shards, token, &wide.replayer, shared_known)
                     .await?

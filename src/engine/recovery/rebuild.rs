@@ -240,7 +240,7 @@ impl Engine {
     /// home (`engine::crossslot`): the replay gives that share back, so a share the sweeper
     /// would redo after the rebuild must find it given.
     fn share_markers(&self, entry: &LedgerEntry, ops: &[ReplayOp]) -> Vec<ReplayOp> {
-        if !self.one_slot_per_call() {
+        if !self.decider.one_slot_per_call() {
             return Vec::new();
         }
         let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
@@ -339,7 +339,7 @@ impl Engine {
                     .await?
             }
         };
-        let mut request = self.refund_give_back(&charge, entry, refunded);
+        let mut request = self.decider.refund_give_back(&charge, entry, refunded);
         replayer
             .refunded
             .insert(consumption_id, refunded + entry.amount);
@@ -376,7 +376,9 @@ impl Engine {
             None => return Ok(None),
         };
         let how = settlement(entry)?;
-        let (_, mut request) = self.hold_give_back(hold_id, &record, how, entry.at)?;
+        let (_, mut request) = self
+            .decider
+            .hold_give_back(hold_id, &record, how, entry.at)?;
         request.ledger = None;
         let at_ms = entry.at.timestamp_millis();
         Ok(Some(ReplayOp::GiveBack {

@@ -26,6 +26,7 @@
 
 use crate::domain::{Action, LedgerEntry};
 use crate::engine::decision::crossslot::{ATTEMPT_MS, SKEW_MS};
+use crate::engine::followup::Followup;
 use crate::engine::recovery::snapshot::SnapshotStore;
 use crate::engine::shards::ShardStates;
 use crate::engine::state::{Replay, StateItem};
@@ -204,7 +205,7 @@ impl Engine {
         // shared by subjects, an entry that charged these shards may wait in any shard's
         // stream: then every stream is drained.
         let shared = self.cache.has_shared_budgets();
-        if shared && self.one_slot_per_call() {
+        if shared && self.decider.one_slot_per_call() {
             // On a cluster, an attempt across slots that reserved in these shards before
             // they closed commits (or can no longer) within its deadline and the skew:
             // its entry is then in a stream, drained below.
@@ -281,9 +282,7 @@ impl Engine {
 
     /// Rebuilds the closed shards if a decision found one since the last call (or `always`).
     pub(crate) async fn reopen_if_wanted(&self, always: bool) {
-        let wanted = self
-            .rebuild_wanted
-            .swap(false, std::sync::atomic::Ordering::AcqRel);
+        let wanted = self.followups.take_rebuild_wanted();
         if !(wanted || always) {
             return;
         }
@@ -299,17 +298,10 @@ impl Engine {
             Ok(_) => {}
             Err(error) => {
                 // Try again at the next look.
-                self.rebuild_wanted
-                    .store(true, std::sync::atomic::Ordering::Release);
+                self.followups.want_rebuild();
                 tracing::warn!(error = %error, "rebuilding counter-store shards failed; will retry");
             }
         }
-    }
-
-    /// A decision found a shard without its epoch: the background watch rebuilds it.
-    pub(crate) fn want_rebuild(&self) {
-        self.rebuild_wanted
-            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     fn keep_locks(

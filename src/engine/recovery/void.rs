@@ -79,6 +79,33 @@ impl Doubts {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Registers `entry`'s attempt, whose call was sent at most `timeout` before the
+    /// store's `now` (ms): see [`Followup::doubt`](crate::engine::followup::Followup::doubt).
+    pub(super) fn push(
+        &self,
+        entry: &LedgerEntry,
+        stream: &str,
+        (now, timeout): (i64, std::time::Duration),
+        idempotency: Option<String>,
+        intent: Option<String>,
+    ) {
+        let timeout = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        // The call was sent at most `timeout` ago, and carried now + timeout at most.
+        let deadline = now.saturating_add(timeout);
+        self.lock().push(Doubt {
+            due_ms: deadline.saturating_add(2 * CLOCK_SKEW_MS),
+            stream: stream.to_owned(),
+            window: (
+                now - timeout - 2 * CLOCK_SKEW_MS,
+                deadline.saturating_add(2 * CLOCK_SKEW_MS),
+            ),
+            entry: entry.clone(),
+            idempotency,
+            intent,
+            since: Instant::now(),
+        });
+    }
 }
 
 /// What settling one doubt found.
@@ -94,39 +121,11 @@ pub enum Voided {
 }
 
 impl Engine {
-    /// Registers an attempt answered 503 after its store call failed in a way that may
-    /// have let Redis run it (timed out, or the connection broke).
-    /// `intent`: the key of its intent, when it was decided across Redis Cluster slots.
-    pub(in crate::engine) fn doubt(
-        &self,
-        entry: &LedgerEntry,
-        stream: &str,
-        idempotency: Option<String>,
-        intent: Option<String>,
-    ) {
-        let timeout = i64::try_from(self.counters.call_timeout().as_millis()).unwrap_or(i64::MAX);
-        let now = self.counters.store_now_ms();
-        // The call was sent at most `timeout` ago, and carried now + timeout at most.
-        let deadline = now.saturating_add(timeout);
-        self.doubts.lock().push(Doubt {
-            due_ms: deadline.saturating_add(2 * CLOCK_SKEW_MS),
-            stream: stream.to_owned(),
-            window: (
-                now - timeout - 2 * CLOCK_SKEW_MS,
-                deadline.saturating_add(2 * CLOCK_SKEW_MS),
-            ),
-            entry: entry.clone(),
-            idempotency,
-            intent,
-            since: Instant::now(),
-        });
-    }
-
     /// Voids every doubt settled by now (`all`: every one, waiting until it settles);
     /// returns what each found.
     pub async fn void_settled(&self, all: bool) -> Vec<Voided> {
         let due: Vec<Doubt> = {
-            let mut doubts = self.doubts.lock();
+            let mut doubts = self.followups.doubts.lock();
             let now = self.counters.store_now_ms();
             let (due, later) = doubts.drain(..).partition(|d| all || d.due_ms <= now);
             *doubts = later;
@@ -142,7 +141,7 @@ impl Engine {
                 // Its intent is still open: the caller's abandon or the sweeper settles it.
                 Ok(None) if doubt.since.elapsed() < GIVE_UP_AFTER => {
                     doubt.due_ms = self.counters.store_now_ms() + RETRY_MS;
-                    self.doubts.lock().push(doubt);
+                    self.followups.doubts.lock().push(doubt);
                 }
                 Ok(None) => tracing::error!(
                     entry = %doubt.entry.id,
@@ -170,7 +169,7 @@ impl Engine {
                         tracing::warn!(error = %error, count, "voiding an attempt answered 503 failed; will retry");
                     }
                     doubt.due_ms = self.counters.store_now_ms() + RETRY_MS;
-                    self.doubts.lock().push(doubt);
+                    self.followups.doubts.lock().push(doubt);
                 }
                 Err(error) => tracing::error!(
                     error = %error,
@@ -224,7 +223,10 @@ impl Engine {
         let (void, request) = self.void_request(doubt)?;
         let home = keys::shard(void.action.as_str(), void.subject.as_str());
         // A void tells no alert (its charge was answered 503).
-        let (_, given) = self.give_back_unit(home, void, None, |_| request).await?;
+        let (_, given) = self
+            .decider
+            .give_back_unit(home, void, None, |_| request)
+            .await?;
         Ok(match given {
             GivenBack::Done { .. } => Voided::Voided,
             GivenBack::Conflict(why) => Voided::Kept(why),
@@ -262,7 +264,8 @@ impl Engine {
         };
         if let Some((hold_id, record)) = HoldRecord::opened_by(entry) {
             let (_, mut request) =
-                self.hold_give_back(hold_id, &record, Some(Settle::Release), now)?;
+                self.decider
+                    .hold_give_back(hold_id, &record, Some(Settle::Release), now)?;
             request.kind = GiveBackKind::VoidHold {
                 total: entry.amount,
                 expires_at_ms: record.expires_at_ms,

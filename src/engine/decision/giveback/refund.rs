@@ -6,15 +6,16 @@ use crate::domain::{
     ActionSet, ConsumptionId, EntryId, EntryKind, IdempotencyKey, LedgerEntry, Quantity,
 };
 use crate::engine::codec;
+use crate::engine::decision::Decider;
 use crate::engine::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Utc};
 
 /// Refund idempotency records are kept a day.
 const REFUND_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 
-impl Engine {
+impl Decider {
     /// Gives back `amount` (default: all not yet refunded) of the consume `consumption_id`.
     /// A consumption of an action outside `visible` is unknown to the caller: not found,
     /// and nothing changes.
