@@ -58,6 +58,7 @@ macro_rules! scenarios {
 mod calendar;
 mod cluster;
 mod decisions;
+mod effects;
 mod giveback;
 mod lifetime;
 mod properties;

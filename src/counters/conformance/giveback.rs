@@ -8,7 +8,7 @@ use crate::engine::store::{Algorithm, GiveBack, GiveBackKind, GivenBack};
 scenarios!(a_refund_reports_usage_before_and_after_on_every_window);
 
 /// A counter of policy `p` charged `charged`, given back as `restore` says.
-fn counter(key: &str, restore: Restore, by_amount: bool, charged: u64) -> CounterCharge {
+pub(super) fn counter(key: &str, restore: Restore, by_amount: bool, charged: u64) -> CounterCharge {
     CounterCharge {
         policy_id: PolicyId::parse("id", "p").expect("a valid id"),
         key: key.to_owned(),
