@@ -350,14 +350,14 @@ fn a_file_belongs_to_the_top_level_module_it_sits_under() {
 /// file there but `mod.rs`, which holds the engine and its wiring, and `deployment`, the
 /// mode chosen in startup); the decision path also the pipeline it hands each decided
 /// change to (and reaches recovery only through the `followup` port); recovery replays
-/// with the decision path's arithmetic. The ports name no part. Each part is a type with
-/// private fields (`Decider`, `Pipeline`, `Followups`), so what this check reads by path the
-/// compiler holds by privacy.
+/// with the decision path's arithmetic and pauses the pipeline for a cut. The ports name
+/// no part. Each part is a type with private fields (`Decider`, `Pipeline`, `Recovery`), so
+/// what this check reads by path the compiler holds by privacy.
 const ENGINE_PARTS: &[(&str, &str)] = &[
     ("ports", ""),
     ("decision", "pipeline"),
     ("pipeline", ""),
-    ("recovery", "decision"),
+    ("recovery", "decision pipeline"),
 ];
 
 /// The engine's part that `file` (under `src/engine/`) belongs to; `None` for the hub.

@@ -186,7 +186,7 @@ async fn start_engine(
         Some(embedded) => Some(embedded.restore(&engine).await?),
         None => None,
     };
-    engine.reopen_if_wanted(true).await;
+    engine.recovery().reopen_if_wanted(true).await;
     Ok((engine, restored))
 }
 

@@ -220,7 +220,8 @@ pub(crate) async fn backtest(
             "another backtest is running on this instance; retry when it is done".to_owned(),
         ));
     };
-    let Backtest { policies, entries } = state.engine.backtest(policies, from, to).await?;
+    let Backtest { policies, entries } =
+        state.engine.recovery().backtest(policies, from, to).await?;
     Ok(web::Json(BacktestOut {
         policies: policies.into_iter().map(BacktestPolicyOut::from).collect(),
         entries,

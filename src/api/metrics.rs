@@ -30,7 +30,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         overloaded: state.admission.shed(),
         paced: state.admission.paced(),
         ledger_lag: state.ledger_lag.snapshot(),
-        counter_drift_budgets: state.engine.drift_watch().budgets(),
+        counter_drift_budgets: state.engine.recovery().drift_watch().budgets(),
         alerts: alerts_live(&state).await,
         clock_offset_seconds: state
             .time

@@ -96,6 +96,7 @@ pub(crate) async fn verify(
     errors.finish(|| ())?;
     let verified = state
         .engine
+        .recovery()
         .verify(action.as_ref())
         .await
         .map_err(|error| match error {

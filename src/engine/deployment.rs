@@ -19,8 +19,9 @@ use super::pipeline::writer::LedgerWriter;
 use super::recovery::shards::Reopened;
 use super::recovery::snapshot::Saved;
 use super::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
+use super::recovery::Recovery;
 use super::store::{StoreError, Undo};
-use super::{Engine, EngineError, Readiness};
+use super::{EngineError, Readiness};
 use crate::domain::{Action, KeptAnswer, LedgerEntry};
 use async_trait::async_trait;
 use std::collections::BTreeSet;
@@ -106,7 +107,7 @@ pub(crate) trait Durability: Send + Sync {
     fn backlog_max(&self) -> Option<u64>;
 
     /// Why `engine` would answer consumes 503 now, and what is known of its store.
-    async fn readiness(&self, engine: &Engine) -> Readiness;
+    async fn readiness(&self, recovery: &Recovery) -> Readiness;
 
     /// Starts moving entries into SQL, if this deployment does (before the first request).
     async fn start_drain(&self, janitor: &Arc<Janitor>) -> Option<JoinHandle<()>>;
@@ -115,7 +116,7 @@ pub(crate) trait Durability: Send + Sync {
     /// checkpoints `checkpoint_every` so often.
     async fn start_watches(
         &self,
-        engine: &Arc<Engine>,
+        recovery: &Arc<Recovery>,
         checkpoint_every: Option<Duration>,
     ) -> Vec<JoinHandle<()>>;
 
@@ -123,19 +124,23 @@ pub(crate) trait Durability: Send + Sync {
     /// that action's entries only); nothing to do where every start rebuilds them.
     async fn reopen(
         &self,
-        engine: &Engine,
+        recovery: &Recovery,
         action: Option<&Action>,
     ) -> Result<Reopened, EngineError>;
 
     /// Closes every counter and rebuilds it from the ledger (`counters rebuild`).
-    async fn rebuild(&self, engine: &Engine, action: Option<&Action>) -> anyhow::Result<Reopened>;
+    async fn rebuild(
+        &self,
+        recovery: &Recovery,
+        action: Option<&Action>,
+    ) -> anyhow::Result<Reopened>;
 
     /// Checkpoints the ledger's replay up to its last entry now.
-    async fn checkpoint_now(&self, engine: &Engine) -> anyhow::Result<Option<Saved>>;
+    async fn checkpoint_now(&self, recovery: &Recovery) -> anyhow::Result<Option<Saved>>;
 
     /// Snapshots the counters, unless the ledger's last entry is still the one numbered
     /// `covered`; `None` where there is nothing to snapshot.
-    async fn snapshot(&self, engine: &Engine, covered: Option<i64>) -> Option<Saved>;
+    async fn snapshot(&self, recovery: &Recovery, covered: Option<i64>) -> Option<Saved>;
 
     /// How many ledger entries were committed after the one numbered `covered`, where
     /// snapshots count them.
@@ -144,7 +149,7 @@ pub(crate) trait Durability: Send + Sync {
     /// Compares every live budget (of `action`, or all) with the ledger's usage.
     async fn verify(
         &self,
-        engine: &Engine,
+        recovery: &Recovery,
         action: Option<&Action>,
         learn: &Learn<'_>,
         known: &KnownByKey,

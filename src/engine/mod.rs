@@ -186,28 +186,24 @@ pub(crate) struct Readiness {
 /// The quota engine; shared by every request.
 pub struct Engine {
     /// The decision path.
-    decider: decision::Decider,
+    decider: Arc<decision::Decider>,
     /// Where a decided change becomes a committed entry, as the deployment does it.
     pipeline: Arc<pipeline::Pipeline>,
-    /// What recovery follows up for the decision path (doubts, shards to rebuild).
-    followups: Arc<recovery::Followups>,
+    /// The counters rebuilt from and compared with the ledger; doubts voided.
+    recovery: Arc<recovery::Recovery>,
     counters: Arc<dyn CounterStore>,
     cache: Arc<PolicyCache>,
     clock: Arc<dyn Clock>,
-    prefix: String,
     ledger: Arc<dyn LedgerStore>,
-    scratch: state::ScratchStore,
-    /// One rebuild of shards at a time in this instance.
-    reopening: tokio::sync::Mutex<()>,
     janitor: Arc<janitor::Janitor>,
-    /// What the last verify found.
-    drift: recovery::verify::DriftWatch,
     /// The failpoints tests arm (shared with the drain).
     faults: Arc<faults::Faults>,
 }
 
 impl Engine {
-    /// Builds the engine over its ports; `prefix` starts every counter-store key.
+    /// Builds the engine over its ports; `prefix` starts every counter-store key. The
+    /// composition: the pipeline, handed to the decision path with recovery's followups
+    /// as its `Followup` port; both handed to recovery.
     pub(crate) fn new(ports: Ports, prefix: String, on_store_error: OnStoreError) -> Self {
         let Ports {
             counters,
@@ -223,7 +219,7 @@ impl Engine {
         let faults = durability.faults();
         let pipeline = Arc::new(pipeline::Pipeline::new(durability, writer));
         let followups = Arc::new(recovery::Followups::new(counters.clone()));
-        let decider = decision::Decider::new(decision::DeciderPorts {
+        let decider = Arc::new(decision::Decider::new(decision::DeciderPorts {
             counters: counters.clone(),
             cache: cache.clone(),
             clock: clock.clone(),
@@ -234,20 +230,29 @@ impl Engine {
             pipeline: pipeline.clone(),
             followup: followups.clone(),
             faults: faults.clone(),
-        });
+        }));
+        let recovery = Arc::new(recovery::Recovery::new(recovery::RecoveryPorts {
+            decider: decider.clone(),
+            pipeline: pipeline.clone(),
+            followups,
+            counters: counters.clone(),
+            cache: cache.clone(),
+            clock: clock.clone(),
+            prefix,
+            ledger: ledger.clone(),
+            scratch,
+            janitor: janitor.clone(),
+            faults: faults.clone(),
+        }));
         Self {
             decider,
             pipeline,
-            followups,
+            recovery,
             counters,
             cache,
             clock,
-            prefix,
             ledger,
-            scratch,
-            reopening: tokio::sync::Mutex::new(()),
             janitor,
-            drift: recovery::verify::DriftWatch::default(),
             faults,
         }
     }
@@ -255,6 +260,17 @@ impl Engine {
     /// The decision path: consumes, checks, holds and what gives quota back.
     pub(crate) fn decider(&self) -> &decision::Decider {
         &self.decider
+    }
+
+    /// Recovery: rebuilds, verifies, backtests, voids.
+    pub(crate) fn recovery(&self) -> &recovery::Recovery {
+        &self.recovery
+    }
+
+    /// Voids every attempt in doubt settled by now (`all`: every one, waiting until it
+    /// settles); what each found (`recovery::void`).
+    pub async fn void_settled(&self, all: bool) -> Vec<recovery::void::Voided> {
+        self.recovery.void_settled(all).await
     }
 
     /// Releases every expired hold of every shard; returns how many.
@@ -291,23 +307,18 @@ impl Engine {
 
     /// Whether the counter store answers, and whether the ledger backlog is full.
     pub(crate) async fn readiness(&self) -> Readiness {
-        self.pipeline.durability().readiness(self).await
-    }
-
-    /// Whether a store `error` is answered as a degraded allow (`QUOTA_ON_STORE_ERROR=allow`).
-    pub(crate) fn fails_open(&self, error: &StoreError) -> bool {
-        self.decider.fails_open(error)
+        self.pipeline.durability().readiness(&self.recovery).await
     }
 
     /// Starts the deployment's background work (voids, the backlog watch, checkpoints
     /// `checkpoint_every` so often, on Redis).
     pub(crate) async fn start_watches(
-        self: &Arc<Self>,
+        &self,
         checkpoint_every: Option<std::time::Duration>,
     ) -> Vec<tokio::task::JoinHandle<()>> {
         self.pipeline
             .durability()
-            .start_watches(self, checkpoint_every)
+            .start_watches(&self.recovery, checkpoint_every)
             .await
     }
 
@@ -318,25 +329,37 @@ impl Engine {
         &self,
         action: Option<&Action>,
     ) -> anyhow::Result<recovery::shards::Reopened> {
-        self.pipeline.durability().rebuild(self, action).await
+        self.pipeline
+            .durability()
+            .rebuild(&self.recovery, action)
+            .await
     }
 
     /// Checkpoints every entry committed so far (tests, and an operator's rebuild); `None`
     /// when nothing is new, or the counters are in process.
     pub async fn checkpoint_now(&self) -> anyhow::Result<Option<Saved>> {
-        self.pipeline.durability().checkpoint_now(self).await
+        self.pipeline
+            .durability()
+            .checkpoint_now(&self.recovery)
+            .await
     }
 
     /// Snapshots the in-process store (the embedded default), replacing the snapshot kept;
     /// what was saved, `None` without an in-process store (see `recovery::snapshot`).
     pub async fn snapshot_now(&self) -> Option<Saved> {
-        self.pipeline.durability().snapshot(self, None).await
+        self.pipeline
+            .durability()
+            .snapshot(&self.recovery, None)
+            .await
     }
 
     /// [`Engine::snapshot_now`], unless the ledger's last entry is still the one numbered
     /// `covered` (the snapshot kept covers it: the state it holds is the same).
     pub async fn snapshot_unless_covered(&self, covered: Option<i64>) -> Option<Saved> {
-        self.pipeline.durability().snapshot(self, covered).await
+        self.pipeline
+            .durability()
+            .snapshot(&self.recovery, covered)
+            .await
     }
 
     /// How many ledger entries were committed after the one numbered `covered` (seqs

@@ -26,6 +26,7 @@ impl Embedded {
     /// the whole horizon; then releases the holds that expired meanwhile.
     pub(super) async fn restore(&self, engine: &Engine) -> anyhow::Result<Restored> {
         let restored = engine
+            .recovery()
             .restore(self.store.as_ref(), self.snapshots.as_ref())
             .await
             .context("rebuilding usage, holds and kept answers from the snapshot and ledger")?;

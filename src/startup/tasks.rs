@@ -89,9 +89,9 @@ impl BackgroundTasks {
         ));
         if let Some(every) = settings.verify_interval {
             let engine = state.engine.clone();
-            self.0.push(tokio::spawn(
-                async move { engine.verify_every(every).await },
-            ));
+            self.0.push(tokio::spawn(async move {
+                engine.recovery().verify_every(every).await
+            }));
         }
         let watches = state.engine.start_watches(settings.checkpoint_every).await;
         self.0.extend(watches);

@@ -19,8 +19,9 @@ use crate::engine::pipeline::writer::{LedgerWriter, Rollback};
 use crate::engine::recovery::shards::Reopened;
 use crate::engine::recovery::snapshot::{Saved, Snapshots};
 use crate::engine::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
+use crate::engine::recovery::Recovery;
 use crate::engine::store::{StoreError, Undoable};
-use crate::engine::{Engine, EngineError, Readiness};
+use crate::engine::{EngineError, Readiness};
 use crate::logs::Throttle;
 use async_trait::async_trait;
 use std::collections::BTreeSet;
@@ -157,7 +158,7 @@ impl Durability for Embedded {
         None
     }
 
-    async fn readiness(&self, _engine: &Engine) -> Readiness {
+    async fn readiness(&self, _recovery: &Recovery) -> Readiness {
         Readiness {
             store: None,
             backlog_full: None,
@@ -171,7 +172,7 @@ impl Durability for Embedded {
 
     async fn start_watches(
         &self,
-        _engine: &Arc<Engine>,
+        _recovery: &Arc<Recovery>,
         _checkpoint_every: Option<Duration>,
     ) -> Vec<JoinHandle<()>> {
         Vec::new()
@@ -179,7 +180,7 @@ impl Durability for Embedded {
 
     async fn reopen(
         &self,
-        _engine: &Engine,
+        _recovery: &Recovery,
         _action: Option<&Action>,
     ) -> Result<Reopened, EngineError> {
         Ok(Reopened::default())
@@ -187,18 +188,18 @@ impl Durability for Embedded {
 
     async fn rebuild(
         &self,
-        _engine: &Engine,
+        _recovery: &Recovery,
         _action: Option<&Action>,
     ) -> anyhow::Result<Reopened> {
         anyhow::bail!("the counters are in process (no REDIS_URL): every start rebuilds them");
     }
 
-    async fn checkpoint_now(&self, _engine: &Engine) -> anyhow::Result<Option<Saved>> {
+    async fn checkpoint_now(&self, _recovery: &Recovery) -> anyhow::Result<Option<Saved>> {
         Ok(None)
     }
 
-    async fn snapshot(&self, engine: &Engine, covered: Option<i64>) -> Option<Saved> {
-        engine.snapshot_into(&self.snapshots, covered).await
+    async fn snapshot(&self, recovery: &Recovery, covered: Option<i64>) -> Option<Saved> {
+        recovery.snapshot_into(&self.snapshots, covered).await
     }
 
     async fn entries_after(&self, covered: i64) -> Option<u64> {
@@ -209,12 +210,12 @@ impl Durability for Embedded {
 
     async fn verify(
         &self,
-        engine: &Engine,
+        recovery: &Recovery,
         action: Option<&Action>,
         learn: &Learn<'_>,
         known: &KnownByKey,
     ) -> Result<Verified, VerifyError> {
-        engine
+        recovery
             .verify_embedded(&self.snapshots, action, learn, known)
             .await
     }

@@ -17,9 +17,10 @@ use crate::engine::recovery::shards::{Reopened, SHARD_LOOK_EVERY};
 use crate::engine::recovery::snapshot::{Saved, SnapshotStore};
 use crate::engine::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
 use crate::engine::recovery::void::VOID_EVERY;
+use crate::engine::recovery::Recovery;
 use crate::engine::shards::ShardStates;
 use crate::engine::store::StoreError;
-use crate::engine::{Engine, EngineError, Readiness};
+use crate::engine::{EngineError, Readiness};
 use crate::keys;
 use async_trait::async_trait;
 use std::collections::BTreeSet;
@@ -176,22 +177,22 @@ impl Durability for Streamed {
         Some(self.backlog.max())
     }
 
-    async fn readiness(&self, engine: &Engine) -> Readiness {
+    async fn readiness(&self, recovery: &Recovery) -> Readiness {
         let mut reasons = Vec::new();
-        let pinged = engine.counters().ping().await;
+        let pinged = recovery.counters().ping().await;
         match &pinged {
-            Err(error) if !engine.fails_open(error) => reasons.push(error.to_string()),
+            Err(error) if !recovery.fails_open(error) => reasons.push(error.to_string()),
             Err(_) => {}
             Ok(()) => match self.shards.closed_shards().await.map(|c| c.len()) {
                 Ok(0) => {}
                 Ok(closed) => {
-                    if !engine.fails_open(&StoreError::Rebuilding { shard: 0 }) {
+                    if !recovery.fails_open(&StoreError::Rebuilding { shard: 0 }) {
                         reasons.push(format!(
                             "{closed} counter-store shards are being rebuilt from the ledger"
                         ));
                     }
                 }
-                Err(error) if !engine.fails_open(&error) => reasons.push(error.to_string()),
+                Err(error) if !recovery.fails_open(&error) => reasons.push(error.to_string()),
                 Err(_) => {}
             },
         }
@@ -216,43 +217,47 @@ impl Durability for Streamed {
 
     async fn start_watches(
         &self,
-        engine: &Arc<Engine>,
+        recovery: &Arc<Recovery>,
         checkpoint_every: Option<Duration>,
     ) -> Vec<JoinHandle<()>> {
         let voids = {
-            let engine = engine.clone();
-            tokio::spawn(async move { engine.void_every(VOID_EVERY).await })
+            let recovery = recovery.clone();
+            tokio::spawn(async move { recovery.void_every(VOID_EVERY).await })
         };
         // Before the first request, so that a full backlog is known from the start.
         self.measure_backlog().await;
-        let mut tasks = vec![voids, self.watch(engine.clone())];
+        let mut tasks = vec![voids, self.watch(recovery.clone())];
         if let Some(every) = checkpoint_every {
-            tasks.push(self.checkpoint_every(engine.clone(), every));
+            tasks.push(self.checkpoint_every(recovery.clone(), every));
         }
         tasks
     }
 
     async fn reopen(
         &self,
-        engine: &Engine,
+        recovery: &Recovery,
         action: Option<&Action>,
     ) -> Result<Reopened, EngineError> {
-        engine
+        recovery
             .reopen_shards(&self.shards, self.checkpoints.as_ref(), action)
             .await
     }
 
-    async fn rebuild(&self, engine: &Engine, action: Option<&Action>) -> anyhow::Result<Reopened> {
-        engine
+    async fn rebuild(
+        &self,
+        recovery: &Recovery,
+        action: Option<&Action>,
+    ) -> anyhow::Result<Reopened> {
+        recovery
             .rebuild_shards(&self.shards, self.checkpoints.as_ref(), action)
             .await
     }
 
-    async fn checkpoint_now(&self, engine: &Engine) -> anyhow::Result<Option<Saved>> {
-        engine.checkpoint_now_in(self.checkpoints.as_ref()).await
+    async fn checkpoint_now(&self, recovery: &Recovery) -> anyhow::Result<Option<Saved>> {
+        recovery.checkpoint_now_in(self.checkpoints.as_ref()).await
     }
 
-    async fn snapshot(&self, _engine: &Engine, _covered: Option<i64>) -> Option<Saved> {
+    async fn snapshot(&self, _recovery: &Recovery, _covered: Option<i64>) -> Option<Saved> {
         None // Redis keeps its own; the checkpoints bound a rebuild's replay
     }
 
@@ -262,12 +267,12 @@ impl Durability for Streamed {
 
     async fn verify(
         &self,
-        engine: &Engine,
+        recovery: &Recovery,
         action: Option<&Action>,
         learn: &Learn<'_>,
         known: &KnownByKey,
     ) -> Result<Verified, VerifyError> {
-        engine
+        recovery
             .verify_streamed(&self.shards, action, learn, known)
             .await
     }
@@ -279,7 +284,7 @@ impl Streamed {
     /// some), which bounds consumes by `QUOTA_LEDGER_BACKLOG_MAX`; looks at Redis's memory
     /// settings every [`MEMORY_LOOK_EVERY`]; and rebuilds the shards that lost their epoch,
     /// as soon as a decision finds one and (the janitor only) every [`SHARD_LOOK_EVERY`].
-    fn watch(&self, engine: Arc<Engine>) -> JoinHandle<()> {
+    fn watch(&self, recovery: Arc<Recovery>) -> JoinHandle<()> {
         let (drain, backlog) = (self.drain.clone(), self.backlog.clone());
         tokio::spawn(async move {
             let mut full = false;
@@ -290,16 +295,16 @@ impl Streamed {
                 if backlog.may_wait() {
                     measure(&drain, &backlog).await;
                 }
-                let janitor = engine.janitor().held();
+                let janitor = recovery.janitor().held();
                 let look =
                     janitor && last_shard_look.is_none_or(|at| at.elapsed() >= SHARD_LOOK_EVERY);
                 if look {
                     last_shard_look = Some(Instant::now());
                 }
-                engine.reopen_if_wanted(look).await;
+                recovery.reopen_if_wanted(look).await;
                 if last_look.elapsed() >= MEMORY_LOOK_EVERY {
                     last_look = Instant::now();
-                    engine.counters().memory().await;
+                    recovery.counters().memory().await;
                 }
                 if backlog.is_full() != full {
                     full = !full;
@@ -315,14 +320,14 @@ impl Streamed {
     /// The janitor's checkpoints of the ledger's replay, `every` so often
     /// (`QUOTA_CHECKPOINT_EVERY_S`): a shard whose Redis data was lost is then rebuilt from
     /// the entries after the last one.
-    fn checkpoint_every(&self, engine: Arc<Engine>, every: Duration) -> JoinHandle<()> {
+    fn checkpoint_every(&self, recovery: Arc<Recovery>, every: Duration) -> JoinHandle<()> {
         let table = self.checkpoints.clone();
         tokio::spawn(async move {
             let mut checkpoints = Checkpoints::default();
             let mut last = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(LOOK_EVERY).await;
-                if !engine.janitor().held() {
+                if !recovery.janitor().held() {
                     // Another instance keeps them: the replayed state is dropped.
                     checkpoints = Checkpoints::default();
                     continue;
@@ -331,7 +336,7 @@ impl Streamed {
                 if due {
                     last = tokio::time::Instant::now();
                 }
-                let result = engine
+                let result = recovery
                     .checkpoint_settled(table.as_ref(), &mut checkpoints, due)
                     .await;
                 // Once per checkpoint due, not at every look (the ledger database may be down).

@@ -18,9 +18,10 @@ use crate::engine::decision::plan::{plan_in, Plan};
 use crate::engine::decision::policies::PolicyCache;
 use crate::engine::recovery::pages::Pages;
 use crate::engine::recovery::rebuild::{settlement, Replayer, PAGE, REORDER};
+use crate::engine::recovery::Recovery;
 use crate::engine::state::{Replay, ReplayOp};
 use crate::engine::store::{Evaluation, StoreError};
-use crate::engine::{ConsumeRequest, Engine, EngineError};
+use crate::engine::{ConsumeRequest, EngineError};
 use crate::keys;
 use chrono::{DateTime, Utc};
 use std::collections::{HashMap, HashSet};
@@ -75,7 +76,7 @@ struct Tally {
 
 /// The state of one replay.
 struct Run<'a> {
-    engine: &'a Engine,
+    engine: &'a Recovery,
     cache: PolicyCache,
     /// A fresh in-process store (the engine's scratch store).
     store: std::sync::Arc<dyn Replay>,
@@ -90,7 +91,7 @@ struct Run<'a> {
     entries: u64,
 }
 
-impl Engine {
+impl Recovery {
     /// Replays the ledger's entries made in `[from, to)` for the actions of `policies`
     /// against `policies` (see the module). The caller checks the limits.
     pub(crate) async fn backtest(

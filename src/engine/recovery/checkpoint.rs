@@ -34,8 +34,9 @@ pub(in crate::engine) mod delta;
 
 use super::snapshot::{Saved, SnapshotStore, StoredDelta, StoredSnapshot};
 use crate::engine::codec;
+use crate::engine::recovery::Recovery;
 use crate::engine::state::{Replay, StateItem};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use delta::Chain;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -82,7 +83,7 @@ impl Checkpoints {
     }
 }
 
-impl Engine {
+impl Recovery {
     /// Notes the ledger's last entry (the janitor looks every [`LOOK_EVERY`]) and, when
     /// `due` (every `QUOTA_CHECKPOINT_EVERY_S`), checkpoints the ledger up to its last
     /// entry committed [`SETTLE`] ago (see the module doc); what was saved, `None` when

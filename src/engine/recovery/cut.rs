@@ -34,7 +34,7 @@
 //! slots (an intent opened or abandoned, a reservation made or undone, a share given back)
 //! increments the shard's version (`keys::cross_slot_version`). The verify reads the
 //! versions of the shared budgets' shards, then every shard (stream, index of intents and
-//! shared budgets) one by one, then the versions again ([`Engine::settled_cut`]). When no
+//! shared budgets) one by one, then the versions again ([`Recovery::settled_cut`]). When no
 //! version moved and no index held an intent, no step across slots ran or was in flight
 //! meanwhile: each shared budget, read at its shard's instant, equals the ledger read at
 //! the shards' instants. Otherwise it tries again, a few times; if it never settles, the
@@ -46,10 +46,11 @@
 use crate::domain::{Action, CounterCharge, LedgerEntry};
 use crate::engine::recovery::rebuild::Replayer;
 use crate::engine::recovery::verify::{KnownByKey, Learn, Verified, VerifyError};
+use crate::engine::recovery::Recovery;
 use crate::engine::shards::{Cut, ShardStates};
 use crate::engine::state::Replay;
 use crate::engine::state::StateItem;
-use crate::engine::{codec, Engine, EngineError};
+use crate::engine::{codec, EngineError};
 use crate::keys;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -96,7 +97,7 @@ fn shared_budget(counter: &CounterCharge) -> bool {
     !counter.scope.has_subject()
 }
 
-impl Engine {
+impl Recovery {
     /// `counters verify` of a store that streams the ledger (Redis): see the module doc.
     pub(crate) async fn verify_streamed(
         &self,

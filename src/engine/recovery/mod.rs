@@ -14,11 +14,112 @@ pub(crate) mod snapshot;
 pub(crate) mod verify;
 pub mod void;
 
+use crate::clock::Clock;
 use crate::domain::LedgerEntry;
+use crate::engine::decision::policies::PolicyCache;
+use crate::engine::decision::Decider;
 use crate::engine::followup::Followup;
-use crate::engine::store::CounterStore;
+use crate::engine::janitor::Janitor;
+use crate::engine::ledger::LedgerStore;
+use crate::engine::pipeline::Pipeline;
+use crate::engine::state::ScratchStore;
+use crate::engine::store::{CounterStore, StoreError};
+use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// Recovery, a part of the engine of its own: it rebuilds the counters from the ledger,
+/// compares them with it and voids what the decision path left in doubt, reaching the
+/// decision path and the pipeline through what it is handed.
+pub(crate) struct Recovery {
+    decider: Arc<Decider>,
+    pipeline: Arc<Pipeline>,
+    followups: Arc<Followups>,
+    counters: Arc<dyn CounterStore>,
+    cache: Arc<PolicyCache>,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+    ledger: Arc<dyn LedgerStore>,
+    /// A fresh in-process store to replay the ledger into.
+    scratch: ScratchStore,
+    /// One rebuild of shards at a time in this instance.
+    reopening: tokio::sync::Mutex<()>,
+    /// Whether this instance sweeps after dead ones, and its lease.
+    janitor: Arc<Janitor>,
+    /// What the last verify found.
+    drift: verify::DriftWatch,
+    /// The failpoints tests arm (shared with the drain).
+    faults: Arc<crate::engine::faults::Faults>,
+}
+
+/// What recovery works with, wired by the engine's composition.
+pub(crate) struct RecoveryPorts {
+    pub(crate) decider: Arc<Decider>,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) followups: Arc<Followups>,
+    pub(crate) counters: Arc<dyn CounterStore>,
+    pub(crate) cache: Arc<PolicyCache>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) prefix: String,
+    pub(crate) ledger: Arc<dyn LedgerStore>,
+    pub(crate) scratch: ScratchStore,
+    pub(crate) janitor: Arc<Janitor>,
+    pub(crate) faults: Arc<crate::engine::faults::Faults>,
+}
+
+impl Recovery {
+    /// Recovery over `ports`.
+    pub(crate) fn new(ports: RecoveryPorts) -> Self {
+        let RecoveryPorts {
+            decider,
+            pipeline,
+            followups,
+            counters,
+            cache,
+            clock,
+            prefix,
+            ledger,
+            scratch,
+            janitor,
+            faults,
+        } = ports;
+        Self {
+            decider,
+            pipeline,
+            followups,
+            counters,
+            cache,
+            clock,
+            prefix,
+            ledger,
+            scratch,
+            reopening: tokio::sync::Mutex::new(()),
+            janitor,
+            drift: verify::DriftWatch::default(),
+            faults,
+        }
+    }
+
+    /// The current time on the clock, to the millisecond (see `Engine::now`).
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        chrono::SubsecRound::trunc_subsecs(self.clock.now(), 3)
+    }
+
+    /// The counter store.
+    pub(crate) fn counters(&self) -> &dyn CounterStore {
+        self.counters.as_ref()
+    }
+
+    /// Whether this instance sweeps after dead ones, and its lease.
+    pub(crate) fn janitor(&self) -> &Janitor {
+        &self.janitor
+    }
+
+    /// Whether a store `error` is answered as a degraded allow.
+    pub(crate) fn fails_open(&self, error: &StoreError) -> bool {
+        self.decider.fails_open(error)
+    }
+}
 
 /// What recovery follows up for the decision path: attempts in doubt, to void; shards
 /// found without their epoch, to rebuild.

@@ -21,9 +21,10 @@ use crate::domain::{
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::decision::giveback::Settle;
 use crate::engine::recovery::pages::Pages;
+use crate::engine::recovery::Recovery;
 use crate::engine::state::{Rebuilt, Replay, ReplayOp};
 use crate::engine::store::{Algorithm, Charge, StoreError, MAX_UNITS};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use crate::keys::{self, SubjectKeys};
 use chrono::{DateTime, Duration, Utc};
 use std::collections::HashMap;
@@ -82,7 +83,7 @@ pub(crate) fn horizon(windows: &[Window]) -> Duration {
     MIN_HORIZON.max(longest + Duration::hours(1))
 }
 
-impl Engine {
+impl Recovery {
     /// Replays ledger entries into `target`: with `after` `None`, the recent entries into a
     /// fresh store; with `Some(seq)`, those inserted after `seq` into a store that a
     /// snapshot covering `seq` was loaded into. (The holds that expired meanwhile are then
@@ -114,7 +115,7 @@ impl Engine {
 
     /// Replays the entries inserted after those `replayer` replayed (the first time, of the
     /// horizon), up to the one numbered `until` when given, that `wanted` keeps, but for
-    /// the last [`REORDER`] of them, which wait in `replayer` ([`Engine::replay_waiting`]).
+    /// the last [`REORDER`] of them, which wait in `replayer` ([`Recovery::replay_waiting`]).
     pub(in crate::engine) async fn replay_pages(
         &self,
         replayer: &mut Replayer,

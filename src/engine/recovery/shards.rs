@@ -28,10 +28,11 @@ use crate::domain::{Action, LedgerEntry};
 use crate::engine::decision::crossslot::{ATTEMPT_MS, SKEW_MS};
 use crate::engine::followup::Followup;
 use crate::engine::recovery::snapshot::SnapshotStore;
+use crate::engine::recovery::Recovery;
 use crate::engine::shards::ShardStates;
 use crate::engine::state::{Replay, StateItem};
 use crate::engine::store::StoreError;
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use crate::keys;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -77,7 +78,7 @@ fn shard_of_item(item: &StateItem) -> Option<u16> {
     }
 }
 
-/// Writes each shard's `items` into Redis and opens it (see [`Engine::reopen_shards`]); the
+/// Writes each shard's `items` into Redis and opens it (see [`Recovery::reopen_shards`]); the
 /// shards opened, in order, and the items written into them.
 async fn write_shards(
     shards: &Arc<dyn ShardStates>,
@@ -138,7 +139,7 @@ impl Drop for LockKeeper {
     }
 }
 
-impl Engine {
+impl Recovery {
     /// Closes every one of `shards` and rebuilds them from the ledger (`counters rebuild`),
     /// from the last of `checkpoints` when there is one. Decisions meanwhile wait for it
     /// (503, or degraded under `allow`). With `action`, only that action's counters, holds,

@@ -10,9 +10,10 @@
 //! it never shows as drift.
 
 use crate::domain::{Action, Budget, LedgerEntry, PolicyId, Restore};
+use crate::engine::recovery::Recovery;
 use crate::engine::state::Replay;
 use crate::engine::state::{CounterState, StateItem};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use crate::keys;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -145,7 +146,7 @@ fn learn(known: &KnownByKey, entry: &LedgerEntry) -> bool {
     true
 }
 
-impl Engine {
+impl Recovery {
     /// Compares every live budget (of `action`, or all) with the ledger's usage.
     pub(crate) async fn verify(&self, action: Option<&Action>) -> Result<Verified, VerifyError> {
         let known = KnownByKey::default();

@@ -32,8 +32,9 @@
 use crate::domain::{EntryId, EntryKind, LedgerEntry};
 use crate::engine::codec::HoldRecord;
 use crate::engine::decision::giveback::Settle;
+use crate::engine::recovery::Recovery;
 use crate::engine::store::{GiveBack, GiveBackKind, GivenBack, IdempotencyRecord, StoreError};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use crate::keys::{self, SubjectKeys};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -120,7 +121,7 @@ pub enum Voided {
     Kept(String),
 }
 
-impl Engine {
+impl Recovery {
     /// Voids every doubt settled by now (`all`: every one, waiting until it settles);
     /// returns what each found.
     pub async fn void_settled(&self, all: bool) -> Vec<Voided> {

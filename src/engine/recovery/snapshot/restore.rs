@@ -6,8 +6,9 @@ use crate::engine::codec;
 use crate::engine::ledger::LedgerError;
 use crate::engine::recovery::checkpoint::delta::apply as apply_delta;
 use crate::engine::recovery::rebuild::horizon;
+use crate::engine::recovery::Recovery;
 use crate::engine::state::Replay;
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use chrono::{DateTime, Utc};
 
 /// Why a snapshot is not used (see the module doc of `engine::snapshot`).
@@ -41,7 +42,7 @@ pub(crate) enum Unusable {
     Corrupt(String),
 }
 
-impl Engine {
+impl Recovery {
     /// Snapshots the in-process store of `snapshots` into its table, replacing the
     /// snapshot kept, unless the ledger's last entry is still the one numbered `covered`
     /// (the snapshot kept covers it: the state it holds is the same); what was saved.
@@ -84,7 +85,7 @@ impl Engine {
         }
     }
 
-    /// Snapshots `source` into `store` (see [`Engine::snapshot_into`]).
+    /// Snapshots `source` into `store` (see [`Recovery::snapshot_into`]).
     async fn save_snapshot(
         &self,
         source: &dyn Replay,
