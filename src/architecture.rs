@@ -189,6 +189,26 @@ fn repository() -> (Vec<Source>, BTreeSet<String>, Graph) {
     (sources, known, graph)
 }
 
+/// The most lines a source file may have: past it, a file holds more than one job.
+const MOST_LINES: usize = 600;
+
+#[test]
+fn no_source_file_is_longer_than_one_job() {
+    let (sources, _, _) = repository();
+    let long: Vec<String> = sources
+        .iter()
+        .filter(|s| s.text.lines().count() > MOST_LINES)
+        .map(|s| {
+            format!(
+                "src/{} ({} lines)",
+                s.path.display(),
+                s.text.lines().count()
+            )
+        })
+        .collect();
+    assert!(long.is_empty(), "over {MOST_LINES} lines: {long:?}");
+}
+
 /// What each top-level module may name: the layers of ARCHITECTURE.md, from the bottom.
 /// The ports live in `engine`; adapters (`counters`, `ledger`, `policy`) implement them;
 /// only `startup` names the adapters together.

@@ -16,9 +16,8 @@ use chrono::{DateTime, Utc};
 /// Idempotency records live at least a day, and at least as long as the longest window.
 const MIN_IDEMPOTENCY_MS: i64 = 24 * 3_600_000;
 
-/// How long a retry waits for its idempotency key's first attempt to be committed or
-/// undone before it is answered 409: past the longest a ledger commit waits (SQLite's busy
-/// timeout, 5 s; a Postgres connection's, 3 s).
+/// How long a retry waits for its key's first attempt to be committed or undone before it
+/// is answered 409: past the longest a ledger commit waits (SQLite 5 s, Postgres 3 s).
 const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Hold records outlive their hold by a week, so late settlement attempts get a clear 409.
@@ -27,7 +26,7 @@ pub(in crate::engine) const HOLD_RECORD_EXTRA_MS: i64 = 7 * 24 * 3_600_000;
 /// A hold's id and expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldTicket {
-    /// Names the hold and the shard where its record lives.
+    /// Names the hold and the shard of its record.
     pub(crate) hold_id: HoldId,
     /// When it is released unless settled.
     pub(crate) expires_at: DateTime<Utc>,
@@ -480,11 +479,9 @@ impl Decider {
             ..Effects::default()
         }
     }
-}
 
-impl Decider {
     /// The answer the entry of `attempts` (one attempt) keeps, when this instance writes
-    /// it ([`Pipeline::commit_answered_or_undo`](crate::engine::pipeline::Pipeline::commit_answered_or_undo)); a streamed entry got it from the store.
+    /// it (`Pipeline::commit_answered_or_undo`); a streamed entry got it from the store.
     fn entry_answer(
         &self,
         plan: &Plan,
