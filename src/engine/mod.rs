@@ -268,7 +268,8 @@ impl Engine {
     }
 
     /// Voids every attempt in doubt settled by now (`all`: every one, waiting until it
-    /// settles); what each found (`recovery::void`).
+    /// settles); what each found (`recovery::void`). One whose void fails is tried again
+    /// in the background.
     pub async fn void_settled(&self, all: bool) -> Vec<recovery::void::Voided> {
         self.recovery.void_settled(all).await
     }

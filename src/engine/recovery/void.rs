@@ -52,6 +52,10 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 /// How long a failed void waits before it is tried again, ms.
 const RETRY_MS: i64 = 2_000;
 
+/// How long a call that voids every doubt (`all`) tries again one that failed, before it
+/// leaves it to the background voids (a graceful stop waits this long at most).
+const ALL_RETRY_FOR: Duration = Duration::from_secs(5);
+
 /// One attempt answered 503 that Redis may have decided.
 #[derive(Debug, Clone)]
 struct Doubt {
@@ -122,18 +126,22 @@ pub enum Voided {
 }
 
 impl Recovery {
-    /// Voids every doubt settled by now (`all`: every one, waiting until it settles);
-    /// returns what each found.
+    /// Voids every doubt settled by now (`all`: every one, waiting until it settles, and
+    /// trying a failed void again for [`ALL_RETRY_FOR`]); returns what each found. A void
+    /// that failed is left to the background voids, never given up before
+    /// [`GIVE_UP_AFTER`].
     pub async fn void_settled(&self, all: bool) -> Vec<Voided> {
-        let due: Vec<Doubt> = {
+        let mut due: std::collections::VecDeque<Doubt> = {
             let mut doubts = self.followups.doubts.lock();
             let now = self.counters.store_now_ms();
-            let (due, later) = doubts.drain(..).partition(|d| all || d.due_ms <= now);
+            let (due, later): (Vec<Doubt>, _) =
+                doubts.drain(..).partition(|d| all || d.due_ms <= now);
             *doubts = later;
-            due
+            due.into()
         };
+        let started = Instant::now();
         let mut found = Vec::with_capacity(due.len());
-        for mut doubt in due {
+        while let Some(mut doubt) = due.pop_front() {
             let wait = doubt.due_ms - self.counters.store_now_ms();
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
@@ -164,13 +172,18 @@ impl Recovery {
                     }
                     found.push(settled);
                 }
-                Err(error) if doubt.since.elapsed() < GIVE_UP_AFTER && !all => {
+                // Tried again, never given up at once: here while `all` waits for every
+                // doubt (not past ALL_RETRY_FOR), else by the background voids.
+                Err(error) if doubt.since.elapsed() < GIVE_UP_AFTER => {
                     static SITE: crate::logs::Throttle = crate::logs::Throttle::new();
                     if let Some(count) = SITE.event() {
                         tracing::warn!(error = %error, count, "voiding an attempt answered 503 failed; will retry");
                     }
                     doubt.due_ms = self.counters.store_now_ms() + RETRY_MS;
-                    self.followups.doubts.lock().push(doubt);
+                    match all && started.elapsed() < ALL_RETRY_FOR {
+                        true => due.push_back(doubt),
+                        false => self.followups.doubts.lock().push(doubt),
+                    }
                 }
                 Err(error) => tracing::error!(
                     error = %error,

@@ -196,6 +196,25 @@ async fn a_hold_answered_503_that_redis_ran_later_is_voided() {
 }
 
 #[tokio::test]
+async fn a_void_that_fails_is_tried_again_not_given_up() {
+    let redis = PrivateRedis::start().await;
+    let app = app_on(&redis).await;
+    let hold = json!({"action": "pay", "subject": "s", "amount": 250, "ttl_seconds": 600});
+    frozen_while(&app, &redis, "/quota/holds", hold).await;
+    // Every void of this call fails: Redis does not answer.
+    redis.pause();
+    let settled = app.engine.void_settled(true).await;
+    redis.resume();
+    assert!(settled.is_empty(), "nothing could be settled: {settled:?}");
+
+    let entries = voided(&app).await;
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(entries[1], ("void".to_owned(), entries[0].1.clone()));
+    assert_eq!(used(&app).await, 0, "the hold answered 503 is given back");
+    assert_no_drift(&app).await;
+}
+
+#[tokio::test]
 async fn an_attempt_redis_never_ran_is_left_alone() {
     let redis = PrivateRedis::start().await;
     let app = app_on(&redis).await;
