@@ -64,12 +64,24 @@ impl KeyedLoad {
         answered
     }
 
-    /// Asserts that retrying each of `answered` on `app` replays its first answer.
+    /// Asserts that retrying each of `answered` on `app` replays its first answer. A shard
+    /// found older than the ledger (a failover, an old snapshot) answers 503 until it is
+    /// rebuilt, within seconds: the retry is then retried, as a client would.
     pub async fn assert_replayed(app: &TestApp, action: &str, answered: &[(String, String)]) {
         for (key, id) in answered {
-            let retried = app
-                .quota("/quota/consume", keyed_consume(action, key))
-                .await;
+            let retried = super::eventually(
+                std::time::Duration::from_secs(20),
+                "the shard is rebuilt",
+                || async {
+                    let retried = app
+                        .quota("/quota/consume", keyed_consume(action, key))
+                        .await;
+                    let detail = retried.body["detail"].as_str().unwrap_or_default();
+                    let rebuilding = retried.status == 503 && detail.contains("being rebuilt");
+                    (!rebuilding).then_some(retried)
+                },
+            )
+            .await;
             assert_eq!(retried.status, 200, "{key}: {}", retried.body);
             assert_eq!(
                 retried.body["replayed"], true,
