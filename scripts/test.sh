@@ -29,6 +29,10 @@ cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
 
 banner() { printf '\n==> %s\n' "$*" >&2; }
 
+# A failing test prints its message, not a backtrace that pushes the message out of the
+# last lines of a long log (QUOTA_TEST_BACKTRACE=1 turns them back on).
+export RUST_BACKTRACE="${QUOTA_TEST_BACKTRACE:-0}"
+
 QUICK=0
 if [[ ${1:-} == --quick ]]; then
 	QUICK=1
