@@ -322,6 +322,8 @@ impl Decider {
         let reports_usage = alerting.is_some_and(|c| self.keep_alerts(&mut entry, c, home));
         let mut request = request_for(&entry);
         request.reports_usage = reports_usage;
+        // Before the share of other Redis Cluster slots leaves the request.
+        super::invariants::given_within_charged(&request, &entry)?;
         let foreign = self.foreign_share(home, &mut request);
         let foreign_alerts = match alerting {
             Some(_) => self.foreign_alerts(&entry, &foreign),

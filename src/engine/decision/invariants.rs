@@ -5,7 +5,7 @@
 //! `debug_assert!`, which every test run checks.
 
 use crate::domain::LedgerEntry;
-use crate::engine::store::{Algorithm, Charge};
+use crate::engine::store::{Algorithm, Charge, GiveBack, GiveBackKind};
 use crate::engine::EngineError;
 
 /// What the allowed `entries` of a unit record as charged is what its `charges` (a plan's)
@@ -44,6 +44,55 @@ pub(in crate::engine) fn charged_as_planned<'a>(
             "the decision charges {cost} to {key} that no entry records"
         ))),
     }
+}
+
+/// A give-back never gives more than was charged: what its `entry` records as given back
+/// to each policy is at most what that policy's counter of the charge (`request`'s) was
+/// charged, and a settlement or void gives back at most the amount held or charged (a
+/// commit keeps at most the hold, unless it over-captures, whose entry records the excess
+/// as charged instead).
+pub(in crate::engine) fn given_within_charged(
+    request: &GiveBack,
+    entry: &LedgerEntry,
+) -> Result<(), EngineError> {
+    let within = match request.kind {
+        // What is left to refund is the store's to decide, atomically (a conflict).
+        GiveBackKind::Refund { .. } => true,
+        GiveBackKind::Commit { settle, total, .. } if settle > total => return Ok(()),
+        GiveBackKind::Commit { total, .. }
+        | GiveBackKind::Release { total, .. }
+        | GiveBackKind::Expire { total, .. }
+        | GiveBackKind::Void { total }
+        | GiveBackKind::VoidHold { total, .. } => entry.amount <= total,
+        GiveBackKind::Abandon
+        | GiveBackKind::Undo
+        | GiveBackKind::Resolved
+        | GiveBackKind::RestoreOnce { .. } => true,
+    };
+    if !within {
+        return Err(EngineError::Broken(format!(
+            "entry {} gives back more of its charge than it holds ({:?})",
+            entry.id, request.kind
+        )));
+    }
+    for given in &entry.policies {
+        let charged = request
+            .counters
+            .iter()
+            .filter(|c| c.policy_id == given.policy_id && c.scope == given.scope)
+            .map(|c| c.charged)
+            .max();
+        if charged.is_none_or(|charged| given.amount > charged) {
+            return Err(EngineError::Broken(format!(
+                "entry {} gives {} back to policy '{}', which its charge charged {}",
+                entry.id,
+                given.amount,
+                given.policy_id,
+                charged.unwrap_or(0)
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -97,5 +146,59 @@ mod tests {
             enforce: true,
         });
         assert!(charged_as_planned(&charges, [&entry]).is_ok());
+    }
+
+    #[test]
+    fn a_give_back_that_gives_more_than_was_charged_is_broken() {
+        // A charge of 500 to three amount policies.
+        let mut charge = crate::engine::codec::tests::three_budget_charge();
+        charge.amount = 500;
+        for counter in &mut charge.counters {
+            (counter.by_amount, counter.charged) = (true, 500);
+        }
+        let request = |kind| GiveBack {
+            kind,
+            control_key: String::new(),
+            hold_index: None,
+            counters: charge.counters.clone(),
+            ledger: None,
+            idempotency: None,
+            pending: None,
+            reports_usage: false,
+        };
+        let refund = |amount| {
+            let mut entry = charge.clone();
+            entry.amount = amount;
+            entry.policies =
+                crate::engine::decision::giveback::given(&charge.counters, amount, false);
+            entry
+        };
+        let kind = GiveBackKind::Refund {
+            amount: 1,
+            total: charge.amount,
+            refunded: 0,
+        };
+        assert!(given_within_charged(&request(kind), &refund(1)).is_ok());
+        // Asked for more than was charged: the store refuses it, the entry gives no more.
+        assert!(given_within_charged(&request(kind), &refund(charge.amount * 3)).is_ok());
+        let mut more = refund(1);
+        more.policies[0].amount = charge.counters[0].charged + 1;
+        assert!(matches!(
+            given_within_charged(&request(kind), &more),
+            Err(EngineError::Broken(_))
+        ));
+        let mut elsewhere = refund(1);
+        elsewhere.policies[0].policy_id =
+            crate::domain::PolicyId::parse("policy_id", "another").expect("an id");
+        assert!(given_within_charged(&request(kind), &elsewhere).is_err());
+        // A release gives the whole hold back, never more.
+        let release = |total| GiveBackKind::Release {
+            total,
+            expires_at_ms: 0,
+        };
+        let mut whole = refund(charge.amount);
+        assert!(given_within_charged(&request(release(charge.amount)), &whole).is_ok());
+        whole.amount += 1;
+        assert!(given_within_charged(&request(release(charge.amount)), &whole).is_err());
     }
 }
