@@ -195,16 +195,7 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
             })
         })
         .collect::<Result<_, CodecError>>()?;
-    let record = ConsumeRecord {
-        consumption_id: entry.consumption_id,
-        hold: entry
-            .hold_id
-            .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
-        amount: entry.amount,
-        at_ms: entry.at.timestamp_millis(),
-        policies,
-        attributes: entry.attributes.clone(),
-    };
+    let record = ConsumeRecord::of_entry(entry, entry.at.timestamp_millis(), policies);
     Ok(format!("{}\n{numbers}", encode_consume_record(&record)))
 }
 

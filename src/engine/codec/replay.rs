@@ -6,7 +6,9 @@ use super::{
     attributes_from_wire, attributes_wire, field, from_json, scope_from_wire, scope_wire, to_json,
 };
 use super::{AttributesWire, CodecError};
-use crate::domain::{Attributes, ConsumptionId, HoldId, Measure, Mode, PolicyId, Scope};
+use crate::domain::{
+    Attributes, ConsumptionId, HoldId, LedgerEntry, Measure, Mode, PolicyId, Scope,
+};
 use crate::engine::store::{Decided, Evaluation, Outcome, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -93,6 +95,22 @@ pub(crate) struct KeptPolicy {
     pub(crate) scope: Scope,
     /// Its alert thresholds then: the entry's answer tells which it crossed.
     pub(crate) alert_thresholds: crate::domain::Thresholds,
+}
+
+impl ConsumeRecord {
+    /// The record of `entry`'s consume or hold, decided at `at_ms` with `policies`.
+    pub(crate) fn of_entry(entry: &LedgerEntry, at_ms: i64, policies: Vec<KeptPolicy>) -> Self {
+        Self {
+            consumption_id: entry.consumption_id,
+            hold: entry
+                .hold_id
+                .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
+            amount: entry.amount,
+            at_ms,
+            policies,
+            attributes: entry.attributes.clone(),
+        }
+    }
 }
 
 impl KeptPolicy {

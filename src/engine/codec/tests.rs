@@ -387,16 +387,8 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
         assert_eq!(kept.expires_at_ms, 1_790_000_000_000);
         let (record, numbers) = kept.text.split_once('\n').expect("record, numbers");
         assert_eq!(numbers, "1,40,1,5,-1");
-        let expected = ConsumeRecord {
-            consumption_id: entry.consumption_id,
-            hold: entry
-                .hold_id
-                .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
-            amount: entry.amount,
-            at_ms: entry.at.timestamp_millis(),
-            policies: policies.clone(),
-            attributes: entry.attributes.clone(),
-        };
+        let at_ms = entry.at.timestamp_millis();
+        let expected = ConsumeRecord::of_entry(&entry, at_ms, policies.clone());
         assert_eq!(decode_consume_record(record), Ok(expected));
         assert_eq!(
             LedgerEntry {

@@ -536,17 +536,8 @@ fn kept_answer(
     }
     // Only a decision that crossed a threshold has an event to tell.
     (plan.alerts() && plan.crosses(evaluation)).then(|| {
-        let entry = &attempt.allowed_entry;
-        let record = ConsumeRecord {
-            consumption_id: entry.consumption_id,
-            hold: entry
-                .hold_id
-                .zip(entry.hold_expires_at.map(|at| at.timestamp_millis())),
-            amount: entry.amount,
-            at_ms: plan.now_ms(),
-            policies: plan.kept_policies(),
-            attributes: entry.attributes.clone(),
-        };
+        let (entry, policies) = (&attempt.allowed_entry, plan.kept_policies());
+        let record = ConsumeRecord::of_entry(entry, plan.now_ms(), policies);
         KeptAnswer {
             text: codec::encode_replay(&codec::encode_consume_record(&record), evaluation),
             expires_at_ms: plan.now_ms(),
