@@ -183,14 +183,29 @@ fn queued_now(admission: &Admission) {
     admission.lock().last_queued = Some(Instant::now());
 }
 
-#[tokio::test]
-async fn while_requests_arrive_a_freed_slot_is_left_for_them_not_for_a_stale_waiter() {
-    let admission = admission(2, 8, 5_000);
+/// An instance whose two slots are taken (the first and second returned) with one waiter
+/// queued behind them, which has waited long enough to be stale.
+async fn full_with_a_stale_waiter(
+    wait_ms: u64,
+    stale_after: Duration,
+) -> (
+    Arc<Admission>,
+    Slot,
+    Slot,
+    tokio::task::JoinHandle<Result<Instant, Refused>>,
+) {
+    let admission = admission(2, 8, wait_ms);
     let first = admission.admit().await.expect("a free slot");
     let second = admission.admit().await.expect("a free slot");
     let stale = waiter(&admission);
     until_queued(&admission, 1).await;
-    tokio::time::sleep(FRESH * 3).await;
+    tokio::time::sleep(stale_after).await;
+    (admission, first, second, stale)
+}
+
+#[tokio::test]
+async fn while_requests_arrive_a_freed_slot_is_left_for_them_not_for_a_stale_waiter() {
+    let (admission, first, second, stale) = full_with_a_stale_waiter(5_000, FRESH * 3).await;
     queued_now(&admission);
     drop(second);
     assert_eq!(
@@ -219,12 +234,7 @@ async fn while_requests_arrive_a_freed_slot_is_left_for_them_not_for_a_stale_wai
 
 #[tokio::test]
 async fn a_waiter_whose_wait_ran_out_takes_a_slot_no_arrival_took() {
-    let admission = admission(2, 8, 100);
-    let _first = admission.admit().await.expect("a free slot");
-    let second = admission.admit().await.expect("a free slot");
-    let stale = waiter(&admission);
-    until_queued(&admission, 1).await;
-    tokio::time::sleep(FRESH * 3).await;
+    let (admission, _first, second, stale) = full_with_a_stale_waiter(100, FRESH * 3).await;
     queued_now(&admission);
     drop(second);
     assert_eq!(
@@ -242,13 +252,9 @@ async fn a_waiter_whose_wait_ran_out_takes_a_slot_no_arrival_took() {
 
 #[tokio::test]
 async fn after_a_burst_a_stale_waiter_gets_the_next_freed_slot() {
-    let admission = admission(2, 8, 5_000);
-    let _first = admission.admit().await.expect("a free slot");
-    let second = admission.admit().await.expect("a free slot");
-    let stale = waiter(&admission);
-    until_queued(&admission, 1).await;
     // The burst is over: nothing has queued since the waiter, which is stale by now.
-    tokio::time::sleep(ARRIVING.max(FRESH) * 3).await;
+    let (admission, _first, second, stale) =
+        full_with_a_stale_waiter(5_000, ARRIVING.max(FRESH) * 3).await;
     drop(second);
     let served = tokio::time::timeout(Duration::from_secs(1), stale)
         .await
