@@ -15,6 +15,7 @@ use crate::engine::ledger::LedgerError;
 use crate::engine::recovery::snapshot::{SnapshotStore, StoredDelta, StoredSnapshot};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::query::Query;
 use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, Row, Type};
 use std::sync::Arc;
 
@@ -132,6 +133,51 @@ where
     })
 }
 
+/// Binds the columns every part row has, `covered_seq` to `data` in the order [`INSERT`]
+/// names them (and [`INSERT_DELTA`] after its two seqs), for part `part` of `parts`.
+fn bind_part<'q, DB>(
+    query: Query<'q, DB, DB::Arguments<'q>>,
+    snapshot: &'q StoredSnapshot,
+    (part, parts): (i32, i32),
+    data: &'q [u8],
+) -> Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: Database,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    i32: ColumnType<DB>,
+    i64: ColumnType<DB>,
+    DateTime<Utc>: ColumnType<DB>,
+{
+    query
+        .bind(snapshot.covered_seq)
+        .bind(part)
+        .bind(parts)
+        .bind(snapshot.format)
+        .bind(snapshot.covered_id.as_deref())
+        .bind(snapshot.prefix.as_str())
+        .bind(snapshot.taken_at)
+        .bind(data)
+}
+
+/// Deletes every snapshot and delta kept, on `tx` (a transaction: saving a snapshot
+/// replaces them all at once).
+async fn delete_every_snapshot<DB>(tx: &mut DB::Connection) -> Result<(), LedgerError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    for table in ["counter_snapshots", "counter_snapshot_deltas"] {
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+    }
+    Ok(())
+}
+
 /// Puts delta rows (by `covered_seq`, then part) together, up to the first that does not
 /// add up.
 fn assemble_deltas(rows: Vec<(i64, i64, PartRow)>) -> Vec<StoredDelta> {
@@ -200,22 +246,9 @@ where
         let parts = i32::try_from(snapshot.parts.len())
             .map_err(|_| LedgerError::Corrupt("a snapshot of too many parts".into()))?;
         let mut tx = self.pool.begin().await.map_err(db_error)?;
-        for table in ["counter_snapshots", "counter_snapshot_deltas"] {
-            sqlx::query(&format!("DELETE FROM {table}"))
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-        }
+        delete_every_snapshot::<DB>(&mut tx).await?;
         for (part, data) in (0..parts).zip(&snapshot.parts) {
-            sqlx::query(INSERT)
-                .bind(snapshot.covered_seq)
-                .bind(part)
-                .bind(parts)
-                .bind(snapshot.format)
-                .bind(snapshot.covered_id.as_deref())
-                .bind(snapshot.prefix.as_str())
-                .bind(snapshot.taken_at)
-                .bind(data.as_slice())
+            bind_part(sqlx::query(INSERT), snapshot, (part, parts), data)
                 .execute(&mut *tx)
                 .await
                 .map_err(db_error)?;
@@ -233,17 +266,10 @@ where
                 0 => INSERT_DELTA_IF_NEWEST,
                 _ => INSERT_DELTA,
             };
-            let inserted = sqlx::query(insert)
+            let query = sqlx::query(insert)
                 .bind(delta.base_seq)
-                .bind(delta.after_seq)
-                .bind(snapshot.covered_seq)
-                .bind(part)
-                .bind(parts)
-                .bind(snapshot.format)
-                .bind(snapshot.covered_id.as_deref())
-                .bind(snapshot.prefix.as_str())
-                .bind(snapshot.taken_at)
-                .bind(data.as_slice())
+                .bind(delta.after_seq);
+            let inserted = bind_part(query, snapshot, (part, parts), data)
                 .execute(&mut *tx)
                 .await
                 .map_err(db_error)?;
@@ -304,12 +330,7 @@ where
 
     async fn delete_all(&self) -> Result<(), LedgerError> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
-        for table in ["counter_snapshots", "counter_snapshot_deltas"] {
-            sqlx::query(&format!("DELETE FROM {table}"))
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-        }
+        delete_every_snapshot::<DB>(&mut tx).await?;
         tx.commit().await.map_err(db_error)
     }
 
@@ -359,15 +380,21 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn deltas_follow_the_newest_checkpoint_only_and_a_full_snapshot_drops_them() {
+    /// A store on a new, migrated SQLite file named after `what`: the file, its URL, the store.
+    async fn new_store(what: &str) -> (std::path::PathBuf, String, Arc<dyn SnapshotStore>) {
         let file = std::env::temp_dir().join(format!(
-            "quota-ledger-deltas-{}.db",
+            "quota-ledger-{what}-{}.db",
             uuid::Uuid::new_v4().simple()
         ));
         let url = format!("sqlite://{}", file.display());
         crate::db::migrate_url(&url).await.expect("migrating");
         let store = connect(&url).await.expect("opening");
+        (file, url, store)
+    }
+
+    #[tokio::test]
+    async fn deltas_follow_the_newest_checkpoint_only_and_a_full_snapshot_drops_them() {
+        let (file, _, store) = new_store("deltas").await;
         assert!(
             !store
                 .save_delta(&delta(9, 9, 12, &[b"d"]))
@@ -444,13 +471,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_newest_snapshot_replaces_the_others_and_comes_back_whole() {
-        let file = std::env::temp_dir().join(format!(
-            "quota-ledger-snapshot-{}.db",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let url = format!("sqlite://{}", file.display());
-        crate::db::migrate_url(&url).await.expect("migrating");
-        let store = connect(&url).await.expect("opening");
+        let (file, url, store) = new_store("snapshot").await;
         assert_eq!(store.latest().await.expect("reads"), None);
         assert_eq!(store.last_entry().await.expect("reads"), None);
 
