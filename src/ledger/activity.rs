@@ -65,6 +65,34 @@ where
     String: ColumnType<DB>,
     DateTime<Utc>: ColumnType<DB>,
 {
+    /// The rows of the statement `head` then `tail` over the hours `[from, to)` overlaps
+    /// (`$1`, `$2`), `limit` (`$3`) if it takes one, and only `action`'s rows if one is
+    /// given (the parameter after them).
+    async fn rows_over(
+        &self,
+        (head, tail): (&str, &str),
+        (from, to): (DateTime<Utc>, DateTime<Utc>),
+        limit: Option<u32>,
+        action: Option<&str>,
+    ) -> Result<Vec<DB::Row>, LedgerError> {
+        let sql = match action {
+            Some(_) => format!(
+                "{head} AND action = ${}{tail}",
+                3 + usize::from(limit.is_some())
+            ),
+            None => format!("{head}{tail}"),
+        };
+        let (first, end) = hours(from, to);
+        let mut query = sqlx::query::<DB>(&sql).bind(first).bind(end);
+        if let Some(limit) = limit {
+            query = query.bind(i64::from(limit));
+        }
+        if let Some(action) = action {
+            query = query.bind(action);
+        }
+        query.fetch_all(&self.pool).await.map_err(db_error)
+    }
+
     /// See [`LedgerStore::activity`](crate::engine::ledger::LedgerStore::activity).
     pub(super) async fn select_activity(
         &self,
@@ -72,17 +100,9 @@ where
         to: DateTime<Utc>,
         action: Option<&str>,
     ) -> Result<Vec<HourActivity>, LedgerError> {
-        let sql = match action {
-            Some(_) => format!("{HOURLY_SQL} AND action = $3{HOURLY_ORDER}"),
-            None => format!("{HOURLY_SQL}{HOURLY_ORDER}"),
-        };
-        let (first, end) = hours(from, to);
-        let query = sqlx::query::<DB>(&sql).bind(first).bind(end);
-        let query = match action {
-            Some(action) => query.bind(action),
-            None => query,
-        };
-        let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
+        let rows = self
+            .rows_over((HOURLY_SQL, HOURLY_ORDER), (from, to), None, action)
+            .await?;
         rows.iter()
             .map(|row| {
                 let hour: i64 = row.try_get("hour").map_err(db_error)?;
@@ -107,20 +127,10 @@ where
         action: Option<&str>,
         limit: u32,
     ) -> Result<Vec<DeniedSubject>, LedgerError> {
-        let sql = match action {
-            Some(_) => format!("{TOP_DENIED_SQL} AND action = $4{TOP_DENIED_ORDER}"),
-            None => format!("{TOP_DENIED_SQL}{TOP_DENIED_ORDER}"),
-        };
-        let (first, end) = hours(from, to);
-        let query = sqlx::query::<DB>(&sql)
-            .bind(first)
-            .bind(end)
-            .bind(i64::from(limit));
-        let query = match action {
-            Some(action) => query.bind(action),
-            None => query,
-        };
-        let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
+        let statement = (TOP_DENIED_SQL, TOP_DENIED_ORDER);
+        let rows = self
+            .rows_over(statement, (from, to), Some(limit), action)
+            .await?;
         rows.iter()
             .map(|row| {
                 Ok(DeniedSubject {
