@@ -9,6 +9,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
+/// A gauge of a count or size, which stops at `i64::MAX`: the text encoder refuses a larger
+/// value, and no count gets near it.
+fn count(value: impl TryInto<i64>) -> ConstGauge {
+    ConstGauge::new(value.try_into().unwrap_or(i64::MAX))
+}
+
 /// A registry of this scrape's gauges. A gauge whose value is unknown (no reload yet, no
 /// Redis) is left out rather than reported as 0.
 ///
@@ -51,7 +57,7 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         registry.register(
             "quota_counter_drift_budgets",
             "Budgets whose live counter differed from the usage the ledger gives it at the last verify (QUOTA_VERIFY_INTERVAL_S, or GET /admin/counters/verify)",
-            ConstGauge::new(i64::try_from(drift).unwrap_or(i64::MAX)),
+            count(drift),
         );
     }
     if let Some(offset) = live.clock_offset_seconds {
@@ -65,27 +71,26 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
         registry.register(
             "quota_ledger_backlog_entries",
             "Ledger entries waiting in the Redis streams to be moved into SQL",
-            // The text encoder refuses a u64 above i64::MAX; no backlog gets near it.
-            ConstGauge::new(i64::try_from(backlog).unwrap_or(i64::MAX)),
+            count(backlog),
         );
     }
     if let Some(max) = live.ledger_backlog_max {
         registry.register(
             "quota_ledger_backlog_max_entries",
             "The most ledger entries that may wait in the Redis streams; consumes are answered 503 ledger-backlog-full at it (QUOTA_LEDGER_BACKLOG_MAX)",
-            ConstGauge::new(i64::try_from(max).unwrap_or(i64::MAX)),
+            count(max),
         );
     }
     if let Some(memory) = &live.store_memory {
         registry.register(
             "quota_redis_used_memory_bytes",
             "Memory Redis uses (INFO used_memory, summed over a cluster's nodes)",
-            ConstGauge::new(i64::try_from(memory.used_bytes).unwrap_or(i64::MAX)),
+            count(memory.used_bytes),
         );
         registry.register(
             "quota_redis_maxmemory_bytes",
             "Redis's maxmemory (summed over a cluster's nodes); 0 when a node has none",
-            ConstGauge::new(i64::try_from(memory.max_bytes).unwrap_or(i64::MAX)),
+            count(memory.max_bytes),
         );
         let policies = Family::<Vec<(String, String)>, Gauge>::default();
         for policy in &memory.policies {
@@ -102,12 +107,12 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
     registry.register(
         "quota_in_flight_requests",
         "Quota requests being served now (admin, health and metrics are not counted)",
-        ConstGauge::new(i64::try_from(live.in_flight).unwrap_or(i64::MAX)),
+        count(live.in_flight),
     );
     registry.register(
         "quota_max_in_flight_requests",
         "The most quota requests served at once (QUOTA_MAX_IN_FLIGHT)",
-        ConstGauge::new(i64::try_from(live.max_in_flight).unwrap_or(i64::MAX)),
+        count(live.max_in_flight),
     );
     registry.register(
         "quota_ledger_lag_seconds",
@@ -117,7 +122,7 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
     registry.register(
         "quota_queued_requests",
         "Quota requests waiting for a slot now (at most QUOTA_MAX_QUEUED)",
-        ConstGauge::new(i64::try_from(live.queued).unwrap_or(i64::MAX)),
+        count(live.queued),
     );
     registry.register(
         "quota_overloaded",
@@ -153,7 +158,7 @@ fn alerts(registry: &mut Registry, alerts: &super::AlertsLive) {
         registry.register(
             "quota_alert_outbox_depth",
             "Alert events not yet handed to every enabled webhook endpoint",
-            ConstGauge::new(i64::try_from(depth).unwrap_or(i64::MAX)),
+            count(depth),
         );
     }
     if let Some(seconds) = alerts.oldest_pending_seconds {
