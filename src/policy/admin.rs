@@ -38,19 +38,13 @@ impl<'a> PolicyAdmin<'a> {
         expected_version: i64,
     ) -> StoreResult<bool> {
         let replaced = self.store.update_policy(policy, expected_version).await?;
-        if replaced {
-            self.reload().await;
-        }
-        Ok(replaced)
+        Ok(self.reload_if(replaced).await)
     }
 
     /// Deletes a policy still at `expected_version`, with its overrides; false otherwise.
     pub(crate) async fn delete(&self, id: &PolicyId, expected_version: i64) -> StoreResult<bool> {
         let deleted = self.store.delete_policy(id, expected_version).await?;
-        if deleted {
-            self.reload().await;
-        }
-        Ok(deleted)
+        Ok(self.reload_if(deleted).await)
     }
 
     /// Creates or replaces an override.
@@ -67,10 +61,7 @@ impl<'a> PolicyAdmin<'a> {
         subject: &Subject,
     ) -> StoreResult<bool> {
         let deleted = self.store.delete_override(policy, subject).await?;
-        if deleted {
-            self.reload().await;
-        }
-        Ok(deleted)
+        Ok(self.reload_if(deleted).await)
     }
 
     /// Creates an API key (the record holds its hash, never its secret).
@@ -92,6 +83,15 @@ impl<'a> PolicyAdmin<'a> {
             self.reload().await;
         }
         Ok(key)
+    }
+
+    /// `changed`, once the cache is rebuilt if it is true (a write that changed nothing
+    /// leaves the cache as it was).
+    async fn reload_if(&self, changed: bool) -> bool {
+        if changed {
+            self.reload().await;
+        }
+        changed
     }
 
     /// Rebuilds the cache after a change. A failure is logged, not returned: the change is
