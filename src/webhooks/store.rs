@@ -1,7 +1,7 @@
 //! The webhook tables (`webhooks`, `webhook_deliveries`) on Postgres or SQLite: each query
 //! is written once, and [`on_pool!`] types it against the pool at hand.
 
-use crate::db::Pool;
+use crate::db::{ColumnType, Pool};
 use chrono::{DateTime, Utc};
 
 /// Runs `$body` with `$p` bound to whichever pool `$pool` is (the body is checked for
@@ -155,49 +155,35 @@ pub(crate) struct Delivery {
     pub(crate) delivered_at: Option<DateTime<Utc>>,
 }
 
-type DeliveryRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    i64,
-    DateTime<Utc>,
-    Option<i64>,
-    Option<String>,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-);
-
 const DELIVERY_COLUMNS: &str = "webhook_id, event_id, event_type, payload, state, attempts, \
      next_attempt_at, last_status, last_error, created_at, delivered_at";
 
-fn delivery_of(row: DeliveryRow) -> Delivery {
-    let (
-        webhook_id,
-        event_id,
-        event_type,
-        payload,
-        state,
-        attempts,
-        next_attempt_at,
-        last_status,
-        last_error,
-        created_at,
-        delivered_at,
-    ) = row;
-    Delivery {
-        webhook_id,
-        event_id,
-        event_type,
-        payload,
-        state,
-        attempts,
-        next_attempt_at,
-        last_status,
-        last_error,
-        created_at,
-        delivered_at,
+impl<'r, R> sqlx::FromRow<'r, R> for Delivery
+where
+    R: sqlx::Row,
+    &'r str: sqlx::ColumnIndex<R>,
+    i64: ColumnType<R::Database>,
+    String: ColumnType<R::Database>,
+    DateTime<Utc>: ColumnType<R::Database>,
+    Option<i64>: ColumnType<R::Database>,
+    Option<String>: ColumnType<R::Database>,
+    Option<DateTime<Utc>>: ColumnType<R::Database>,
+{
+    /// A row of [`DELIVERY_COLUMNS`], read by name.
+    fn from_row(row: &'r R) -> sqlx::Result<Self> {
+        Ok(Self {
+            webhook_id: row.try_get("webhook_id")?,
+            event_id: row.try_get("event_id")?,
+            event_type: row.try_get("event_type")?,
+            payload: row.try_get("payload")?,
+            state: row.try_get("state")?,
+            attempts: row.try_get("attempts")?,
+            next_attempt_at: row.try_get("next_attempt_at")?,
+            last_status: row.try_get("last_status")?,
+            last_error: row.try_get("last_error")?,
+            created_at: row.try_get("created_at")?,
+            delivered_at: row.try_get("delivered_at")?,
+        })
     }
 }
 
@@ -386,11 +372,10 @@ impl WebhookStore {
              ORDER BY event_seq, created_at LIMIT $4) \
              RETURNING {DELIVERY_COLUMNS}"
         );
-        let rows: Vec<DeliveryRow> = on_pool!(&self.pool, p => {
+        let mut claimed: Vec<Delivery> = on_pool!(&self.pool, p => {
             sqlx::query_as(&sql).bind(webhook_id).bind(now).bind(until).bind(limit)
                 .fetch_all(p).await?
         });
-        let mut claimed: Vec<Delivery> = rows.into_iter().map(delivery_of).collect();
         claimed.sort_by_key(|d| d.created_at);
         Ok(claimed)
     }
@@ -437,10 +422,9 @@ impl WebhookStore {
             "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE webhook_id = $1 \
              ORDER BY created_at DESC, event_seq DESC LIMIT $2"
         );
-        let rows: Vec<DeliveryRow> = on_pool!(&self.pool, p => {
+        Ok(on_pool!(&self.pool, p => {
             sqlx::query_as(&sql).bind(webhook_id).bind(limit).fetch_all(p).await?
-        });
-        Ok(rows.into_iter().map(delivery_of).collect())
+        }))
     }
 
     /// Forgets deliveries made before `before`.
