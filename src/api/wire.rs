@@ -11,18 +11,27 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
 use utoipa::{PartialSchema, ToSchema};
 
+/// The pattern of printable text: no control characters U+0000-U+001F and U+007F-U+009F.
+const PRINTABLE: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$";
+
+/// A string schema of 1 to `max_length` characters matching `pattern`, the shape of every
+/// identifier's schema.
+fn text(max_length: usize, pattern: &str) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(max_length))
+        .pattern(Some(pattern))
+}
+
 /// Schema of policy ids and actions: 1-64 characters of `[a-z0-9._-]` (see `domain::ids`).
 #[derive(Debug)]
 pub(crate) struct Slug;
 
 impl PartialSchema for Slug {
     fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
+        text(64, "^[a-z0-9._-]+$")
             .description(Some("1-64 characters of `[a-z0-9._-]`."))
-            .min_length(Some(1))
-            .max_length(Some(64))
-            .pattern(Some("^[a-z0-9._-]+$"))
             .examples(["transfer"])
             .into()
     }
@@ -37,14 +46,10 @@ pub(crate) struct GlobText;
 
 impl PartialSchema for GlobText {
     fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
+        text(64, "^[a-z0-9_*-]+(\\.[a-z0-9_*-]+)*$")
             .description(Some(
                 "An action glob: `*` matches any run of characters within one dot-separated segment.",
             ))
-            .min_length(Some(1))
-            .max_length(Some(64))
-            .pattern(Some("^[a-z0-9_*-]+(\\.[a-z0-9_*-]+)*$"))
             .examples(["sms.*"])
             .into()
     }
@@ -85,14 +90,10 @@ pub(crate) struct SubjectText;
 
 impl PartialSchema for SubjectText {
     fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
+        text(256, PRINTABLE)
             .description(Some(
                 "1-256 bytes of printable UTF-8 (no control characters).",
             ))
-            .min_length(Some(1))
-            .max_length(Some(256))
-            .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
             .examples(["user-42"])
             .into()
     }
@@ -110,12 +111,8 @@ pub struct IdempotencyKey;
 
 impl PartialSchema for IdempotencyKey {
     fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
+        text(128, PRINTABLE)
             .description(Some("1-128 printable characters (no control characters)."))
-            .min_length(Some(1))
-            .max_length(Some(128))
-            .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
             .into()
     }
 }
@@ -130,14 +127,10 @@ pub(crate) struct TimeZoneName;
 
 impl PartialSchema for TimeZoneName {
     fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
+        text(64, "^[A-Za-z][A-Za-z0-9_+/-]*$")
             .description(Some(
                 "An IANA time zone name, e.g. `America/New_York` (an unknown name is 422).",
             ))
-            .min_length(Some(1))
-            .max_length(Some(64))
-            .pattern(Some("^[A-Za-z][A-Za-z0-9_+/-]*$"))
             .examples(["America/New_York"])
             .into()
     }
@@ -156,11 +149,7 @@ pub(crate) struct AttributesMap;
 
 impl PartialSchema for AttributesMap {
     fn schema() -> RefOr<Schema> {
-        let value = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .min_length(Some(1))
-            .max_length(Some(128))
-            .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"));
+        let value = text(128, PRINTABLE);
         let name = ObjectBuilder::new()
             .schema_type(Type::String)
             .pattern(Some("^[a-z][a-z0-9_]{0,31}$"));
