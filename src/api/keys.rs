@@ -263,28 +263,20 @@ pub(crate) struct WhoAmI {
 )]
 #[get("/admin/whoami")]
 pub(crate) async fn whoami(AdminRead(key): AdminRead) -> web::Json<WhoAmI> {
-    web::Json(match key {
-        None => WhoAmI {
-            kind: "admin_token",
-            key_id: None,
-            name: None,
-            operations: Operation::ALL
-                .iter()
-                .map(|op| op.as_str().to_owned())
-                .collect(),
-            may_change: true,
+    // No key: the admin token, which may do everything.
+    let operations = key.as_ref().map_or_else(
+        || Operation::ALL.into_iter().collect(),
+        |grant| grant.operations,
+    );
+    web::Json(WhoAmI {
+        kind: match key {
+            None => "admin_token",
+            Some(_) => "api_key",
         },
-        Some(grant) => WhoAmI {
-            kind: "api_key",
-            key_id: Some(grant.id.clone()),
-            name: Some(grant.name.clone()),
-            operations: grant
-                .operations
-                .iter()
-                .map(|op| op.as_str().to_owned())
-                .collect(),
-            may_change: false,
-        },
+        key_id: key.as_ref().map(|grant| grant.id.clone()),
+        name: key.as_ref().map(|grant| grant.name.clone()),
+        operations: operations.iter().map(|op| op.as_str().to_owned()).collect(),
+        may_change: key.is_none(),
     })
 }
 
