@@ -5,7 +5,7 @@ use super::dto::{
 };
 use super::extract::{if_match, AdminAuth, AdminRead, ApiJson};
 use super::problem::{ApiError, Problem};
-use super::responses::{BodyProblems, JsonBodyProblems, PolicyAdminProblems};
+use super::responses::{BodyProblems, JsonBodyProblems, PolicyAdminProblems, PolicyProblems};
 use super::wire::{Slug, SubjectText};
 use super::AppState;
 use crate::domain::{
@@ -43,6 +43,11 @@ fn check_version(req: &HttpRequest, current: &Policy) -> Result<(), ApiError> {
         }
         _ => Ok(()),
     }
+}
+
+/// The 412 of a write that lost a race: the policy's version moved on since it was read.
+fn changed_concurrently(id: &PolicyId) -> ApiError {
+    ApiError::PreconditionFailed(format!("policy '{id}' changed concurrently; read it again"))
 }
 
 /// The answer to a policy write the store refused; any other store error as usual.
@@ -88,8 +93,13 @@ fn kept_long_enough(state: &AppState, spec: &PolicySpec) -> Result<(), ApiError>
     ))
 }
 
+/// The 404 of a call on a policy that does not exist (`raw`: the id as the path gives it).
+fn no_policy(raw: &str) -> ApiError {
+    ApiError::NotFound(format!("no policy '{raw}'"))
+}
+
 fn policy_id(raw: &str) -> Result<PolicyId, ApiError> {
-    PolicyId::parse("id", raw).map_err(|_| ApiError::NotFound(format!("no policy '{raw}'")))
+    PolicyId::parse("id", raw).map_err(|_| no_policy(raw))
 }
 
 async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
@@ -98,7 +108,7 @@ async fn existing(state: &AppState, raw: &str) -> Result<Policy, ApiError> {
         .policies
         .get_policy(&id)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no policy '{raw}'")))
+        .ok_or_else(|| no_policy(raw))
 }
 
 /// Lists policies, optionally of one action.
@@ -182,8 +192,7 @@ pub(crate) async fn create_policy(
     params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily"))),
     responses(
         (status = 200, description = "The policy", body = PolicyOut, headers(("ETag" = String, description = "The version"))),
-        PolicyAdminProblems,
-        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        PolicyProblems,
     ),
     security(("admin_token" = []))
 )]
@@ -213,9 +222,8 @@ pub(crate) async fn get_policy(
     request_body = PolicyInput,
     responses(
         (status = 200, description = "Replaced", body = PolicyOut, headers(("ETag" = String, description = "The new version"))),
-        PolicyAdminProblems, BodyProblems,
+        PolicyProblems, BodyProblems,
         (status = 400, description = "Malformed JSON or If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The action has 32 policies already, or the window has anchors or a year period while an instance of a version that cannot read them is live", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
     ),
@@ -261,10 +269,7 @@ pub(crate) async fn replace_policy(
         .await
         .map_err(|e| refused(e, &policy.id))?
     {
-        return Err(ApiError::PreconditionFailed(format!(
-            "policy '{}' changed concurrently; read it again",
-            policy.id
-        )));
+        return Err(changed_concurrently(&policy.id));
     }
     tracing::info!(target: "audit", by = "admin token", policy_id = %policy.id, version = policy.version,
         usage_kept = current.spec.keeps_usage_of(&policy.spec), "policy replaced");
@@ -283,9 +288,8 @@ pub(crate) async fn replace_policy(
     ),
     responses(
         (status = 204, description = "Deleted"),
-        PolicyAdminProblems,
+        PolicyProblems,
         (status = 400, description = "Malformed If-Match", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "Stale If-Match", body = Problem, content_type = "application/problem+json"),
     ),
     security(("admin_token" = []))
@@ -304,10 +308,7 @@ pub(crate) async fn delete_policy(
         .delete(&current.id, current.version)
         .await?
     {
-        return Err(ApiError::PreconditionFailed(format!(
-            "policy '{}' changed concurrently; read it again",
-            current.id
-        )));
+        return Err(changed_concurrently(&current.id));
     }
     tracing::info!(target: "audit", by = "admin token", policy_id = %current.id, "policy deleted");
     Ok(HttpResponse::NoContent().finish())
@@ -319,8 +320,7 @@ pub(crate) async fn delete_policy(
     params(("id" = Slug, Path, description = "Policy id", example = json!("transfer-usd-daily"))),
     responses(
         (status = 200, description = "The overrides", body = OverrideList),
-        PolicyAdminProblems,
-        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        PolicyProblems,
     ),
     security(("admin_token" = []))
 )]
@@ -387,8 +387,7 @@ pub(crate) async fn get_override(
     responses(
         (status = 200, description = "Replaced", body = OverrideOut),
         (status = 201, description = "Created", body = OverrideOut),
-        PolicyAdminProblems, JsonBodyProblems,
-        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        PolicyProblems, JsonBodyProblems,
     ),
     security(("admin_token" = []))
 )]

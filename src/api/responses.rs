@@ -46,6 +46,10 @@ const ADMIN_FORBIDDEN: Answer = (
 );
 /// 503 of an admin call: the policy store does not answer.
 const POLICY_STORE_DOWN: Answer = (503, "Policy store down");
+/// 404 of a call on one policy: there is none of that id.
+const NO_POLICY: Answer = (404, "No such policy");
+/// 404 of a call on one webhook endpoint: there is none of that id.
+const NO_ENDPOINT: Answer = (404, "No such endpoint");
 /// 400 of a query whose parameters are closed: an unknown or a repeated one.
 const BAD_QUERY: Answer = (400, "Unknown or repeated query parameter");
 /// 404 of a charge: no policy names the request's action.
@@ -77,87 +81,79 @@ fn problems(answers: &[Answer]) -> BTreeMap<String, RefOr<Response>> {
         .collect()
 }
 
-/// What a call with a JSON body (`ApiJson`) can be refused for, its syntax aside: 413, 415
-/// and 422. For a handler whose 400 covers more than the body.
-pub(crate) struct BodyProblems;
+/// Declares a named set of problem responses: the union of the sets named before `+`s and
+/// the answers in brackets, a later entry for a status replacing an earlier one.
+macro_rules! problem_set {
+    ($(#[$doc:meta])* $name:ident: $($set:ident +)* [$($answer:expr),* $(,)?]) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
 
-impl IntoResponses for BodyProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[BODY_TOO_LARGE, NOT_JSON, INVALID_FIELDS])
-    }
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                let mut responses = BTreeMap::new();
+                $(responses.extend($set::responses());)*
+                responses.extend(problems(&[$($answer),*]));
+                responses
+            }
+        }
+    };
 }
 
-/// Everything a JSON body (`ApiJson`) can be refused for: 400, 413, 415 and 422.
-pub(crate) struct JsonBodyProblems;
-
-impl IntoResponses for JsonBodyProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        let mut responses = BodyProblems::responses();
-        responses.extend(problems(&[MALFORMED_JSON]));
-        responses
-    }
+problem_set! {
+    /// What a call with a JSON body (`ApiJson`) can be refused for, its syntax aside: 413,
+    /// 415 and 422. For a handler whose 400 covers more than the body.
+    BodyProblems: [BODY_TOO_LARGE, NOT_JSON, INVALID_FIELDS]
 }
 
-/// The 401 and 403 of a `/quota/*` call that a client token or an API key may make.
-pub(crate) struct ClientAuthProblems;
-
-impl IntoResponses for ClientAuthProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[CLIENT_TOKEN, KEY_FORBIDDEN])
-    }
+problem_set! {
+    /// Everything a JSON body (`ApiJson`) can be refused for: 400, 413, 415 and 422.
+    JsonBodyProblems: BodyProblems + [MALFORMED_JSON]
 }
 
-/// The 401 and 403 of a read that a client token, an API key or the admin token may make.
-pub(crate) struct ReaderAuthProblems;
-
-impl IntoResponses for ReaderAuthProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[READER_TOKEN, KEY_FORBIDDEN])
-    }
+problem_set! {
+    /// The 401 and 403 of a `/quota/*` call that a client token or an API key may make.
+    ClientAuthProblems: [CLIENT_TOKEN, KEY_FORBIDDEN]
 }
 
-/// The 401 and 403 of an `/admin/*` call (`AdminAuth`, `AdminRead`).
-pub(crate) struct AdminAuthProblems;
-
-impl IntoResponses for AdminAuthProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[ADMIN_TOKEN, ADMIN_FORBIDDEN])
-    }
+problem_set! {
+    /// The 401 and 403 of a read that a client token, an API key or the admin token may make.
+    ReaderAuthProblems: [READER_TOKEN, KEY_FORBIDDEN]
 }
 
-/// What every policy or override call answers besides its own: 401 without the admin
-/// token, 503 while the policy store is down.
-pub(crate) struct PolicyAdminProblems;
-
-impl IntoResponses for PolicyAdminProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        let mut responses = AdminAuthProblems::responses();
-        responses.extend(problems(&[POLICY_STORE_DOWN]));
-        responses
-    }
+problem_set! {
+    /// The 401 and 403 of an `/admin/*` call (`AdminAuth`, `AdminRead`).
+    AdminAuthProblems: [ADMIN_TOKEN, ADMIN_FORBIDDEN]
 }
 
-/// The 400 of a read whose query parameters are closed (the ledger, activity, verify).
-pub(crate) struct QueryProblems;
-
-impl IntoResponses for QueryProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        problems(&[BAD_QUERY])
-    }
+problem_set! {
+    /// What every policy or override call answers besides its own: 401 without the admin
+    /// token, 503 while the policy store is down.
+    PolicyAdminProblems: AdminAuthProblems + [POLICY_STORE_DOWN]
 }
 
-/// Every problem a charge (a consume, or a hold) answers: the client token's, the JSON
-/// body's, an unknown action (404), an idempotency key reused with another amount (409)
-/// and 503 when the charge cannot be decided or recorded.
-pub(crate) struct ChargeProblems;
+problem_set! {
+    /// What every call on one policy answers besides its own: the admin calls' problems,
+    /// and 404 when there is no such policy.
+    PolicyProblems: PolicyAdminProblems + [NO_POLICY]
+}
 
-impl IntoResponses for ChargeProblems {
-    fn responses() -> BTreeMap<String, RefOr<Response>> {
-        let mut responses = ClientAuthProblems::responses();
-        responses.extend(JsonBodyProblems::responses());
-        responses.extend(problems(&[UNKNOWN_ACTION, KEY_REUSED, CHARGE_UNAVAILABLE]));
-        responses
-    }
+problem_set! {
+    /// What every call on one webhook endpoint answers besides its own: the admin calls'
+    /// problems, and 404 when there is no such endpoint.
+    WebhookProblems: PolicyAdminProblems + [NO_ENDPOINT]
+}
+
+problem_set! {
+    /// The 400 of a read whose query parameters are closed (the ledger, activity, verify).
+    QueryProblems: [BAD_QUERY]
+}
+
+problem_set! {
+    /// Every problem a charge (a consume, or a hold) answers: the client token's, the JSON
+    /// body's, an unknown action (404), an idempotency key reused with another amount (409)
+    /// and 503 when the charge cannot be decided or recorded.
+    ChargeProblems: ClientAuthProblems + JsonBodyProblems
+        + [UNKNOWN_ACTION, KEY_REUSED, CHARGE_UNAVAILABLE]
 }
 
 #[cfg(test)]

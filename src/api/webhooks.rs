@@ -3,7 +3,7 @@
 
 use super::extract::{AdminAuth, AdminRead, ApiJson};
 use super::problem::{ApiError, Problem};
-use super::responses::{JsonBodyProblems, PolicyAdminProblems, QueryProblems};
+use super::responses::{JsonBodyProblems, PolicyAdminProblems, QueryProblems, WebhookProblems};
 use super::AppState;
 use crate::domain::{ActionGlob, FieldError, FieldErrors, PolicyId, MAX_GLOBS};
 use crate::webhooks::{self, target, Delivery, Webhook, EVENT_TYPES};
@@ -280,20 +280,20 @@ pub(crate) async fn list_webhooks(
     }))
 }
 
+/// The 404 of a call on an endpoint that does not exist.
+fn no_webhook(id: &str) -> ApiError {
+    ApiError::NotFound(format!("no webhook '{id}'"))
+}
+
 async fn found(state: &AppState, id: &str) -> Result<Webhook, ApiError> {
-    state
-        .webhooks
-        .get(id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no webhook '{id}'")))
+    state.webhooks.get(id).await?.ok_or_else(|| no_webhook(id))
 }
 
 /// One endpoint.
 #[utoipa::path(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id")),
-    responses((status = 200, description = "The endpoint", body = WebhookOut), PolicyAdminProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "The endpoint", body = WebhookOut), WebhookProblems),
     security(("admin_token" = []))
 )]
 #[get("/admin/webhooks/{id}")]
@@ -310,8 +310,7 @@ pub(crate) async fn get_webhook(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id")),
     request_body = WebhookInput,
-    responses((status = 200, description = "Changed", body = WebhookOut), PolicyAdminProblems, JsonBodyProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "Changed", body = WebhookOut), WebhookProblems, JsonBodyProblems),
     security(("admin_token" = []))
 )]
 #[put("/admin/webhooks/{id}")]
@@ -334,7 +333,7 @@ pub(crate) async fn put_webhook(
     webhook.enabled = enabled;
     webhook.updated_at = state.engine.now();
     if !state.webhooks.update(&webhook).await? {
-        return Err(ApiError::NotFound(format!("no webhook '{id}'")));
+        return Err(no_webhook(&id));
     }
     Ok(web::Json(WebhookOut::from(&webhook)))
 }
@@ -343,8 +342,7 @@ pub(crate) async fn put_webhook(
 #[utoipa::path(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id")),
-    responses((status = 204, description = "Deleted"), PolicyAdminProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json")),
+    responses((status = 204, description = "Deleted"), WebhookProblems),
     security(("admin_token" = []))
 )]
 #[delete("/admin/webhooks/{id}")]
@@ -355,7 +353,7 @@ pub(crate) async fn delete_webhook(
 ) -> Result<HttpResponse, ApiError> {
     match state.webhooks.delete(&id).await? {
         true => Ok(HttpResponse::NoContent().finish()),
-        false => Err(ApiError::NotFound(format!("no webhook '{id}'"))),
+        false => Err(no_webhook(&id)),
     }
 }
 
@@ -364,8 +362,7 @@ pub(crate) async fn delete_webhook(
 #[utoipa::path(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id")),
-    responses((status = 200, description = "Rotated", body = RotatedSecret), PolicyAdminProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "Rotated", body = RotatedSecret), WebhookProblems),
     security(("admin_token" = []))
 )]
 #[post("/admin/webhooks/{id}/rotate-secret")]
@@ -400,8 +397,7 @@ pub(crate) struct TestSent {
 #[utoipa::path(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id")),
-    responses((status = 202, description = "Queued for delivery", body = TestSent), PolicyAdminProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json")),
+    responses((status = 202, description = "Queued for delivery", body = TestSent), WebhookProblems),
     security(("admin_token" = []))
 )]
 #[post("/admin/webhooks/{id}/test")]
@@ -433,8 +429,7 @@ pub(crate) async fn test_webhook(
 #[utoipa::path(
     tag = "admin",
     params(("id" = String, Path, description = "The endpoint's id"), DeliveriesQuery),
-    responses((status = 200, description = "Its deliveries, newest first", body = DeliveryList), PolicyAdminProblems, QueryProblems,
-        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json"),
+    responses((status = 200, description = "Its deliveries, newest first", body = DeliveryList), WebhookProblems, QueryProblems,
         (status = 422, description = "A limit outside 1 to 500", body = Problem, content_type = "application/problem+json")),
     security(("admin_token" = []))
 )]
