@@ -26,26 +26,24 @@ const WEBHOOKS_SCRIPT: &str = include_str!("console/webhooks.js");
 /// The style sheet.
 const STYLE: &str = include_str!("console/app.css");
 
+/// The console's files: the path each is served at, its content type, and it.
+const FILES: [(&str, &str, &str); 4] = [
+    ("/console/", "text/html; charset=utf-8", INDEX),
+    ("/console/app.js", "text/javascript; charset=utf-8", SCRIPT),
+    (
+        "/console/webhooks.js",
+        "text/javascript; charset=utf-8",
+        WEBHOOKS_SCRIPT,
+    ),
+    ("/console/app.css", "text/css; charset=utf-8", STYLE),
+];
+
 /// Registers `/console` (a redirect to `/console/`) and the console's files.
 pub(crate) fn routes(config: &mut web::ServiceConfig) {
-    config
-        .route("/console", web::get().to(redirect))
-        .route(
-            "/console/",
-            web::get().to(|| serve("text/html; charset=utf-8", INDEX)),
-        )
-        .route(
-            "/console/app.js",
-            web::get().to(|| serve("text/javascript; charset=utf-8", SCRIPT)),
-        )
-        .route(
-            "/console/webhooks.js",
-            web::get().to(|| serve("text/javascript; charset=utf-8", WEBHOOKS_SCRIPT)),
-        )
-        .route(
-            "/console/app.css",
-            web::get().to(|| serve("text/css; charset=utf-8", STYLE)),
-        );
+    config.route("/console", web::get().to(redirect));
+    for (path, content_type, body) in FILES {
+        config.route(path, web::get().to(move || serve(content_type, body)));
+    }
 }
 
 async fn redirect() -> HttpResponse {
