@@ -169,8 +169,13 @@ mod tests {
         let refund = |amount| {
             let mut entry = charge.clone();
             entry.amount = amount;
-            entry.policies =
-                crate::engine::decision::giveback::given(&charge.counters, amount, false);
+            // What each amount policy gets back: at most its charge.
+            let given = |c: &crate::domain::CounterCharge| crate::domain::PolicyAmount {
+                policy_id: c.policy_id.clone(),
+                amount: amount.min(c.charged),
+                scope: c.scope.clone(),
+            };
+            entry.policies = charge.counters.iter().map(given).collect();
             entry
         };
         let kind = GiveBackKind::Refund {
