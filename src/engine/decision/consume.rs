@@ -7,7 +7,7 @@ use crate::engine::decision::plan::{replayed_decision, Plan};
 use crate::engine::decision::Decider;
 use crate::engine::store::{
     Consume, Decided, Effects, Evaluation, HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing,
-    StoreError, Undo,
+    StoreError,
 };
 use crate::engine::{from_millis, ConsumeRequest, Decision, EngineError};
 use crate::keys;
@@ -46,7 +46,7 @@ pub(crate) struct Consumed {
 }
 
 /// What a unit of work did.
-enum Charged {
+pub(in crate::engine) enum Charged {
     /// No policy applies: nothing was counted; the entries are recorded.
     Uncharged,
     /// Decided now; if allowed, charged and recorded.
@@ -161,7 +161,7 @@ impl Decider {
         let attempt = Attempt::new(&plan, request, hold_ttl);
         let effects = self.effects(&plan, request, &attempt);
         let attempts = std::slice::from_ref(&attempt);
-        match self.charge_unit(&plan, attempts, &effects).await? {
+        match self.apply(self.charging(&plan, attempts, &effects)).await? {
             Charged::Uncharged => Ok(attempt.answer(plan.empty_decision())),
             Charged::Fresh(evaluation) => Ok(attempt.answer(plan.decision(&evaluation))),
             Charged::Degraded => Ok(attempt.answer(plan.degraded_decision())),
@@ -219,7 +219,10 @@ impl Decider {
             ledger: self.together_append(&plan, &attempts),
             ..Effects::default()
         };
-        match self.charge_unit(&plan, &attempts, &effects).await? {
+        match self
+            .apply(self.charging(&plan, &attempts, &effects))
+            .await?
+        {
             Charged::Uncharged => Ok(plans.iter().map(Plan::empty_decision).collect()),
             Charged::Fresh(evaluation) => Ok(plans
                 .iter()
@@ -268,112 +271,18 @@ impl Decider {
             ..append
         })
     }
+}
 
-    /// The unit of work of every consume, hold and consume together: `plan`'s charges
-    /// decided in one store call with `effects`, the `attempts`' entries recorded, and the
-    /// change undone if they cannot be (`engine::unit`); a store failure answered as the
-    /// configuration says, with what Redis may have applied voided (`engine::recovery::void`).
-    async fn charge_unit(
-        &self,
-        plan: &Plan,
-        attempts: &[Attempt],
-        effects: &Effects,
-    ) -> Result<Charged, EngineError> {
-        let allowed: Vec<LedgerEntry> = attempts.iter().map(|a| a.allowed_entry.clone()).collect();
-        // A hold goes to the store even when no policy applies: its record must exist, so
-        // that it can be settled.
-        if plan.charges.is_empty() && effects.hold.is_none() {
-            self.pipeline.record(allowed).await?;
-            return Ok(Charged::Uncharged);
-        }
-        self.pipeline.admit()?;
-        let charges = plan.charges.iter().map(|p| &p.charge);
-        super::invariants::charged_as_planned(charges, &allowed)?;
-        let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
-        let denied: Vec<LedgerEntry> = denied.collect();
-        // Until the entries are committed: a snapshot must see both or neither.
-        let _cut = self.pipeline.change().await;
-        let across = self.slots_of(plan);
-        // The attempt across slots: its id names its intent; its counters are the plan's.
-        let attempt = match allowed.as_slice() {
-            [one] => one.clone(),
-            many => LedgerEntry {
-                id: EntryId::new(),
-                counters: plan.counter_charges(),
-                ..many[0].clone()
-            },
-        };
-        let decided = match across {
-            Some(slots) => self.decide_across(slots, plan, effects, &attempt).await,
-            None => self.decide_waiting(plan, effects).await,
-        };
-        let decided = match decided {
-            Ok(Decided::Fresh(_))
-                if effects.ledger.is_some()
-                    && crate::engine::faults::fault!(self, "store.reply_lost") =>
-            {
-                Err(StoreError::Timeout(
-                    "failpoint store.reply_lost: the reply was lost".to_owned(),
-                ))
-            }
-            decided => decided,
-        };
-        match decided {
-            Ok(Decided::Fresh(evaluation)) => {
-                self.pipeline
-                    .appended(evaluation.allowed || !denied.is_empty());
-                match evaluation.allowed {
-                    true => {
-                        let answer = || self.entry_answer(plan, effects, attempts, &evaluation);
-                        let attempted = attempts.iter().map(|a| &a.allowed_entry);
-                        let undo = || undo_charge(attempted.clone(), effects);
-                        self.pipeline
-                            .commit_answered_or_undo(allowed, plan.now_ms(), &answer, &undo)
-                            .await?;
-                    }
-                    // A denial changed nothing: its entries (if kept) are only recorded.
-                    false => self.pipeline.record_denied(denied).await?,
-                }
-                Ok(Charged::Fresh(evaluation))
-            }
-            Ok(Decided::Replayed { record, evaluation }) => {
-                Ok(Charged::Replayed { record, evaluation })
-            }
-            Ok(Decided::InFlight) => Ok(Charged::InFlight),
-            Ok(Decided::Refused) => Err(EngineError::Store(StoreError::Protocol(
-                "a consume was refused as a reservation".to_owned(),
-            ))),
-            Err(error) => {
-                // Redis may have run a call that timed out or lost its connection (or ran it
-                // and too few replicas acknowledged it): if the answer is 503, each charge is
-                // voided once that is settled (engine::recovery::void).
-                let in_doubt = effects.ledger.as_ref().filter(|_| may_have_run(&error));
-                if let Err(answer) = self.on_store_failure(plan, error) {
-                    if let Some(ledger) = in_doubt {
-                        let key = effects.idempotency.as_ref().map(|i| i.key.clone());
-                        let id = attempt.id.to_string();
-                        let intent =
-                            across.map(|_| keys::intent(&self.prefix, plan.keys.shard, &id));
-                        for entry in &allowed {
-                            self.followup
-                                .doubt(entry, &ledger.stream, key.clone(), intent.clone());
-                        }
-                    }
-                    return Err(answer);
-                }
-                // Failing open: accepted uncounted, but never unrecorded: with the ledger
-                // down too, it is answered 503.
-                self.pipeline.record(allowed).await?;
-                Ok(Charged::Degraded)
-            }
-        }
-    }
-
+impl Decider {
     /// One store decision; while the idempotency key's first attempt is in flight (its
     /// entry commits), decided again every millisecond for up to [`IN_FLIGHT_WAIT`]: the
     /// retry then replays the first attempt's answer once committed, or is decided afresh
     /// once it was undone.
-    async fn decide_waiting(&self, plan: &Plan, effects: &Effects) -> Result<Decided, StoreError> {
+    pub(super) async fn decide_waiting(
+        &self,
+        plan: &Plan,
+        effects: &Effects,
+    ) -> Result<Decided, StoreError> {
         let started = std::time::Instant::now();
         loop {
             let decided = self
@@ -482,7 +391,7 @@ impl Decider {
 
     /// The answer the entry of `attempts` (one attempt) keeps, when this instance writes
     /// it (`Pipeline::commit_answered_or_undo`); a streamed entry got it from the store.
-    fn entry_answer(
+    pub(super) fn entry_answer(
         &self,
         plan: &Plan,
         effects: &Effects,
@@ -500,20 +409,6 @@ impl Decider {
                     expires_at_ms: plan.now_ms(),
                 }),
         }
-    }
-}
-
-/// What undoes the charges `entries` record, with their `effects` (kept answer, hold).
-fn undo_charge<'a>(entries: impl Iterator<Item = &'a LedgerEntry>, effects: &Effects) -> Undo {
-    Undo::Charge {
-        counters: entries.flat_map(|e| e.counters.clone()).collect(),
-        idempotency: effects.idempotency.as_ref().map(|idem| idem.key.clone()),
-        hold: effects.hold.as_ref().map(|hold| {
-            (
-                hold.record_key.clone(),
-                (hold.index_key.clone(), hold.hold_id.clone()),
-            )
-        }),
     }
 }
 
@@ -579,13 +474,4 @@ fn replay(
         }),
         replayed: true,
     })
-}
-
-/// Whether a failed store call may have been run by Redis all the same: it timed out, its
-/// connection broke, or it ran and too few replicas acknowledged it.
-fn may_have_run(error: &StoreError) -> bool {
-    matches!(
-        error,
-        StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::Unreplicated(_)
-    )
 }

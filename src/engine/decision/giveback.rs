@@ -7,7 +7,7 @@ use crate::domain::{
 };
 use crate::engine::codec::{self, HoldRecord};
 use crate::engine::decision::Decider;
-use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, StoreError, Undo};
+use crate::engine::store::{signed, GiveBack, GiveBackKind, GivenBack, StoreError};
 use crate::engine::{Decision, EngineError};
 use crate::keys;
 use crate::logs::Throttle;
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 pub(super) mod alerts;
 mod refund;
-use alerts::{give_back_kept, with_usage};
+use alerts::give_back_kept;
 
 /// When the first hold known to this instance falls due, per shard: the holds it opened,
 /// and those the janitor's look found. Only shards with a hold due are swept.
@@ -127,7 +127,7 @@ fn charged_to(counters: &[CounterCharge]) -> Vec<PolicyAmount> {
 /// `(full, by_amount)` (count policies their charge when `full`; amount policies
 /// `by_amount`, below zero what an over-capture charges more). `refunded` is the refunded
 /// total after a refund: the last one gives count policies theirs back.
-fn share_of(kind: GiveBackKind, refunded: u64) -> (bool, i64) {
+pub(super) fn share_of(kind: GiveBackKind, refunded: u64) -> (bool, i64) {
     match kind {
         GiveBackKind::Refund { amount, total, .. } => (refunded == total, signed(amount)),
         GiveBackKind::Commit { settle, total, .. } => (false, signed(total) - signed(settle)),
@@ -298,58 +298,11 @@ impl Decider {
     ) -> Result<(LedgerEntry, GivenBack), EngineError> {
         let (entry, request) = self.hold_give_back(hold_id, record, how, self.now())?;
         let alerting = Some(record.counters.as_slice());
-        self.give_back_unit(hold_id.shard(), entry, alerting, |entry| GiveBack {
+        let giving = self.giving_back(hold_id.shard(), entry, alerting, |entry| GiveBack {
             ledger: self.pipeline.stream_entry(hold_id.shard(), entry),
             ..request
-        })
-        .await
-    }
-
-    /// Every give-back (a refund, a hold's settlement or expiry, a void) as one unit of
-    /// work, `entry` at `home`: the entry keeps what tells the alert thresholds its
-    /// `alerting` counters cross (none for a void), `request_for` the entry so made is the
-    /// store's request, the share of other Redis Cluster slots is kept pending at home,
-    /// the store applies it under the cut, the share goes to the other slots, and the
-    /// entry is committed (or the give-back undone). Returns the entry and the store's
-    /// answer; nothing but a [`GivenBack::Done`] changed anything.
-    pub(in crate::engine) async fn give_back_unit(
-        &self,
-        home: u16,
-        mut entry: LedgerEntry,
-        alerting: Option<&[CounterCharge]>,
-        request_for: impl FnOnce(&LedgerEntry) -> GiveBack,
-    ) -> Result<(LedgerEntry, GivenBack), EngineError> {
-        let reports_usage = alerting.is_some_and(|c| self.keep_alerts(&mut entry, c, home));
-        let mut request = request_for(&entry);
-        request.reports_usage = reports_usage;
-        // Before the share of other Redis Cluster slots leaves the request.
-        super::invariants::given_within_charged(&request, &entry)?;
-        let foreign = self.foreign_share(home, &mut request);
-        let foreign_alerts = match alerting {
-            Some(_) => self.foreign_alerts(&entry, &foreign),
-            None => Vec::new(),
-        };
-        request.pending = self.pending_share(home, &entry, &foreign, &foreign_alerts);
-        // Until the entry is committed: a snapshot must see both or neither.
-        let _cut = self.pipeline.change().await;
-        let given = self
-            .counters
-            .give_back(entry.at.timestamp_millis(), &request)
-            .await?;
-        if let GivenBack::Done {
-            refunded,
-            restored,
-            usage,
-        } = &given
-        {
-            entry = with_usage(entry, usage);
-            let share = share_of(request.kind, *refunded);
-            self.share_foreign(home, &entry, foreign, share, foreign_alerts)
-                .await;
-            self.record_unless_streamed(&entry, &request, (*refunded, restored.clone()))
-                .await?;
-        }
-        Ok((entry, given))
+        });
+        self.apply(giving).await
     }
 
     /// The entry and the store's request that settle (`how`) or expire (`None`) a hold at
@@ -469,31 +422,17 @@ impl Decider {
         }
     }
 
-    /// Writes `entry` to the SQL ledger before the answer, unless the store streamed it;
-    /// if it cannot be, the give-back `request` (which answered a refunded total and what
-    /// each counter got back) is undone.
-    async fn record_unless_streamed(
-        &self,
-        entry: &LedgerEntry,
-        request: &GiveBack,
-        (refunded, restored): (u64, Vec<i64>),
-    ) -> Result<(), EngineError> {
-        let undo = || Undo::GiveBack {
-            request: Box::new(request.clone()),
-            refunded,
-            restored: restored.clone(),
-        };
-        self.pipeline
-            .commit_or_undo(vec![entry.clone()], entry.at.timestamp_millis(), &undo)
-            .await
-    }
-
     /// Makes `entry`, a give-back of a charge to `counters`, keep what tells the alert
     /// thresholds it crosses (`give_back_kept`) when a policy of its action
     /// alerts; whether it does (the store then reports the usage it leaves). Only the
     /// counters of `home` count: those of other slots of a Redis Cluster are given back
     /// in a second step, which tells theirs (`foreign_alerts`).
-    fn keep_alerts(&self, entry: &mut LedgerEntry, counters: &[CounterCharge], home: u16) -> bool {
+    pub(super) fn keep_alerts(
+        &self,
+        entry: &mut LedgerEntry,
+        counters: &[CounterCharge],
+        home: u16,
+    ) -> bool {
         let home: Vec<CounterCharge> = counters
             .iter()
             .filter(|c| self.at_home(home, c))

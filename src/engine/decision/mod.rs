@@ -1,12 +1,13 @@
 //! The decision path: a request planned against its action's policies at the clock's
 //! `now` ([`plan`], with the calendar math of [`window`] and the in-process [`policies`]),
-//! decided in one counter-store call and recorded as one unit of work ([`consume`]); quota
-//! given back ([`giveback`]); consumes whose budgets sit in several Redis Cluster slots
+//! decided in one counter-store call and recorded as one unit of work (`apply`, which every
+//! change passes: consumes and holds from [`consume`], quota given back from [`giveback`]); consumes whose budgets sit in several Redis Cluster slots
 //! ([`crossslot`], the one part that asks the deployment something: whether Redis is a
 //! cluster). It never asks how the ledger is written: the ledger pipeline
 //! (`engine::pipeline`) does what the deployment needs with each decided change, and an
 //! attempt answered 503 that Redis may have applied is handed to recovery to be voided.
 
+mod apply;
 pub(crate) mod consume;
 pub(crate) mod crossslot;
 pub(crate) mod giveback;

@@ -237,10 +237,8 @@ impl Recovery {
         let (void, request) = self.void_request(doubt)?;
         let home = keys::shard(void.action.as_str(), void.subject.as_str());
         // A void tells no alert (its charge was answered 503).
-        let (_, given) = self
-            .decider
-            .give_back_unit(home, void, None, |_| request)
-            .await?;
+        let giving = self.decider.giving_back(home, void, None, |_| request);
+        let (_, given) = self.decider.apply(giving).await?;
         Ok(match given {
             GivenBack::Done { .. } => Voided::Voided,
             GivenBack::Conflict(why) => Voided::Kept(why),

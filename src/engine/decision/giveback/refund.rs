@@ -64,7 +64,7 @@ impl Decider {
         let alerting = Some(charge.counters.as_slice());
         let request_for = |entry: &LedgerEntry| self.refund_give_back(&charge, entry, refunded);
         match self
-            .give_back_unit(keys.shard, entry, alerting, request_for)
+            .apply(self.giving_back(keys.shard, entry, alerting, request_for))
             .await?
         {
             (entry, GivenBack::Done { .. }) => Ok(self.settled(entry, false).await),
