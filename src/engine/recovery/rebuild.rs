@@ -233,40 +233,8 @@ impl Recovery {
             }
             EntryKind::Deny => {}
         }
-        ops.extend(self.share_markers(entry, &ops));
+        ops.extend(self.decider.share_markers(entry, &ops));
         Ok(ops)
-    }
-
-    /// On a Redis Cluster, the once-markers of a give-back's share in other slots than its
-    /// home (`engine::crossslot`): the replay gives that share back, so a share the sweeper
-    /// would redo after the rebuild must find it given.
-    fn share_markers(&self, entry: &LedgerEntry, ops: &[ReplayOp]) -> Vec<ReplayOp> {
-        if !self.decider.one_slot_per_call() {
-            return Vec::new();
-        }
-        let home = keys::shard(entry.action.as_str(), entry.subject.as_str());
-        let mut shards: Vec<u16> = ops
-            .iter()
-            .filter_map(|op| match op {
-                ReplayOp::GiveBack { request, .. } => Some(&request.counters),
-                _ => None,
-            })
-            .flatten()
-            .filter_map(|c| keys::shard_of(&c.key))
-            .filter(|shard| *shard != home)
-            .collect();
-        shards.sort_unstable();
-        shards.dedup();
-        let id = entry.id.to_string();
-        shards
-            .into_iter()
-            .map(|shard| ReplayOp::Record {
-                key: keys::giveback_marker(&self.prefix, shard, &id),
-                text: "1".to_owned(),
-                expires_at_ms: entry.at.timestamp_millis()
-                    + crate::engine::decision::crossslot::MARKER_TTL_MS,
-            })
-            .collect()
     }
 
     /// The answer kept for retries of a charge or hold, while it is still kept.

@@ -25,7 +25,6 @@
 //! rebuild`): after restoring Redis from an old backup, say.
 
 use crate::domain::{Action, LedgerEntry};
-use crate::engine::decision::crossslot::{ATTEMPT_MS, SKEW_MS};
 use crate::engine::followup::Followup;
 use crate::engine::recovery::snapshot::SnapshotStore;
 use crate::engine::recovery::Recovery;
@@ -206,12 +205,9 @@ impl Recovery {
         // shared by subjects, an entry that charged these shards may wait in any shard's
         // stream: then every stream is drained.
         let shared = self.cache.has_shared_budgets();
-        if shared && self.decider.one_slot_per_call() {
-            // On a cluster, an attempt across slots that reserved in these shards before
-            // they closed commits (or can no longer) within its deadline and the skew:
-            // its entry is then in a stream, drained below.
-            let wait = ATTEMPT_MS + SKEW_MS;
-            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+        if shared {
+            // Its entry is then in a stream, drained below.
+            self.decider.attempts_across_slots_settle().await;
         }
         let to_drain: BTreeSet<u16> = match shared {
             true => (0..keys::SHARDS).collect(),
