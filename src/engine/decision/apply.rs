@@ -1,6 +1,6 @@
 //! The one unit of work of every change to the counters: consume, hold and consume together
-//! ([`Charging`](super::consume::Charging)); refund, commit, release, expiry, over-capture
-//! and void ([`GivingBack`](super::giveback::GivingBack)). Each passes through
+//! ([`Charging`]); refund, commit, release, expiry, over-capture and void
+//! ([`GivingBack`]). Each passes through
 //! [`Decider::apply`] in the same order: its invariants checked at the boundary, the cut
 //! taken (a snapshot sees a change and its entries, or neither), then one store call, its
 //! entries recorded or the change undone, and what a failed call may have applied handed
