@@ -73,30 +73,36 @@ impl Change for Charging<'_> {
             attempts,
             effects,
         } = self;
-        let allowed: Vec<LedgerEntry> = attempts.iter().map(|a| a.allowed_entry.clone()).collect();
+        // Copies of the entries, made only where they are written: on Redis the script
+        // streamed them, and a copy per request would only cost the hot path.
+        let allowed =
+            || -> Vec<LedgerEntry> { attempts.iter().map(|a| a.allowed_entry.clone()).collect() };
         // A hold goes to the store even when no policy applies: its record must exist, so
         // that it can be settled.
         if plan.charges.is_empty() && effects.hold.is_none() {
-            decider.pipeline.record(allowed).await?;
+            decider.pipeline.record(allowed()).await?;
             return Ok(Charged::Uncharged);
         }
         decider.pipeline.admit()?;
-        let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
-        let denied: Vec<LedgerEntry> = denied.collect();
+        let writes = decider.pipeline.commits_entries();
+        let denies = attempts.iter().any(|a| a.denied_entry.is_some());
         let across = decider.slots_of(plan);
-        // The attempt across slots: its id names its intent; its counters are the plan's.
-        let attempt = match allowed.as_slice() {
-            [one] => one.clone(),
+        // The attempt across slots (a Redis Cluster only): its id names its intent; its
+        // counters are the plan's. Made only there: a copy of the entry per request costs
+        // the hot path of every other deployment.
+        let attempt = across.map(|_| match attempts {
+            [one] => one.allowed_entry.clone(),
             many => LedgerEntry {
                 id: EntryId::new(),
                 counters: plan.counter_charges(),
-                ..many[0].clone()
+                ..many[0].allowed_entry.clone()
             },
-        };
-        let id = attempt.id.to_string();
-        let decided = match across {
-            Some(slots) => decider.decide_across(slots, plan, effects, &attempt).await,
-            None => decider.decide_waiting(plan, effects).await,
+        });
+        let decided = match (across, &attempt) {
+            (Some(slots), Some(attempt)) => {
+                decider.decide_across(slots, plan, effects, attempt).await
+            }
+            _ => decider.decide_waiting(plan, effects).await,
         };
         let decided = match decided {
             Ok(Decided::Fresh(_))
@@ -111,21 +117,24 @@ impl Change for Charging<'_> {
         };
         match decided {
             Ok(Decided::Fresh(evaluation)) => {
-                decider
-                    .pipeline
-                    .appended(evaluation.allowed || !denied.is_empty());
+                decider.pipeline.appended(evaluation.allowed || denies);
                 match evaluation.allowed {
                     true => {
                         let answer = || decider.entry_answer(plan, effects, attempts, &evaluation);
                         let attempted = attempts.iter().map(|a| &a.allowed_entry);
                         let undo = || undo_charge(attempted.clone(), effects);
+                        let entries = if writes { allowed() } else { Vec::new() };
                         decider
                             .pipeline
-                            .commit_answered_or_undo(allowed, plan.now_ms(), &answer, &undo)
+                            .commit_answered_or_undo(entries, plan.now_ms(), &answer, &undo)
                             .await?;
                     }
                     // A denial changed nothing: its entries (if kept) are only recorded.
-                    false => decider.pipeline.record_denied(denied).await?,
+                    false if writes && denies => {
+                        let denied = attempts.iter().filter_map(|a| a.denied_entry.clone());
+                        decider.pipeline.record_denied(denied.collect()).await?;
+                    }
+                    false => {}
                 }
                 Ok(Charged::Fresh(evaluation))
             }
@@ -137,9 +146,11 @@ impl Change for Charging<'_> {
                 "a consume was refused as a reservation".to_owned(),
             ))),
             Err(error) => {
-                let intent = across.map(|_| keys::intent(&decider.prefix, plan.keys.shard, &id));
+                let intent = attempt.map(|attempt| {
+                    keys::intent(&decider.prefix, plan.keys.shard, &attempt.id.to_string())
+                });
                 decider
-                    .charge_failed(plan, effects, intent, allowed, error)
+                    .charge_failed(plan, effects, intent, allowed(), error)
                     .await
             }
         }

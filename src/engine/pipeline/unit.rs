@@ -140,6 +140,13 @@ impl Pipeline {
         self.durability.record_denied(&self.writer, entries).await
     }
 
+    /// Whether this instance commits a decided change's entries itself (in process), rather
+    /// than the script streaming them in its atomic step (Redis): only then does
+    /// [`Pipeline::commit_or_undo`] or [`Pipeline::record_denied`] need the entries.
+    pub(crate) fn commits_entries(&self) -> bool {
+        self.durability.answers_wait_for_commit()
+    }
+
     /// Whether a kept answer waits as in flight until its entry is committed: in process,
     /// where the entry commits after the change ([`Pipeline::commit_or_undo`]).
     pub(crate) fn records_pending(&self) -> bool {
