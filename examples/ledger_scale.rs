@@ -92,6 +92,7 @@ fn entry(i: u64, n: u64, now: DateTime<Utc>, policy: &PolicyId) -> LedgerEntry {
         counters: Vec::new(),
         hold_expires_at: None,
         kept_answer: None,
+        totals: Vec::new(),
     }
 }
 

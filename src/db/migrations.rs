@@ -87,6 +87,10 @@ pub(super) const POSTGRES: Files = &[
         "20270105090000_create_counter_snapshot_deltas.sql",
         include_str!("../../migrations/postgres/20270105090000_create_counter_snapshot_deltas.sql"),
     ),
+    (
+        "20270110090000_create_ledger_totals.sql",
+        include_str!("../../migrations/postgres/20270110090000_create_ledger_totals.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -162,6 +166,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20270105090000_create_counter_snapshot_deltas.sql",
         include_str!("../../migrations/sqlite/20270105090000_create_counter_snapshot_deltas.sql"),
+    ),
+    (
+        "20270110090000_create_ledger_totals.sql",
+        include_str!("../../migrations/sqlite/20270110090000_create_ledger_totals.sql"),
     ),
 ];
 

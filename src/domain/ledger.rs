@@ -167,6 +167,41 @@ pub struct LedgerEntry {
     /// for retries, exactly as the counter store keeps it, so that a restart can keep it
     /// again. Internal.
     pub kept_answer: Option<KeptAnswer>,
+    /// What the entry adds to the ledger's totals (`ledger_totals`), per policy, budget
+    /// and counter period: only a consume recorded in the totals (its policies record
+    /// `totals`) or what voids one. Empty for every other entry.
+    pub totals: Vec<TotalLine>,
+}
+
+/// What one entry adds to one row of the ledger's totals: a policy's budget in one counter
+/// period (the calendar period, the rolling window's bucket, or the hour for a lifetime or
+/// per-request window). A void adds the negative of what it voids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TotalLine {
+    /// The policy.
+    pub policy_id: PolicyId,
+    /// The budget, as [`Budget::text`] names it.
+    pub budget: String,
+    /// When the counter period ends.
+    pub period_end: DateTime<Utc>,
+    /// The units allowed.
+    pub amount: i64,
+    /// The requests allowed.
+    pub allowed: i64,
+    /// The requests denied.
+    pub denied: i64,
+}
+
+impl TotalLine {
+    /// What a void of the entry holding this line adds: its negative.
+    pub fn voided(&self) -> Self {
+        Self {
+            amount: -self.amount,
+            allowed: -self.allowed,
+            denied: -self.denied,
+            ..self.clone()
+        }
+    }
 }
 
 impl LedgerEntry {

@@ -21,7 +21,7 @@ pub use globs::{ActionGlob, ActionSet, MAX_GLOBS};
 pub use ids::{Action, PolicyId, Subject};
 pub use ledger::{
     BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,
-    LedgerEntry, PolicyAmount, Restore,
+    LedgerEntry, PolicyAmount, Restore, TotalLine,
 };
 pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
 pub use quantity::{Quantity, MAX_SAFE};

@@ -177,6 +177,7 @@ mod tests {
             counters: Vec::new(),
             hold_expires_at: None,
             kept_answer: None,
+            totals: Vec::new(),
         }
     }
 

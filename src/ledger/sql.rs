@@ -76,7 +76,7 @@ const RECORD_GENERATION: &str = "INSERT INTO redis_generations (prefix, shard, g
 
 /// The columns of `ledger_entries` that hold an entry, in the order inserts bind them.
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
-     idempotency_key, policies, detail, attributes";
+     idempotency_key, policies, detail, attributes, totals";
 
 /// [`ENTRY_COLUMNS`] as selects read them: with the compact text of rows written before
 /// `policies` was JSON, until `quota-ledger migrate` has rewritten them ([`upgrade`]).
@@ -227,7 +227,8 @@ where
                     &e.attributes,
                 )))
                 .push_bind(codec::encode_detail(e))
-                .push_bind(codec::attributes_column(&e.attributes).map(Json));
+                .push_bind(codec::attributes_column(&e.attributes).map(Json))
+                .push_bind(codec::totals_column(&e.totals).map(Json));
         });
         // No conflict target: an entry already there (its id, unique) is skipped whether
         // the unique index is on `id` alone or, once the ledger is partitioned by time, on

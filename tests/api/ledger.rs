@@ -8,6 +8,7 @@ mod paging;
 mod partitions;
 mod settled;
 mod sql;
+mod totals;
 
 use crate::helpers::{fresh_settings, start_instant, CounterBackend, FreshSettings, PolicyBackend};
 use crate::on_policy_stores;
@@ -107,6 +108,7 @@ pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
         }],
         hold_expires_at: None,
         kept_answer: None,
+        totals: Vec::new(),
     }
 }
 

@@ -102,3 +102,27 @@ pub(crate) fn attributes_from_column(
         Some(wire) => attributes_from_wire(WHAT, wire),
     }
 }
+
+/// The `totals` column of an entry with `totals` (none when it adds nothing to the
+/// ledger's totals): one object per line, `{"policy_id", "budget", "period_end", "amount",
+/// "allowed", "denied"}`, `period_end` in RFC 3339 as the ledger's `at` is written, which
+/// the trigger that adds them to `ledger_totals` reads (migrations, `create_ledger_totals`).
+pub(crate) fn totals_column(totals: &[crate::domain::TotalLine]) -> Option<serde_json::Value> {
+    (!totals.is_empty()).then(|| {
+        totals
+            .iter()
+            .map(|line| {
+                serde_json::json!({
+                    "policy_id": line.policy_id.as_str(),
+                    "budget": line.budget,
+                    "period_end": line
+                        .period_end
+                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false),
+                    "amount": line.amount,
+                    "allowed": line.allowed,
+                    "denied": line.denied,
+                })
+            })
+            .collect()
+    })
+}

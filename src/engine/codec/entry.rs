@@ -122,6 +122,7 @@ pub(super) fn encode_keeping<'a>(
         None => encode(entry),
         Some(_) => encode(&LedgerEntry {
             kept_answer: None,
+            totals: Vec::new(),
             ..entry.clone()
         }),
     };

@@ -170,5 +170,6 @@ pub(crate) fn entry_from_parts(
         counters: detail.counters,
         hold_expires_at: detail.hold_expires_at,
         kept_answer: detail.kept_answer,
+        totals: Vec::new(),
     })
 }

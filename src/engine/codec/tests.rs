@@ -102,6 +102,7 @@ fn hold_entry() -> LedgerEntry {
             text: "{\"amount\":40}\n1,40,1,5,-1".to_owned(),
             expires_at_ms: 1_790_000_000_000,
         }),
+        totals: Vec::new(),
     }
 }
 
@@ -114,6 +115,7 @@ fn charge_entry() -> LedgerEntry {
         consumption_id: Some(ConsumptionId::new()),
         hold_expires_at: None,
         kept_answer: None,
+        totals: Vec::new(),
         ..hold_entry()
     }
 }
@@ -129,6 +131,7 @@ fn every_record_reads_back_what_was_written() {
         consumption_id: Some(ConsumptionId::new()),
         hold_expires_at: None,
         kept_answer: None,
+        totals: Vec::new(),
         ..entry.clone()
     };
     // As the stores keep it: the entry, then the refunded total.
@@ -330,6 +333,7 @@ fn a_single_policy_consume_waits_in_a_stream_entry_of_at_most_200_bytes() {
         hold_id: None,
         hold_expires_at: None,
         kept_answer: None,
+        totals: Vec::new(),
         policies: vec![PolicyAmount {
             policy_id: policy_id.clone(),
             amount: 200_000,
@@ -371,6 +375,7 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
     for entry in [charge_entry(), hold_entry()] {
         let entry = LedgerEntry {
             kept_answer: None,
+            totals: Vec::new(),
             ..entry
         };
         // What consume.lua appends: the evaluation's numbers.
@@ -393,6 +398,7 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
         assert_eq!(
             LedgerEntry {
                 kept_answer: None,
+                totals: Vec::new(),
                 ..decoded
             },
             entry

@@ -111,6 +111,7 @@ impl Attempt {
             },
             hold_expires_at: hold.as_ref().map(|(t, _)| t.expires_at).filter(|_| !denial),
             kept_answer: None,
+            totals: Vec::new(),
         };
         let kind = match hold {
             Some(_) => EntryKind::Hold,

@@ -378,6 +378,7 @@ impl Decider {
             counters: excess_counters,
             hold_expires_at: None,
             kept_answer: None,
+            totals: Vec::new(),
         };
         let (shard, member) = (hold_id.shard(), hold_id.to_string());
         let request = GiveBack {

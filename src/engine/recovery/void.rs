@@ -29,7 +29,7 @@
 //! is (`committed`, or `abandoned` by the caller or the sweeper within seconds), and its
 //! void gives its share in the other slots back too, once each, like a refund across slots.
 
-use crate::domain::{EntryId, EntryKind, LedgerEntry};
+use crate::domain::{EntryId, EntryKind, LedgerEntry, TotalLine};
 use crate::engine::codec::HoldRecord;
 use crate::engine::decision::giveback::Settle;
 use crate::engine::recovery::Recovery;
@@ -273,6 +273,8 @@ impl Recovery {
             counters: Vec::new(),
             hold_expires_at: None,
             kept_answer: None,
+            // A voided charge recorded in the totals is taken out of them.
+            totals: entry.totals.iter().map(TotalLine::voided).collect(),
         };
         if let Some((hold_id, record)) = HoldRecord::opened_by(entry) {
             let (_, mut request) =

@@ -60,6 +60,7 @@ impl Decider {
             counters: Vec::new(),
             hold_expires_at: None,
             kept_answer: None,
+            totals: Vec::new(),
         };
         let alerting = Some(charge.counters.as_slice());
         let request_for = |entry: &LedgerEntry| self.refund_give_back(&charge, entry, refunded);

@@ -203,6 +203,7 @@ fn entry(label: &str) -> LedgerEntry {
         counters: Vec::new(),
         hold_expires_at: None,
         kept_answer: None,
+        totals: Vec::new(),
     }
 }
 
