@@ -141,6 +141,16 @@ pub(crate) enum ModeDto {
     Shadow,
 }
 
+/// What the ledger keeps of a policy's consumes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RecordDto {
+    /// One ledger entry per consume (the default).
+    Entries,
+    /// The ledger's totals per budget and counter period (`ledger_totals`).
+    Totals,
+}
+
 /// A policy as submitted by `POST` (with `id`) or `PUT` (id from the path).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +204,13 @@ pub(crate) struct PolicyInput {
     /// (a soft limit). Default `[]`: none.
     #[schema(max_items = 8, example = json!([80, 100]))]
     pub(crate) alert_thresholds: Option<Vec<i64>>,
+    /// What the ledger keeps of its consumes. Default `entries`: one entry per consume.
+    /// `totals`: a consume that charges only policies recording totals, without an
+    /// `idempotency_key`, writes no entry (its answer's `consumption_id` is null) and is
+    /// added to the ledger's totals per budget and counter period instead
+    /// (`ledger_totals`); a consume that writes an entry records these policies' shares in
+    /// it. Not for a `token_bucket` window (422).
+    pub(crate) record: Option<RecordDto>,
 }
 
 /// A policy as created by `POST`: a [`PolicyInput`] whose `id` is required.
@@ -257,6 +274,8 @@ pub(crate) struct PolicyOut {
     pub(crate) exclusions: BTreeMap<String, Vec<String>>,
     /// Percents of the limit at which budgets' usage is reported, ascending (`[]`: none).
     pub(crate) alert_thresholds: Vec<u8>,
+    /// `entries` or `totals`.
+    pub(crate) record: RecordDto,
     /// When it was created.
     pub(crate) created_at: DateTime<Utc>,
     /// When it last changed.

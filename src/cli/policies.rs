@@ -418,7 +418,7 @@ pub async fn export(remote: &Remote, json_format: bool) -> anyhow::Result<String
 
 /// The order an exported policy's fields are written in: the API's, `id` first, so that a
 /// file reads (and diffs) like the policies it came from. Nested objects keep theirs.
-const FIELD_ORDER: [&str; 14] = [
+const FIELD_ORDER: [&str; 15] = [
     "id",
     "action",
     "measure",
@@ -431,6 +431,7 @@ const FIELD_ORDER: [&str; 14] = [
     "mode",
     "enabled",
     "ledger_denials",
+    "record",
     "alert_thresholds",
     "description",
 ];

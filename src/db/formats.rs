@@ -20,7 +20,8 @@ use sqlx::{Executor, IntoArguments};
 /// - 2: API keys, the policy shapes 0.1.0 cannot read, and over-captured commits
 ///   ([`Gate::ApiKeys`], [`Gate::PolicyShapes`], [`Gate::OverCapture`]).
 /// - 3: a partitioned ledger (Postgres, [`Gate::PartitionedLedger`]).
-pub const FORMATS: i64 = 3;
+/// - 4: policies that record totals ([`Gate::RecordTotals`]).
+pub const FORMATS: i64 = 4;
 
 /// An instance not seen in `service_instances` for this long is gone (a dozen missed
 /// announcements).
@@ -40,6 +41,9 @@ pub enum Gate {
     /// Converting the ledger to daily partitions (Postgres): inserts then name no
     /// conflict target and create a missing day's partition.
     PartitionedLedger,
+    /// Writing a policy that records totals (`record: totals`): an older build would
+    /// write an entry for each of its consumes and never add to the ledger's totals.
+    RecordTotals,
 }
 
 impl Gate {
@@ -48,6 +52,7 @@ impl Gate {
         match self {
             Self::ApiKeys | Self::PolicyShapes | Self::OverCapture => 2,
             Self::PartitionedLedger => 3,
+            Self::RecordTotals => 4,
         }
     }
 }
@@ -132,6 +137,7 @@ mod tests {
             Gate::PolicyShapes,
             Gate::OverCapture,
             Gate::PartitionedLedger,
+            Gate::RecordTotals,
         ] {
             assert!(
                 gate.needs() <= FORMATS,

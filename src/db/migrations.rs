@@ -91,6 +91,10 @@ pub(super) const POSTGRES: Files = &[
         "20270110090000_create_ledger_totals.sql",
         include_str!("../../migrations/postgres/20270110090000_create_ledger_totals.sql"),
     ),
+    (
+        "20270110100000_add_record_level.sql",
+        include_str!("../../migrations/postgres/20270110100000_add_record_level.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -170,6 +174,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20270110090000_create_ledger_totals.sql",
         include_str!("../../migrations/sqlite/20270110090000_create_ledger_totals.sql"),
+    ),
+    (
+        "20270110100000_add_record_level.sql",
+        include_str!("../../migrations/sqlite/20270110100000_add_record_level.sql"),
     ),
 ];
 

@@ -23,6 +23,6 @@ pub use ledger::{
     BadId, ConsumptionId, CounterCharge, EntryId, EntryKind, HoldId, IdempotencyKey, KeptAnswer,
     LedgerEntry, PolicyAmount, Restore, TotalLine,
 };
-pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec};
+pub use policy::{Measure, Mode, Override, OverrideSpec, Policy, PolicySpec, Record};
 pub use quantity::{Quantity, MAX_SAFE};
 pub use window::{Anchors, AnchorsInput, CalendarPeriod, Window, MAX_BUCKETS, MAX_WINDOW_SECONDS};

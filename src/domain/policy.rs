@@ -68,6 +68,36 @@ impl Mode {
     }
 }
 
+/// What the ledger keeps of a policy's consumes (`record` on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Record {
+    /// One ledger entry per consume: the book of record, request by request.
+    #[default]
+    Entries,
+    /// The ledger's totals per budget and counter period (`ledger_totals`): a consume
+    /// that charges only such policies and carries no idempotency key writes no entry.
+    Totals,
+}
+
+impl Record {
+    /// Parses the wire name.
+    pub(crate) fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
+        match value {
+            "entries" => Ok(Self::Entries),
+            "totals" => Ok(Self::Totals),
+            _ => Err(FieldError::new(field, "must be 'entries' or 'totals'")),
+        }
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Entries => "entries",
+            Self::Totals => "totals",
+        }
+    }
+}
+
 /// The writable part of a policy, as an operator submits it; valid by construction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicySpec {
@@ -102,6 +132,8 @@ pub struct PolicySpec {
     /// The percents of the limit at which a budget's usage is reported
     /// (`alert_thresholds`); empty, none.
     pub alert_thresholds: super::Thresholds,
+    /// What the ledger keeps of its consumes: entries (default) or totals.
+    pub record: Record,
 }
 
 impl PolicySpec {
@@ -146,6 +178,7 @@ impl PolicySpec {
             exclusions: Match::default(),
             zone_attribute: None,
             alert_thresholds: super::Thresholds::default(),
+            record: Record::Entries,
         }
     }
 }

@@ -51,8 +51,10 @@ where
     i64: Encode<'a, DB> + Type<DB>,
     DateTime<Utc>: Encode<'a, DB> + Type<DB>,
 {
+    // The rows of consumes recorded in the ledger's totals are not entries of the API:
+    // `ledger_totals` holds what they add up to.
     let mut sql = QueryBuilder::<DB>::new(format!(
-        "SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE 1 = 1"
+        "SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE totals IS NULL"
     ));
     if let Some(subject) = &filter.subject {
         sql.push(" AND subject = ").push_bind(subject.as_str());

@@ -9,7 +9,7 @@ use super::{PolicyStoreError, StoreResult};
 use crate::access::{KeyRecord, Operation, Operations};
 use crate::db::formats::{self, Gate, Oldest};
 use crate::db::{ColumnType, Sql};
-use crate::domain::{ActionGlob, CalendarPeriod, Policy, Window};
+use crate::domain::{ActionGlob, CalendarPeriod, Policy, Record, Window};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -132,9 +132,12 @@ where
     /// [`PolicyStoreError::Outdated`] when `p` has a shape an instance still live cannot
     /// read ([`Gate::PolicyShapes`]): a calendar window with anchors or a `year` period, a
     /// `request` or `lifetime` window, a `match_not` (which it would ignore, applying the
-    /// policy to requests it excludes), or alert thresholds (which it would not report).
-    /// Run inside a change.
+    /// policy to requests it excludes), or alert thresholds (which it would not report);
+    /// or records totals ([`Gate::RecordTotals`]). Run inside a change.
     pub(super) async fn ensure_readable(conn: &mut DB::Connection, p: &Policy) -> StoreResult<()> {
+        if p.spec.record == Record::Totals {
+            Self::ensure_open(conn, p.updated_at, Gate::RecordTotals).await?;
+        }
         let new_window = match p.spec.window {
             Window::Calendar {
                 period, anchors, ..

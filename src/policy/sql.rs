@@ -12,7 +12,8 @@ use super::{ChangeFeed, Gate, PolicyStore, PolicyStoreError, StoreResult};
 use crate::access::KeyRecord;
 use crate::db::ColumnType;
 use crate::domain::{
-    Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Subject,
+    Action, Measure, Mode, Override, OverrideSpec, Policy, PolicyId, PolicySpec, Quantity, Record,
+    Subject,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -68,7 +69,7 @@ fn quantity(value: i64) -> StoreResult<Quantity> {
 pub(super) const POLICY_COLUMNS: &str =
     "id, action, measure, unit, limit_value, window_spec, mode, enabled, \
      ledger_denials, description, created_at, updated_at, version, scope, match_spec, \
-     match_not_spec, alert_thresholds";
+     match_not_spec, alert_thresholds, record_level";
 /// The columns of `policy_overrides` that the reads select.
 const OVERRIDE_COLUMNS: &str =
     "policy_id, subject, limit_value, expires_at, note, created_at, updated_at";
@@ -124,6 +125,8 @@ where
                     row.try_get::<Option<String>, _>("alert_thresholds")?
                         .as_deref(),
                 )?,
+                record: Record::parse("record_level", &text("record_level")?)
+                    .map_err(|e| corrupt("record_level", e.message))?,
             },
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,

@@ -94,7 +94,7 @@ where
         .await
     }
 
-    /// Binds `p`'s columns to `query`: `$1` to `$10` and `$14` to `$17`, which the insert
+    /// Binds `p`'s columns to `query`: `$1` to `$10` and `$14` to `$18`, which the insert
     /// and the update share, and between them (`$11` to `$13`) what `stamps` binds.
     fn bind_policy<'q>(
         query: Query<'q, DB>,
@@ -120,6 +120,7 @@ where
             .bind(match_to_column(&p.spec.conditions))
             .bind(match_to_column(&p.spec.exclusions))
             .bind(super::sql::thresholds_to_column(&p.spec.alert_thresholds))
+            .bind(p.spec.record.as_str())
     }
 
     /// Inserts the row of a new policy.
@@ -130,7 +131,7 @@ where
         let sql = format!(
             "INSERT INTO policies ({POLICY_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17)"
+             $17, $18)"
         );
         Self::bind_policy(sqlx::query(&sql), p, |query| {
             query.bind(p.created_at).bind(p.updated_at).bind(p.version)
@@ -150,7 +151,8 @@ where
         let sql = "UPDATE policies SET action = $2, measure = $3, unit = $4, limit_value = $5, \
              window_spec = $6, mode = $7, enabled = $8, ledger_denials = $9, \
              description = $10, updated_at = $11, version = $12, scope = $14, \
-             match_spec = $15, match_not_spec = $16, alert_thresholds = $17 \
+             match_spec = $15, match_not_spec = $16, alert_thresholds = $17, \
+             record_level = $18 \
              WHERE id = $1 AND version = $13";
         let done = Self::bind_policy(sqlx::query(sql), p, |query| {
             query

@@ -35,6 +35,7 @@ mod payments;
 mod policies_file;
 mod propagation;
 mod quota;
+mod record_levels;
 mod redis_loss;
 mod redis_settings;
 mod replicas;

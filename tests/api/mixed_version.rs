@@ -225,6 +225,17 @@ async fn the_last_release_and_this_build_serve_together_on_one_redis_and_one_pos
         let (status, refused) = post(&client, &new, "/admin/policies", alerting).await;
         assert_eq!(status, 409, "{refused}");
     }
+    if closed(Gate::RecordTotals) {
+        // A release before record levels would write an entry per consume, never a total.
+        let totals = json!({"id": "totals", "action": "transfer", "measure": "count",
+            "limit": 5, "window": {"type": "calendar", "period": "day"}, "record": "totals"});
+        let (status, refused) = post(&client, &new, "/admin/policies", totals).await;
+        assert_eq!(status, 409, "{refused}");
+        assert!(
+            refused["detail"].as_str().unwrap_or("").contains(release),
+            "the refusal names the outdated version {release}: {refused}"
+        );
+    }
 
     // 1. No over-allow: both versions count in the same budgets, atomically.
     for subject in ["u-1", "u-2"] {

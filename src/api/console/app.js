@@ -53,6 +53,7 @@ const NEW_POLICY = {
   mode: 'enforce',
   enabled: true,
   ledger_denials: false,
+  record: 'entries',
 };
 
 const $ = (selector, root = document) => root.querySelector(selector);
@@ -651,7 +652,8 @@ function policyRow(p) {
     h('td', {}, scopeText(p)),
     h('td', {},
       p.mode === 'shadow' ? badge('warn', '◐ Shadow: never denies') : 'Enforce',
-      p.ledger_denials ? h('div', { class: 'muted small' }, 'records denials') : null),
+      p.ledger_denials ? h('div', { class: 'muted small' }, 'records denials') : null,
+      p.record === 'totals' ? h('div', { class: 'muted small' }, 'records totals') : null),
     h('td', { dataset: { status: p.enabled ? 'enabled' : 'disabled' } },
       p.enabled ? badge('ok', '● Enabled') : badge('off', '○ Disabled')),
     // Read-only: the buttons that change the policy are not built at all.

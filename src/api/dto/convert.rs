@@ -1,6 +1,7 @@
 //! From the admin API's wire shapes to the domain's types, and back.
 
 use super::*;
+use crate::domain::Record;
 
 fn text(
     errors: &mut FieldErrors,
@@ -169,6 +170,7 @@ impl PolicyInput {
                 "a request window accumulates nothing: it has no usage to alert on",
             ));
         }
+        let record = record_of(self.record, window.as_ref(), &mut errors);
         let matching = conditions.zip(exclusions).zip(alert_thresholds);
         match (action, limit, window, scope, matching) {
             (
@@ -200,11 +202,32 @@ impl PolicyInput {
                     exclusions,
                     zone_attribute,
                     alert_thresholds,
+                    record,
                 },
             )),
             _ => Err(errors),
         }
     }
+}
+
+/// The record level asked for (`entries` by default), with an error in `errors` when
+/// `window` cannot record it: a token bucket's state is no sum per period.
+fn record_of(
+    record: Option<RecordDto>,
+    window: Option<&Window>,
+    errors: &mut FieldErrors,
+) -> Record {
+    let record = match record {
+        Some(RecordDto::Totals) => Record::Totals,
+        _ => Record::Entries,
+    };
+    if record == Record::Totals && matches!(window, Some(Window::TokenBucket { .. })) {
+        errors.0.push(crate::domain::FieldError::new(
+            "record",
+            "a token_bucket window cannot record totals: its state is not a sum per period",
+        ));
+    }
+    record
 }
 
 /// The value of `parsed`, or `None` with its errors added to `errors`.
@@ -257,6 +280,10 @@ impl From<&Policy> for PolicyOut {
                 .map(|(k, values)| (k.to_owned(), values.iter().cloned().collect()))
                 .collect(),
             alert_thresholds: p.spec.alert_thresholds.percents().to_vec(),
+            record: match p.spec.record {
+                Record::Entries => RecordDto::Entries,
+                Record::Totals => RecordDto::Totals,
+            },
             created_at: p.created_at,
             updated_at: p.updated_at,
             version: p.version,

@@ -15,7 +15,7 @@
 //!
 //! | # | field | form |
 //! |---|---|---|
-//! | 0 | version | `3` |
+//! | 0 | version | `3`; `4` for an entry that adds to the ledger's totals |
 //! | 1 | id | `b64` |
 //! | 2 | at | Unix ms |
 //! | 3 | kind | one letter: `c`harge, `r`efund, `h`old, co`m`mit, re`l`ease, e`x`pire, `d`eny, `v`oid |
@@ -27,6 +27,7 @@
 //! | 10 | policies | per policy: id `GS` amount (empty: the entry's amount), then `GS` and its scope's key names joined by `,` unless it is the default scope |
 //! | 11 | counters | per counter: policy `GS` key `GS` restore `GS` by-amount (`1`/`0`) `GS` charged (empty: its policy's amount) |
 //! | 12 | attributes | per attribute: key `GS` value |
+//! | (version 4) | totals | per line: policy `GS` budget `GS` period end (Unix ms) `GS` amount `GS` allowed `GS` denied; the fields after it keep their order |
 //! | 13 | a hold's expiry | Unix ms (optional) |
 //! | 14, 15 | a kept answer | its expiry (Unix ms), then its text, or its compact form (optional) |
 //!
@@ -53,11 +54,17 @@ use super::fields::{
 use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy, KeptTerms};
 use super::row::EntryParts;
 use super::CodecError;
-use crate::domain::{ConsumptionId, EntryId, EntryKind, LedgerEntry, Measure, Mode};
+use crate::domain::{
+    ConsumptionId, EntryId, EntryKind, LedgerEntry, Measure, Mode, PolicyId, TotalLine,
+};
 use std::fmt::Write as _;
 
 /// The first field of an entry's compact form.
 const VERSION: &str = "3";
+
+/// The first field of the compact form of an entry that adds to the ledger's totals: it
+/// has one more field after the attributes, its totals (see the module doc).
+const VERSION_TOTALS: &str = "4";
 
 /// The kinds' letters, in [`EntryKind::ALL`] order.
 const KIND_LETTERS: [char; 8] = ['c', 'r', 'h', 'm', 'l', 'x', 'd', 'v'];
@@ -73,9 +80,13 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
     let suffix = format!("{}|{}", entry.action, entry.subject);
     let at_ms = entry.at.timestamp_millis();
     // Writing to a String cannot fail.
+    let version = match entry.totals.is_empty() {
+        true => VERSION,
+        false => VERSION_TOTALS,
+    };
     let _ = write!(
         out,
-        "{VERSION}{US}{}{US}{}{US}{}{US}{}{US}{}{US}{}{US}",
+        "{version}{US}{}{US}{}{US}{}{US}{}{US}{}{US}{}{US}",
         b64(entry.id.to_bits()),
         at_ms,
         kind_letter(entry.kind),
@@ -105,8 +116,50 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
         }
         let _ = write!(out, "{key}{GS}{value}");
     }
+    if !entry.totals.is_empty() {
+        out.push(US);
+        for (i, line) in entry.totals.iter().enumerate() {
+            if i > 0 {
+                out.push(RS);
+            }
+            let _ = write!(
+                out,
+                "{}{GS}{}{GS}{}{GS}{}{GS}{}{GS}{}",
+                line.policy_id,
+                line.budget,
+                line.period_end.timestamp_millis(),
+                line.amount,
+                line.allowed,
+                line.denied
+            );
+        }
+    }
     write_expiry_and_kept(&mut out, entry);
     out
+}
+
+/// Reads the totals field of a version 4 entry: lines separated by `RS`, each its policy,
+/// budget, period end (Unix ms), amount, requests allowed and requests denied, separated
+/// by `GS`.
+fn decode_totals(text: &str) -> Result<Vec<TotalLine>, CodecError> {
+    text.split(RS)
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let parts: Vec<&str> = line.split(GS).collect();
+            let [policy, budget, end, amount, allowed, denied] = parts[..] else {
+                return Err(CodecError::new(WHAT, format!("totals line '{line}'")));
+            };
+            Ok(TotalLine {
+                policy_id: PolicyId::parse("policy", policy)
+                    .map_err(|e| CodecError::new(WHAT, e.message))?,
+                budget: budget.to_owned(),
+                period_end: instant(number("period end", end)?)?,
+                amount: number("total amount", amount)?,
+                allowed: number("requests allowed", allowed)?,
+                denied: number("requests denied", denied)?,
+            })
+        })
+        .collect()
 }
 
 /// The compact form of `entry` (a charge or hold whose answer is kept until
@@ -122,7 +175,6 @@ pub(super) fn encode_keeping<'a>(
         None => encode(entry),
         Some(_) => encode(&LedgerEntry {
             kept_answer: None,
-            totals: Vec::new(),
             ..entry.clone()
         }),
     };
@@ -202,17 +254,27 @@ fn kept_text(compact: &str, entry: &LedgerEntry) -> Result<String, CodecError> {
 
 /// Reads what [`encode`] wrote.
 pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
-    let mut fields: Vec<&str> = text
-        .strip_prefix(VERSION)
-        .and_then(|rest| rest.strip_prefix(US))
-        .ok_or_else(|| CodecError::new(WHAT, format!("not a version {VERSION} entry")))?
-        .splitn(15, US)
+    let version = [VERSION, VERSION_TOTALS]
+        .into_iter()
+        .find(|v| {
+            text.strip_prefix(v)
+                .is_some_and(|rest| rest.starts_with(US))
+        })
+        .ok_or_else(|| CodecError::new(WHAT, format!("not a version {VERSION} entry")))?;
+    let has_totals = version == VERSION_TOTALS;
+    let least = if has_totals { 14 } else { 13 };
+    let mut fields: Vec<&str> = text[version.len() + US.len_utf8()..]
+        .splitn(least + 2, US)
         .collect();
-    fields.insert(0, VERSION);
-    if fields.len() < 13 {
-        return Err(CodecError::new(WHAT, "fewer than 13 fields"));
+    fields.insert(0, version);
+    if fields.len() < least {
+        return Err(CodecError::new(WHAT, format!("fewer than {least} fields")));
     }
     let attributes = decode_attributes(fields.remove(12))?;
+    let totals = match has_totals {
+        true => decode_totals(fields.remove(12))?,
+        false => Vec::new(),
+    };
     let kind = fields[3]
         .chars()
         .next()
@@ -255,6 +317,7 @@ pub(super) fn decode(text: &str) -> Result<LedgerEntry, CodecError> {
     )?;
     entry.consumption_id = consumption_id;
     entry.hold_id = hold_id;
+    entry.totals = totals;
     if compact_kept {
         if let Some(mut kept) = entry.kept_answer.take() {
             kept.text = kept_text(&kept.text, &entry)?;

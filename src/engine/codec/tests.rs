@@ -448,3 +448,45 @@ fn malformed_records_are_errors() {
     assert!(decode_replay("{}").is_err(), "no numbers");
     assert!(decode_replay("{}\n1,x").is_err(), "numbers that are not");
 }
+
+/// An entry that adds to the ledger's totals streams in version 4, its lines after the
+/// attributes; with a hold's expiry and an answer kept after them, each reads back whole.
+#[test]
+fn an_entry_with_totals_reads_back_with_its_lines() {
+    let line = |budget: &str, amount: i64, allowed: i64, denied: i64| crate::domain::TotalLine {
+        policy_id: PolicyId::parse("policy_id", "p").expect("a valid id"),
+        budget: budget.to_owned(),
+        period_end: Utc
+            .with_ymd_and_hms(2026, 11, 22, 0, 0, 0)
+            .single()
+            .expect("a valid instant"),
+        amount,
+        allowed,
+        denied,
+    };
+    let totals = vec![
+        line("u-1,acme", 40, 1, 0),
+        line("*", -40, -1, 0),
+        line("x", 0, 0, 1),
+    ];
+    for entry in [charge_entry(), hold_entry()] {
+        let entry = LedgerEntry {
+            totals: totals.clone(),
+            ..entry
+        };
+        let text = encode_entry(&entry);
+        assert!(text.starts_with("4\u{1f}"), "{text:?}");
+        assert_eq!(decode_entry(&text), Ok(entry.clone()));
+    }
+    let plain = encode_entry(&charge_entry());
+    assert!(
+        plain.starts_with("3\u{1f}"),
+        "no totals, the version before: {plain:?}"
+    );
+    let with = encode_entry(&LedgerEntry {
+        totals,
+        ..charge_entry()
+    });
+    let broken = with.replacen("\u{1d}-40\u{1d}", "\u{1d}forty\u{1d}", 1);
+    assert!(decode_entry(&broken).is_err(), "{broken:?}");
+}

@@ -92,6 +92,9 @@ impl Attempt {
                 (None, Some((ticket, ttl_ms)))
             }
         };
+        // Recorded in the ledger's totals: the entry adds its lines to them, and the answer
+        // names no consumption (the id stays in the entry, for a void to find it).
+        let totals = plan.records_totals(request, hold.is_some());
         let entry = |kind: EntryKind, denial: bool| LedgerEntry {
             id: EntryId::new(),
             at: plan.now,
@@ -111,7 +114,10 @@ impl Attempt {
             },
             hold_expires_at: hold.as_ref().map(|(t, _)| t.expires_at).filter(|_| !denial),
             kept_answer: None,
-            totals: Vec::new(),
+            totals: match totals {
+                true => plan.total_lines(!denial),
+                false => Vec::new(),
+            },
         };
         let kind = match hold {
             Some(_) => EntryKind::Hold,
@@ -119,8 +125,8 @@ impl Attempt {
         };
         Self {
             allowed_entry: entry(kind, false),
-            denied_entry: plan.records_denials().then(|| entry(EntryKind::Deny, true)),
-            consumption_id,
+            denied_entry: (totals || plan.records_denials()).then(|| entry(EntryKind::Deny, true)),
+            consumption_id: consumption_id.filter(|_| !totals),
             hold,
         }
     }

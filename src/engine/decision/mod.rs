@@ -14,6 +14,7 @@ pub(crate) mod giveback;
 mod invariants;
 pub(crate) mod plan;
 pub(crate) mod policies;
+mod totals;
 pub mod window;
 
 use crate::clock::Clock;

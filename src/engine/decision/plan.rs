@@ -202,7 +202,7 @@ impl Plan {
     }
 
     /// The charges' policies, in charge order.
-    fn applied_policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
+    pub(super) fn applied_policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
         self.charges
             .iter()
             .map(|p| &self.policies.enabled[p.policy])
