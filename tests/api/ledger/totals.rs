@@ -121,3 +121,130 @@ async fn entries_add_their_totals_once_and_a_void_takes_them_back(backend: Polic
 }
 
 on_policy_stores!(entries_add_their_totals_once_and_a_void_takes_them_back);
+
+/// The ```sql blocks of docs/ledger-sql.md's "Totals" section, in order.
+fn totals_queries() -> Vec<String> {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ledger-sql.md"))
+        .unwrap();
+    let start = docs.find("\n## Totals\n").expect("a Totals section");
+    let section = &docs[start + 1..];
+    let section = &section[..section[3..]
+        .find("\n## ")
+        .map_or(section.len(), |end| end + 3)];
+    section
+        .split("```sql\n")
+        .skip(1)
+        .map(|block| block[..block.find("```").expect("a closed block")].to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_totals_queries_of_the_docs_answer_what_the_totals_hold() {
+    let (ledger, settings) = ledger_on(PolicyBackend::Postgres).await;
+    let day: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
+    let next = day + Duration::days(1);
+    let denied = |id: &str, budget: &str, denials: i64| LedgerEntry {
+        kind: EntryKind::Deny,
+        counters: Vec::new(),
+        totals: vec![TotalLine {
+            denied: denials,
+            ..line("sms-daily", budget, day, 0, 0)
+        }],
+        ..entry(id, budget, 9)
+    };
+    ledger
+        .append(&[
+            totalled(
+                "q1",
+                "user-42",
+                0,
+                vec![line("sms-daily", "user-42", day, 3, 3)],
+            ),
+            totalled(
+                "q2",
+                "user-42",
+                1,
+                vec![line("api-daily", "user-42", day, 7, 7)],
+            ),
+            totalled(
+                "q3",
+                "user-7",
+                2,
+                vec![line("sms-daily", "user-7", day, 2, 2)],
+            ),
+            totalled(
+                "q4",
+                "user-7",
+                3,
+                vec![line("sms-daily", "user-7", next, 1, 1)],
+            ),
+            denied("q5", "user-7", 2),
+            denied("q6", "user-42", 1),
+        ])
+        .await
+        .unwrap();
+    let queries = totals_queries();
+    assert_eq!(queries.len(), 3, "{queries:?}");
+    let pool = sqlx::PgPool::connect(&settings.database_url).await.unwrap();
+    let rows = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            let wrapped = format!(
+                "SELECT CAST(to_jsonb(q) AS TEXT) FROM ({}) AS q",
+                sql.trim().trim_end_matches(';')
+            );
+            let rows: Vec<String> = sqlx::query_scalar(&wrapped)
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            rows.into_iter()
+                .map(|r| serde_json::from_str::<serde_json::Value>(&r).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    let subject = rows(queries[0].clone()).await;
+    let seen: Vec<(String, String, i64, i64)> = subject
+        .iter()
+        .map(|r| {
+            (
+                r["policy_id"].as_str().unwrap().to_owned(),
+                r["amount"].to_string(),
+                r["allowed"].as_i64().unwrap(),
+                r["denied"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("api-daily".into(), "7".into(), 7, 0),
+            ("sms-daily".into(), "3".into(), 3, 1)
+        ]
+    );
+    let periods = rows(queries[1].clone()).await;
+    let seen: Vec<(String, String, i64, i64)> = periods
+        .iter()
+        .map(|r| {
+            (
+                r["policy_id"].as_str().unwrap().to_owned(),
+                r["amount"].to_string(),
+                r["allowed"].as_i64().unwrap(),
+                r["denied"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("api-daily".into(), "7".into(), 7, 0),
+            ("sms-daily".into(), "5".into(), 5, 3),
+            ("sms-daily".into(), "1".into(), 1, 0)
+        ]
+    );
+    let denied_most = rows(queries[2].clone()).await;
+    let seen: Vec<(&str, i64)> = denied_most
+        .iter()
+        .map(|r| (r["budget"].as_str().unwrap(), r["denied"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(seen, [("user-7", 2), ("user-42", 1)]);
+}
