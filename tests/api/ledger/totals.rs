@@ -122,6 +122,20 @@ async fn entries_add_their_totals_once_and_a_void_takes_them_back(backend: Polic
 
 on_policy_stores!(entries_add_their_totals_once_and_a_void_takes_them_back);
 
+/// Rows answered as JSON objects, as (policy, amount as written, allowed, denied).
+fn policy_rows(rows: &[serde_json::Value]) -> Vec<(String, String, i64, i64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r["policy_id"].as_str().unwrap().to_owned(),
+                r["amount"].to_string(),
+                r["allowed"].as_i64().unwrap(),
+                r["denied"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// The ```sql blocks of docs/ledger-sql.md's "Totals" section, in order.
 fn totals_queries() -> Vec<String> {
     let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ledger-sql.md"))
@@ -202,18 +216,7 @@ async fn the_totals_queries_of_the_docs_answer_what_the_totals_hold() {
                 .collect::<Vec<_>>()
         }
     };
-    let subject = rows(queries[0].clone()).await;
-    let seen: Vec<(String, String, i64, i64)> = subject
-        .iter()
-        .map(|r| {
-            (
-                r["policy_id"].as_str().unwrap().to_owned(),
-                r["amount"].to_string(),
-                r["allowed"].as_i64().unwrap(),
-                r["denied"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    let seen = policy_rows(&rows(queries[0].clone()).await);
     assert_eq!(
         seen,
         [
@@ -221,18 +224,7 @@ async fn the_totals_queries_of_the_docs_answer_what_the_totals_hold() {
             ("sms-daily".into(), "3".into(), 3, 1)
         ]
     );
-    let periods = rows(queries[1].clone()).await;
-    let seen: Vec<(String, String, i64, i64)> = periods
-        .iter()
-        .map(|r| {
-            (
-                r["policy_id"].as_str().unwrap().to_owned(),
-                r["amount"].to_string(),
-                r["allowed"].as_i64().unwrap(),
-                r["denied"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    let seen = policy_rows(&rows(queries[1].clone()).await);
     assert_eq!(
         seen,
         [
