@@ -63,6 +63,10 @@ pub(crate) struct BacktestPolicyOut {
     peak: Option<PeakOut>,
     /// The budgets it denied most (at most 10, most first).
     top_denied: Vec<DeniedBudgetOut>,
+    /// Requests of the policy's action in the interval that were recorded in the
+    /// ledger's totals (policies with `record: totals`): a backtest replays entries only,
+    /// so these are not replayed, nor counted in `requests`.
+    in_totals: u64,
 }
 
 /// What the policies would have done.
@@ -97,6 +101,7 @@ impl From<PolicyOutcome> for BacktestPolicyOut {
                     denied,
                 })
                 .collect(),
+            in_totals: o.in_totals,
         }
     }
 }

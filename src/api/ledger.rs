@@ -142,6 +142,11 @@ pub(crate) struct LedgerList {
     pub(crate) items: Vec<LedgerEntryOut>,
     /// Pass as `cursor` to get the next, older page; null on the last page.
     pub(crate) next_cursor: Option<String>,
+    /// The enabled policies (of the action asked for, or of every action readable) that
+    /// record `totals`: a consume that charges only such policies, with no idempotency
+    /// key, writes no entry and is not listed here; the ledger's totals
+    /// (`ledger_totals`) hold what such consumes add up to. Empty when there are none.
+    pub(crate) policies_recording_totals: Vec<String>,
 }
 
 /// Which entries to list. Every filter is optional; unknown parameters are refused.
@@ -255,6 +260,13 @@ pub(crate) async fn list_ledger(
         access.require(&Action::parse("action", action).map_err(FieldErrors::from)?)?;
     }
     filter.actions = access.actions;
+    let totals = state.engine.policies().recording_totals(|action| {
+        filter.actions.contains(action)
+            && filter
+                .action
+                .as_deref()
+                .is_none_or(|a| a == action.as_str())
+    });
     let page = state
         .engine
         .ledger()
@@ -263,6 +275,7 @@ pub(crate) async fn list_ledger(
     Ok(web::Json(LedgerList {
         items: page.items.iter().map(LedgerEntryOut::from).collect(),
         next_cursor: page.next_cursor,
+        policies_recording_totals: totals.iter().map(|id| id.as_str().to_owned()).collect(),
     }))
 }
 

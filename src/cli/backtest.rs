@@ -66,8 +66,13 @@ fn describe(policy: &Value) -> String {
         true => "none".to_owned(),
         false => top.join(", "),
     };
+    // Requests recorded in the ledger's totals are not entries: a backtest cannot see them.
+    let unseen = match n("in_totals") {
+        0 => String::new(),
+        unseen => format!("\n    not replayed: {unseen} requests recorded in totals"),
+    };
     format!(
-        "  {}: {} requests, {} denied ({} newly), {} newly allowed; {peak}\n    denied most: {top}",
+        "  {}: {} requests, {} denied ({} newly), {} newly allowed; {peak}\n    denied most: {top}{unseen}",
         policy["policy_id"].as_str().unwrap_or("-"),
         n("requests"),
         n("denied"),

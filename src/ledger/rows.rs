@@ -23,6 +23,7 @@ pub(super) struct RowValues {
     pub(super) detail: Option<String>,
     pub(super) attributes: Option<AttributesColumn>,
     pub(super) compact: Option<String>,
+    pub(super) totals: Option<serde_json::Value>,
 }
 
 /// A row as [`page_sql`]'s JSON holds it: `seq`, then [`READ_COLUMNS`], the JSON columns
@@ -35,6 +36,7 @@ pub(super) type PageRow = (
     String,
     String,
     i64,
+    Option<String>,
     Option<String>,
     Option<String>,
     Option<String>,
@@ -69,7 +71,11 @@ impl RowValues {
             .map_err(|e| corrupt(id, e))?;
         let attributes =
             codec::attributes_from_column(self.attributes).map_err(|e| corrupt(id, e))?;
-        codec::entry_from_parts(parts, policies, attributes, detail).map_err(|e| corrupt(id, e))
+        let totals = codec::totals_from_column(self.totals).map_err(|e| corrupt(id, e))?;
+        let mut entry = codec::entry_from_parts(parts, policies, attributes, detail)
+            .map_err(|e| corrupt(id, e))?;
+        entry.totals = totals;
+        Ok(entry)
     }
 
     /// A row of a page read as JSON, with its `seq`.
@@ -83,6 +89,7 @@ impl RowValues {
                 .with_timezone(&Utc),
             policies: json_column(&id, "policies", row.10)?,
             attributes: json_column(&id, "attributes", row.12)?,
+            totals: json_column(&id, "totals", row.14)?,
             detail: row.11,
             compact: row.13,
             kind,
@@ -119,13 +126,13 @@ pub(super) fn page_sql(dialect: Dialect, one_action: bool) -> String {
     match dialect {
         Dialect::Postgres => format!(
             "SELECT CAST(COALESCE(json_agg(json_build_array({columns}, CAST(policies AS TEXT), \
-             detail, CAST(attributes AS TEXT), policies_compact) ORDER BY seq), '[]') AS TEXT) \
+             detail, CAST(attributes AS TEXT), policies_compact, CAST(totals AS TEXT)) ORDER BY seq), '[]') AS TEXT) \
              FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
              ORDER BY seq LIMIT $2) AS page"
         ),
         Dialect::Sqlite => format!(
             "SELECT json_group_array(json_array({columns}, policies, detail, attributes, \
-             policies_compact)) \
+             policies_compact, totals)) \
              FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
              ORDER BY seq LIMIT $2)"
         ),

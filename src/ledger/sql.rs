@@ -82,7 +82,7 @@ const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_
 /// `policies` was JSON, until `quota-ledger migrate` has rewritten them ([`upgrade`]).
 pub(super) const READ_COLUMNS: &str =
     "id, at, kind, action, subject, amount, consumption_id, hold_id, \
-     idempotency_key, policies, detail, attributes, policies_compact";
+     idempotency_key, policies, detail, attributes, policies_compact, totals";
 
 /// Sorts a database failure: a broken constraint is a bug in what we tried to store
 /// (retrying cannot help); anything else is the database being unavailable.
@@ -154,6 +154,10 @@ where
                 .map_err(db_error)?
                 .map(|Json(a)| a),
             compact: row.try_get("policies_compact").map_err(db_error)?,
+            totals: row
+                .try_get::<Option<Json<Value>>, _>("totals")
+                .map_err(db_error)?
+                .map(|Json(t)| t),
         };
         values.entry()
     }

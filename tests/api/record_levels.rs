@@ -224,3 +224,56 @@ async fn a_restart_keeps_the_usage_recorded_in_totals() {
     assert_eq!(totals(&app).await.0, [row("sms-day", "erin", 2, 2, 0)]);
     verify_finds_no_drift(&app).await;
 }
+
+/// Backtests and `GET /quota/ledger` read entries: each says what it leaves out for a
+/// policy that records totals (a backtest counts those requests apart, and replays only
+/// the entries; the listing names the policies whose consumes it does not list).
+#[tokio::test]
+async fn backtests_and_the_ledger_listing_say_what_totals_leave_out() {
+    let policies = [
+        daily("sms-day", "sms", 3, "totals"),
+        daily("pay-day", "pay", 3, "entries"),
+    ];
+    let app = app_with(CounterBackend::Memory, &policies).await;
+    for _ in 0..4 {
+        app.consume("sms", "frank", 1).await;
+    }
+    let keyed = app
+        .quota(
+            "/quota/consume",
+            json!({"action": "sms", "subject": "gina", "idempotency_key": "k-2"}),
+        )
+        .await;
+    assert_eq!(keyed.status, StatusCode::OK, "{}", keyed.body);
+
+    let sms = app.admin_get("/quota/ledger?action=sms").await;
+    assert_eq!(sms.status, StatusCode::OK, "{}", sms.body);
+    assert_eq!(sms.body["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(sms.body["policies_recording_totals"], json!(["sms-day"]));
+    let pay = app.admin_get("/quota/ledger?action=pay").await;
+    assert_eq!(
+        pay.body["policies_recording_totals"],
+        json!([]),
+        "{}",
+        pay.body
+    );
+    let all = app.admin_get("/quota/ledger").await;
+    assert_eq!(all.body["policies_recording_totals"], json!(["sms-day"]));
+
+    let tried = json!({"policies": [{"id": "sms-try", "action": "sms", "measure": "count",
+        "limit": 1, "window": {"type": "calendar", "period": "day", "timezone": "UTC"}}],
+        "days": 1});
+    let answer = app
+        .send(
+            app.admin(reqwest::Method::POST, "/admin/backtest")
+                .json(&tried),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let outcome = &answer.body["policies"][0];
+    // The keyed consume is the one entry; the four others (three allowed, one denied)
+    // are in the totals.
+    assert_eq!(outcome["requests"], json!(1), "{}", answer.body);
+    assert_eq!(outcome["in_totals"], json!(4), "{}", answer.body);
+    assert_eq!(answer.body["entries"], json!(1), "{}", answer.body);
+}

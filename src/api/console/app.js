@@ -1249,6 +1249,11 @@ function backtestResult(o, data, days, policy) {
       ? h('p', { class: 'empty' }, `No recorded request of ${policy.action || 'this action'} ` +
         'in this span that the policy applies to.')
       : null,
+    o.in_totals > 0
+      ? h('p', { class: 'muted', id: 'backtest-in-totals' }, `${fmtInt(o.in_totals)} ` +
+        `${o.in_totals === 1 ? 'request' : 'requests'} of this action were recorded in the ledger's totals ` +
+        '(policies with record: totals), not as entries: a backtest cannot replay them.')
+      : null,
     h('dl', { class: 'figures', 'aria-labelledby': 'backtest-result-title' },
       backtestFigure('requests', 'Requests', o.requests, 'it applied to'),
       backtestFigure('denied', shadow ? 'Would deny (shadow)' : 'Denied', o.denied, null),
@@ -1537,6 +1542,11 @@ async function loadLedger(params) {
     if (stale(gen)) return;
     fill($('#ledger-table tbody'), ...data.items.map(ledgerRow));
     $('#ledger-empty').hidden = data.items.length > 0;
+    const totals = data.policies_recording_totals || [];
+    $('#ledger-totals').hidden = totals.length === 0;
+    $('#ledger-totals').textContent = totals.length === 0 ? '' :
+      `Not listed one by one: consumes charging only ${totals.join(', ')} (record: totals), ` +
+      "which are kept in the ledger's totals.";
     ledgerPaging.next = data.next_cursor;
     setStatus(`${data.items.length} ${data.items.length === 1 ? 'entry' : 'entries'} on page ${ledgerPaging.page + 1}.`);
   } catch (err) {

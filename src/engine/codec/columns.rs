@@ -126,3 +126,39 @@ pub(crate) fn totals_column(totals: &[crate::domain::TotalLine]) -> Option<serde
             .collect()
     })
 }
+
+/// One line of the `totals` column, as [`totals_column`] writes it.
+#[derive(Deserialize)]
+struct TotalColumn {
+    policy_id: String,
+    budget: String,
+    period_end: chrono::DateTime<chrono::Utc>,
+    amount: i64,
+    allowed: i64,
+    denied: i64,
+}
+
+/// Reads the `totals` column [`totals_column`] wrote (none: the entry adds nothing).
+pub(crate) fn totals_from_column(
+    value: Option<serde_json::Value>,
+) -> Result<Vec<crate::domain::TotalLine>, CodecError> {
+    const WHAT: &str = "totals column";
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let lines: Vec<TotalColumn> =
+        serde_json::from_value(value).map_err(|e| CodecError::new(WHAT, e.to_string()))?;
+    lines
+        .into_iter()
+        .map(|line| {
+            Ok(crate::domain::TotalLine {
+                policy_id: field(WHAT, PolicyId::parse("policy_id", &line.policy_id))?,
+                budget: line.budget,
+                period_end: line.period_end,
+                amount: line.amount,
+                allowed: line.allowed,
+                denied: line.denied,
+            })
+        })
+        .collect()
+}

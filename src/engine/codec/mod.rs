@@ -35,7 +35,7 @@ pub(in crate::engine) mod tests;
 
 pub(crate) use columns::{
     attributes_column, attributes_from_column, policies_column, policies_from_column,
-    totals_column, AttributesColumn, PoliciesColumn,
+    totals_column, totals_from_column, AttributesColumn, PoliciesColumn,
 };
 pub(crate) use hold::{decode_hold_record, encode_hold_record, HoldRecord};
 pub(crate) use intent::{decode_intent, encode_intent, IntentRecord};

@@ -489,4 +489,20 @@ fn an_entry_with_totals_reads_back_with_its_lines() {
     });
     let broken = with.replacen("\u{1d}-40\u{1d}", "\u{1d}forty\u{1d}", 1);
     assert!(decode_entry(&broken).is_err(), "{broken:?}");
+
+    // The SQL ledger's `totals` column reads back the lines it holds.
+    let column = super::totals_column(&with_totals_lines(&with));
+    assert_eq!(
+        super::totals_from_column(column.clone()),
+        Ok(with_totals_lines(&with))
+    );
+    assert_eq!(super::totals_from_column(None), Ok(Vec::new()));
+    let mut bad = column.expect("a column for lines");
+    bad[0]["allowed"] = serde_json::json!("one");
+    assert!(super::totals_from_column(Some(bad)).is_err());
+}
+
+/// The lines of the entry whose compact form is `text`.
+fn with_totals_lines(text: &str) -> Vec<crate::domain::TotalLine> {
+    decode_entry(text).expect("a valid entry").totals
 }

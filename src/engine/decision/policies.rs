@@ -86,6 +86,22 @@ impl PolicyCache {
         })
     }
 
+    /// The enabled policies that record `totals` (`record`), of the actions `wanted` takes
+    /// by id.
+    pub(crate) fn recording_totals(&self, wanted: impl Fn(&Action) -> bool) -> Vec<PolicyId> {
+        let snapshot = self.current();
+        let mut ids: Vec<PolicyId> = snapshot
+            .by_action
+            .iter()
+            .filter(|(action, _)| wanted(action))
+            .flat_map(|(_, policies)| policies.enabled.iter())
+            .filter(|policy| policy.spec.record == crate::domain::Record::Totals)
+            .map(|policy| policy.id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// How many policies and overrides are cached.
     pub(crate) fn sizes(&self) -> (usize, usize) {
         let snapshot = self.current();

@@ -9,6 +9,11 @@
 //! verify` uses), never the live counters, and nothing is
 //! written to the ledger. A request the replay denies charges nothing; a refund or
 //! settlement of one it denied (or of one made before the interval) is passed over.
+//!
+//! A backtest replays entries only. A consume recorded in the ledger's totals (its
+//! policies `record: totals`) is no entry of the ledger's API: it is passed over, and
+//! counted per policy of its action as `in_totals`, so that the answer says what it
+//! did not see.
 
 use crate::domain::{
     Action, Budget, ConsumptionId, EntryKind, HoldId, LedgerEntry, Policy, PolicyId, Quantity,
@@ -52,6 +57,9 @@ pub struct PolicyOutcome {
     pub peak: Option<(Budget, u64, u64)>,
     /// The budgets it denied most, with how many (at most 10, most first).
     pub top_denied: Vec<(Budget, u64)>,
+    /// The requests of its action in the interval that were recorded in the ledger's
+    /// totals (`record: totals`): not replayed, nor counted in `requests`.
+    pub in_totals: u64,
 }
 
 /// A backtest's answer.
@@ -91,6 +99,15 @@ struct Run<'a> {
     entries: u64,
 }
 
+/// The net count of requests a row recorded in the ledger's totals stands for: 1 for a
+/// consume, -1 for the void of one.
+fn totals_requests(entry: &LedgerEntry) -> i64 {
+    entry
+        .totals
+        .first()
+        .map_or(0, |line| line.allowed.saturating_add(line.denied))
+}
+
 impl Recovery {
     /// Replays the ledger's entries made in `[from, to)` for the actions of `policies`
     /// against `policies` (see the module). The caller checks the limits.
@@ -100,7 +117,11 @@ impl Recovery {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Backtest, EngineError> {
-        let order: Vec<PolicyId> = policies.iter().map(|p| p.id.clone()).collect();
+        let order: Vec<(PolicyId, Action)> = policies
+            .iter()
+            .map(|p| (p.id.clone(), p.spec.action.clone()))
+            .collect();
+        let mut in_totals: HashMap<Action, i64> = HashMap::new();
         let actions: HashSet<Action> = policies.iter().map(|p| p.spec.action.clone()).collect();
         policies.sort_by(|a, b| a.id.cmp(&b.id));
         let cache = PolicyCache::new();
@@ -136,7 +157,13 @@ impl Recovery {
                     if entry.at >= to {
                         past_end += 1;
                     } else if entry.at >= from && actions.contains(&entry.action) {
-                        replayer.wait(entry);
+                        match entry.totals.is_empty() {
+                            true => replayer.wait(entry),
+                            false => {
+                                *in_totals.entry(entry.action.clone()).or_default() +=
+                                    totals_requests(&entry);
+                            }
+                        }
                     }
                 }
                 while replayer.waiting() > REORDER {
@@ -151,14 +178,18 @@ impl Recovery {
         let entries = run.entries;
         let policies = order
             .into_iter()
-            .map(|id| outcome(id.clone(), tallies.remove(&id).unwrap_or_default()))
+            .map(|(id, action)| {
+                let tally = tallies.remove(&id).unwrap_or_default();
+                let skipped = in_totals.get(&action).copied().unwrap_or(0);
+                outcome(id, tally, u64::try_from(skipped).unwrap_or(0))
+            })
             .collect();
         Ok(Backtest { policies, entries })
     }
 }
 
 /// A policy's answer from its tally.
-fn outcome(policy_id: PolicyId, tally: Tally) -> PolicyOutcome {
+fn outcome(policy_id: PolicyId, tally: Tally, in_totals: u64) -> PolicyOutcome {
     let mut top: Vec<(Budget, u64)> = tally.denied_by_budget.into_values().collect();
     top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.text().cmp(&b.0.text())));
     top.truncate(TOP_DENIED);
@@ -170,6 +201,7 @@ fn outcome(policy_id: PolicyId, tally: Tally) -> PolicyOutcome {
         newly_allowed: tally.newly_allowed,
         peak: tally.peak,
         top_denied: top,
+        in_totals,
     }
 }
 
