@@ -46,7 +46,11 @@ On this machine, all on loopback, in one run:
      at each subject count: on the private Redis (flushed) right after the Redis mode's
      consume rows, in memory right after the embedded default's; and at the end, the
      exactness rows: 200 requests at once for one subject at a limit of 5, against the
-     service in each mode and the peer beside it, how many were admitted;
+     service in each mode (a policy recording entries, and one recording totals) and the
+     peer beside it, how many were admitted; after the peer's rows of each mode, the
+     record level rows (scripts/bench/levels.py): the calendar day recorded as entries and
+     as totals, and the peer, in 3 alternating rounds at 100k subjects, each target read
+     on the median of its rounds, then counters verify;
  10. the ledger at scale (scripts/bench/scale.py): a fresh ledger filled with 10 million
      entries over 24 hours through the service's own store, then the Today page's
      activity and the query API's filters timed on it;
@@ -84,6 +88,9 @@ Knobs (environment):
   BENCH_LIMITADOR=0          no Limitador rows (nor the peer's build; scripts/bench/limitador.py);
                              without a build (BENCH_NO_BUILD, BENCH_BINARY) they need
                              target/limitador-peer/release/limitador-peer, or are skipped
+  BENCH_LEVELS=0             no record level rows (the calendar day recorded as entries and
+                             as totals, beside the Limitador peer, 3 alternating rounds;
+                             scripts/bench/levels.py)
   BENCH_NO_BUILD=1           use target/release/quota-ledger (and examples/rls_load, and the
                              Limitador peer) as they are
   BENCH_BINARY=PATH          benchmark this binary instead (implies BENCH_NO_BUILD=1)
@@ -118,6 +125,7 @@ from scale import measure_ledger_scale, measure_redis_loss  # noqa: E402
 from settings import measure_settings_rows  # noqa: E402
 from knobs import LOADGEN, ROOT, KnobError, Knobs  # noqa: E402
 from limitador import measure_exactness, measure_peer_rows, prepare_peer  # noqa: E402
+from levels import measure_level_rows  # noqa: E402
 from measurements import (  # noqa: E402
     Bench,
     measure_baseline,
@@ -145,6 +153,8 @@ def run(knobs: Knobs, processes: Processes, tmp: Path, peer: bool) -> List[str]:
         service = measure_consume_rows(bench, mode)
         if peer:
             measure_peer_rows(bench, mode)
+        if knobs.levels:
+            measure_level_rows(bench, mode)
         if knobs.auth:
             measure_auth_rows(bench, mode)
         if knobs.alerts:

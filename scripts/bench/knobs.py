@@ -67,6 +67,7 @@ class Knobs:
     alerts: bool  # BENCH_ALERTS (anything but 0): the alert rows (thresholds and a webhook)
     settings: bool  # BENCH_SETTINGS (anything but 0): the settings rows (checkpoints, replicas, TLS)
     limitador: bool  # BENCH_LIMITADOR (anything but 0): the Limitador peer's rows and its build
+    levels: bool  # BENCH_LEVELS (anything but 0): the record level rows (scripts/bench/levels.py)
     ledger_entries: int  # BENCH_LEDGER_ENTRIES: the ledger-at-scale rows' entries (0: none)
     postgres: bool  # BENCH_POSTGRES (anything but 0): the Postgres ingest row
     build: bool  # not BENCH_NO_BUILD=1 nor BENCH_BINARY: cargo build first (the peer's too)
@@ -103,6 +104,7 @@ class Knobs:
             alerts=_text(env, "BENCH_ALERTS", "1") != "0",
             settings=_text(env, "BENCH_SETTINGS", "1") != "0",
             limitador=_text(env, "BENCH_LIMITADOR", "1") != "0",
+            levels=_text(env, "BENCH_LEVELS", "1") != "0",
             ledger_entries=_int(env, "BENCH_LEDGER_ENTRIES", 10000000),
             postgres=_text(env, "BENCH_POSTGRES", "1") != "0",
             build=_text(env, "BENCH_NO_BUILD", "0") != "1" and binary == "",

@@ -172,6 +172,8 @@ class Results:
     backtest: Dict[str, Tuple[int, int, float]] = field(default_factory=dict)  # mode: (entries, requests, s)
     peer: Dict[Tuple[str, int], Line] = field(default_factory=dict)  # Limitador (redis|memory, subjects)
     exact: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)  # who: (admitted, denied, other)
+    levels: Dict[Tuple[str, str], List[Line]] = field(default_factory=dict)  # (mode, entries|totals|peer): per round
+    level_verify: Dict[str, bool] = field(default_factory=dict)  # mode: verify found no drift after the level rows
     flood: Dict[str, Line] = field(default_factory=dict)
     lag: Dict[str, LedgerLag] = field(default_factory=dict)
     rss: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # VmRSS, VmHWM KiB

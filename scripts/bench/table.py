@@ -14,6 +14,7 @@ from backtest import backtest_targets
 from ingest import ingest_targets
 from scale import redis_loss_targets, scale_targets
 from knobs import COUNTRIES, SCENARIOS, Knobs
+from levels import level_rows, level_targets
 from limitador import peer_rows, peer_targets
 from measurements import BRACKETED, Line, Results, mean_of
 
@@ -130,6 +131,7 @@ def _runs(knobs: Knobs, results: Results, redis_version: str) -> List[str]:
     # The Limitador peer's calendar rows, after the service's (limitador.py).
     peer, peer_notes = peer_rows(k, results, _row, ratio)
     out += peer
+    out += level_rows(k, results, _row)
     base = results.baseline
     if base is not None:
         out.append(
@@ -225,6 +227,7 @@ def _targets(knobs: Knobs, results: Results) -> List[str]:
     if cal100 is not None and emb100 is not None:
         v = ratio(emb100.f("rps"), cal100.f("rps"))
         out.append(target("embedded default throughput vs Redis mode: calendar 100k", f"{v}x", ">= 1.0x", at_least(v, 1.0)))
+    out += level_targets(k, results, target, ratio, at_least)
     out += peer_targets(k, results, target, ratio, at_least)
     out += _shared_budgets(k, results)
     out += _grpc_vs_http(k, results)
