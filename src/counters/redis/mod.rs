@@ -18,6 +18,7 @@
 //! two cross-thread wake-ups per decision), and the concurrent decisions of one worker are
 //! pipelined on its connection.
 
+mod batch;
 mod call;
 mod connection;
 mod cut;
@@ -74,6 +75,9 @@ pub struct RedisCounterStore {
     breaker: std::sync::Arc<CircuitBreaker>,
     /// The decision script, with its SHA1 computed once.
     script: Script,
+    /// Several decisions in one call (`batch.rs`), and how many went so.
+    batch: Script,
+    batched: Arc<batch::Batched>,
     /// The give-back script.
     giveback: Script,
     /// The commit point of a consume across cluster slots.
@@ -166,6 +170,8 @@ impl RedisCounterStore {
             target,
             breaker: std::sync::Arc::default(),
             script: Script::new(script::consume::LUA),
+            batch: batch::script(),
+            batched: Arc::default(),
             giveback: Script::new(script::giveback::LUA),
             finalize: Script::new(script::finalize::LUA),
             restore: Script::new(shards::RESTORE_LUA),
@@ -198,6 +204,12 @@ impl RedisCounterStore {
     pub fn prefixed(mut self, prefix: &str) -> Self {
         prefix.clone_into(&mut self.prefix);
         self
+    }
+
+    /// How many decisions went in calls that carried several (`batch.rs`).
+    #[cfg(test)]
+    pub(crate) fn batched_decisions(&self) -> u64 {
+        self.batched.count()
     }
 
     /// The store without the shards' epochs, for the counting conformance suite.
@@ -304,7 +316,7 @@ impl CounterStore for RedisCounterStore {
         let command =
             script::consume::command(&self.script, call, (self.floors.as_deref(), deadline));
         let reply = self
-            .exec_on(&self.script, &command)
+            .exec_decision(command)
             .instrument(connection::redis_span("redis EVALSHA"))
             .await;
         self.may_have_appended(effects.ledger.as_ref().map(|l| l.stream.as_str()));
