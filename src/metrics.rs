@@ -104,6 +104,8 @@ pub(crate) struct Live {
     pub(crate) alerts: AlertsLive,
     /// Redis's clock minus this machine's, seconds; `None` without Redis.
     pub(crate) clock_offset_seconds: Option<f64>,
+    /// Decisions sent to Redis and the script calls that carried them; `None` without Redis.
+    pub(crate) decision_calls: Option<crate::engine::store::DecisionCalls>,
 }
 
 /// Alert events and their webhook deliveries, as a scrape sees them.

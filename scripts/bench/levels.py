@@ -70,7 +70,12 @@ def measure_level_rows(bench: Bench, mode: str) -> None:
         for round_ in range(1, LEVEL_ROUNDS + 1):
             for level, action in LEVELS.items():
                 log(f"{mode}: calendar day recorded as {level}, {subjects} subjects (round {round_})")
+                before = _decision_calls(service)
                 line = run_wrk(bench, service, action, subjects)
+                after = _decision_calls(service)
+                calls = after[1] - before[1]
+                # Decisions per Redis script call over the row (its warm-up included).
+                line.add(per_call=f"{(after[0] - before[0]) / calls:.1f}" if calls > 0 else "-")
                 results.levels.setdefault((mode, level), []).append(line)
             if peer is not None:
                 log(f"limitador {storage}: calendar day, {subjects} subjects (round {round_})")
@@ -87,6 +92,11 @@ def measure_level_rows(bench: Bench, mode: str) -> None:
         service.stop()
     if mode == "redis":
         bench.redis.flushall()
+
+
+def _decision_calls(service) -> Tuple[float, float]:  # type: ignore[no-untyped-def]
+    """The service's decisions sent to Redis and the script calls that carried them."""
+    return service.metric("quota_redis_decisions_total"), service.metric("quota_redis_decision_calls_total")
 
 
 def median(lines: List[Line], field: str) -> float:
@@ -136,6 +146,9 @@ def level_targets(knobs, results, target, ratio, at_least) -> List[str]:  # type
             out.append(target(label, f"{http:.1f} us", f"<= {HTTP_US_MAX:g} us", http <= HTTP_US_MAX))
             ledger = f"sql {median(ours, 'sql_us'):.1f} us, background {median(ours, 'bg_us'):.1f} us, Redis {median(ours, 'redis_us'):.1f} us"
             out.append(target(f"  the ledger's own work and Redis: {mode} {level}", ledger))
+            if mode == "redis":
+                per_call = [line.s("per_call") for line in ours]
+                out.append(target(f"  decisions per Redis call: {mode} {level}, by round", " ".join(per_call)))
         if mode in results.level_verify:
             verified = results.level_verify[mode]
             out.append(target(f"  counters verify after the level rows: {mode}", "no drift" if verified else "DRIFT", "no drift", verified))

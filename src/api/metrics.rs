@@ -37,6 +37,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
             .as_ref()
             .and_then(|time| time.offset_ms())
             .map(|ms| ms as f64 / 1e3),
+        decision_calls: state.engine.counters().decision_calls(),
     };
     HttpResponse::Ok()
         .content_type(CONTENT_TYPE)

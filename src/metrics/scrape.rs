@@ -67,6 +67,18 @@ pub(super) fn registry(cache: &PolicyCache, live: &Live) -> Registry {
             ConstGauge::new(offset),
         );
     }
+    if let Some(sent) = live.decision_calls {
+        registry.register(
+            "quota_redis_decisions",
+            "Decisions sent to Redis, each once, alone or in a batch",
+            ConstCounter::new(sent.decisions),
+        );
+        registry.register(
+            "quota_redis_decision_calls",
+            "Script calls that carried them: while a call is in flight on a connection, the decisions that come next go together in the next one",
+            ConstCounter::new(sent.calls),
+        );
+    }
     if let Some(backlog) = live.ledger_backlog {
         registry.register(
             "quota_ledger_backlog_entries",

@@ -249,6 +249,7 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
         counter_drift_budgets: Some(2),
         alerts: crate::metrics::AlertsLive::default(),
         clock_offset_seconds: Some(-300.25),
+        ..Live::default()
     };
     let text = metrics.render(&cache_with("a"), &live);
     let samples = samples(&text);
@@ -289,6 +290,23 @@ fn scrape_time_gauges_report_the_cache_the_circuit_and_the_backlog_when_known() 
     let reload: f64 = reload.parse().expect("a number");
     let now = Utc::now().timestamp_millis() as f64 / 1e3;
     assert!((now - reload).abs() < 60.0, "{reload} vs {now}");
+}
+
+#[test]
+fn decisions_sent_to_redis_are_counted_with_the_calls_that_carried_them() {
+    let live = Live {
+        decision_calls: Some(crate::engine::store::DecisionCalls {
+            decisions: 64,
+            calls: 9,
+        }),
+        ..Live::default()
+    };
+    let text = Metrics::new().render(&PolicyCache::new(), &live);
+    let samples = samples(&text);
+    assert_eq!(samples.get("quota_redis_decisions_total"), Some(&"64"));
+    assert_eq!(samples.get("quota_redis_decision_calls_total"), Some(&"9"));
+    let without = Metrics::new().render(&PolicyCache::new(), &Live::default());
+    assert!(!without.contains("quota_redis_decision"), "{without}");
 }
 
 #[test]

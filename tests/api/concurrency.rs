@@ -46,6 +46,17 @@ async fn three_hundred_concurrent_consumes_allow_exactly_the_limit_on_redis() {
     app.must_create_policy(calendar_policy("p", "sms.send", 100, "day", "UTC"))
         .await;
     assert_eq!(burst(&[&app], 300).await, 100);
+    // Every decision was sent to Redis once, alone or batched with others.
+    let metrics = app.metrics_text().await;
+    let sample = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(sample("quota_redis_decisions_total"), 300);
+    let calls = sample("quota_redis_decision_calls_total");
+    assert!((1..=300).contains(&calls), "{calls} calls");
 }
 
 #[tokio::test]

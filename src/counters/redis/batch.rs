@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use super::connection::Connection;
 use super::script::consume::LUA;
 use super::RedisCounterStore;
-use crate::engine::store::StoreError;
+use crate::engine::store::{DecisionCalls, StoreError};
 
 /// The most decisions one call carries.
 pub(super) const MAX_BATCH: usize = 64;
@@ -69,15 +69,38 @@ thread_local! {
     static QUEUES: RefCell<Vec<(Weak<()>, SharedQueue)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// How many decisions went in calls that carried several (shared by a store's clones).
+/// How decisions went (shared by a store's clones): every decision sent, the calls that
+/// carried them, and the decisions sent in calls of several.
 #[derive(Debug, Default)]
-pub(super) struct Batched(AtomicU64);
+pub(super) struct Batched {
+    decisions: AtomicU64,
+    calls: AtomicU64,
+    together: AtomicU64,
+}
 
 impl Batched {
+    /// One call sent, carrying `decisions`.
+    fn sent(&self, decisions: usize) {
+        let n = decisions as u64;
+        self.decisions.fetch_add(n, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if n > 1 {
+            self.together.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     /// The decisions sent in calls of several so far.
     #[cfg(test)]
     pub(super) fn count(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.together.load(Ordering::Relaxed)
+    }
+
+    /// Every decision sent so far, and the calls that carried them.
+    pub(super) fn calls(&self) -> DecisionCalls {
+        DecisionCalls {
+            decisions: self.decisions.load(Ordering::Relaxed),
+            calls: self.calls.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -100,6 +123,7 @@ impl RedisCounterStore {
     /// on its own.
     pub(super) async fn exec_decision(&self, call: Cmd) -> Reply {
         if self.cluster {
+            self.batched.sent(1);
             return self.exec_on(&self.script, &call).await;
         }
         let queue = self.queue();
@@ -119,6 +143,7 @@ impl RedisCounterStore {
         };
         if let Some(call) = lead {
             let _leader = Leader(Some(queue));
+            self.batched.sent(1);
             return self.exec_on(&self.script, &call).await;
         }
         let told = match tokio::time::timeout(self.timeout, told).await {
@@ -146,14 +171,13 @@ impl RedisCounterStore {
     /// of `others`, and returns `own`'s reply.
     async fn lead(&self, own: Cmd, others: Vec<Waiting>) -> Reply {
         if others.is_empty() {
+            self.batched.sent(1);
             return self.exec_on(&self.script, &own).await;
         }
         let calls: Vec<&Cmd> = std::iter::once(&own)
             .chain(others.iter().map(|w| &w.call))
             .collect();
-        self.batched
-            .0
-            .fetch_add(calls.len() as u64, Ordering::Relaxed);
+        self.batched.sent(calls.len());
         let command = batch_command(&self.batch, &calls);
         let reply = self.exec_on(&self.batch, &command).await;
         let mut replies = split(reply, calls.len());

@@ -421,6 +421,10 @@ impl CounterStore for RedisCounterStore {
         self.breaker.is_open()
     }
 
+    fn decision_calls(&self) -> Option<crate::engine::store::DecisionCalls> {
+        Some(self.batched.calls())
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         if let Some(why) = self.refusal.get() {
             return Err(StoreError::Misconfigured(why));

@@ -293,6 +293,15 @@ pub enum Undo {
     },
 }
 
+/// Decisions sent to a store server, and the calls that carried them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecisionCalls {
+    /// Decisions sent (each once, alone or in a batch).
+    pub decisions: u64,
+    /// Script calls that carried them.
+    pub calls: u64,
+}
+
 /// Why a store could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -429,6 +438,12 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Whether calls are being refused without trying (a tripped circuit breaker).
     fn circuit_open(&self) -> bool {
         false
+    }
+
+    /// Decisions sent to a store server and the script calls that carried them, since the
+    /// start (Redis batches decisions per round trip); `None` for the in-process store.
+    fn decision_calls(&self) -> Option<DecisionCalls> {
+        None
     }
 
     /// The memory of a store that keeps its data in a server with a bound of its own

@@ -85,6 +85,9 @@ async fn a_burst_goes_in_batches_and_admits_exactly_the_limit() {
         [1, 2, 3, 4, 5],
         "each allowed one saw those before it"
     );
+    let sent = store.decision_calls().expect("Redis counts its calls");
+    assert_eq!(sent.decisions, 200);
+    assert!(sent.calls <= 20, "200 decisions in {} calls", sent.calls);
     assert!(
         store.batched_decisions() >= 100,
         "most went in batches: {}",
