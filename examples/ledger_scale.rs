@@ -74,6 +74,7 @@ fn entry(i: u64, n: u64, now: DateTime<Utc>, policy: &PolicyId) -> LedgerEntry {
     let action = format!("fill{}", i % 20);
     let subject = format!("subject-{}", i % 100_000);
     LedgerEntry {
+        folded: Vec::new(),
         id: EntryId::parse(&uuid::Uuid::now_v7().to_string()).expect("a UUIDv7 is an entry id"),
         at: now - Duration::milliseconds(back_ms),
         kind,

@@ -193,6 +193,18 @@ pub fn ledger_stream(prefix: &str, shard: u16) -> String {
     format!("{}#ledger", shard_prefix(prefix, shard))
 }
 
+/// The hash of a shard's consumes recorded in the ledger's totals, waiting to be moved
+/// into SQL (`engine::pipeline::drain`): field the allowed entry's id (`!` after it for a
+/// denial), value the entry; field `#` names the content (the id of its first consume).
+pub fn totals_waiting(prefix: &str, shard: u16) -> String {
+    format!("{}#tot", shard_prefix(prefix, shard))
+}
+
+/// [`totals_waiting`] renamed, while the drain moves it.
+pub fn totals_moving(prefix: &str, shard: u16) -> String {
+    format!("{}#totm", shard_prefix(prefix, shard))
+}
+
 /// The sorted set of a shard's open holds, scored by expiry (ms).
 pub fn holds_index(prefix: &str, shard: u16) -> String {
     format!("{}#holds", shard_prefix(prefix, shard))

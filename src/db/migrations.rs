@@ -95,6 +95,10 @@ pub(super) const POSTGRES: Files = &[
         "20270110100000_add_record_level.sql",
         include_str!("../../migrations/postgres/20270110100000_add_record_level.sql"),
     ),
+    (
+        "20270120090000_fold_totals.sql",
+        include_str!("../../migrations/postgres/20270120090000_fold_totals.sql"),
+    ),
 ];
 
 /// SQLite migrations, oldest first.
@@ -178,6 +182,10 @@ pub(super) const SQLITE: Files = &[
     (
         "20270110100000_add_record_level.sql",
         include_str!("../../migrations/sqlite/20270110100000_add_record_level.sql"),
+    ),
+    (
+        "20270120090000_fold_totals.sql",
+        include_str!("../../migrations/sqlite/20270120090000_fold_totals.sql"),
     ),
 ];
 

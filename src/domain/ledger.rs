@@ -64,7 +64,7 @@ impl EntryKind {
 }
 
 /// One policy's part of an entry: the units it was charged (or given back).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PolicyAmount {
     /// The policy (it may have been deleted since: entries outlive policies).
     pub policy_id: PolicyId,
@@ -77,7 +77,7 @@ pub struct PolicyAmount {
 }
 
 /// How one counter gets units back, as it was when the charge was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Restore {
     /// A calendar counter (its key names the period).
     Calendar {
@@ -116,7 +116,7 @@ pub enum Restore {
 
 /// One counter a charge or hold went to, with what it takes to give the units back later
 /// (refunds, and the settlement, release or expiry of holds).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CounterCharge {
     /// The policy the counter belongs to.
     pub policy_id: PolicyId,
@@ -171,12 +171,17 @@ pub struct LedgerEntry {
     /// and counter period: only a consume recorded in the totals (its policies record
     /// `totals`) or what voids one. Empty for every other entry.
     pub totals: Vec<TotalLine>,
+    /// A row that folds consumes recorded in the totals (`engine::pipeline::fold`): the
+    /// ids of their entries (requests allowed for a `charge`, denied for a `deny`). Its
+    /// counters and totals are theirs, summed; it names no subject of theirs. Empty for
+    /// every other entry, which stands for itself.
+    pub folded: Vec<EntryId>,
 }
 
 /// What one entry adds to one row of the ledger's totals: a policy's budget in one counter
 /// period (the calendar period, the rolling window's bucket, or the hour for a lifetime or
 /// per-request window). A void adds the negative of what it voids.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TotalLine {
     /// The policy.
     pub policy_id: PolicyId,

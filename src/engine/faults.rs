@@ -10,16 +10,20 @@
 //! | `unit.commit` | a change's entries go to the ledger writer (`engine::unit`) | the commit fails: the change is undone and answered 503 |
 //! | `store.reply_lost` | a consume or hold's Redis call returned | the reply is lost: answered 503 as a timeout, though Redis applied it |
 //! | `drain.ack` | a drained batch is in SQL, before its stream entries are acknowledged | the acknowledgement fails: the entries are read and inserted again |
+//! | `drain.move` | a shard's consumes recorded in totals were handed out, before their folded rows are inserted | the insert fails: the same content is handed out again |
+//! | `drain.moved` | the folded rows are in SQL, before the hand-out ends | ending it fails: the same content is handed out again, and its rows are not inserted twice |
 //! | `sweep.expire` | the sweeper is about to expire a due hold | the expiry fails: the hold waits for the next sweep |
 //! | `snapshot.save` | a snapshot was taken, before it is saved | the save fails: the previous snapshot stays |
 //! | `crossslot.finalize` | a consume across Redis Cluster slots reserved every slot, before its finalize | the finalize is never sent: the attempt is abandoned and answered 503 (paused: it stays in flight) |
 //! | `crossslot.events` | a give-back's share in other Redis Cluster slots was given, before the alert events it tells are recorded | recording fails: the pending share stays, and the sweeper gives it again (a replay) and records them |
 
 /// Every failpoint, for tests that pick one at random.
-pub const POINTS: [&str; 5] = [
+pub const POINTS: [&str; 7] = [
     "unit.commit",
     "store.reply_lost",
     "drain.ack",
+    "drain.move",
+    "drain.moved",
     "sweep.expire",
     "snapshot.save",
 ];

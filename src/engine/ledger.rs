@@ -107,6 +107,13 @@ pub trait LedgerStore: Send + Sync + 'static {
         consumption_id: ConsumptionId,
         seq: i64,
     ) -> Result<u64, LedgerError>;
+    /// Whether a folded row (`engine::pipeline::fold`) stands for the charge whose entry
+    /// is `id`, made at `at`: its row is one of the minute `at` is in.
+    async fn folded_in(
+        &self,
+        id: crate::domain::EntryId,
+        at: DateTime<Utc>,
+    ) -> Result<bool, LedgerError>;
     /// The `seq` (insertion number) of the first entry inserted of those made at or after
     /// `at`; `None` if there is none.
     async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError>;

@@ -75,6 +75,9 @@ pub(crate) struct Cut {
     pub(crate) items: Vec<StateItem>,
     /// The records of the shards' intents (consumes across Redis Cluster slots).
     pub(crate) intents: Vec<String>,
+    /// The shards' consumes recorded in the ledger's totals: per shard, its waiting hash
+    /// and its moving one (field, value; `#` names a hash's content), those not empty.
+    pub(crate) totals: Vec<Vec<(String, String)>>,
 }
 
 impl Cut {

@@ -163,6 +163,7 @@ mod tests {
 
     fn entry(when: &str, kind: EntryKind, action: &str, subject: &str, amount: u64) -> LedgerEntry {
         LedgerEntry {
+            folded: Vec::new(),
             id: EntryId::new(),
             at: at(when),
             kind,

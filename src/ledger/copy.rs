@@ -21,7 +21,7 @@ use sqlx::PgPool;
 
 /// The columns copied, in the order [`encode`] writes them (the store's insert columns).
 const COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
-     idempotency_key, policies, detail, attributes, totals";
+     idempotency_key, policies, detail, attributes, totals, folded, folded_ids";
 
 /// The session's staging table, created by its first retried batch (quietly: `IF NOT
 /// EXISTS` notices otherwise) and emptied at every commit.
@@ -30,7 +30,7 @@ const STAGING: [&str; 2] = [
     "CREATE TEMP TABLE IF NOT EXISTS ledger_staging (\
          id text, at timestamptz, kind text, action text, subject text, amount bigint, \
          consumption_id text, hold_id text, idempotency_key text, policies jsonb, \
-         detail text, attributes jsonb, totals jsonb) ON COMMIT DELETE ROWS",
+         detail text, attributes jsonb, totals jsonb, folded bigint, folded_ids text) ON COMMIT DELETE ROWS",
 ];
 
 /// Adds alert `events` to the outbox outside an entry's transaction, holding the
@@ -164,7 +164,7 @@ pub(crate) fn encode(entries: &[LedgerEntry]) -> Result<Vec<u8>, LedgerError> {
             .map(|t| serde_json::to_vec(&t))
             .transpose()
             .map_err(|error| LedgerError::Corrupt(format!("{id}: {error}")))?;
-        out.extend_from_slice(&13_i16.to_be_bytes());
+        out.extend_from_slice(&15_i16.to_be_bytes());
         text(&mut out, Some(&id));
         field(&mut out, Some(&micros(e.at).to_be_bytes()));
         text(&mut out, Some(e.kind.as_str()));
@@ -181,6 +181,9 @@ pub(crate) fn encode(entries: &[LedgerEntry]) -> Result<Vec<u8>, LedgerError> {
         text(&mut out, codec::encode_detail(e).as_deref());
         jsonb(&mut out, attributes.as_deref());
         jsonb(&mut out, totals.as_deref());
+        let folded = super::rows::folded_column(e).map(i64::to_be_bytes);
+        field(&mut out, folded.as_ref().map(|b| b.as_slice()));
+        text(&mut out, super::rows::folded_ids_column(e).as_deref());
     }
     out.extend_from_slice(&(-1_i16).to_be_bytes());
     Ok(out)

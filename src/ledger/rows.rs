@@ -3,7 +3,7 @@
 
 use super::sql::{corrupt, READ_COLUMNS};
 use crate::db::Dialect;
-use crate::domain::LedgerEntry;
+use crate::domain::{EntryId, LedgerEntry};
 use crate::engine::codec::{self, AttributesColumn, EntryParts, PoliciesColumn};
 use crate::engine::ledger::LedgerError;
 use chrono::{DateTime, Utc};
@@ -24,6 +24,7 @@ pub(super) struct RowValues {
     pub(super) attributes: Option<AttributesColumn>,
     pub(super) compact: Option<String>,
     pub(super) totals: Option<serde_json::Value>,
+    pub(super) folded_ids: Option<String>,
 }
 
 /// A row as [`page_sql`]'s JSON holds it: `seq`, then [`READ_COLUMNS`], the JSON columns
@@ -36,6 +37,7 @@ pub(super) type PageRow = (
     String,
     String,
     i64,
+    Option<String>,
     Option<String>,
     Option<String>,
     Option<String>,
@@ -75,6 +77,12 @@ impl RowValues {
         let mut entry = codec::entry_from_parts(parts, policies, attributes, detail)
             .map_err(|e| corrupt(id, e))?;
         entry.totals = totals;
+        if let Some(ids) = &self.folded_ids {
+            entry.folded = ids
+                .split(' ')
+                .map(|folded| EntryId::parse(folded).map_err(|e| corrupt(id, e)))
+                .collect::<Result<_, _>>()?;
+        }
         Ok(entry)
     }
 
@@ -90,6 +98,7 @@ impl RowValues {
             policies: json_column(&id, "policies", row.10)?,
             attributes: json_column(&id, "attributes", row.12)?,
             totals: json_column(&id, "totals", row.14)?,
+            folded_ids: row.15,
             detail: row.11,
             compact: row.13,
             kind,
@@ -126,15 +135,71 @@ pub(super) fn page_sql(dialect: Dialect, one_action: bool) -> String {
     match dialect {
         Dialect::Postgres => format!(
             "SELECT CAST(COALESCE(json_agg(json_build_array({columns}, CAST(policies AS TEXT), \
-             detail, CAST(attributes AS TEXT), policies_compact, CAST(totals AS TEXT)) ORDER BY seq), '[]') AS TEXT) \
+             detail, CAST(attributes AS TEXT), policies_compact, CAST(totals AS TEXT), folded_ids) ORDER BY seq), '[]') AS TEXT) \
              FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
              ORDER BY seq LIMIT $2) AS page"
         ),
         Dialect::Sqlite => format!(
             "SELECT json_group_array(json_array({columns}, policies, detail, attributes, \
-             policies_compact, totals)) \
+             policies_compact, totals, folded_ids)) \
              FROM (SELECT seq, {READ_COLUMNS} FROM ledger_entries WHERE seq > $1{action} \
              ORDER BY seq LIMIT $2)"
         ),
+    }
+}
+
+/// The `folded` column of `entry`: how many consumes a folded row stands for, NULL for
+/// every other row.
+pub(super) fn folded_column(entry: &LedgerEntry) -> Option<i64> {
+    (!entry.folded.is_empty()).then(|| i64::try_from(entry.folded.len()).unwrap_or(i64::MAX))
+}
+
+/// The `folded_ids` column of `entry`: the ids of the consumes' entries a folded row
+/// stands for, hyphenated, separated by spaces; NULL for every other row.
+pub(super) fn folded_ids_column(entry: &LedgerEntry) -> Option<String> {
+    if entry.folded.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(37 * entry.folded.len());
+    for (i, id) in entry.folded.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(&id.to_string());
+    }
+    Some(out)
+}
+
+impl<DB> super::sql::SqlLedgerStore<DB>
+where
+    DB: crate::db::Sql,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+    String: crate::db::ColumnType<DB>,
+    DateTime<Utc>: crate::db::ColumnType<DB>,
+    i64: crate::db::ColumnType<DB>,
+{
+    /// See `LedgerStore::folded_in`: the charge rows folded in `at`'s minute, through the
+    /// `at` index, whose `folded_ids` name `id`.
+    pub(super) async fn folded_row_of(
+        &self,
+        id: EntryId,
+        at: DateTime<Utc>,
+    ) -> Result<bool, LedgerError> {
+        let minute = at.timestamp().div_euclid(60) * 60;
+        let from = DateTime::from_timestamp(minute, 0).unwrap_or(at);
+        let to = from + chrono::Duration::seconds(60);
+        let sql = "SELECT COUNT(*) FROM ledger_entries WHERE at >= $1 AND at < $2 \
+                   AND kind = 'charge' AND folded IS NOT NULL AND folded_ids LIKE $3";
+        let count: i64 = sqlx::query_scalar(sql)
+            .bind(from)
+            .bind(to)
+            .bind(format!("%{id}%"))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(super::sql::db_error)?;
+        Ok(count > 0)
     }
 }

@@ -9,9 +9,9 @@
 //! can never shift a later page (no duplicates, no gaps among the entries that were there).
 
 use super::cursor::{decode_cursor, encode_cursor};
-use super::rows::{page_sql, PageRow, RowValues};
+use super::rows::{folded_column, folded_ids_column, page_sql, PageRow, RowValues};
 use crate::db::{ColumnType, Sql};
-use crate::domain::{Action, ConsumptionId, EntryKind, HoldId, LedgerEntry};
+use crate::domain::{Action, ConsumptionId, EntryId, EntryKind, HoldId, LedgerEntry};
 use crate::engine::alerts::{self, AlertEvent};
 use crate::engine::codec::{self, AttributesColumn, PoliciesColumn};
 use crate::engine::ledger::{
@@ -58,7 +58,7 @@ pub async fn connect(database_url: &str) -> anyhow::Result<Arc<dyn LedgerStore>>
 ///   (ledger lag p99 10 s, now under 1 s). It holds one statement's pages at most.
 const SQLITE_PRAGMAS: [(&str, &str); 2] = [("cache_size", "-32768"), ("temp_store", "memory")];
 
-/// Rows per `INSERT` statement: 11 parameters each stays far below both databases'
+/// Rows per `INSERT` statement: 15 parameters each stays far below both databases'
 /// parameter limits (Postgres 65,535; SQLite 32,766).
 pub(super) const ROWS_PER_INSERT: usize = 500;
 
@@ -76,13 +76,13 @@ const RECORD_GENERATION: &str = "INSERT INTO redis_generations (prefix, shard, g
 
 /// The columns of `ledger_entries` that hold an entry, in the order inserts bind them.
 const ENTRY_COLUMNS: &str = "id, at, kind, action, subject, amount, consumption_id, hold_id, \
-     idempotency_key, policies, detail, attributes, totals";
+     idempotency_key, policies, detail, attributes, totals, folded, folded_ids";
 
 /// [`ENTRY_COLUMNS`] as selects read them: with the compact text of rows written before
 /// `policies` was JSON, until `quota-ledger migrate` has rewritten them ([`upgrade`]).
 pub(super) const READ_COLUMNS: &str =
     "id, at, kind, action, subject, amount, consumption_id, hold_id, \
-     idempotency_key, policies, detail, attributes, policies_compact, totals";
+     idempotency_key, policies, detail, attributes, policies_compact, totals, folded, folded_ids";
 
 /// Sorts a database failure: a broken constraint is a bug in what we tried to store
 /// (retrying cannot help); anything else is the database being unavailable.
@@ -131,6 +131,7 @@ where
     Json<PoliciesColumn>: ColumnType<DB>,
     Option<Json<PoliciesColumn>>: ColumnType<DB>,
     Option<Json<AttributesColumn>>: ColumnType<DB>,
+    Option<i64>: ColumnType<DB>,
 {
     /// A row of `ledger_entries` (its [`ENTRY_COLUMNS`]) as a [`LedgerEntry`].
     fn entry_from_row(row: &DB::Row) -> Result<LedgerEntry, LedgerError> {
@@ -158,6 +159,7 @@ where
                 .try_get::<Option<Json<Value>>, _>("totals")
                 .map_err(db_error)?
                 .map(|Json(t)| t),
+            folded_ids: row.try_get("folded_ids").map_err(db_error)?,
         };
         values.entry()
     }
@@ -232,7 +234,9 @@ where
                 )))
                 .push_bind(codec::encode_detail(e))
                 .push_bind(codec::attributes_column(&e.attributes).map(Json))
-                .push_bind(codec::totals_column(&e.totals).map(Json));
+                .push_bind(codec::totals_column(&e.totals).map(Json))
+                .push_bind(folded_column(e))
+                .push_bind(folded_ids_column(e));
         });
         // No conflict target: an entry already there (its id, unique) is skipped whether
         // the unique index is on `id` alone or, once the ledger is partitioned by time, on
@@ -315,6 +319,7 @@ where
     Json<PoliciesColumn>: ColumnType<DB>,
     Option<Json<PoliciesColumn>>: ColumnType<DB>,
     Option<Json<AttributesColumn>>: ColumnType<DB>,
+    Option<i64>: ColumnType<DB>,
 {
     async fn append(&self, entries: &[LedgerEntry]) -> Result<u64, LedgerError> {
         if entries.is_empty() {
@@ -453,6 +458,10 @@ where
             }
         }
         Ok(seqs)
+    }
+
+    async fn folded_in(&self, id: EntryId, at: DateTime<Utc>) -> Result<bool, LedgerError> {
+        self.folded_row_of(id, at).await
     }
 
     async fn first_seq_since(&self, at: DateTime<Utc>) -> Result<Option<i64>, LedgerError> {

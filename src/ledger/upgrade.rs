@@ -49,6 +49,7 @@ where
     Option<String>: ColumnType<DB>,
     Json<PoliciesColumn>: ColumnType<DB>,
     Option<Json<AttributesColumn>>: ColumnType<DB>,
+    Option<i64>: ColumnType<DB>,
 {
     /// Rewrites every row whose `policies` is still compact text; returns how many.
     pub(crate) async fn upgrade(&self) -> Result<u64, LedgerError> {

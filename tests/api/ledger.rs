@@ -3,6 +3,7 @@
 mod activity;
 mod background;
 mod drain;
+mod folded;
 mod http;
 mod paging;
 mod partitions;
@@ -79,6 +80,7 @@ pub fn label(id: &EntryId) -> String {
 pub fn entry(id: &str, subject: &str, seconds: i64) -> LedgerEntry {
     let policy_id = PolicyId::parse("policy_id", "transfer-daily").unwrap();
     LedgerEntry {
+        folded: Vec::new(),
         id: entry_id(id),
         at: start_instant() + Duration::seconds(seconds),
         kind: EntryKind::Charge,
@@ -137,6 +139,7 @@ async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
     a.at += Duration::milliseconds(123);
     a.idempotency_key = Some(IdempotencyKey::parse("key-1").unwrap());
     let b = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Hold,
         hold_id: Some(hold_id("h-1")),
         consumption_id: None,
@@ -161,6 +164,7 @@ async fn appending_an_entry_twice_stores_it_once(backend: PolicyBackend) {
 async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBackend) {
     let (store, _database) = ledger_on(backend).await;
     let too_much = LedgerEntry {
+        folded: Vec::new(),
         amount: 1 << 53,
         ..entry("too-much", "alice", 0)
     };
@@ -179,11 +183,13 @@ async fn an_entry_breaking_a_constraint_fails_its_whole_batch(backend: PolicyBac
 async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
     let (store, _database) = ledger_on(backend).await;
     let refund = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Refund,
         consumption_id: Some(consumption_id("c-1")),
         ..entry("2", "alice", 60)
     };
     let sms = LedgerEntry {
+        folded: Vec::new(),
         action: Action::parse("action", "sms.send").unwrap(),
         ..entry("3", "bob", 120)
     };
@@ -269,23 +275,27 @@ async fn pages_filter_by_subject_action_kind_and_time(backend: PolicyBackend) {
 async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyBackend) {
     let (store, _database) = ledger_on(backend).await;
     let charge = LedgerEntry {
+        folded: Vec::new(),
         consumption_id: Some(consumption_id("c-1")),
         amount: 1000,
         ..entry("charge", "alice", 0)
     };
     let refund = |id: &str, amount| LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Refund,
         consumption_id: Some(consumption_id("c-1")),
         amount,
         ..entry(id, "alice", 1)
     };
     let hold = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Hold,
         consumption_id: None,
         hold_id: Some(hold_id("h-1")),
         ..entry("hold", "bob", 2)
     };
     let commit = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Commit,
         ..hold.clone()
     };
@@ -295,6 +305,7 @@ async fn charges_holds_and_refund_totals_are_found_by_their_ids(backend: PolicyB
         refund("r2", 200),
         hold.clone(),
         LedgerEntry {
+            folded: Vec::new(),
             id: entry_id("commit"),
             ..commit
         },

@@ -4,6 +4,8 @@
 //! any other consume writes an entry as before. Usage and `counters verify` agree with both,
 //! on every counter store.
 
+mod moves;
+
 use crate::helpers::{app_with, CounterBackend, TestApp};
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
@@ -276,4 +278,94 @@ async fn backtests_and_the_ledger_listing_say_what_totals_leave_out() {
     assert_eq!(outcome["requests"], json!(1), "{}", answer.body);
     assert_eq!(outcome["in_totals"], json!(4), "{}", answer.body);
     assert_eq!(answer.body["entries"], json!(1), "{}", answer.body);
+}
+
+/// The embedded default folds the consumes recorded in totals that share a commit into a
+/// few rows (`folded`): a burst of 300 over 30 subjects (a limit of 6 each: 180 allowed,
+/// 120 denied) leaves fewer rows than consumes, standing for every one of them. The totals,
+/// the hourly activity, a backtest's count and a restart's usage come out as they would
+/// with a row per consume.
+#[tokio::test]
+async fn consumes_recorded_in_totals_that_share_a_commit_are_folded_into_few_rows() {
+    let app = app_with(
+        CounterBackend::Memory,
+        &[daily("sms-day", "sms", 6, "totals")],
+    )
+    .await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let request = app
+            .client
+            .post(format!("{}/quota/consume", app.address))
+            .json(&json!({"action": "sms", "subject": format!("s-{}", i % 30)}));
+        tasks.spawn(async move { request.send().await.map(|r| r.status()) });
+    }
+    let mut allowed = 0;
+    while let Some(status) = tasks.join_next().await {
+        match status.expect("ran").expect("answered") {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(allowed, 180);
+
+    let pool = sqlx::SqlitePool::connect(&app.settings.database_url)
+        .await
+        .unwrap();
+    let kinds: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT kind, COUNT(*), CAST(SUM(COALESCE(folded, 1)) AS INTEGER), \
+         CAST(SUM(folded IS NOT NULL) AS INTEGER) FROM ledger_entries GROUP BY kind ORDER BY kind",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let rows: i64 = kinds.iter().map(|k| k.1).sum();
+    assert!(rows < 300, "{rows} rows for 300 consumes: {kinds:?}");
+    assert!(kinds.iter().any(|k| k.3 > 0), "no folded row: {kinds:?}");
+    let stands_for: Vec<(&str, i64)> = kinds.iter().map(|k| (k.0.as_str(), k.2)).collect();
+    assert_eq!(stands_for, [("charge", 180), ("deny", 120)]);
+    let hourly: (i64, i64) =
+        sqlx::query_as("SELECT SUM(charges), SUM(denials) FROM ledger_hourly WHERE action = 'sms'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(hourly, (180, 120));
+
+    let (rows, _) = totals(&app).await;
+    assert_eq!(rows.len(), 30, "{rows:?}");
+    assert!(
+        rows.iter().all(|r| (r.2, r.3, r.4) == (6, 6, 4)),
+        "{rows:?}"
+    );
+
+    let tried = json!({"policies": [{"id": "sms-try", "action": "sms", "measure": "count",
+        "limit": 1, "window": {"type": "calendar", "period": "day", "timezone": "UTC"}}],
+        "days": 1});
+    let answer = app
+        .send(
+            app.admin(reqwest::Method::POST, "/admin/backtest")
+                .json(&tried),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(
+        answer.body["policies"][0]["in_totals"],
+        json!(300),
+        "{}",
+        answer.body
+    );
+    verify_finds_no_drift(&app).await;
+
+    let app = app.crash_restart().await;
+    for i in 0..30 {
+        let usage = app.usage("sms", &format!("s-{i}")).await;
+        assert_eq!(
+            usage.body["policies"][0]["used"],
+            json!(6),
+            "{}",
+            usage.body
+        );
+    }
+    verify_finds_no_drift(&app).await;
 }

@@ -246,13 +246,19 @@ impl RedisCounterStore {
             .map(|&s| keys::ledger_stream(&self.prefix, s))
             .collect();
         let mut call = redis::cmd("EVAL");
-        call.arg(CUT_LUA).arg(3 * shards.len() + counters.len());
+        call.arg(CUT_LUA).arg(5 * shards.len() + counters.len());
         call.arg(&streams);
         for &shard in shards {
             call.arg(keys::deletes_held(&self.prefix, shard));
         }
         for &shard in shards {
             call.arg(keys::intents_index(&self.prefix, shard));
+        }
+        for &shard in shards {
+            call.arg(keys::totals_waiting(&self.prefix, shard));
+        }
+        for &shard in shards {
+            call.arg(keys::totals_moving(&self.prefix, shard));
         }
         call.arg(counters).arg(token).arg(shards.len());
         let reply = self
@@ -270,7 +276,19 @@ impl RedisCounterStore {
                 cut.intents.extend(records.iter().filter_map(text));
             }
         }
-        for (key, part) in counters.iter().zip(parts.iter().skip(2 * shards.len())) {
+        for part in parts.iter().skip(2 * shards.len()).take(2 * shards.len()) {
+            let Value::Array(fields) = part else {
+                continue;
+            };
+            let hash: Vec<(String, String)> = fields
+                .chunks(2)
+                .filter_map(|kv| Some((text(kv.first()?)?, text(kv.get(1)?)?)))
+                .collect();
+            if !hash.is_empty() {
+                cut.totals.push(hash);
+            }
+        }
+        for (key, part) in counters.iter().zip(parts.iter().skip(4 * shards.len())) {
             let Value::Array(fields) = part else {
                 continue;
             };

@@ -30,6 +30,7 @@ mod shards;
 mod stream;
 mod target;
 mod time;
+mod totals;
 
 pub use target::{Certificates, Target};
 

@@ -2,7 +2,7 @@
 //! consumer group, claiming what dead consumers left pending, and acknowledging.
 
 use super::RedisCounterStore;
-use crate::engine::pipeline::stream::{LedgerStream, Read, StreamEntry};
+use crate::engine::pipeline::stream::{LedgerStream, Moving, Read, StreamEntry};
 use crate::engine::store::StoreError;
 use async_trait::async_trait;
 use redis::Value;
@@ -217,5 +217,21 @@ impl LedgerStream for RedisCounterStore {
                 known.raise(shard, generation);
             }
         }
+    }
+
+    async fn move_totals(&self, shard: u16) -> Result<Option<Moving>, StoreError> {
+        self.move_shard_totals(shard).await
+    }
+
+    async fn moved_totals(&self, shard: u16, content: &str) -> Result<(), StoreError> {
+        self.end_shard_move(shard, content).await
+    }
+
+    async fn totals_len(&self, shard: u16) -> Result<u64, StoreError> {
+        self.shard_totals_len(shard).await
+    }
+
+    async fn in_totals(&self, shard: u16, id: &str) -> Result<bool, StoreError> {
+        self.shard_totals_hold(shard, id).await
     }
 }

@@ -174,6 +174,7 @@ pub(super) fn encode_keeping<'a>(
     let mut out = match entry.kept_answer {
         None => encode(entry),
         Some(_) => encode(&LedgerEntry {
+            folded: Vec::new(),
             kept_answer: None,
             ..entry.clone()
         }),

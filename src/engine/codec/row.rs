@@ -146,6 +146,7 @@ pub(crate) fn entry_from_parts(
 ) -> Result<LedgerEntry, CodecError> {
     const WHAT: &str = "ledger entry";
     Ok(LedgerEntry {
+        folded: Vec::new(),
         id: field(WHAT, EntryId::parse(parts.id))?,
         at: parts.at,
         kind: EntryKind::parse(parts.kind)

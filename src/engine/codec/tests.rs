@@ -29,6 +29,7 @@ fn counter(restore: Restore) -> CounterCharge {
 fn several_entries_in_one_stream_entry_come_back_each_whole() {
     let first = hold_entry();
     let second = LedgerEntry {
+        folded: Vec::new(),
         id: EntryId::new(),
         kind: EntryKind::Charge,
         hold_id: None,
@@ -49,6 +50,7 @@ fn several_entries_in_one_stream_entry_come_back_each_whole() {
 
 fn hold_entry() -> LedgerEntry {
     LedgerEntry {
+        folded: Vec::new(),
         id: EntryId::new(),
         at: Utc
             .with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
@@ -110,6 +112,7 @@ fn hold_entry() -> LedgerEntry {
 /// expiry or a kept answer are written.
 fn charge_entry() -> LedgerEntry {
     LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Charge,
         hold_id: None,
         consumption_id: Some(ConsumptionId::new()),
@@ -125,6 +128,7 @@ fn every_record_reads_back_what_was_written() {
     let entry = hold_entry();
     assert_eq!(decode_entry(&encode_entry(&entry)), Ok(entry.clone()));
     let refund = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Refund,
         counters: Vec::new(),
         hold_id: None,
@@ -148,6 +152,7 @@ fn every_record_reads_back_what_was_written() {
         Ok(Detail::of(&charge))
     );
     let bare = LedgerEntry {
+        folded: Vec::new(),
         counters: Vec::new(),
         ..charge
     };
@@ -237,6 +242,7 @@ pub(in crate::engine) fn three_budget_charge() -> LedgerEntry {
         })
         .collect();
     LedgerEntry {
+        folded: Vec::new(),
         action: Action::parse("action", "sms").expect("an action"),
         subject: Subject::parse("subject", "u24399").expect("a subject"),
         amount: 1,
@@ -275,6 +281,7 @@ fn the_detail_column_is_compact_and_reads_back_with_its_row() {
     // A row's detail read beside another row's subject finds other counters: the keys
     // are relative to the row's own action and subject.
     let other = LedgerEntry {
+        folded: Vec::new(),
         subject: Subject::parse("subject", "u1").expect("a subject"),
         ..charge.clone()
     };
@@ -324,6 +331,7 @@ fn a_single_policy_consume_waits_in_a_stream_entry_of_at_most_200_bytes() {
     let (action, subject) = ("payments.transfer", "customer-000123456");
     let policy_id = PolicyId::parse("policy_id", "transfers-rolling-24h").expect("an id");
     let entry = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Charge,
         action: Action::parse("action", action).expect("an action"),
         subject: Subject::parse("subject", subject).expect("a subject"),
@@ -374,6 +382,7 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
     }];
     for entry in [charge_entry(), hold_entry()] {
         let entry = LedgerEntry {
+            folded: Vec::new(),
             kept_answer: None,
             totals: Vec::new(),
             ..entry
@@ -397,6 +406,7 @@ fn a_keyed_entry_carries_the_answer_kept_for_its_retries_in_compact_form() {
         assert_eq!(decode_consume_record(record), Ok(expected));
         assert_eq!(
             LedgerEntry {
+                folded: Vec::new(),
                 kept_answer: None,
                 totals: Vec::new(),
                 ..decoded
@@ -471,6 +481,7 @@ fn an_entry_with_totals_reads_back_with_its_lines() {
     ];
     for entry in [charge_entry(), hold_entry()] {
         let entry = LedgerEntry {
+            folded: Vec::new(),
             totals: totals.clone(),
             ..entry
         };
@@ -484,6 +495,7 @@ fn an_entry_with_totals_reads_back_with_its_lines() {
         "no totals, the version before: {plain:?}"
     );
     let with = encode_entry(&LedgerEntry {
+        folded: Vec::new(),
         totals,
         ..charge_entry()
     });

@@ -73,6 +73,8 @@ pub(in crate::engine) struct Attempt {
     hold: Option<(HoldTicket, i64)>,
     pub(in crate::engine) allowed_entry: LedgerEntry,
     pub(in crate::engine) denied_entry: Option<LedgerEntry>,
+    /// Recorded in the ledger's totals ([`Plan::records_totals`]).
+    pub(in crate::engine) in_totals: bool,
 }
 
 impl Attempt {
@@ -96,6 +98,7 @@ impl Attempt {
         // names no consumption (the id stays in the entry, for a void to find it).
         let totals = plan.records_totals(request, hold.is_some());
         let entry = |kind: EntryKind, denial: bool| LedgerEntry {
+            folded: Vec::new(),
             id: EntryId::new(),
             at: plan.now,
             kind,
@@ -128,6 +131,7 @@ impl Attempt {
             denied_entry: (totals || plan.records_denials()).then(|| entry(EntryKind::Deny, true)),
             consumption_id: consumption_id.filter(|_| !totals),
             hold,
+            in_totals: totals,
         }
     }
 
@@ -365,6 +369,7 @@ impl Decider {
         let ledger = ledger.map(|ledger| crate::engine::store::LedgerAppend {
             keeps_answer: alerting,
             on_crossing,
+            totals: attempt.totals_append(&self.prefix, plan.keys.shard),
             ..ledger
         });
         let hold = hold.map(|(ticket, ttl_ms)| {

@@ -146,6 +146,8 @@ impl Decider {
                 denied: l.denied.clone(),
                 keeps_answer: false,
                 on_crossing: None,
+                // Across slots the entry commits at the finalize, through the stream.
+                totals: None,
             }),
             intent: Some(intent.clone()),
             ..Effects::default()

@@ -364,6 +364,7 @@ impl Decider {
             ),
         };
         let entry = LedgerEntry {
+            folded: Vec::new(),
             id: EntryId::new(),
             at: now,
             kind: entry_kind,
@@ -466,6 +467,7 @@ impl Decider {
             .filter_map(|(shard, counters)| {
                 let kept = give_back_kept(&policies, entry, counters)?;
                 let told = LedgerEntry {
+                    folded: Vec::new(),
                     kept_answer: Some(kept),
                     ..entry.clone()
                 };

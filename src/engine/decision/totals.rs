@@ -11,8 +11,23 @@
 use crate::domain::{Record, TotalLine};
 use crate::engine::decision::plan::Plan;
 use crate::engine::from_millis;
-use crate::engine::store::Algorithm;
+use crate::engine::store::{Algorithm, TotalsAppend};
 use crate::engine::ConsumeRequest;
+
+impl super::consume::Attempt {
+    /// Where the store keeps this attempt's entry instead of the stream (Redis), when the
+    /// consume is recorded in the totals: its shard's hash of waiting consumes.
+    pub(in crate::engine) fn totals_append(
+        &self,
+        prefix: &str,
+        shard: u16,
+    ) -> Option<TotalsAppend> {
+        self.in_totals.then(|| TotalsAppend {
+            key: crate::keys::totals_waiting(prefix, shard),
+            id: self.allowed_entry.id.to_string(),
+        })
+    }
+}
 
 /// An hour, ms: the period of a lifetime or per-request window's totals.
 const HOUR_MS: i64 = 3_600_000;

@@ -142,7 +142,9 @@ impl Durability for Streamed {
         };
         loop {
             self.drain.drain_once().await;
-            if self.drain.drained_to(&marks).await == Some(true) {
+            if self.drain.drained_to(&marks).await == Some(true)
+                && self.drain.totals_moved(shards.iter().copied()).await == Some(true)
+            {
                 return true;
             }
             if started.elapsed() > DRAIN_WAIT {
@@ -158,7 +160,10 @@ impl Durability for Streamed {
         window: (i64, i64),
         id: &str,
     ) -> Result<bool, StoreError> {
-        self.drain.appended(stream, window, id, SEARCH_PAGE).await
+        if self.drain.appended(stream, window, id, SEARCH_PAGE).await? {
+            return Ok(true);
+        }
+        self.drain.in_totals(stream, id).await
     }
 
     fn faults(&self) -> Arc<Faults> {

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod floors;
+mod moves;
 mod pass;
 use pass::{shards_charged, Cursor, Pass, Source};
 
@@ -185,7 +186,11 @@ impl Drainer {
         let retry = self.retry.swap(0, Ordering::AcqRel);
         let shards = shards | retry | claim;
         let mut moved = 0;
-        match self.run_pass(shards, retry, claim, &mut moved).await {
+        let pass = async {
+            self.run_pass(shards, retry, claim, &mut moved).await?;
+            self.move_totals(shards, &mut moved).await
+        };
+        match pass.await {
             Ok(()) => Ok(moved),
             Err(error) => {
                 static SITE: Throttle = Throttle::new();
@@ -474,7 +479,7 @@ impl Drainer {
                 .stream_len(&ledger_stream(&self.prefix, shard))
                 .await
                 .ok()?;
-            if length > 0 {
+            if length > 0 || self.streams.totals_len(shard).await.ok()? > 0 {
                 shards |= 1 << shard;
             }
         }
@@ -560,7 +565,7 @@ impl Drainer {
     }
 
     /// How many entries wait in the streams of `shards` (read by no drain yet, or read and
-    /// not yet in SQL); `None` if the stream store did not answer.
+    /// not yet in SQL), and consumes in their totals; `None` if the store did not answer.
     pub(crate) async fn waiting_in(&self, shards: impl IntoIterator<Item = u16>) -> Option<u64> {
         let mut total = 0;
         for shard in shards {
@@ -569,6 +574,7 @@ impl Drainer {
                 .stream_len(&ledger_stream(&self.prefix, shard))
                 .await
                 .ok()?;
+            total += self.streams.totals_len(shard).await.ok()?;
         }
         Some(total)
     }

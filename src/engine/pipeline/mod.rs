@@ -8,6 +8,7 @@
 
 pub mod backlog;
 pub mod drain;
+pub(crate) mod fold;
 pub mod lag;
 pub(crate) mod stream;
 mod unit;

@@ -12,6 +12,18 @@ use async_trait::async_trait;
 /// (see [`codec::decode_entry`](crate::engine::codec::decode_entry)).
 pub type StreamEntry = (String, String);
 
+/// A shard's consumes recorded in the ledger's totals, handed to the drain to move
+/// (`move.lua`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Moving {
+    /// The shard's write generation after the hand-out: at least that of every consume in
+    /// it.
+    pub generation: u64,
+    /// The hash's fields and values: `#` and the content's id, then each consume's
+    /// allowed entry id (with `!` after it for a denial) and its encoded entry.
+    pub fields: Vec<(String, String)>,
+}
+
 /// Which entries to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Read<'a> {
@@ -73,4 +85,20 @@ pub trait LedgerStream: Send + Sync + 'static {
     /// Raises the floors of the shards' write generations that the store's scripts check
     /// to `floors` (`(shard, generation)`, as the ledger recorded them).
     fn raise_floors(&self, floors: &[(u16, u64)]);
+
+    /// Hands out `shard`'s consumes recorded in the ledger's totals, to move into SQL (a
+    /// move not ended is handed out again, whole); `None` when none waits. Once the
+    /// replicas the store requires hold them, like a stream's entries.
+    async fn move_totals(&self, shard: u16) -> Result<Option<Moving>, StoreError>;
+
+    /// Ends the move of the content `content` names (its `#`) once its rows are in SQL:
+    /// it leaves Redis (unless a verify holds deletions).
+    async fn moved_totals(&self, shard: u16, content: &str) -> Result<(), StoreError>;
+
+    /// How many consumes recorded in the ledger's totals wait in `shard`, moving or not.
+    async fn totals_len(&self, shard: u16) -> Result<u64, StoreError>;
+
+    /// Whether the consume whose allowed entry is `id` waits in `shard`'s totals, moving
+    /// or not (it was allowed and applied).
+    async fn in_totals(&self, shard: u16, id: &str) -> Result<bool, StoreError>;
 }

@@ -125,6 +125,7 @@ impl Pipeline {
             denied,
             keeps_answer: false,
             on_crossing: None,
+            totals: None,
         })
     }
 

@@ -204,7 +204,9 @@ async fn commit(store: &dyn LedgerStore, batch: Vec<Job>, lag: &Lag) {
         entries.extend(job.entries);
         waiters.push((start..entries.len(), job.done, job.rollback));
     }
-    match store.append(&entries).await {
+    // The consumes recorded in the totals go in as a few folded rows (see `fold`).
+    let folded = super::fold::fold(&entries);
+    match store.append(folded.as_deref().unwrap_or(&entries)).await {
         Ok(_) => {
             lag.observe_committed(entries.iter().map(|e| e.at));
             for (_, done, rollback) in waiters {

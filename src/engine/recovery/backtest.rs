@@ -100,8 +100,11 @@ struct Run<'a> {
 }
 
 /// The net count of requests a row recorded in the ledger's totals stands for: 1 for a
-/// consume, -1 for the void of one.
+/// consume, -1 for the void of one, and for a folded row the consumes it folds.
 fn totals_requests(entry: &LedgerEntry) -> i64 {
+    if !entry.folded.is_empty() {
+        return i64::try_from(entry.folded.len()).unwrap_or(i64::MAX);
+    }
     entry
         .totals
         .first()

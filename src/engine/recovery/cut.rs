@@ -397,6 +397,30 @@ impl Recovery {
                 }
             }
         }
+        // Consumes recorded in the totals: a moving hash whose rows are in SQL already (a
+        // move not ended) is found through its rows' ids, which its content names; a
+        // waiting one never is.
+        for hash in &cut.totals {
+            let mut content = None;
+            let mut waiting = Vec::new();
+            for (field, value) in hash {
+                match field.as_str() {
+                    "#" => content = crate::domain::EntryId::parse(value).ok(),
+                    _ => match codec::decode_entries(value) {
+                        Ok(decoded) => waiting.extend(decoded),
+                        Err(error) => {
+                            tracing::warn!(field, error = %error, "a consume in totals does not decode");
+                        }
+                    },
+                }
+            }
+            match content {
+                Some(content) => {
+                    entries.extend(crate::engine::pipeline::fold::fold_moved(waiting, content))
+                }
+                None => entries.extend(waiting),
+            }
+        }
         let ids: Vec<String> = entries.iter().map(|e| e.id.to_string()).collect();
         let seqs = self.ledger.seqs_of(&ids).await.map_err(EngineError::from)?;
         entries.retain(|entry| {

@@ -295,8 +295,15 @@ impl Recovery {
             Some(charge) => Some(charge.clone()),
             None => self.ledger.charge_of(consumption_id).await?,
         };
-        let Some(charge) = charge else {
-            return Ok(None);
+        let charge = match charge {
+            Some(charge) => charge,
+            // The void of a consume recorded in the totals (folded into a row of its
+            // minute, no entry of its own) names the counters it gives back itself.
+            None if entry.kind == EntryKind::Void && !entry.counters.is_empty() => LedgerEntry {
+                kind: EntryKind::Charge,
+                ..entry.clone()
+            },
+            None => return Ok(None),
         };
         // The store's running total must count the refunds written before the horizon too,
         // or a later refund could pass the charge.

@@ -113,7 +113,8 @@ pub(crate) type Learn<'a> = dyn Fn(&LedgerEntry) -> bool + Sync + 'a;
 pub(crate) struct Known {
     policy_id: PolicyId,
     action: Action,
-    budget: Budget,
+    /// `None` when only a folded row named it (it names no subject).
+    budget: Option<Budget>,
     restore: Restore,
     /// A budget shared by subjects (its scope does not name the subject).
     pub(in crate::engine) shared: bool,
@@ -132,12 +133,20 @@ fn learn(known: &KnownByKey, entry: &LedgerEntry) -> bool {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     for counter in &entry.counters {
+        // A folded row names no subject: it names no budget, nor forgets one named.
+        let budget = entry
+            .folded
+            .is_empty()
+            .then(|| entry.budget(&counter.scope));
+        if budget.is_none() && known.contains_key(&counter.key) {
+            continue;
+        }
         known.insert(
             counter.key.clone(),
             Known {
                 policy_id: counter.policy_id.clone(),
                 action: entry.action.clone(),
-                budget: entry.budget(&counter.scope),
+                budget,
                 restore: counter.restore,
                 shared: !counter.scope.has_subject(),
             },
@@ -247,7 +256,7 @@ impl Recovery {
                     (
                         Some(k.policy_id.clone()),
                         Some(k.action.clone()),
-                        Some(k.budget.clone()),
+                        k.budget.clone(),
                     )
                 })
                 .or_else(|| {

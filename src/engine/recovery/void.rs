@@ -225,6 +225,13 @@ impl Recovery {
             .in_stream(&doubt.stream, doubt.window, &id)
             .await?;
         let applied = in_stream || !self.ledger.seqs_of(&[id]).await?.is_empty();
+        // A consume recorded in the totals is folded into a row of its minute once moved.
+        let applied = applied
+            || (!doubt.entry.totals.is_empty()
+                && self
+                    .ledger
+                    .folded_in(doubt.entry.id, doubt.entry.at)
+                    .await?);
         if !applied {
             return Ok(Some(Voided::NeverRan));
         }
@@ -259,6 +266,7 @@ impl Recovery {
             pending: false,
         });
         let void = LedgerEntry {
+            folded: Vec::new(),
             id: EntryId::new(),
             at: now,
             kind: EntryKind::Void,
@@ -270,7 +278,12 @@ impl Recovery {
             idempotency_key: entry.idempotency_key.clone(),
             policies: crate::engine::decision::giveback::given(&entry.counters, entry.amount, true),
             attributes: entry.attributes.clone(),
-            counters: Vec::new(),
+            // A charge recorded in the totals has no entry of its own for a replay to find
+            // (it is folded): its void names the counters it gives back.
+            counters: match entry.totals.is_empty() {
+                true => Vec::new(),
+                false => entry.counters.clone(),
+            },
             hold_expires_at: None,
             kept_answer: None,
             // A voided charge recorded in the totals is taken out of them.

@@ -106,6 +106,19 @@ pub(crate) struct LedgerAppend {
     /// answer kept: the store then appends `allowed` cut to the plain entry unless usage
     /// crosses one of the levels.
     pub(crate) on_crossing: Option<OnCrossing>,
+    /// A consume recorded in the ledger's totals: where its entry waits instead of the
+    /// stream (an entry that keeps an answer crossed goes to the stream all the same).
+    pub(crate) totals: Option<TotalsAppend>,
+}
+
+/// Where a consume recorded in the ledger's totals waits to be moved into SQL: its
+/// shard's hash (`keys::totals_waiting`), under the allowed entry's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TotalsAppend {
+    /// The shard's hash of waiting consumes.
+    pub(crate) key: String,
+    /// The allowed entry's id, hyphenated.
+    pub(crate) id: String,
 }
 
 /// When an alerting entry keeps its answer: only if the decision takes a budget across a

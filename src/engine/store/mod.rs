@@ -22,7 +22,7 @@ use async_trait::async_trait;
 
 mod effects;
 pub use effects::{Decided, Effects, Finalize, Finalized, IntentOpen, ReservationOpen};
-pub(crate) use effects::{HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing};
+pub(crate) use effects::{HoldOpen, IdempotencyRecord, LedgerAppend, OnCrossing, TotalsAppend};
 
 /// How long a key outlives the moment its usage would reach zero, in milliseconds.
 ///

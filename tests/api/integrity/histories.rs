@@ -1,5 +1,5 @@
-//! Property: after any history of consumes (keyed or not), holds, commits, releases,
-//! refunds, clock steps, expiry sweeps, snapshots and restarts (graceful and kill -9),
+//! Property: after any history of consumes (keyed or not, of policies recording entries
+//! or totals), holds, commits, releases, refunds, clock steps, expiry sweeps, snapshots and restarts (graceful and kill -9),
 //! with the ledger refusing writes for a random stretch of it, and (Redis) Redis frozen
 //! while a consume waits, running it after its 503 or never, the service keeps the
 //! ledger's promise, on the embedded counters (SQLite or Postgres ledger) and on Redis
@@ -7,7 +7,8 @@
 //! - every budget agrees with the ledger (`counters verify` finds no drift);
 //! - every allowed consume and hold has its entry;
 //! - no request answered 503 left anything behind: usage is exactly what the answers
-//!   that succeeded add up to.
+//!   that succeeded add up to, and so are the ledger's totals (each consume recorded in
+//!   them counted once, however its move into SQL was cut short).
 //!
 //! `QUOTA_FAULT_CASES` sets the number of histories per database (CI runs 12; run more
 //! locally). A failing history is printed, shrunk, and kept in `proptest-regressions/`.
@@ -36,6 +37,11 @@ enum Step {
         subject: u8,
         amount: u64,
         key: Option<u8>,
+    },
+    /// A consume of the action whose policies record totals (never keyed).
+    Tally {
+        subject: u8,
+        amount: u64,
     },
     Refund {
         consume: Index,
@@ -75,7 +81,8 @@ enum Step {
     },
     /// A failpoint of the engine (`engine::faults::POINTS`) fails for `steps` steps: a
     /// ledger commit, a Redis reply lost after Redis applied the call, the drain's
-    /// acknowledgement, the sweeper's expiry, a snapshot's save.
+    /// acknowledgement or a move of consumes recorded in totals, the sweeper's expiry, a
+    /// snapshot's save.
     Fault {
         point: Index,
         steps: u8,
@@ -92,6 +99,7 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         5 => (0..SUBJECTS, 1u64..400, prop::option::of(0u8..3))
             .prop_map(|(subject, amount, key)| Step::Consume { subject, amount, key }),
+        3 => (0..SUBJECTS, 1u64..100).prop_map(|(subject, amount)| Step::Tally { subject, amount }),
         2 => (any::<Index>(), prop::option::of(1u64..300))
             .prop_map(|(consume, amount)| Step::Refund { consume, amount }),
         2 => (0..SUBJECTS, 1u64..400, 30i64..600)
@@ -135,6 +143,8 @@ struct Hold {
 struct Model {
     consumptions: Vec<Consumption>,
     holds: Vec<Hold>,
+    /// The allowed consumes recorded in totals: subject and amount.
+    tallies: Vec<(u8, u64)>,
     /// The fake clock, in seconds since the start.
     now: i64,
 }
@@ -183,6 +193,11 @@ async fn app(
             "window": {"type": "rolling", "seconds": 3600, "bucket_seconds": 60}}),
         json!({"id": "per-minute", "action": "pay", "measure": "count", "limit": 8,
             "window": {"type": "token_bucket", "seconds": 60}}),
+        json!({"id": "sms-month", "action": "sms", "measure": "count", "limit": 14,
+            "window": {"type": "calendar", "period": "month"}, "record": "totals"}),
+        json!({"id": "sms-hour", "action": "sms", "measure": "amount", "limit": 700,
+            "window": {"type": "rolling", "seconds": 3600, "bucket_seconds": 60},
+            "record": "totals"}),
     ] {
         app.must_create_policy(policy).await;
     }
@@ -241,6 +256,13 @@ async fn act(app: &TestApp, step: &Step, model: &mut Model) -> Result<(), TestCa
                     amount: *amount,
                     refunded: 0,
                 });
+            }
+        }
+        Step::Tally { subject: n, amount } => {
+            let body = json!({"action": "sms", "subject": subject(*n), "amount": amount});
+            let answer = app.quota("/quota/consume", body).await;
+            if judged(answer.status, &answer.body)? {
+                model.tallies.push((*n, *amount));
             }
         }
         Step::Refund { consume, amount } => {
@@ -335,7 +357,7 @@ async fn kill_at(app: TestApp, point: &str, n: usize) -> TestApp {
         "snapshot.save" => tokio::spawn(async move {
             engine.snapshot_now().await;
         }),
-        "drain.ack" => tokio::spawn(async move {
+        "drain.ack" | "drain.move" | "drain.moved" => tokio::spawn(async move {
             engine.drain_ledger_now().await;
         }),
         _ => {
@@ -497,6 +519,25 @@ async fn run(
             .and_then(|p| p["used"].as_u64());
         prop_assert_eq!(used, Some(model.usage(n)), "{}: {:?}", subject(n), model);
     }
+    for n in 0..SUBJECTS {
+        let tallies = model.tallies.iter().filter(|(s, _)| *s == n);
+        let count = tallies.clone().count() as i64;
+        let amount: i64 = tallies.map(|(_, a)| *a as i64).sum();
+        let usage = app.usage("sms", &subject(n)).await;
+        let used = usage.body["policies"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["policy_id"] == "sms-month"))
+            .and_then(|p| p["used"].as_i64());
+        prop_assert_eq!(used, Some(count), "{}: {:?}", subject(n), model.tallies);
+        let recorded = totals_of(&url, &subject(n)).await;
+        prop_assert_eq!(
+            recorded,
+            (count, amount),
+            "{}: {:?}",
+            subject(n),
+            model.tallies
+        );
+    }
     // A history may leave no counter at all: no drift is all there is to check.
     let verified = verify(&app).await;
     prop_assert_eq!(&verified["drift"], &json!([]), "{}", verified);
@@ -520,8 +561,9 @@ async fn run(
 /// The consumption ids of the ledger's charges and the hold ids of its holds, but those
 /// voided (answered 503, run by Redis all the same, and given back).
 async fn recorded(url: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    // Consumes recorded in totals are no entries of the API.
     let sql = "SELECT kind, consumption_id, hold_id FROM ledger_entries \
-               WHERE kind IN ('charge', 'hold', 'void')";
+               WHERE kind IN ('charge', 'hold', 'void') AND totals IS NULL";
     let rows: Vec<(String, Option<String>, Option<String>)> = if url.starts_with("sqlite:") {
         let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
         let rows = sqlx::query(sql).fetch_all(&mut conn).await.unwrap();
@@ -547,6 +589,31 @@ async fn recorded(url: &str) -> (BTreeSet<String>, BTreeSet<String>) {
         ids.difference(&voided).cloned().collect()
     };
     (kept("charge"), kept("hold"))
+}
+
+/// What the ledger's totals hold of `budget`: the requests allowed by `sms-month` and the
+/// units allowed by `sms-hour`, over every period.
+async fn totals_of(url: &str, budget: &str) -> (i64, i64) {
+    let sql = "SELECT CAST(COALESCE(SUM(CASE WHEN policy_id = 'sms-month' THEN allowed END), 0) \
+               AS BIGINT), CAST(COALESCE(SUM(CASE WHEN policy_id = 'sms-hour' THEN amount END), \
+               0) AS BIGINT) FROM ledger_totals WHERE budget = $1";
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let row = sqlx::query(sql)
+            .bind(budget)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        let row = sqlx::query(sql)
+            .bind(budget)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
 }
 
 fn histories(stores: (PolicyBackend, CounterBackend)) {

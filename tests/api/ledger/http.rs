@@ -42,6 +42,7 @@ fn item_ids(answer: &Answer) -> Vec<String> {
 async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: PolicyBackend) {
     let (app, ledger) = app_with_ledger(backend).await;
     let hold = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Hold,
         consumption_id: None,
         hold_id: Some(hold_id("h-1")),
@@ -50,6 +51,7 @@ async fn the_ledger_answers_newest_first_with_the_public_fields_only(backend: Po
         ..entry("hold", "bob", 120)
     };
     let refund = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Refund,
         amount: 200,
         ..entry("refund", "alice", 60)

@@ -26,6 +26,7 @@ fn transfer(
     };
     let base = entry(id, subject, seconds);
     LedgerEntry {
+        folded: Vec::new(),
         kind,
         amount,
         policies: vec![
@@ -51,6 +52,7 @@ fn transfer(
 /// day.
 fn known_ledger() -> Vec<LedgerEntry> {
     let refund = LedgerEntry {
+        folded: Vec::new(),
         consumption_id: transfer("e1", EntryKind::Charge, "user-42", "NG", 0, 500).consumption_id,
         ..transfer("e3", EntryKind::Refund, "user-42", "NG", 120, 200)
     };

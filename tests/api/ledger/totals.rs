@@ -9,7 +9,7 @@ use chrono::{DateTime, Duration, Utc};
 use quota_ledger::domain::{EntryKind, LedgerEntry, PolicyId, TotalLine};
 
 /// A row of `ledger_totals`: policy, budget, period end, amount, allowed, denied.
-type Row = (String, String, DateTime<Utc>, i64, i64, i64);
+pub(super) type Row = (String, String, DateTime<Utc>, i64, i64, i64);
 
 fn line(policy: &str, budget: &str, end: DateTime<Utc>, amount: i64, allowed: i64) -> TotalLine {
     TotalLine {
@@ -25,13 +25,14 @@ fn line(policy: &str, budget: &str, end: DateTime<Utc>, amount: i64, allowed: i6
 /// `entry` `id` of `subject`, adding `totals`.
 fn totalled(id: &str, subject: &str, seconds: i64, totals: Vec<TotalLine>) -> LedgerEntry {
     LedgerEntry {
+        folded: Vec::new(),
         totals,
         ..entry(id, subject, seconds)
     }
 }
 
 /// Every row of `ledger_totals` at `url`, in key order.
-async fn totals(url: &str) -> Vec<Row> {
+pub(super) async fn totals(url: &str) -> Vec<Row> {
     let sql = "SELECT policy_id, budget, period_end, CAST(amount AS BIGINT), allowed, denied \
                FROM ledger_totals ORDER BY policy_id, budget, period_end";
     match url.starts_with("postgres") {
@@ -66,6 +67,7 @@ async fn entries_add_their_totals_once_and_a_void_takes_them_back(backend: Polic
         ],
     );
     let denied = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Deny,
         counters: Vec::new(),
         totals: vec![TotalLine {
@@ -104,6 +106,7 @@ async fn entries_add_their_totals_once_and_a_void_takes_them_back(backend: Polic
     assert_eq!(ledger.append(&more).await.unwrap(), 2);
     // A void of bob's charge adds the negative of its lines.
     let void = LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Void,
         counters: Vec::new(),
         totals: bob.totals.iter().map(TotalLine::voided).collect(),
@@ -158,6 +161,7 @@ async fn the_totals_queries_of_the_docs_answer_what_the_totals_hold() {
     let day: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
     let next = day + Duration::days(1);
     let denied = |id: &str, budget: &str, denials: i64| LedgerEntry {
+        folded: Vec::new(),
         kind: EntryKind::Deny,
         counters: Vec::new(),
         totals: vec![TotalLine {

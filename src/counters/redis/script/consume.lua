@@ -20,12 +20,12 @@ then six values per charge i, starting at ARGV[3 + 6 * (i - 1)]:
   cost     0 ..= 2^53 - 1
   enforce  1 = enforce, 0 = shadow (counted and reported, never denies)
 
-then fourteen values for the consume's effects, always present (empty strings when
-unused), at ARGV[e .. e + 13] with e = 3 + 6 * n, read into the locals of their names
+then fifteen values for the consume's effects, always present (empty strings when
+unused), at ARGV[e .. e + 14] with e = 3 + 6 * n, read into the locals of their names
 (script/consume.rs writes them in this order). An effect is present when its value is
 not empty: the idempotency record (`idem record`), the ledger (`allowed` or `denied`), the
-hold (`hold id`), the intent (`intent`) and the reservation (`attempt` without an
-`intent`); its keys, in this order, follow the charges' keys.
+hold (`hold id`), the totals (`totals id`), the intent (`intent`) and the reservation
+(`attempt` without an `intent`); its keys, in this order, follow the charges' keys.
   keeps        '1' when the allowed entry keeps the answer without an idempotency record
                (a policy alerts): the reply numbers are appended to it; '' otherwise
   idem ttl     ms to keep the idempotency record       (KEYS[n + 1] when present)
@@ -54,10 +54,17 @@ hold (`hold id`), the intent (`intent`) and the reservation (`attempt` without a
                appended to it, only when usage of charge i goes from below level (usage
                after less cost) to at or above it for some listed pair (there may be none:
                a limit of 0 has no level above 0); otherwise the entry is appended as given
+  totals id    a consume recorded in the ledger's totals (KEYS[next]: its shard's hash of
+               consumes waiting to be moved, keys.rs totals_waiting): the allowed entry's
+               id. The entry (allowed or denied) is then kept in that hash instead of the
+               stream, under this id (with '!' after it for the denied entry), and the
+               hash's field '#' is set to the id unless it is set (it names the content for
+               the drain's move); an allowed entry that keeps its answer (a threshold
+               crossed) goes to the stream all the same
 and last, the floors of the write generations of the shards whose epochs are given, in
 their order, comma-separated ('' without epochs): a shard whose generation (its epoch's key
 with `#gen` for `#epoch`) is below its floor is older than the ledger (redis/generations.rs);
-so n = (#ARGV - 17) / 6.
+so n = (#ARGV - 18) / 6.
 
 With an intent (at home), the charges are applied with the intent `open\n<epoch>\n<deadline>\n
 <record>`, and the idempotency record is only checked: it, the allowed ledger entry and the
@@ -109,12 +116,12 @@ local floor, ceil, fmt = math.floor, math.ceil, string.format
 
 local now = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
-local n = (#ARGV - 17) / 6
+local n = (#ARGV - 18) / 6
 local e = 3 + 6 * n
 
 local keeps, idem_ttl, idem_record, allowed_entry, denied_entry, hold_id, hold_expiry,
-  hold_record, hold_ttl, attempt, deadline, intent_record, call_deadline, on_crossing =
-  unpack(ARGV, e, e + 13)
+  hold_record, hold_ttl, attempt, deadline, intent_record, call_deadline, on_crossing,
+  totals_id = unpack(ARGV, e, e + 14)
 
 if call_deadline ~= '' then
   local t = redis.call('TIME')
@@ -125,14 +132,17 @@ end
 local has_idem = idem_record ~= ''
 local has_ledger = allowed_entry ~= '' or denied_entry ~= ''
 local has_hold = hold_id ~= ''
+local has_totals = totals_id ~= ''
 local has_intent = intent_record ~= ''
 local has_reservation = attempt ~= '' and not has_intent
 local keeps_answer = keeps == '1'
 local k = n + 1 -- next extra key
-local idem_key, stream_key, hold_key, index_key, intent_key, intents_key, reservation_key
+local idem_key, stream_key, hold_key, index_key, totals_key, intent_key, intents_key,
+  reservation_key
 if has_idem then idem_key = KEYS[k]; k = k + 1 end
 if has_ledger then stream_key = KEYS[k]; k = k + 1 end
 if has_hold then hold_key = KEYS[k]; index_key = KEYS[k + 1]; k = k + 2 end
+if has_totals then totals_key = KEYS[k]; k = k + 1 end
 if has_intent then intent_key = KEYS[k]; intents_key = KEYS[k + 1]; k = k + 2 end
 if has_reservation then reservation_key = KEYS[k]; k = k + 1 end
 
@@ -422,11 +432,19 @@ elseif commit and out[1] == 1 then
   if has_idem then
     redis.call('SET', idem_key, idem_record .. '\n' .. numbers, 'PX', idem_ttl)
   end
-  if has_ledger then redis.call('XADD', stream_key, '*', 'e', allowed .. numbers) end
+  if has_totals and not keeps_answer then
+    redis.call('HSET', totals_key, totals_id, allowed)
+    redis.call('HSETNX', totals_key, '#', totals_id)
+  elseif has_ledger then
+    redis.call('XADD', stream_key, '*', 'e', allowed .. numbers)
+  end
   if has_hold then
     redis.call('SET', hold_key, 'open\n' .. hold_record, 'PX', hold_ttl)
     redis.call('ZADD', index_key, hold_expiry, hold_id)
   end
+elseif commit and has_ledger and denied_entry ~= '' and has_totals then
+  redis.call('HSET', totals_key, totals_id .. '!', denied_entry)
+  redis.call('HSETNX', totals_key, '#', totals_id)
 elseif commit and has_ledger and denied_entry ~= '' then
   redis.call('XADD', stream_key, '*', 'e', denied_entry)
 end

@@ -42,6 +42,7 @@ pub(in crate::counters::redis) fn command(
     );
     let extra_keys = usize::from(effects.idempotency.is_some())
         + usize::from(ledger.is_some())
+        + usize::from(ledger.is_some_and(|l| l.totals.is_some()))
         + 2 * usize::from(effects.hold.is_some())
         + 2 * usize::from(effects.intent.is_some())
         + usize::from(effects.reservation.is_some());
@@ -68,6 +69,9 @@ pub(in crate::counters::redis) fn command(
         cmd.arg(charge.key.as_str());
     }
     push_effect_keys(&mut cmd, effects, ledger);
+    if let Some(totals) = ledger.and_then(|l| l.totals.as_ref()) {
+        cmd.arg(totals.key.as_str());
+    }
     if let Some(intent) = &effects.intent {
         cmd.arg(intent.key.as_str()).arg(intent.index_key.as_str());
     }
@@ -128,6 +132,10 @@ pub(in crate::counters::redis) fn command(
         None => cmd.arg(""),
     };
     cmd.arg(on_crossing_arg(effects));
+    match ledger.and_then(|l| l.totals.as_ref()) {
+        Some(totals) => cmd.arg(totals.id.as_str()),
+        None => cmd.arg(""),
+    };
     cmd.arg(floors_arg(floors, &epoch_keys));
     cmd
 }

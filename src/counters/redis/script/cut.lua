@@ -7,14 +7,18 @@ verify holds deletions from those streams (so that no entry left them unseen).
 KEYS[1..n]      the shards' ledger streams
 KEYS[n+1..2n]   their deletes-held keys
 KEYS[2n+1..3n]  their indexes of intents (consumes across Redis Cluster slots)
-KEYS[3n+1…]     counters
+KEYS[3n+1..4n]  their hashes of consumes recorded in the totals, waiting (keys.rs
+                totals_waiting)
+KEYS[4n+1..5n]  the same being moved (totals_moving)
+KEYS[5n+1…]     counters
 ARGV[1]         the verify's token
 ARGV[2]         n
 
 Returns 0 if a stream's deletions are no longer held by the token (the hold expired, and
 entries may have left). Otherwise the XRANGE reply of each stream, in order; then, per
 shard, the records of the intents in its index (an open one has charged its home counters
-and has no entry yet); then one {kind, value, pttl} per counter: kind 's' (a string, as
+and has no entry yet); then per shard the HGETALL reply of its waiting hash, then of its
+moving one; then one {kind, value, pttl} per counter: kind 's' (a string, as
 kept), 'h' (a hash: value is the HGETALL reply) or 'n' (no such key).
 ]]
 
@@ -36,7 +40,10 @@ for i = 1, n do
   end
   reply[n + i] = records
 end
-for i = 3 * n + 1, #KEYS do
+for i = 3 * n + 1, 5 * n do
+  reply[#reply + 1] = redis.call('HGETALL', KEYS[i])
+end
+for i = 5 * n + 1, #KEYS do
   local key = KEYS[i]
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'string' then

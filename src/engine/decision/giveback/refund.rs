@@ -46,6 +46,7 @@ impl Decider {
                 .await;
         }
         let entry = LedgerEntry {
+            folded: Vec::new(),
             id: EntryId::new(),
             at: now,
             kind: EntryKind::Refund,

@@ -153,6 +153,14 @@ impl LedgerStore for FakeStore {
         Ok(None)
     }
 
+    async fn folded_in(
+        &self,
+        _: crate::domain::EntryId,
+        _: DateTime<Utc>,
+    ) -> Result<bool, LedgerError> {
+        Ok(false)
+    }
+
     async fn entries_after(
         &self,
         _: i64,
@@ -189,6 +197,7 @@ impl LedgerStore for FakeStore {
 /// A charge whose subject is `label`, so that tests can tell entries apart.
 fn entry(label: &str) -> LedgerEntry {
     LedgerEntry {
+        folded: Vec::new(),
         id: EntryId::new(),
         at: DateTime::<Utc>::UNIX_EPOCH,
         kind: EntryKind::Charge,
