@@ -41,6 +41,7 @@ impl RedisCounterStore {
         else {
             return Ok(None);
         };
+        let resumed = matches!(parts.get(2), Some(Value::Int(1)));
         let fields = hash
             .chunks(2)
             .filter_map(|kv| Some((text(kv.first()?)?, text(kv.get(1)?)?)))
@@ -49,6 +50,7 @@ impl RedisCounterStore {
         Ok(Some(Moving {
             generation: u64::try_from(*generation).unwrap_or(0),
             fields,
+            resumed,
         }))
     }
 

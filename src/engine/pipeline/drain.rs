@@ -98,6 +98,7 @@ pub struct Drainer {
     lag: Arc<Lag>,
     /// The failpoints tests arm (shared with the engine).
     faults: Arc<crate::engine::faults::Faults>,
+    moves: moves::Moves,
 }
 
 impl Drainer {
@@ -120,6 +121,7 @@ impl Drainer {
             pass: tokio::sync::Mutex::new(Instant::now()),
             lag: Arc::default(),
             faults: Arc::default(),
+            moves: moves::Moves::default(),
         }
     }
 
@@ -161,7 +163,7 @@ impl Drainer {
             }
             claim
         };
-        self.drain_shards_checked(ALL, if claim { ALL } else { 0 })
+        self.drain_shards_checked(ALL, if claim { ALL } else { 0 }, true)
             .await
     }
 
@@ -171,16 +173,18 @@ impl Drainer {
     /// Entries from all shards share transactions of up to [`FLUSH_AT`] entries: one
     /// commit (and one fsync) per few thousand entries rather than per shard and batch.
     async fn drain_shards(&self, shards: u64, claim: u64) -> usize {
-        self.drain_shards_checked(shards, claim)
+        self.drain_shards_checked(shards, claim, false)
             .await
             .unwrap_or_else(|(moved, _)| moved)
     }
 
-    /// [`Drainer::drain_shards`], with the pass's failure (what it moved, and why).
+    /// [`Drainer::drain_shards`], with the pass's failure (what it moved, and why); with
+    /// `every_move`, the consumes recorded in totals are moved now, else when due (moves).
     async fn drain_shards_checked(
         &self,
         shards: u64,
         claim: u64,
+        every_move: bool,
     ) -> Result<usize, (usize, String)> {
         let _one_at_a_time = self.pass.lock().await;
         let retry = self.retry.swap(0, Ordering::AcqRel);
@@ -188,7 +192,7 @@ impl Drainer {
         let mut moved = 0;
         let pass = async {
             self.run_pass(shards, retry, claim, &mut moved).await?;
-            self.move_totals(shards, &mut moved).await
+            self.move_totals(shards, every_move, &mut moved).await
         };
         match pass.await {
             Ok(()) => Ok(moved),
@@ -451,7 +455,7 @@ impl Drainer {
                     // Sweep at once on becoming the janitor.
                     swept = None;
                 }
-                if shards == 0 && self.retry.load(Ordering::Acquire) == 0 {
+                if shards == 0 && self.retry.load(Ordering::Acquire) == 0 && !self.moves.due() {
                     continue;
                 }
                 let pause = match self.drain_shards(shards, claim).await {

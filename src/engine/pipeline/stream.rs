@@ -22,6 +22,8 @@ pub struct Moving {
     /// The hash's fields and values: `#` and the content's id, then each consume's
     /// allowed entry id (with `!` after it for a denial) and its encoded entry.
     pub fields: Vec<(String, String)>,
+    /// A move not ended before, handed out again (the shard's waiting hash is behind it).
+    pub resumed: bool,
 }
 
 /// Which entries to read.

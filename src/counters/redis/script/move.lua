@@ -13,12 +13,15 @@ the moving one (RENAME), and consumes decided from now on wait in a new one. Eit
 the shard's generation is incremented: the drain records it as the shard's floor once
 the rows are in SQL, so that a Redis restored from a snapshot taken before this move
 (which would hand the same consumes out again, and keep adding to them) is caught
-(redis/generations.rs). Returns {} when nothing waits; else { generation, HGETALL reply }.
+(redis/generations.rs). Returns {} when nothing waits; else { generation, HGETALL reply,
+resumed }, resumed 1 when the move handed out is one not ended before, else 0.
 ]]
 
+local resumed = 1
 if redis.call('EXISTS', KEYS[2]) == 0 then
   if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
   redis.call('RENAME', KEYS[1], KEYS[2])
+  resumed = 0
 end
 local generation = redis.call('INCR', KEYS[3])
-return { generation, redis.call('HGETALL', KEYS[2]) }
+return { generation, redis.call('HGETALL', KEYS[2]), resumed }

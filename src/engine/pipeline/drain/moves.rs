@@ -13,6 +13,10 @@ use crate::engine::pipeline::fold::fold_moved;
 use crate::engine::pipeline::stream::Moving;
 use crate::engine::store::StoreError;
 use crate::keys::{ledger_stream, SHARDS};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// A hand-out read: its content's id and the consumes' entries.
 fn read_moving(shard: u16, moving: &Moving) -> anyhow::Result<(String, Vec<LedgerEntry>)> {
@@ -33,56 +37,131 @@ fn read_moving(shard: u16, moving: &Moving) -> anyhow::Result<(String, Vec<Ledge
     Ok((content, entries))
 }
 
+/// How often the background drain moves the consumes recorded in totals: the moves of
+/// every shard due go into SQL in one transaction. The longer the wait, the more of a
+/// budget's rows each transaction updates at once: at 100k budgets a move per pass wrote
+/// about a page of `ledger_totals` per consume. A drain asked to move everything now (a
+/// rebuild, a graceful stop, `drain_now`) does not wait.
+const MOVE_EVERY: Duration = Duration::from_secs(1);
+
+/// The drain's moves to come: the shards that waiting consumes were reported in, and
+/// when it last moved.
+#[derive(Debug)]
+pub(super) struct Moves {
+    shards: AtomicU64,
+    last: Mutex<Instant>,
+}
+
+impl Default for Moves {
+    fn default() -> Self {
+        Self {
+            shards: AtomicU64::new(0),
+            last: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Moves {
+    fn last(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether shards wait for a move that is due.
+    pub(super) fn due(&self) -> bool {
+        self.shards.load(Ordering::Acquire) != 0 && self.last().elapsed() >= MOVE_EVERY
+    }
+}
+
 impl Drainer {
     /// Moves the consumes recorded in the totals that wait in `shards` (bits) into SQL,
-    /// adding how many it moved to `moved`.
-    pub(super) async fn move_totals(&self, shards: u64, moved: &mut usize) -> anyhow::Result<()> {
+    /// adding how many it moved to `moved`: now with `every_move`, else with the shards
+    /// of earlier passes once [`MOVE_EVERY`] has passed since the last move.
+    pub(super) async fn move_totals(
+        &self,
+        shards: u64,
+        every_move: bool,
+        moved: &mut usize,
+    ) -> anyhow::Result<()> {
+        self.moves.shards.fetch_or(shards, Ordering::AcqRel);
+        if !every_move && self.moves.last().elapsed() < MOVE_EVERY {
+            return Ok(());
+        }
+        *self.moves.last() = Instant::now();
+        let mut round = self.moves.shards.swap(0, Ordering::AcqRel);
         // A move not ended before is handed out first: then the shard's waiting hash.
-        let twice = (0..SHARDS)
-            .filter(|s| shards & (1 << s) != 0)
-            .flat_map(|shard| [shard, shard]);
-        let mut done = 0u64;
-        for shard in twice {
-            if done & (1 << shard) != 0 {
-                continue;
+        for _ in 0..2 {
+            if round == 0 {
+                break;
             }
+            match self.move_round(round, moved).await {
+                Ok(again) => round = again,
+                Err(error) => {
+                    self.moves.shards.fetch_or(round, Ordering::AcqRel);
+                    return Err(error);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands out what waits in each of `shards` (bits), inserts it in one transaction,
+    /// then ends each hand-out; returns the shards whose hand-out was a move not ended
+    /// before (their waiting hash is behind it).
+    async fn move_round(&self, shards: u64, moved: &mut usize) -> anyhow::Result<u64> {
+        let (mut rows, mut made, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        let mut floors: BTreeMap<u16, u64> = BTreeMap::new();
+        let mut again = 0;
+        for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
             let Some(moving) = self.streams.move_totals(shard).await? else {
-                done |= 1 << shard;
                 continue;
             };
+            if moving.resumed {
+                again |= 1 << shard;
+            }
             let (content, entries) = read_moving(shard, &moving)?;
             let id = EntryId::parse(&content)
                 .map_err(|error| anyhow::anyhow!("shard {shard}: content id: {error}"))?;
-            let count = entries.len();
-            let stream = ledger_stream(&self.prefix, shard);
+            let floor = floors.entry(shard).or_default();
+            *floor = (*floor).max(moving.generation);
             // Shared budgets of other shards that these consumes charged: their floors too.
-            let mut floors = vec![(shard, moving.generation)];
+            let stream = ledger_stream(&self.prefix, shard);
             for other in shards_charged(&stream, &entries) {
                 if other != shard {
                     let other_stream = ledger_stream(&self.prefix, other);
                     if let Some(generation) = self.streams.generation(&other_stream).await? {
-                        floors.push((other, generation));
+                        let floor = floors.entry(other).or_default();
+                        *floor = (*floor).max(generation);
                     }
                 }
             }
-            let made: Vec<_> = entries.iter().map(|e| e.at).collect();
-            let rows = fold_moved(entries, id);
-            if crate::engine::faults::fault!(self, "drain.move") {
-                anyhow::bail!("failpoint drain.move: inserting the moved totals failed");
-            }
-            self.ledger.append(&rows).await?;
-            self.lag.observe_committed(made.into_iter());
-            self.ledger
-                .record_generations(&self.prefix, &floors)
-                .await?;
-            self.streams.raise_floors(&floors);
-            if crate::engine::faults::fault!(self, "drain.moved") {
-                anyhow::bail!("failpoint drain.moved: ending the move failed");
-            }
-            self.streams.moved_totals(shard, &content).await?;
-            *moved += count;
+            made.extend(entries.iter().map(|e| e.at));
+            rows.extend(fold_moved(entries, id));
+            ends.push((shard, content));
         }
-        Ok(())
+        if ends.is_empty() {
+            return Ok(0);
+        }
+        if crate::engine::faults::fault!(self, "drain.move") {
+            anyhow::bail!("failpoint drain.move: inserting the moved totals failed");
+        }
+        self.ledger.append(&rows).await?;
+        let count = made.len();
+        self.lag.observe_committed(made.into_iter());
+        let floors: Vec<(u16, u64)> = floors.into_iter().collect();
+        self.ledger
+            .record_generations(&self.prefix, &floors)
+            .await?;
+        self.streams.raise_floors(&floors);
+        if crate::engine::faults::fault!(self, "drain.moved") {
+            anyhow::bail!("failpoint drain.moved: ending the move failed");
+        }
+        for (shard, content) in ends {
+            self.streams.moved_totals(shard, &content).await?;
+        }
+        *moved += count;
+        Ok(again)
     }
 
     /// Whether the consume whose allowed entry is `id` waits in the totals of `stream`'s
