@@ -70,6 +70,16 @@ pub struct Reopened {
     pub write: Duration,
 }
 
+/// Whether `entry` is a folded row (many subjects' consumes recorded in totals, named by
+/// no subject of theirs) with a counter in one of `mine`.
+fn folded_into(entry: &LedgerEntry, mine: &BTreeSet<u16>) -> bool {
+    !entry.folded.is_empty()
+        && entry
+            .counters
+            .iter()
+            .any(|c| keys::shard_of(&c.key).is_some_and(|shard| mine.contains(&shard)))
+}
+
 fn shard_of_item(item: &StateItem) -> Option<u16> {
     match item {
         StateItem::Counter { key, .. } | StateItem::Record { key, .. } => keys::shard_of(key),
@@ -272,7 +282,8 @@ impl Recovery {
             // written back).
             action.is_none_or(|action| entry.action == *action)
                 && (shared
-                    || mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str())))
+                    || mine.contains(&keys::shard(entry.action.as_str(), entry.subject.as_str()))
+                    || folded_into(entry, mine))
         })
         .await
     }
