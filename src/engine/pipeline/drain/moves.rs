@@ -38,11 +38,11 @@ fn read_moving(shard: u16, moving: &Moving) -> anyhow::Result<(String, Vec<Ledge
 }
 
 /// How often the background drain moves the consumes recorded in totals: the moves of
-/// every shard due go into SQL in one transaction. The longer the wait, the more of a
-/// budget's rows each transaction updates at once: at 100k budgets a move per pass wrote
-/// about a page of `ledger_totals` per consume. A drain asked to move everything now (a
-/// rebuild, a graceful stop, `drain_now`) does not wait.
-const MOVE_EVERY: Duration = Duration::from_secs(1);
+/// every shard due go into SQL in one transaction, one commit where a move per shard and
+/// pass made up to 64. Well under the ledger's pacing threshold (`QUOTA_LEDGER_PACE_MS`,
+/// 500 ms by default), which the moved consumes' lag counts towards. A drain asked to
+/// move everything now (a rebuild, a graceful stop, `drain_now`) does not wait.
+const MOVE_EVERY: Duration = Duration::from_millis(200);
 
 /// The drain's moves to come: the shards that waiting consumes were reported in, and
 /// when it last moved.
