@@ -292,23 +292,7 @@ async fn consumes_recorded_in_totals_that_share_a_commit_are_folded_into_few_row
         &[daily("sms-day", "sms", 6, "totals")],
     )
     .await;
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..300 {
-        let request = app
-            .client
-            .post(format!("{}/quota/consume", app.address))
-            .json(&json!({"action": "sms", "subject": format!("s-{}", i % 30)}));
-        tasks.spawn(async move { request.send().await.map(|r| r.status()) });
-    }
-    let mut allowed = 0;
-    while let Some(status) = tasks.join_next().await {
-        match status.expect("ran").expect("answered") {
-            StatusCode::OK => allowed += 1,
-            StatusCode::TOO_MANY_REQUESTS => {}
-            other => panic!("unexpected {other}"),
-        }
-    }
-    assert_eq!(allowed, 180);
+    burst(&app).await;
 
     let pool = sqlx::SqlitePool::connect(&app.settings.database_url)
         .await
@@ -368,4 +352,25 @@ async fn consumes_recorded_in_totals_that_share_a_commit_are_folded_into_few_row
         );
     }
     verify_finds_no_drift(&app).await;
+}
+
+/// 300 consumes of `sms` at once over 30 subjects (a limit of 6 each: 180 allowed).
+async fn burst(app: &TestApp) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let request = app
+            .client
+            .post(format!("{}/quota/consume", app.address))
+            .json(&json!({"action": "sms", "subject": format!("s-{}", i % 30)}));
+        tasks.spawn(async move { request.send().await.map(|r| r.status()) });
+    }
+    let mut allowed = 0;
+    while let Some(status) = tasks.join_next().await {
+        match status.expect("ran").expect("answered") {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(allowed, 180);
 }

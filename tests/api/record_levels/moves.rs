@@ -3,7 +3,7 @@
 //! often a move is interrupted. A verify finds them wherever they are: waiting, moving, or
 //! in SQL with their move not ended.
 
-use super::{daily, totals, verify_finds_no_drift};
+use super::{burst, daily, totals, verify_finds_no_drift};
 use crate::helpers::{app_with, CounterBackend, TestApp};
 use quota_ledger::engine::faults::Fault;
 use quota_ledger::keys::{ledger_stream, totals_moving, totals_waiting, SHARDS};
@@ -37,27 +37,6 @@ async fn in_redis(app: &TestApp) -> (u64, u64) {
         streamed += len;
     }
     (hashed, streamed)
-}
-
-/// 300 consumes at once over 30 subjects, a limit of 6 each: 180 allowed.
-async fn burst(app: &TestApp) {
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..300 {
-        let request = app
-            .client
-            .post(format!("{}/quota/consume", app.address))
-            .json(&json!({"action": "sms", "subject": format!("s-{}", i % 30)}));
-        tasks.spawn(async move { request.send().await.map(|r| r.status()) });
-    }
-    let mut allowed = 0;
-    while let Some(status) = tasks.join_next().await {
-        match status.expect("ran").expect("answered") {
-            StatusCode::OK => allowed += 1,
-            StatusCode::TOO_MANY_REQUESTS => {}
-            other => panic!("unexpected {other}"),
-        }
-    }
-    assert_eq!(allowed, 180);
 }
 
 /// Rows of the ledger per kind: (kind, rows, requests they stand for).
