@@ -184,30 +184,41 @@ pub(crate) fn shard_of_tag(tag: &str) -> Option<u16> {
 
 /// `<prefix>{<shard>}`: the start of every key of one shard.
 pub(crate) fn shard_prefix(prefix: &str, shard: u16) -> String {
+    shard_key(prefix, shard, "")
+}
+
+/// `<prefix>{<shard>}<suffix>`, in one allocation (these keys are named on every decision).
+fn shard_key(prefix: &str, shard: u16, suffix: &str) -> String {
     let name = char::from(SHARD_NAMES[usize::from(shard) % SHARD_NAMES.len()]);
-    format!("{prefix}{{{name}}}")
+    let mut key = String::with_capacity(prefix.len() + 3 + suffix.len());
+    key.push_str(prefix);
+    key.push('{');
+    key.push(name);
+    key.push('}');
+    key.push_str(suffix);
+    key
 }
 
 /// The ledger stream of a shard.
 pub fn ledger_stream(prefix: &str, shard: u16) -> String {
-    format!("{}#ledger", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#ledger")
 }
 
 /// The hash of a shard's consumes recorded in the ledger's totals, waiting to be moved
 /// into SQL (`engine::pipeline::drain`): field the allowed entry's id (`!` after it for a
 /// denial), value the entry; field `#` names the content (the id of its first consume).
 pub fn totals_waiting(prefix: &str, shard: u16) -> String {
-    format!("{}#tot", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#tot")
 }
 
 /// [`totals_waiting`] renamed, while the drain moves it.
 pub fn totals_moving(prefix: &str, shard: u16) -> String {
-    format!("{}#totm", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#totm")
 }
 
 /// The sorted set of a shard's open holds, scored by expiry (ms).
 pub fn holds_index(prefix: &str, shard: u16) -> String {
-    format!("{}#holds", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#holds")
 }
 
 /// The record of one hold.
@@ -219,19 +230,19 @@ pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
 /// rebuild from the ledger). Every script refuses to decide on a shard without it: Redis
 /// lost its data, or has never been rebuilt.
 pub fn epoch(prefix: &str, shard: u16) -> String {
-    format!("{}#epoch", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#epoch")
 }
 
 /// The shard's write generation: incremented by every script that changes the shard, in
 /// the same atomic step (`counters::redis::generations`). The scripts name it from the
 /// epoch's key, whose `#epoch` becomes `#gen`.
 pub(crate) fn generation(prefix: &str, shard: u16) -> String {
-    format!("{}#gen", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#gen")
 }
 
 /// The epoch of the shard `key` (any key of [`SubjectKeys`] or of a shard) lives in.
 pub(crate) fn epoch_of(key: &str) -> String {
-    format!("{}#epoch", shard_part(key))
+    [shard_part(key), "#epoch"].concat()
 }
 
 /// The start of `key` that names its shard, `<prefix>{<s>}`: equal for every key of a shard.

@@ -364,13 +364,27 @@ pub(crate) async fn consume(
         .consumption_id
         .filter(|_| consumed.decision.allowed)
         .map(|id| id.to_string());
-    let (mut response, answer) = respond(
+    let (response, answer) = respond(
         &request,
         consumed.decision,
         consumption_id,
         consumed.replayed,
     );
-    Ok(response.json(answer))
+    Ok(json_body(response, &answer))
+}
+
+/// `response` with `answer` as its JSON body, written into a buffer sized for a typical
+/// answer at once (`HttpResponseBuilder::json` starts small and grows it several times).
+fn json_body(mut response: actix_web::HttpResponseBuilder, answer: &ConsumeAnswer) -> HttpResponse {
+    let mut body = Vec::with_capacity(256 + 256 * answer.policies.len());
+    match serde_json::to_writer(&mut body, answer) {
+        Ok(()) => response
+            .insert_header(header::ContentType::json())
+            .body(body),
+        Err(error) => {
+            HttpResponse::from_error(actix_web::error::JsonPayloadError::Serialize(error))
+        }
+    }
 }
 
 /// Answers exactly as consume would, but charges nothing.
@@ -398,8 +412,8 @@ pub(crate) async fn check(
     access.require(&request.action)?;
     let decision = super::metrics::check(&state, &request).await?;
     record_decision(decision.allowed);
-    let (mut response, answer) = respond(&request, decision, None, false);
-    Ok(response.json(answer))
+    let (response, answer) = respond(&request, decision, None, false);
+    Ok(json_body(response, &answer))
 }
 
 /// Current usage per enabled policy of the action, for one subject.

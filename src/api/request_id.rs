@@ -23,7 +23,13 @@ fn request_id(req: &ServiceRequest) -> String {
             (1..=MAX_LEN).contains(&id.len()) && id.iter().all(|b| (b' '..=b'~').contains(b))
         })
         .and_then(|id| std::str::from_utf8(id).ok())
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+        .map_or_else(new_id, str::to_owned)
+}
+
+/// A new request id: a random UUID, hyphenated, lower case.
+fn new_id() -> String {
+    let mut buffer = uuid::Uuid::encode_buffer();
+    String::from(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buffer))
 }
 
 /// Middleware (for `actix_web::middleware::from_fn`; wrap it outermost): runs the request

@@ -47,9 +47,9 @@
 //! charged at the entry's instant) or `z<period end ms>,<charged at ms>`.
 
 use super::fields::{
-    b64, decode_attributes, decode_counters, decode_expiry_and_kept, decode_hold_id,
-    decode_policies, from_b64, instant, number, optional, write_counters, write_expiry_and_kept,
-    write_policies, GS, RS, US, WHAT,
+    decode_attributes, decode_counters, decode_expiry_and_kept, decode_hold_id, decode_policies,
+    from_b64, instant, number, optional, push_b64, push_int, write_counters, write_expiry_and_kept,
+    write_policies, KeySuffix, GS, RS, US, WHAT,
 };
 use super::replay::{encode_consume_record, ConsumeRecord, KeptPolicy, KeptTerms};
 use super::row::EntryParts;
@@ -77,29 +77,32 @@ fn kind_letter(kind: EntryKind) -> char {
 /// The compact form of `entry`.
 pub(super) fn encode(entry: &LedgerEntry) -> String {
     let mut out = String::with_capacity(160);
-    let suffix = format!("{}|{}", entry.action, entry.subject);
     let at_ms = entry.at.timestamp_millis();
-    // Writing to a String cannot fail.
-    let version = match entry.totals.is_empty() {
+    out.push_str(match entry.totals.is_empty() {
         true => VERSION,
         false => VERSION_TOTALS,
-    };
-    let _ = write!(
-        out,
-        "{version}{US}{}{US}{}{US}{}{US}{}{US}{}{US}{}{US}",
-        b64(entry.id.to_bits()),
-        at_ms,
-        kind_letter(entry.kind),
-        entry.action,
-        entry.subject,
-        entry.amount,
-    );
+    });
+    out.push(US);
+    push_b64(&mut out, entry.id.to_bits());
+    out.push(US);
+    push_int(&mut out, at_ms);
+    out.push(US);
+    out.push(kind_letter(entry.kind));
+    out.push(US);
+    out.push_str(entry.action.as_str());
+    out.push(US);
+    out.push_str(entry.subject.as_str());
+    out.push(US);
+    push_int(&mut out, entry.amount);
+    out.push(US);
     if let Some(id) = entry.consumption_id {
-        out.push_str(&b64(id.to_bits()));
+        push_b64(&mut out, id.to_bits());
     }
     out.push(US);
     if let Some(id) = entry.hold_id {
-        let _ = write!(out, "{}.{}", b64(id.uuid_bits()), id.shard());
+        push_b64(&mut out, id.uuid_bits());
+        out.push('.');
+        push_int(&mut out, id.shard());
     }
     out.push(US);
     if let Some(key) = &entry.idempotency_key {
@@ -108,13 +111,19 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
     out.push(US);
     write_policies(&mut out, &entry.policies, entry.amount);
     out.push(US);
-    write_counters(&mut out, entry, &suffix, at_ms);
+    let suffix = KeySuffix {
+        action: entry.action.as_str(),
+        subject: entry.subject.as_str(),
+    };
+    write_counters(&mut out, entry, suffix, at_ms);
     out.push(US);
     for (i, (key, value)) in entry.attributes.iter().enumerate() {
         if i > 0 {
             out.push(RS);
         }
-        let _ = write!(out, "{key}{GS}{value}");
+        out.push_str(key);
+        out.push(GS);
+        out.push_str(value);
     }
     if !entry.totals.is_empty() {
         out.push(US);
@@ -122,16 +131,14 @@ pub(super) fn encode(entry: &LedgerEntry) -> String {
             if i > 0 {
                 out.push(RS);
             }
-            let _ = write!(
-                out,
-                "{}{GS}{}{GS}{}{GS}{}{GS}{}{GS}{}",
-                line.policy_id,
-                line.budget,
-                line.period_end.timestamp_millis(),
-                line.amount,
-                line.allowed,
-                line.denied
-            );
+            out.push_str(line.policy_id.as_str());
+            out.push(GS);
+            out.push_str(&line.budget);
+            let end_ms = line.period_end.timestamp_millis();
+            for n in [end_ms, line.amount, line.allowed, line.denied] {
+                out.push(GS);
+                push_int(&mut out, n);
+            }
         }
     }
     write_expiry_and_kept(&mut out, entry);

@@ -27,12 +27,19 @@ pub(super) const GS: char = '\u{1d}';
 
 pub(super) const WHAT: &str = "ledger entry";
 
-/// 128 bits as 22 characters of base 64 (URL alphabet, no padding), big-endian.
-pub(super) fn b64(bits: u128) -> String {
-    URL_SAFE_NO_PAD.encode(bits.to_be_bytes())
+/// Appends 128 bits to `out` as 22 characters of base 64 (URL alphabet, no padding),
+/// big-endian.
+pub(super) fn push_b64(out: &mut String, bits: u128) {
+    URL_SAFE_NO_PAD.encode_string(bits.to_be_bytes(), out);
 }
 
-/// Reads what [`b64`] wrote.
+/// Appends `n` in decimal to `out` (what `write!(out, "{n}")` writes, without formatting
+/// machinery: the compact form is written on every consume's path).
+pub(super) fn push_int(out: &mut String, n: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
+/// Reads what [`push_b64`] wrote.
 pub(super) fn from_b64(text: &str) -> Result<u128, CodecError> {
     let bytes: Option<[u8; 16]> = URL_SAFE_NO_PAD
         .decode(text)
@@ -54,9 +61,10 @@ pub(super) fn write_policies(out: &mut String, policies: &[PolicyAmount], amount
         if i > 0 {
             out.push(RS);
         }
-        let _ = write!(out, "{}{GS}", p.policy_id);
+        out.push_str(p.policy_id.as_str());
+        out.push(GS);
         if p.amount != amount {
-            let _ = write!(out, "{}", p.amount);
+            push_int(out, p.amount);
         }
         if !p.scope.is_default() {
             let _ = write!(out, "{GS}{}", p.scope.names());
@@ -64,8 +72,30 @@ pub(super) fn write_policies(out: &mut String, policies: &[PolicyAmount], amount
     }
 }
 
+/// The end every counter key of an entry shares, `<action>|<subject>` (`crate::keys`),
+/// held as its two parts.
+#[derive(Clone, Copy)]
+pub(super) struct KeySuffix<'a> {
+    pub action: &'a str,
+    pub subject: &'a str,
+}
+
+impl KeySuffix<'_> {
+    /// The part of `key` before the suffix, when it ends with it.
+    fn strip<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_suffix(self.subject)?
+            .strip_suffix('|')?
+            .strip_suffix(self.action)
+    }
+}
+
 /// Field 11: the entry's counters, their keys relative to `suffix` (`<action>|<subject>`).
-pub(super) fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str, at_ms: i64) {
+pub(super) fn write_counters(
+    out: &mut String,
+    entry: &LedgerEntry,
+    suffix: KeySuffix<'_>,
+    at_ms: i64,
+) {
     for (i, c) in entry.counters.iter().enumerate() {
         if i > 0 {
             out.push(RS);
@@ -76,20 +106,21 @@ pub(super) fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str
             .position(|p| p.policy_id == c.policy_id);
         match policy {
             Some(index) if index == i => {}
-            Some(index) => {
-                let _ = write!(out, "{index}");
-            }
+            Some(index) => push_int(out, index),
             None => {
-                let _ = write!(out, "~{}", c.policy_id);
+                out.push('~');
+                out.push_str(c.policy_id.as_str());
             }
         }
         out.push(GS);
-        match c.key.strip_suffix(suffix) {
+        match suffix.strip(&c.key) {
             Some(head) => {
-                let _ = write!(out, "+{head}");
+                out.push('+');
+                out.push_str(head);
             }
             None => {
-                let _ = write!(out, "={}", c.key);
+                out.push('=');
+                out.push_str(&c.key);
             }
         }
         out.push(GS);
@@ -118,9 +149,11 @@ pub(super) fn write_counters(out: &mut String, entry: &LedgerEntry, suffix: &str
                 charged_at_ms,
             } => write!(out, "z{period_end_ms},{charged_at_ms}"),
         };
-        let _ = write!(out, "{GS}{}{GS}", u8::from(c.by_amount));
+        out.push(GS);
+        out.push(if c.by_amount { '1' } else { '0' });
+        out.push(GS);
         if Some(c.charged) != policy.map(|index| entry.policies[index].amount) {
-            let _ = write!(out, "{}", c.charged);
+            push_int(out, c.charged);
         }
     }
 }
@@ -334,9 +367,11 @@ mod tests {
     #[test]
     fn ids_in_base_64_read_back_and_malformed_ones_are_refused() {
         for bits in [0, 1, u128::MAX, 0x0193_a3c4_0000_7000_8000_0000_0000_002a] {
-            let text = b64(bits);
+            let mut text = String::from("x");
+            push_b64(&mut text, bits);
+            let text = &text[1..];
             assert_eq!(text.len(), 22);
-            assert_eq!(from_b64(&text), Ok(bits), "{text}");
+            assert_eq!(from_b64(text), Ok(bits), "{text}");
         }
         for bad in [
             "",

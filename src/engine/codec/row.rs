@@ -3,8 +3,8 @@
 //! form of module `fields`, read back against the row's own columns.
 
 use super::fields::{
-    decode_counters, decode_expiry_and_kept, write_counters, write_expiry_and_kept, DETAIL_VERSION,
-    POLICIES_VERSION, US, WHAT,
+    decode_counters, decode_expiry_and_kept, write_counters, write_expiry_and_kept, KeySuffix,
+    DETAIL_VERSION, POLICIES_VERSION, US, WHAT,
 };
 use super::{field, fields, CodecError};
 use crate::domain::{
@@ -46,8 +46,11 @@ pub(crate) fn encode_detail(entry: &LedgerEntry) -> Option<String> {
     let mut out = String::with_capacity(96);
     out.push_str(DETAIL_VERSION);
     out.push(US);
-    let suffix = format!("{}|{}", entry.action, entry.subject);
-    write_counters(&mut out, entry, &suffix, entry.at.timestamp_millis());
+    let suffix = KeySuffix {
+        action: entry.action.as_str(),
+        subject: entry.subject.as_str(),
+    };
+    write_counters(&mut out, entry, suffix, entry.at.timestamp_millis());
     write_expiry_and_kept(&mut out, entry);
     Some(out)
 }

@@ -25,6 +25,7 @@ use chrono::{
     TimeDelta, TimeZone, Timelike, Utc,
 };
 use chrono_tz::Tz;
+use std::cell::Cell;
 
 use crate::domain::{Anchors, CalendarPeriod};
 
@@ -47,7 +48,40 @@ pub fn calendar_bounds(
     tz: Tz,
     now: DateTime<Utc>,
 ) -> (DateTime<Utc>, DateTime<Utc>) {
-    let period = Anchored { period, anchors };
+    let key = (period, anchors, tz);
+    if let Some(bounds) = LATEST.with(|latest| latest.get().filter(|l| l.0 == key)) {
+        let (_, start, end) = bounds;
+        if start <= now && now < end {
+            return (start, end);
+        }
+    }
+    let bounds = computed_bounds(Anchored { period, anchors }, tz, now);
+    LATEST.with(|latest| latest.set(Some((key, bounds.0, bounds.1))));
+    bounds
+}
+
+/// The calendar period a thread computed last, and its bounds: the periods of one
+/// calendar tile time, so a later instant inside them lies in the same period, and a
+/// policy's decisions of one day skip the zone's arithmetic.
+type Latest = ((CalendarPeriod, Anchors, Tz), DateTime<Utc>, DateTime<Utc>);
+
+thread_local! {
+    static LATEST: Cell<Option<Latest>> = const { Cell::new(None) };
+}
+
+/// [`calendar_bounds`] without the thread's latest period (for the tests of the arithmetic).
+#[cfg(test)]
+fn uncached_bounds(
+    period: CalendarPeriod,
+    anchors: Anchors,
+    tz: Tz,
+    now: DateTime<Utc>,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    computed_bounds(Anchored { period, anchors }, tz, now)
+}
+
+/// [`calendar_bounds`], computed.
+fn computed_bounds(period: Anchored, tz: Tz, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
     // `zoned_bounds` gives up only within a period of chrono's date limits (±262,000 years), or
     // on zone data with two transitions less than a day apart, which the tz database does not
     // have (in chrono-tz's data they are about a week apart at the closest). UTC periods are

@@ -7,13 +7,14 @@ use proptest::prelude::*;
 
 use CalendarPeriod::{Day, Hour, Minute, Month, Week, Year};
 
-/// The plain calendar's bounds (no anchors), as most cases here want them.
+/// The plain calendar's bounds (no anchors), as most cases here want them, computed (the
+/// cache of the latest period is tested on its own, below).
 fn calendar_bounds(
     period: CalendarPeriod,
     tz: Tz,
     now: DateTime<Utc>,
 ) -> (DateTime<Utc>, DateTime<Utc>) {
-    super::calendar_bounds(period, Anchors::default(), tz, now)
+    uncached_bounds(period, Anchors::default(), tz, now)
 }
 
 fn anchors(week_start: Weekday, day_start: u16, month_day: u8, year_month: u8) -> Anchors {
@@ -292,6 +293,31 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1_024))]
 
     #[test]
+    fn the_latest_period_a_thread_keeps_is_the_one_computed(
+        tz in any_zone(),
+        (period, anchors) in any_period().prop_flat_map(|p| (Just(p), any_anchors(p))),
+        now in any_instant(),
+        later in 0.0..1.0f64,
+        other in any_zone(),
+    ) {
+        let bounds = |at| super::calendar_bounds(period, anchors, tz, at);
+        let computed = |at| uncached_bounds(period, anchors, tz, at);
+        let (start, end) = bounds(now);
+        prop_assert_eq!((start, end), computed(now));
+        // A later instant of the same period, one of the next period, one before: each as
+        // computed, whatever the thread kept.
+        let span = (end - start).num_milliseconds() as f64;
+        let inside = start + TimeDelta::milliseconds((span * later) as i64);
+        for at in [inside, end, end + TimeDelta::milliseconds(1), start - TimeDelta::milliseconds(1), now] {
+            prop_assert_eq!(bounds(at), computed(at), "{}", at);
+        }
+        // Another zone's period in between: the same policy's is computed again.
+        let theirs = super::calendar_bounds(period, anchors, other, now);
+        prop_assert_eq!(theirs, uncached_bounds(period, anchors, other, now));
+        prop_assert_eq!(bounds(now), computed(now));
+    }
+
+    #[test]
     fn every_instant_lies_in_a_period_that_tiles_time(
         tz in any_zone(), period in any_period(), now in any_instant(),
     ) {
@@ -309,7 +335,7 @@ proptest! {
         (period, anchors) in any_period().prop_flat_map(|p| (Just(p), any_anchors(p))),
         now in any_instant(),
     ) {
-        let bounds = |at| super::calendar_bounds(period, anchors, tz, at);
+        let bounds = |at| uncached_bounds(period, anchors, tz, at);
         let (start, end) = bounds(now);
         prop_assert!(start <= now && now < end, "{:?}", (start, end));
         prop_assert_eq!(bounds(start), (start, end));
