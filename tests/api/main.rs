@@ -21,6 +21,7 @@ mod crash;
 mod docs;
 mod envoy;
 mod errors;
+mod flamegraph;
 mod http_semantics;
 mod integrity;
 mod keys;
