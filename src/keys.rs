@@ -223,7 +223,7 @@ pub fn holds_index(prefix: &str, shard: u16) -> String {
 
 /// The record of one hold.
 pub fn hold_record(prefix: &str, shard: u16, hold_id: &str) -> String {
-    format!("{}#h{hold_id}", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, &format!("#h{hold_id}"))
 }
 
 /// The shard's epoch: present while the shard's state in Redis is the ledger's (set by a
@@ -268,24 +268,24 @@ pub(crate) fn replication_fence(prefix: &str) -> String {
 /// and the `WAIT` after it go to the node the drain read the stream from.
 pub(crate) fn replication_fence_of(prefix: &str, stream: &str) -> String {
     match shard_of(stream) {
-        Some(shard) => format!("{}#fence", shard_prefix(prefix, shard)),
+        Some(shard) => shard_key(prefix, shard, "#fence"),
         None => replication_fence(prefix),
     }
 }
 
 /// The lock one instance holds while it rebuilds the shard.
 pub fn rebuild_lock(prefix: &str, shard: u16) -> String {
-    format!("{}#rebuild", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#rebuild")
 }
 
 /// A consume across Redis Cluster slots: its intent, at home (`engine::crossslot`).
 pub(crate) fn intent(prefix: &str, shard: u16, attempt: &str) -> String {
-    format!("{}#x{attempt}", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, &format!("#x{attempt}"))
 }
 
 /// The shard's index of open intents, scored by deadline (ms).
 pub(crate) fn intents_index(prefix: &str, shard: u16) -> String {
-    format!("{}#xs", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#xs")
 }
 
 /// How many times a step across Redis Cluster slots changed the shard's counters (an
@@ -293,30 +293,30 @@ pub(crate) fn intents_index(prefix: &str, shard: u16) -> String {
 /// reads it before and after to know the budgets shared by subjects settled. The scripts
 /// derive it from the step's own key: everything up to its last `#`, then `#xv`.
 pub(crate) fn cross_slot_version(prefix: &str, shard: u16) -> String {
-    format!("{}#xv", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#xv")
 }
 
 /// A consume across Redis Cluster slots: its reservation in a foreign slot.
 pub(crate) fn reservation(prefix: &str, shard: u16, attempt: &str) -> String {
-    format!("{}#rv{attempt}", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, &format!("#rv{attempt}"))
 }
 
 /// The marker of a give-back's share once given to a foreign slot's counters.
 pub(crate) fn giveback_marker(prefix: &str, shard: u16, entry: &str) -> String {
-    format!("{}#gb{entry}", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, &format!("#gb{entry}"))
 }
 
 /// Set to a `counters verify`'s token while it reads the shard at one instant
 /// (`engine::cut`): the drain then acknowledges entries without deleting them from the
 /// stream, so that every entry the verify needs is in SQL or in the stream.
 pub(crate) fn deletes_held(prefix: &str, shard: u16) -> String {
-    format!("{}#vh", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#vh")
 }
 
 /// The ids of the entries acknowledged while deletions were held; deleted from the
 /// stream when the verify lets go (or, if it died, by the next acknowledgement).
 pub(crate) fn held_entries(prefix: &str, shard: u16) -> String {
-    format!("{}#vd", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, "#vd")
 }
 
 /// Set when an idempotency record's answer was replayed to a retry: the outcome is the
@@ -328,12 +328,12 @@ pub(crate) fn outcome_given(idempotency_record: &str) -> String {
 
 /// The once-marker of a voided charge (`engine::recovery::void`).
 pub(crate) fn void_marker(prefix: &str, shard: u16, consumption_id: &str) -> String {
-    format!("{}#vo{consumption_id}", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, &format!("#vo{consumption_id}"))
 }
 
 /// How much of one consumption has been refunded so far.
 pub(crate) fn refunded_total(prefix: &str, shard: u16, consumption_id: &str) -> String {
-    format!("{}#rf{consumption_id}", shard_prefix(prefix, shard))
+    shard_key(prefix, shard, &format!("#rf{consumption_id}"))
 }
 
 /// A policy's part of its counter keys: [`POLICY_KEY_LEN`] base-62 digits, kept inline.

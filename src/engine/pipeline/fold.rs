@@ -68,7 +68,7 @@ pub(crate) fn fold_moved(mut entries: Vec<LedgerEntry>, content: EntryId) -> Vec
 /// The folding of [`fold`] and [`fold_moved`]; `id` names the `k`-th folded row.
 fn fold_with(entries: &[LedgerEntry], mut id: impl FnMut(usize) -> EntryId) -> Vec<LedgerEntry> {
     let mut out = Vec::new();
-    let mut open: HashMap<(String, EntryKind, i64), Folding> = HashMap::new();
+    let mut open: HashMap<(&str, EntryKind, i64), Folding> = HashMap::new();
     let mut done = Vec::new();
     for entry in entries {
         if !foldable(entry) {
@@ -76,7 +76,7 @@ fn fold_with(entries: &[LedgerEntry], mut id: impl FnMut(usize) -> EntryId) -> V
             continue;
         }
         let minute = entry.at.timestamp().div_euclid(60);
-        let group = (entry.action.as_str().to_owned(), entry.kind, minute);
+        let group = (entry.action.as_str(), entry.kind, minute);
         let full = open.get(&group).is_some_and(|f| !f.fits(entry));
         if full {
             done.extend(open.remove(&group).map(Folding::finish));
@@ -90,8 +90,7 @@ fn fold_with(entries: &[LedgerEntry], mut id: impl FnMut(usize) -> EntryId) -> V
     }
     done.extend(open.into_values().map(Folding::finish));
     done.sort_by(|a, b| {
-        let key = |e: &LedgerEntry| (e.at, e.action.as_str().to_owned(), e.kind.as_str());
-        key(a).cmp(&key(b))
+        (a.at, a.action.as_str(), a.kind.as_str()).cmp(&(b.at, b.action.as_str(), b.kind.as_str()))
     });
     for (k, mut row) in done.into_iter().enumerate() {
         row.id = id(k);
